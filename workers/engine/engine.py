@@ -1,0 +1,242 @@
+"""The engine: one model on one backend with a KV pool, generating for one sequence slot at a time.
+
+`generate` is a plain iterator of `Delta`s ending with one `Completion`; the caller (CLI, GPU worker)
+decides where the text goes. It reuses the longest common prefix of what a slot already holds, prefills
+the rest in chunks, and checks `cancel()` between chunks and before every decode step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .arch.layers import forward
+from .backends import BACKEND_CHOICES, select_backend
+from .chat_template import builtin_template, render_chat
+from .errors import RequestError
+from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
+from .model import Model
+from .registry import DEFAULT_MODEL, resolve_model
+from .sampling import Sampler, SamplingParams
+from .text_filters import StopMatcher
+
+FinishReason = str  # "stop" | "length" | "cancelled"
+DEFAULT_SAMPLING = SamplingParams()
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL  # a GGUF path or the short name of an installed model
+    backend: str = "auto"  # auto | numpy
+    n_ctx: int = 4096  # context length in tokens; 0 = the model's training context
+    kv_dtype: KVDtype = "int8"  # int8 (per-position, per-head scales) | f16 | f32
+    prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
+    n_slots: int = 1  # sequences the KV pool holds
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKEND_CHOICES:
+            raise RequestError(f"backend must be one of {', '.join(BACKEND_CHOICES)}")
+        if self.n_ctx < 0 or self.prefill_chunk < 1 or self.n_slots < 1:
+            raise RequestError("n_ctx must be >= 0, prefill_chunk and n_slots >= 1")
+        if self.kv_dtype not in ("int8", "f16", "f32"):
+            raise RequestError("kv_dtype must be int8, f16 or f32")
+
+
+@dataclass
+class Delta:
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Timings:
+    ttft_ms: float = 0.0  # request start -> first token sampled
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    prefill_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+
+
+@dataclass
+class Completion:
+    finish_reason: FinishReason
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.backend = select_backend(config.backend)
+        self.model = Model.load(resolve_model(config.model), self.backend)
+        self.tokenizer = self.model.tokenizer
+        mc = self.model.config
+        self.n_ctx = min(config.n_ctx or mc.n_ctx_train, mc.n_ctx_train)
+        self.kv = KVCache(
+            KVCacheConfig(
+                mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.v_head_dim, self.n_ctx, config.n_slots, config.kv_dtype
+            ),
+            self.backend.xp,
+        )
+
+    # -- prompts ----------------------------------------------------------------------------------
+    def chat_prompt(
+        self, messages: Sequence[Any], think: bool = False, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        tok = self.tokenizer
+        vocab = tok.vocab
+        bos = vocab.tokens[vocab.bos_id] if vocab.bos_id is not None else ""
+        eos = vocab.tokens[vocab.eos_id] if vocab.eos_id is not None else ""
+        template = self.model.chat_template or builtin_template(self.model.config.arch)
+        text = render_chat(template, messages, bos_token=bos, eos_token=eos, tools=tools, enable_thinking=think)
+        add_bos = vocab.add_bos and not (bos and text.startswith(bos))
+        return tok.encode(text, add_bos=add_bos, parse_special=True)
+
+    def text_prompt(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=None, parse_special=False)
+
+    def _check_ids(self, ids: Sequence[int], min_len: int, max_len: int) -> list[int]:
+        ids = [int(i) for i in ids]
+        if len(ids) < min_len:
+            raise RequestError("the prompt is empty" if min_len == 1 else f"need at least {min_len} tokens")
+        n_vocab = self.model.config.n_vocab
+        bad = next((i for i in ids if not 0 <= i < n_vocab), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad} is outside the vocabulary of {n_vocab}")
+        if len(ids) > max_len:
+            raise RequestError(f"{len(ids)} prompt tokens do not fit the context of {self.n_ctx}")
+        return ids
+
+    # -- generation -------------------------------------------------------------------------------
+    def _run(self, slot: int, ids: Sequence[int], pos0: int, logit_rows: slice | None) -> Any:
+        out = forward(
+            self.model.config,
+            self.model.weights,
+            self.backend,
+            self.kv,
+            slot,
+            np.asarray(ids, dtype=np.int64),
+            pos0,
+            logit_rows,
+        )
+        self.kv.resident[slot].extend(ids)
+        return out
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams = DEFAULT_SAMPLING,
+        cancel: Callable[[], bool] = lambda: False,
+        slot: int = 0,
+    ) -> Iterator[Delta | Completion]:
+        t_start = time.perf_counter()
+        prompt = self._check_ids(prompt_ids, 1, self.n_ctx - 1)
+        resident = self.kv.resident[slot]
+        cached = min(common_prefix_len(resident, prompt), len(prompt) - 1)
+        del resident[cached:]
+        pos = cached
+        logits = None
+        chunk = self.config.prefill_chunk
+        while pos < len(prompt):
+            if cancel():
+                yield Completion("cancelled", "", [], len(prompt), cached)
+                return
+            ids = prompt[pos : pos + chunk]
+            is_last = pos + len(ids) == len(prompt)
+            logits = self._run(slot, ids, pos, slice(-1, None) if is_last else None)
+            pos += len(ids)
+        t_prefill = time.perf_counter()
+
+        sampler = Sampler(params)
+        eog = frozenset() if params.ignore_eos else self.tokenizer.eog_ids
+        history = list(prompt)
+        decoder = self.tokenizer.stream()
+        stop = StopMatcher(params.stop)
+        generated: list[int] = []
+        pending_ids: list[int] = []
+        text_parts: list[str] = []
+        t_first = t_prefill
+        finish: FinishReason = "length"
+        while len(generated) < params.max_tokens:
+            token = sampler.sample(self.backend.to_host(logits)[-1], history)
+            if not generated:
+                t_first = time.perf_counter()
+            generated.append(token)
+            history.append(token)
+            if token in eog:
+                finish = "stop"
+                break
+            text, hit = stop.feed(decoder.add(token))
+            pending_ids.append(token)
+            if text:
+                text_parts.append(text)
+                yield Delta(text, pending_ids)
+                pending_ids = []
+            if hit:
+                finish = "stop"
+                break
+            if pos >= self.n_ctx or len(generated) == params.max_tokens:
+                break  # "length": no room for, or no need of, another forward pass
+            if cancel():
+                finish = "cancelled"
+                break
+            logits = self._run(slot, [token], pos, slice(-1, None))
+            pos += 1
+        if finish != "stop" or not params.stop:
+            tail = stop.feed(decoder.flush())[0] + stop.flush()
+            if tail or pending_ids:
+                text_parts.append(tail)
+                yield Delta(tail, pending_ids)
+        t_end = time.perf_counter()
+        n_prefilled = len(prompt) - cached
+        prefill_s, decode_s = t_prefill - t_start, t_end - t_first
+        timings = Timings(
+            ttft_ms=(t_first - t_start) * 1000,
+            prefill_ms=prefill_s * 1000,
+            decode_ms=decode_s * 1000,
+            prefill_tok_s=n_prefilled / prefill_s if prefill_s > 0 else 0.0,
+            decode_tok_s=(len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0,
+        )
+        yield Completion(finish, "".join(text_parts), generated, len(prompt), cached, timings)
+
+    # -- scoring and KV transfer ---------------------------------------------------------------------
+    def token_nll(self, ids: Sequence[int], rows_per_pass: int = 128, slot: int = 0) -> np.ndarray:
+        """NLL (nats) of ids[1:], each given all ids before it: [len(ids) - 1] float64."""
+        ids = self._check_ids(ids, 2, self.n_ctx)
+        self.kv.resident[slot] = []
+        nll = np.empty(len(ids) - 1, dtype=np.float64)
+        for pos in range(0, len(ids) - 1, rows_per_pass):
+            chunk = ids[pos : pos + rows_per_pass]
+            logits = self.backend.to_host(self._run(slot, chunk, pos, slice(None))).astype(np.float64)
+            targets = np.asarray(ids[pos + 1 : pos + 1 + len(chunk)])
+            logits = logits[: len(targets)]
+            mx = logits.max(axis=-1)
+            lse = mx + np.log(np.exp(logits - mx[:, None]).sum(axis=-1))
+            nll[pos : pos + len(targets)] = lse - logits[np.arange(len(targets)), targets]
+        return nll
+
+    def export_kv(self, slot: int = 0, n_tokens: int | None = None) -> KVSnapshot:
+        n = len(self.kv.resident[slot]) if n_tokens is None else n_tokens
+        return self.kv.export(slot, n, self.backend.to_host)
+
+    def import_kv(self, snapshot: KVSnapshot, slot: int = 0) -> None:
+        self.kv.load(slot, snapshot)

@@ -1,0 +1,130 @@
+"""The engine's KV cache: a pool of sequence slots per layer, INT8 with per-(layer, position, KV head)
+scales by default or FP16. The layout is documented in docs/kv-cache.md; the GPU kernels and the KV
+store use the same one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+KVDtype = Literal["int8", "f16", "f32"]
+INT8_QMAX = 127.0
+
+
+@dataclass
+class LayerKV:
+    """One layer's pool. k, v: [n_slots, n_ctx, n_kv_heads, head_dim]; scales: [n_slots, n_ctx, n_kv_heads]."""
+
+    k: Any
+    v: Any
+    k_scale: Any | None  # None unless dtype is int8
+    v_scale: Any | None
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    n_ctx: int
+    n_slots: int = 1
+    dtype: KVDtype = "int8"
+
+    @property
+    def bytes_per_token(self) -> int:
+        elem = {"int8": 1, "f16": 2, "f32": 4}[self.dtype]
+        per_layer = self.n_kv_heads * (self.head_dim + self.v_head_dim) * elem
+        if self.dtype == "int8":
+            per_layer += 2 * self.n_kv_heads * 4
+        return per_layer * self.n_layers
+
+
+@dataclass
+class KVSnapshot:
+    """Positions [0, n) of one sequence as contiguous host arrays (what the KV store saves).
+
+    k, v: per layer [n, n_kv_heads, head_dim] of the cache dtype; k_scale, v_scale: per layer
+    [n, n_kv_heads] float32 (int8 only); token_ids: [n] int32.
+    """
+
+    dtype: KVDtype
+    token_ids: np.ndarray
+    k: list[np.ndarray]
+    v: list[np.ndarray]
+    k_scale: list[np.ndarray] | None
+    v_scale: list[np.ndarray] | None
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+class KVCache:
+    """Owns the per-layer pools on the backend's device and which tokens each slot holds."""
+
+    def __init__(self, config: KVCacheConfig, xp: Any) -> None:
+        self.config = config
+        self.xp = xp
+        c = config
+        store = {"int8": np.int8, "f16": np.float16, "f32": np.float32}[c.dtype]
+        self.layers = []
+        for _ in range(c.n_layers):
+            k = xp.zeros((c.n_slots, c.n_ctx, c.n_kv_heads, c.head_dim), dtype=store)
+            v = xp.zeros((c.n_slots, c.n_ctx, c.n_kv_heads, c.v_head_dim), dtype=store)
+            scales = c.dtype == "int8"
+            ks = xp.zeros((c.n_slots, c.n_ctx, c.n_kv_heads), dtype=np.float32) if scales else None
+            vs = xp.zeros((c.n_slots, c.n_ctx, c.n_kv_heads), dtype=np.float32) if scales else None
+            self.layers.append(LayerKV(k, v, ks, vs))
+        # token ids whose K/V are written at positions [0, len) of each slot
+        self.resident: list[list[int]] = [[] for _ in range(c.n_slots)]
+
+    def export(self, slot: int, n_tokens: int, to_host: Any) -> KVSnapshot:
+        resident = self.resident[slot]
+        if not 0 <= n_tokens <= len(resident):
+            raise ValueError(f"slot {slot} holds {len(resident)} tokens, cannot export {n_tokens}")
+        n = n_tokens
+
+        def copy(arrays: list[Any]) -> list[np.ndarray]:  # a copy: the pool changes under a view
+            return [np.array(to_host(a[slot, :n]), copy=True) for a in arrays]
+
+        int8 = self.config.dtype == "int8"
+        return KVSnapshot(
+            dtype=self.config.dtype,
+            token_ids=np.asarray(resident[:n], dtype=np.int32),
+            k=copy([layer.k for layer in self.layers]),
+            v=copy([layer.v for layer in self.layers]),
+            k_scale=copy([layer.k_scale for layer in self.layers]) if int8 else None,
+            v_scale=copy([layer.v_scale for layer in self.layers]) if int8 else None,
+        )
+
+    def load(self, slot: int, snap: KVSnapshot) -> None:
+        """Make positions [0, n) of `slot` hold `snap`; checks every shape before touching the pool."""
+        c = self.config
+        n = snap.n_tokens
+        if snap.dtype != c.dtype:
+            raise ValueError(f"snapshot is {snap.dtype} KV, this cache is {c.dtype}")
+        if n > c.n_ctx:
+            raise ValueError(f"snapshot has {n} tokens, the context holds {c.n_ctx}")
+        if len(snap.k) != c.n_layers or len(snap.v) != c.n_layers:
+            raise ValueError(f"snapshot has {len(snap.k)} layers, the model {c.n_layers}")
+        for k, v in zip(snap.k, snap.v, strict=True):
+            if k.shape != (n, c.n_kv_heads, c.head_dim) or v.shape != (n, c.n_kv_heads, c.v_head_dim):
+                raise ValueError(f"snapshot layer shapes {k.shape}/{v.shape} do not match the cache")
+        if c.dtype == "int8":
+            if snap.k_scale is None or snap.v_scale is None:
+                raise ValueError("INT8 snapshot without scales")
+            if any(s.shape != (n, c.n_kv_heads) for s in snap.k_scale + snap.v_scale):
+                raise ValueError("snapshot scale shapes do not match the cache")
+        xp = self.xp
+        for i, layer in enumerate(self.layers):
+            layer.k[slot, :n] = xp.asarray(snap.k[i])
+            layer.v[slot, :n] = xp.asarray(snap.v[i])
+            if c.dtype == "int8":
+                assert snap.k_scale is not None and snap.v_scale is not None
+                layer.k_scale[slot, :n] = xp.asarray(snap.k_scale[i])
+                layer.v_scale[slot, :n] = xp.asarray(snap.v_scale[i])
+        self.resident[slot] = [int(t) for t in snap.token_ids]

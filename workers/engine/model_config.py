@@ -1,0 +1,127 @@
+"""Typed hyper-parameters of a model, read from GGUF metadata by its architecture file."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import ModelFileError
+
+RopeMode = Literal["norm", "neox"]  # norm: rotate pairs (x[2i], x[2i+1]); neox: rotate halves
+Activation = Literal["silu", "gelu_tanh"]
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """What may differ from one layer to the next."""
+
+    rope_base: float
+    rope_scale: float  # positions are multiplied by this (1 / linear scaling factor)
+    sliding_window: int  # 0: global attention; else a key is visible iff q_pos - k_pos < window
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int  # of queries and keys
+    v_head_dim: int
+    ffn_dim: int
+    n_vocab: int
+    n_ctx_train: int
+    rms_eps: float
+    rope_mode: RopeMode
+    rope_dim: int  # leading dims of each head that are rotated
+    activation: Activation
+    attn_scale: float
+    embed_scale: float
+    final_logit_softcap: float  # 0: none
+    attn_logit_softcap: float  # 0: none
+    layers: tuple[LayerConfig, ...]
+
+    @property
+    def n_groups(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+
+class MetaReader:
+    """`{arch}.*` metadata with typed access; a missing required key is a ModelFileError."""
+
+    def __init__(self, meta: dict[str, Any], arch: str, path: str) -> None:
+        self.meta, self.arch, self.path = meta, arch, path
+
+    def has(self, key: str) -> bool:
+        return f"{self.arch}.{key}" in self.meta
+
+    def int(self, key: str, default: int | None = None) -> int:
+        value = self.meta.get(f"{self.arch}.{key}", default)
+        if value is None:
+            raise ModelFileError(self.path, f"metadata has no {self.arch}.{key}")
+        if hasattr(value, "__len__"):  # per-layer arrays: genie needs them uniform
+            values = {int(v) for v in value}
+            if len(values) != 1:
+                raise ModelFileError(self.path, f"{self.arch}.{key} differs between layers ({sorted(values)})")
+            value = values.pop()
+        if int(value) < 0:
+            raise ModelFileError(self.path, f"{self.arch}.{key} = {value} is negative")
+        return int(value)
+
+    def float(self, key: str, default: float | None = None) -> float:
+        value = self.meta.get(f"{self.arch}.{key}", default)
+        if value is None:
+            raise ModelFileError(self.path, f"metadata has no {self.arch}.{key}")
+        if not math.isfinite(float(value)):
+            raise ModelFileError(self.path, f"{self.arch}.{key} = {value} is not finite")
+        return float(value)
+
+    def rope_scale(self) -> float:
+        kind = self.meta.get(f"{self.arch}.rope.scaling.type", "none")
+        if kind in ("none", None):
+            return 1.0
+        if kind != "linear":
+            raise ModelFileError(self.path, f"unsupported RoPE scaling {kind!r} (genie supports linear)")
+        factor = self.float("rope.scaling.factor", 1.0)
+        return 1.0 / factor if factor > 0 else 1.0
+
+
+def base_config(r: MetaReader, n_vocab: int, **overrides: Any) -> ModelConfig:
+    """The fields every supported architecture reads the same way; the arch file overrides the rest."""
+    n_heads = r.int("attention.head_count")
+    d_model = r.int("embedding_length")
+    if n_heads == 0 or d_model == 0:
+        raise ModelFileError(r.path, "attention.head_count and embedding_length must be positive")
+    n_kv_heads = r.int("attention.head_count_kv", n_heads)
+    if n_kv_heads == 0 or n_heads % n_kv_heads:
+        raise ModelFileError(r.path, f"{n_heads} heads cannot share {n_kv_heads} KV heads")
+    head_dim = r.int("attention.key_length", d_model // n_heads)
+    n_layers = r.int("block_count")
+    fields: dict[str, Any] = dict(
+        arch=r.arch,
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        v_head_dim=r.int("attention.value_length", head_dim),
+        ffn_dim=r.int("feed_forward_length"),
+        n_vocab=n_vocab,
+        n_ctx_train=r.int("context_length"),
+        rms_eps=r.float("attention.layer_norm_rms_epsilon"),
+        rope_mode="neox",
+        rope_dim=r.int("rope.dimension_count", head_dim),
+        activation="silu",
+        attn_scale=1.0 / math.sqrt(head_dim),
+        embed_scale=1.0,
+        final_logit_softcap=r.float("final_logit_softcapping", 0.0),
+        attn_logit_softcap=r.float("attn_logit_softcapping", 0.0),
+        layers=tuple(LayerConfig(r.float("rope.freq_base", 10000.0), r.rope_scale(), 0) for _ in range(n_layers)),
+    )
+    fields.update(overrides)
+    cfg = ModelConfig(**fields)
+    if cfg.rope_dim > cfg.head_dim or cfg.rope_dim % 2:
+        raise ModelFileError(r.path, f"rope.dimension_count {cfg.rope_dim} does not fit head_dim {cfg.head_dim}")
+    return cfg

