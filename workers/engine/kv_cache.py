@@ -14,6 +14,23 @@ KVDtype = Literal["int8", "f16", "f32"]
 INT8_QMAX = 127.0
 
 
+def kv_rotation(head_dim: int) -> np.ndarray:
+    """The orthogonal, symmetric, self-inverse [head_dim, head_dim] matrix INT8 K/V rows are stored in.
+
+    A few channels of K carry most of its magnitude (after RoPE and q/k norms), and one absmax scale
+    per row then leaves the others a handful of levels. A normalized Sylvester-Hadamard rotation
+    spreads them over every channel; q.k is unchanged when q is rotated too, and attention over
+    rotated V is rotated back once per output. Measured on Gemma 3 270M (apache-2.0 text, ctx 512):
+    INT8/FP32 perplexity 1.0111 without, 1.0006 with. Head dims that are not a power of two use
+    blocks of the largest power of two dividing them.
+    """
+    block = head_dim & -head_dim
+    h = np.ones((1, 1))
+    while h.shape[0] < block:
+        h = np.block([[h, h], [h, -h]])
+    return np.kron(np.eye(head_dim // block), h / np.sqrt(block)).astype(np.float32)
+
+
 @dataclass
 class LayerKV:
     """One layer's pool. k, v: [n_slots, n_ctx, n_kv_heads, head_dim]; scales: [n_slots, n_ctx, n_kv_heads]."""

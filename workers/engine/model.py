@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .arch import ARCHITECTURES
 from .arch.layers import LayerWeights, ModelWeights, expected_shapes
@@ -80,30 +81,43 @@ def _load_weights(
     layers = []
     for i in range(cfg.n_layers):
         w = {role: load(role, LAYER_TENSORS[role].format(i=i)) for role in required}
-        opt = {
-            role: load(role, LAYER_TENSORS[role].format(i=i))
+        w.update(
+            (role, load(role, LAYER_TENSORS[role].format(i=i)))
             for role in optional
             if LAYER_TENSORS[role].format(i=i) in gf.tensors
-        }
-        opt.update(
-            {
-                role: w[role]
-                for role in required
-                if role in ("bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
-            }
         )
-        if any(b in opt for b in ("bq", "bk", "bv")) and not all(b in opt for b in ("bq", "bk", "bv")):
-            raise ModelFileError(gf.path, f"layer {i} has some but not all of the Q/K/V biases")
-        layers.append(
-            LayerWeights(
-                attn_norm=w["attn_norm"],
-                qkv=backend.group([w["wq"], w["wk"], w["wv"]]),
-                wo=w["wo"],
-                ffn_norm=w["ffn_norm"],
-                gate_up=backend.group([w["w_gate"], w["w_up"]]),
-                w_down=w["w_down"],
-                optional=opt,
-            )
-        )
+        layers.append(_layer(gf.path, i, cfg, w, backend))
     output_norm = load("output_norm", GLOBAL_TENSORS["output_norm"])
     return ModelWeights(embed=embed, output_norm=output_norm, output=output, layers=layers)
+
+
+def _layer(path: Path, i: int, cfg: ModelConfig, w: dict[str, Any], backend: Backend) -> LayerWeights:
+    """Groups what the forward pass runs together: QKV and gate/up matrices, the biases, the q/k norms."""
+    xp = backend.xp
+    opt: dict[str, Any] = {}
+    biases = [w.get(b) for b in ("bq", "bk", "bv")]
+    if any(b is not None for b in biases):
+        if any(b is None for b in biases):
+            raise ModelFileError(path, f"layer {i} has some but not all of the Q/K/V biases")
+        opt["bqkv"] = xp.concatenate(biases)
+    if ("q_norm" in w) != ("k_norm" in w):
+        raise ModelFileError(path, f"layer {i} has a norm for only one of Q and K")
+    if "q_norm" in w:
+        opt["qk_norm"] = xp.concatenate(
+            [
+                xp.broadcast_to(w["q_norm"], (cfg.n_heads, cfg.head_dim)),
+                xp.broadcast_to(w["k_norm"], (cfg.n_kv_heads, cfg.head_dim)),
+            ]
+        )
+    for role in ("post_attn_norm", "post_ffn_norm"):
+        if role in w:
+            opt[role] = w[role]
+    return LayerWeights(
+        attn_norm=w["attn_norm"],
+        qkv=backend.group([w["wq"], w["wk"], w["wv"]]),
+        wo=w["wo"],
+        ffn_norm=w["ffn_norm"],
+        gate_up=backend.group([w["w_gate"], w["w_up"]]),
+        w_down=w["w_down"],
+        optional=opt,
+    )

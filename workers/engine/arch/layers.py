@@ -23,7 +23,9 @@ class LayerWeights:
     ffn_norm: Array
     gate_up: Weight  # group of w_gate, w_up
     w_down: Weight
-    optional: dict[str, Array] = field(default_factory=dict)  # biases, q/k norms, post-norms
+    # bqkv: the three biases as one vector; qk_norm: [H + Hkv, hd] q_norm rows then k_norm rows;
+    # post_attn_norm, post_ffn_norm
+    optional: dict[str, Array] = field(default_factory=dict)
 
 
 @dataclass
@@ -51,21 +53,21 @@ def forward(
     b = backend
     n = len(ids)
     positions = np.arange(pos0, pos0 + n)
+    n_qk = (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim
     x = b.embed(weights.embed, ids, cfg.embed_scale)  # [n, d]
     for i, (lw, lc) in enumerate(zip(weights.layers, cfg.layers, strict=True)):
         opt = lw.optional
         h = b.rms_norm(x, lw.attn_norm, cfg.rms_eps)
-        q, k, v = b.matmul_group(h, lw.qkv)
-        if "bq" in opt:
-            q, k, v = q + opt["bq"], k + opt["bk"], v + opt["bv"]
-        q = q.reshape(n, cfg.n_heads, cfg.head_dim)
-        k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
-        v = v.reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
-        if "q_norm" in opt:
-            q = b.rms_norm(q, opt["q_norm"], cfg.rms_eps)
-            k = b.rms_norm(k, opt["k_norm"], cfg.rms_eps)
-        q = b.rope(q, positions, lc.rope_base, lc.rope_scale, cfg.rope_dim, cfg.rope_mode)
-        k = b.rope(k, positions, lc.rope_base, lc.rope_scale, cfg.rope_dim, cfg.rope_mode)
+        qkv = b.matmul(h, lw.qkv)  # [n, (H + Hkv) * hd + Hkv * hdv]
+        if "bqkv" in opt:
+            qkv += opt["bqkv"]
+        # q and k heads side by side, so the norm and RoPE run once for both: [n, H + Hkv, hd]
+        qk = qkv[:, :n_qk].reshape(n, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)
+        v = qkv[:, n_qk:].reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
+        if "qk_norm" in opt:
+            qk = b.rms_norm(qk, opt["qk_norm"], cfg.rms_eps)
+        qk = b.rope(qk, positions, lc.rope_base, lc.rope_scale, cfg.rope_dim, cfg.rope_mode)
+        q, k = qk[:, : cfg.n_heads], qk[:, cfg.n_heads :]
         b.kv_write(kv.layers[i], slot, pos0, k, v)
         attn = b.attention(q, kv.layers[i], slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
         o = b.matmul(attn, lw.wo)
@@ -73,8 +75,8 @@ def forward(
             o = b.rms_norm(o, opt["post_attn_norm"], cfg.rms_eps)
         x = x + o
         h = b.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
-        gate, up = b.matmul_group(h, lw.gate_up)
-        f = b.matmul(b.gated_act(gate, up, cfg.activation), lw.w_down)
+        gate_up = b.matmul(h, lw.gate_up)  # [n, 2 * ffn]
+        f = b.matmul(b.gated_act(gate_up[:, : cfg.ffn_dim], gate_up[:, cfg.ffn_dim :], cfg.activation), lw.w_down)
         if "post_ffn_norm" in opt:
             f = b.rms_norm(f, opt["post_ffn_norm"], cfg.rms_eps)
         x = x + f

@@ -40,7 +40,7 @@ class Backend(ABC):
 
     @abstractmethod
     def group(self, weights: list[Weight]) -> Weight:
-        """Several matrices that share their input, computed by one `matmul_group` call."""
+        """Matrices that share their input as one weight: `matmul` gives their outputs side by side."""
 
     # -- compute ----------------------------------------------------------------------------------
     @abstractmethod
@@ -52,12 +52,8 @@ class Backend(ABC):
         """x [n, in] @ weight.T -> [n, out]."""
 
     @abstractmethod
-    def matmul_group(self, x: Array, group: Weight) -> list[Array]:
-        """The outputs of every matrix of a group for the same x."""
-
-    @abstractmethod
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
-        """RMSNorm over the last axis, times weight."""
+        """RMSNorm over the last axis, times weight (broadcast from the right)."""
 
     @abstractmethod
     def rope(self, x: Array, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode) -> Array:

@@ -14,7 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..gguf_file import TensorInfo
-from ..kv_cache import INT8_QMAX, LayerKV
+from ..kv_cache import INT8_QMAX, LayerKV, kv_rotation
 from ..model_config import RopeMode
 from .base import Backend
 
@@ -41,12 +41,6 @@ def dequantize_tensor(tensor: TensorInfo, out: np.ndarray | None = None) -> np.n
 
 
 @dataclass
-class _Group:
-    weight: np.ndarray  # rows of all members stacked
-    splits: list[int]
-
-
-@dataclass
 class _RopeTable:
     cos: np.ndarray  # [n_ctx, rope_dim // 2]
     sin: np.ndarray
@@ -58,6 +52,12 @@ class NumpyBackend(Backend):
 
     def __init__(self) -> None:
         self._rope_tables: dict[tuple[float, float, int], _RopeTable] = {}
+        self._rotations: dict[int, np.ndarray] = {}
+
+    def _rotation(self, head_dim: int) -> np.ndarray:
+        if head_dim not in self._rotations:
+            self._rotations[head_dim] = kv_rotation(head_dim)
+        return self._rotations[head_dim]
 
     def load_matrix(self, tensor: TensorInfo) -> np.ndarray:
         return dequantize_tensor(tensor)
@@ -65,9 +65,8 @@ class NumpyBackend(Backend):
     def load_vector(self, tensor: TensorInfo) -> np.ndarray:
         return dequantize_tensor(tensor).reshape(-1)
 
-    def group(self, weights: list[np.ndarray]) -> _Group:
-        splits = np.cumsum([w.shape[0] for w in weights])[:-1].tolist()
-        return _Group(np.concatenate(weights, axis=0), splits)
+    def group(self, weights: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(weights, axis=0)
 
     def embed(self, weight: np.ndarray, ids: np.ndarray, scale: float) -> np.ndarray:
         x = weight[ids]
@@ -78,12 +77,9 @@ class NumpyBackend(Backend):
     def matmul(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return x @ weight.T
 
-    def matmul_group(self, x: np.ndarray, group: _Group) -> list[np.ndarray]:
-        return np.split(x @ group.weight.T, group.splits, axis=-1)
-
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
-        return x * (1.0 / np.sqrt(ms + eps)).astype(np.float32) * weight
+        ms = np.einsum("...i,...i->...", x, x)[..., None] * np.float32(1.0 / x.shape[-1])
+        return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * weight
 
     def _rope_table(self, base: float, scale: float, rope_dim: int, n_pos: int) -> _RopeTable:
         key = (base, scale, rope_dim)
@@ -135,7 +131,7 @@ class NumpyBackend(Backend):
             return
         assert kv.v_scale is not None
         for src, dst, dst_scale in ((k, kv.k, kv.k_scale), (v, kv.v, kv.v_scale)):
-            q, s = quantize_int8(src)
+            q, s = quantize_int8(src @ self._rotation(src.shape[-1]))
             dst[slot, pos0 : pos0 + n] = q
             dst_scale[slot, pos0 : pos0 + n] = s
 
@@ -147,12 +143,17 @@ class NumpyBackend(Backend):
         group = n_heads // n_kv_heads
         end = pos0 + n
         lo = max(0, pos0 - window + 1) if window else 0  # first key any of these queries can see
-        q_pos = np.arange(pos0, end)[:, None]
-        k_pos = np.arange(lo, end)[None, :]
-        masked = k_pos > q_pos
-        if window:
-            masked |= q_pos - k_pos >= window
+        masked = None  # a single query sees every key in [lo, end): no mask to build
+        if n > 1:
+            q_pos = np.arange(pos0, end)[:, None]
+            k_pos = np.arange(lo, end)[None, :]
+            masked = k_pos > q_pos
+            if window:
+                masked |= q_pos - k_pos >= window
         v_dim = kv.v.shape[3]
+        is_int8 = kv.k_scale is not None
+        if is_int8:  # K and V rows are stored rotated (kv_rotation): rotate q alike, un-rotate the output
+            q = q @ self._rotation(q.shape[-1])
         out = np.empty((n, n_heads, v_dim), dtype=np.float32)
         for h in range(n_kv_heads):
             keys = kv.k[slot, lo:end, h].astype(np.float32)  # [T, hd]
@@ -163,13 +164,16 @@ class NumpyBackend(Backend):
                 scores *= kv.k_scale[slot, lo:end, h]
             if softcap:
                 scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
-            scores[np.broadcast_to(masked[:, None, :], scores.shape)] = -np.inf
+            if masked is not None:
+                scores[np.broadcast_to(masked[:, None, :], scores.shape)] = -np.inf
             scores -= scores.max(axis=-1, keepdims=True)
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
             if kv.v_scale is not None:
                 probs *= kv.v_scale[slot, lo:end, h]
             out[:, h * group : (h + 1) * group] = probs @ values
+        if is_int8:
+            out = out @ self._rotation(v_dim)
         return out.reshape(n, n_heads * v_dim)
 
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
