@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt is a user message in the model's chat format (default with a chat template)",
     )
     _add_sampling_options(run)
-    run.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    run.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of streaming (default: stream text)"
+    )
 
     chat = sub.add_parser("chat", help="interactive multi-turn chat; Ctrl-C stops the current answer")
     _add_engine_options(chat)
@@ -84,14 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     tok = sub.add_parser("tokenize", help="print token ids (no BOS)")
     tok.add_argument("-m", "--model", default=DEFAULT_MODEL, help="GGUF path or installed model (default: %(default)s)")
-    tok.add_argument("--special", action="store_true", help="parse special tokens written in the text")
-    tok.add_argument("--json", action="store_true", help='print {"ids": [...]}')
+    tok.add_argument("--special", action="store_true", help="parse special tokens written in the text (default: off)")
+    tok.add_argument("--json", action="store_true", help='print {"ids": [...]} (default: ids separated by spaces)')
     tok.add_argument("text", help="text to tokenize")
 
     ppl = sub.add_parser("perplexity", help="perplexity of a text file")
     _add_engine_options(ppl, ctx_default=512)
     ppl.add_argument("--text-file", required=True, help="UTF-8 text file")
-    ppl.add_argument("--json", action="store_true", help='print {"ppl", "n_scored", "nll": [...]}')
+    ppl.add_argument("--json", action="store_true", help='print {"ppl", "n_scored", "nll": [...]} (default: one line)')
     return parser
 
 

@@ -33,15 +33,34 @@ CHATML_TEMPLATE = (
 )
 
 
-def _raise(message: str) -> None:
+MAX_PROMPT_CHARS = 4 << 20  # a rendered prompt larger than this is a runaway template, not a prompt
+MAX_REPEAT_CHARS = 1 << 20
+
+
+def _raise(message: str = "raise_exception() called") -> None:
     raise TemplateError(message)
+
+
+class _Environment(ImmutableSandboxedEnvironment):
+    """The sandbox, plus a bound on `str * n` so a template cannot allocate gigabytes in one step."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(right, int) and abs(right) > 1024:
+            raise TemplateError(f"exponent {right} is too large")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_REPEAT_CHARS:
+                    raise TemplateError(f"repetition of {len(seq)} x {n} is too large")
+        return super().call_binop(context, operator, left, right)
 
 
 def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
 
 
-_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+_ENV = _Environment(trim_blocks=True, lstrip_blocks=True)
 _ENV.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.now().strftime(fmt))
 _ENV.filters["tojson"] = _tojson
 
@@ -81,7 +100,7 @@ def render_chat(
     """The prompt text for `messages`; a template that fails is a RequestError naming why."""
     msgs = validate_messages(messages)
     try:
-        return _ENV.from_string(template).render(
+        pieces = _ENV.from_string(template).generate(
             messages=msgs,
             add_generation_prompt=add_generation_prompt,
             tools=tools,
@@ -89,5 +108,14 @@ def render_chat(
             bos_token=bos_token,
             eos_token=eos_token,
         )
-    except TemplateError as e:
-        raise RequestError(f"chat template failed: {e}") from None
+        out: list[str] = []
+        size = 0
+        for piece in pieces:
+            size += len(piece)
+            if size > MAX_PROMPT_CHARS:
+                raise TemplateError(f"the rendered prompt exceeds {MAX_PROMPT_CHARS} characters")
+            out.append(piece)
+        return "".join(out)
+    except (TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError) as e:
+        # a template is code from the model file: any failure of it is this request's error
+        raise RequestError(f"chat template failed: {type(e).__name__}: {e}") from None

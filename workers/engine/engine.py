@@ -84,10 +84,15 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, model: Model | None = None) -> None:
+        """Loads `config.model`, or shares an already loaded `model` (whose backend is then used)."""
         self.config = config
-        self.backend = select_backend(config.backend)
-        self.model = Model.load(resolve_model(config.model), self.backend)
+        if model is None:
+            self.backend = select_backend(config.backend)
+            model = Model.load(resolve_model(config.model), self.backend)
+        else:
+            self.backend = model.backend
+        self.model = model
         self.tokenizer = self.model.tokenizer
         mc = self.model.config
         self.n_ctx = min(config.n_ctx or mc.n_ctx_train, mc.n_ctx_train)

@@ -24,6 +24,7 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_STRING_BYTES = 1 << 24  # no legitimate key or token is 16 MiB long
 MAX_DIMS = 4
+MAX_ARRAY_NESTING = 8  # GGUF writers nest arrays at most once; deeper is a hostile file
 
 # Tensor types the engine can compute with (dequantized on the CPU, kept in block layout on the GPU).
 SUPPORTED_TENSOR_TYPES = frozenset(
@@ -99,10 +100,12 @@ class _Cursor:
         if vtype == _TYPE_STRING:
             return self.string(what)
         if vtype == _TYPE_ARRAY:
-            return self.array(what)
+            return self.array(what, depth=1)
         raise ModelFileError(self.path, f"corrupt file: {what} has unknown value type {vtype}")
 
-    def array(self, what: str) -> Any:
+    def array(self, what: str, depth: int) -> Any:
+        if depth > MAX_ARRAY_NESTING:
+            raise ModelFileError(self.path, f"corrupt file: {what} nests arrays deeper than {MAX_ARRAY_NESTING}")
         item_type = self.scalar("<I", what)
         count = self.scalar("<Q", what)
         if item_type in _SCALAR_TYPES:
@@ -116,7 +119,7 @@ class _Cursor:
             return self._string_array(count, what)
         if item_type == _TYPE_ARRAY:
             self.need(count * 12, what)
-            return [self.array(what) for _ in range(count)]
+            return [self.array(what, depth + 1) for _ in range(count)]
         raise ModelFileError(self.path, f"corrupt file: {what} is an array of unknown type {item_type}")
 
     def _string_array(self, count: int, what: str) -> list[str]:
@@ -194,8 +197,13 @@ class GGUFFile:
             raw_type = cur.scalar("<I", f"type of {name}")
             offset = cur.scalar("<Q", f"offset of {name}")
             infos.append((name, dims, raw_type, offset))
-        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        if alignment <= 0 or alignment & (alignment - 1):
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if (
+            not isinstance(alignment, int)
+            or isinstance(alignment, bool)
+            or alignment <= 0
+            or alignment & (alignment - 1)
+        ):
             raise ModelFileError(self.path, f"corrupt header: alignment {alignment}")
         data_start = (cur.pos + alignment - 1) // alignment * alignment
         for name, dims, raw_type, offset in infos:
@@ -233,17 +241,15 @@ class GGUFFile:
 
     def close(self) -> None:
         self.tensors = {}
-        buf = getattr(self, "_buf", None)
-        if buf is not None:
-            buf.release()
-            self._buf = None  # type: ignore[assignment]
-        mm = getattr(self, "_mmap", None)
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                pass  # a caller still holds a tensor view; the mapping goes when it is collected
-            self._mmap = None
+        try:
+            if getattr(self, "_buf", None) is not None:
+                self._buf.release()
+            if getattr(self, "_mmap", None) is not None:
+                self._mmap.close()
+        except BufferError:
+            pass  # a caller still holds a tensor view: the mapping goes when the last view is collected
+        self._buf = None  # type: ignore[assignment]
+        self._mmap = None  # type: ignore[assignment]
         fh = getattr(self, "_fh", None)
         if fh is not None:
             fh.close()

@@ -29,6 +29,7 @@ class Model:
     chat_template: str | None
     file_size: int
     load_ms: float
+    backend: Backend
 
     @classmethod
     def load(cls, path: str | Path, backend: Backend) -> Model:
@@ -56,6 +57,7 @@ class Model:
             template if isinstance(template, str) else None,
             size,
             (time.perf_counter() - t0) * 1000,
+            backend,
         )
 
 
@@ -72,9 +74,12 @@ def _load_weights(
             raise ModelFileError(gf.path, f"tensor {name} has shape {info.shape}, expected {shapes[role]}")
         return info
 
-    def load(role: str, name: str):  # type: ignore[no-untyped-def]
+    def load(role: str, name: str) -> Any:
         info = tensor(role, name)
-        return backend.load_matrix(info) if role in MATRIX_ROLES else backend.load_vector(info)
+        try:
+            return backend.load_matrix(info) if role in MATRIX_ROLES else backend.load_vector(info)
+        except ValueError as e:  # the backend found the data itself unusable
+            raise ModelFileError(gf.path, str(e)) from None
 
     embed = load("embed", GLOBAL_TENSORS["embed"])
     output = load("output", GLOBAL_TENSORS["output"]) if GLOBAL_TENSORS["output"] in gf.tensors else embed

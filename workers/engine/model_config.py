@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from .errors import ModelFileError
 
 RopeMode = Literal["norm", "neox"]  # norm: rotate pairs (x[2i], x[2i+1]); neox: rotate halves
@@ -57,26 +59,32 @@ class MetaReader:
     def has(self, key: str) -> bool:
         return f"{self.arch}.{key}" in self.meta
 
-    def int(self, key: str, default: int | None = None) -> int:
-        value = self.meta.get(f"{self.arch}.{key}", default)
+    def _number(self, key: str, default: Any, kind: type) -> Any:
+        full = f"{self.arch}.{key}"
+        value = self.meta.get(full, default)
         if value is None:
-            raise ModelFileError(self.path, f"metadata has no {self.arch}.{key}")
-        if hasattr(value, "__len__"):  # per-layer arrays: genie needs them uniform
-            values = {int(v) for v in value}
+            raise ModelFileError(self.path, f"metadata has no {full}")
+        if isinstance(value, (str, bool)) or (isinstance(value, (list, np.ndarray)) and len(value) == 0):
+            raise ModelFileError(self.path, f"{full} = {value!r} is not a number")
+        if isinstance(value, (list, np.ndarray)):  # per-layer arrays: genie needs them uniform
+            if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+                raise ModelFileError(self.path, f"{full} is not a number or an array of numbers")
+            values = {float(v) for v in value.ravel()}
             if len(values) != 1:
-                raise ModelFileError(self.path, f"{self.arch}.{key} differs between layers ({sorted(values)})")
+                raise ModelFileError(self.path, f"{full} differs between layers ({sorted(values)})")
             value = values.pop()
-        if int(value) < 0:
-            raise ModelFileError(self.path, f"{self.arch}.{key} = {value} is negative")
-        return int(value)
+        number = float(value)
+        if not math.isfinite(number) or number < 0 or (kind is int and number != int(number)):
+            raise ModelFileError(self.path, f"{full} = {value!r} is not a valid {kind.__name__}")
+        return kind(number)
 
-    def float(self, key: str, default: float | None = None) -> float:
-        value = self.meta.get(f"{self.arch}.{key}", default)
-        if value is None:
-            raise ModelFileError(self.path, f"metadata has no {self.arch}.{key}")
-        if not math.isfinite(float(value)):
-            raise ModelFileError(self.path, f"{self.arch}.{key} = {value} is not finite")
-        return float(value)
+    def get_int(self, key: str, default: int | None = None) -> int:
+        """A non-negative integer; a uniform per-layer array counts as its one value."""
+        return int(self._number(key, default, int))
+
+    def get_float(self, key: str, default: float | None = None) -> float:
+        """A finite, non-negative number."""
+        return float(self._number(key, default, float))
 
     def rope_scale(self) -> float:
         kind = self.meta.get(f"{self.arch}.rope.scaling.type", "none")
@@ -84,21 +92,32 @@ class MetaReader:
             return 1.0
         if kind != "linear":
             raise ModelFileError(self.path, f"unsupported RoPE scaling {kind!r} (genie supports linear)")
-        factor = self.float("rope.scaling.factor", 1.0)
+        factor = self.get_float("rope.scaling.factor", 1.0)
         return 1.0 / factor if factor > 0 else 1.0
+
+
+# Bounds no real model comes near; they stop a corrupt header from allocating per-layer state for
+# billions of layers or dividing by a zero head size.
+MAX_LAYERS = 1024
+MAX_DIM = 1 << 20
+
+
+def _dim(r: MetaReader, key: str, default: int | None = None, limit: int = MAX_DIM) -> int:
+    value = r.get_int(key, default)
+    if not 1 <= value <= limit:
+        raise ModelFileError(r.path, f"{r.arch}.{key} = {value} is outside [1, {limit}]")
+    return value
 
 
 def base_config(r: MetaReader, n_vocab: int, **overrides: Any) -> ModelConfig:
     """The fields every supported architecture reads the same way; the arch file overrides the rest."""
-    n_heads = r.int("attention.head_count")
-    d_model = r.int("embedding_length")
-    if n_heads == 0 or d_model == 0:
-        raise ModelFileError(r.path, "attention.head_count and embedding_length must be positive")
-    n_kv_heads = r.int("attention.head_count_kv", n_heads)
-    if n_kv_heads == 0 or n_heads % n_kv_heads:
+    n_heads = _dim(r, "attention.head_count")
+    d_model = _dim(r, "embedding_length")
+    n_kv_heads = _dim(r, "attention.head_count_kv", n_heads)
+    if n_heads % n_kv_heads:
         raise ModelFileError(r.path, f"{n_heads} heads cannot share {n_kv_heads} KV heads")
-    head_dim = r.int("attention.key_length", d_model // n_heads)
-    n_layers = r.int("block_count")
+    head_dim = _dim(r, "attention.key_length", max(d_model // n_heads, 1))
+    n_layers = _dim(r, "block_count", limit=MAX_LAYERS)
     fields: dict[str, Any] = dict(
         arch=r.arch,
         n_layers=n_layers,
@@ -106,19 +125,19 @@ def base_config(r: MetaReader, n_vocab: int, **overrides: Any) -> ModelConfig:
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        v_head_dim=r.int("attention.value_length", head_dim),
-        ffn_dim=r.int("feed_forward_length"),
+        v_head_dim=_dim(r, "attention.value_length", head_dim),
+        ffn_dim=_dim(r, "feed_forward_length"),
         n_vocab=n_vocab,
-        n_ctx_train=r.int("context_length"),
-        rms_eps=r.float("attention.layer_norm_rms_epsilon"),
+        n_ctx_train=_dim(r, "context_length", limit=1 << 24),
+        rms_eps=r.get_float("attention.layer_norm_rms_epsilon"),
         rope_mode="neox",
-        rope_dim=r.int("rope.dimension_count", head_dim),
+        rope_dim=r.get_int("rope.dimension_count", head_dim),
         activation="silu",
         attn_scale=1.0 / math.sqrt(head_dim),
         embed_scale=1.0,
-        final_logit_softcap=r.float("final_logit_softcapping", 0.0),
-        attn_logit_softcap=r.float("attn_logit_softcapping", 0.0),
-        layers=tuple(LayerConfig(r.float("rope.freq_base", 10000.0), r.rope_scale(), 0) for _ in range(n_layers)),
+        final_logit_softcap=r.get_float("final_logit_softcapping", 0.0),
+        attn_logit_softcap=r.get_float("attn_logit_softcapping", 0.0),
+        layers=tuple(LayerConfig(r.get_float("rope.freq_base", 10000.0), r.rope_scale(), 0) for _ in range(n_layers)),
     )
     fields.update(overrides)
     cfg = ModelConfig(**fields)

@@ -15,8 +15,8 @@ SLIDING_ROPE_BASE = 10_000.0
 
 def read_config(r: MetaReader, n_vocab: int) -> ModelConfig:
     cfg = base_config(r, n_vocab)
-    window = r.int("attention.sliding_window", 0)
-    global_base = r.float("rope.freq_base", 1_000_000.0)
+    window = r.get_int("attention.sliding_window", 0)
+    global_base = r.get_float("rope.freq_base", 1_000_000.0)
     global_scale = r.rope_scale()
     layers = tuple(
         LayerConfig(global_base, global_scale, 0)

@@ -30,13 +30,19 @@ def dequantize_tensor(tensor: TensorInfo, out: np.ndarray | None = None) -> np.n
         out = np.empty((rows, cols), dtype=np.float32)
     if tensor.qtype == GGMLQuantizationType.F32:
         out[:] = tensor.data.view(np.float32).reshape(rows, cols)
+        if not np.isfinite(out).all():
+            raise ValueError(f"tensor {tensor.name} holds non-finite values")
         return out
     block_elems, block_bytes = GGML_QUANT_SIZES[tensor.qtype]
     row_bytes = cols // block_elems * block_bytes
     raw = tensor.data.reshape(rows, row_bytes)
     step = max(1, DEQUANT_CHUNK_BYTES // max(row_bytes, cols * 4))
-    for r0 in range(0, rows, step):
-        out[r0 : r0 + step] = dequantize(raw[r0 : r0 + step], tensor.qtype)
+    with np.errstate(all="ignore"):  # garbage block scales are reported below, not as a warning
+        for r0 in range(0, rows, step):
+            chunk = out[r0 : r0 + step]
+            chunk[:] = dequantize(raw[r0 : r0 + step], tensor.qtype)
+            if not np.isfinite(chunk).all():
+                raise ValueError(f"tensor {tensor.name} holds non-finite values (corrupt block scales?)")
     return out
 
 

@@ -9,6 +9,7 @@ asks to parse special tokens.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -106,33 +107,55 @@ class Vocab:
         return fragments
 
 
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
 def vocab_from_metadata(meta: dict[str, Any], path: str) -> Vocab:
-    """Build the vocabulary from GGUF metadata; a missing or inconsistent field names the file."""
+    """Build the vocabulary from GGUF metadata; a missing, mistyped or inconsistent field names the file."""
     model = meta.get("tokenizer.ggml.model")
     if model not in ("llama", "gpt2"):
         raise ModelFileError(path, f"unsupported tokenizer model {model!r} (genie reads 'llama' and 'gpt2')")
     tokens = meta.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or not tokens:
-        raise ModelFileError(path, "metadata has no tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise ModelFileError(path, "tokenizer.ggml.tokens is missing or not a list of strings")
     n = len(tokens)
-    scores = meta.get("tokenizer.ggml.scores")
-    scores = np.zeros(n, np.float32) if scores is None else np.asarray(scores, np.float32)
-    types = meta.get("tokenizer.ggml.token_type")
-    types = np.full(n, TokenType.NORMAL, np.int32) if types is None else np.asarray(types, np.int32)
-    if len(scores) != n or len(types) != n:
-        raise ModelFileError(path, f"tokenizer arrays disagree: {n} tokens, {len(scores)} scores, {len(types)} types")
-    merges = list(meta.get("tokenizer.ggml.merges") or [])
+
+    def numbers(key: str, kinds: str, default: np.ndarray, dtype: type) -> np.ndarray:
+        value = meta.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds or value.shape != (n,):
+            raise ModelFileError(path, f"{key} must be an array of {n} numbers")
+        return value.astype(dtype)
+
+    scores = numbers("tokenizer.ggml.scores", "iuf", np.zeros(n, np.float32), np.float32)
+    types = numbers("tokenizer.ggml.token_type", "iu", np.full(n, TokenType.NORMAL, np.int32), np.int32)
+    merges = meta.get("tokenizer.ggml.merges") or []
+    if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+        raise ModelFileError(path, "tokenizer.ggml.merges is not a list of strings")
     if model == "gpt2" and not merges:
         raise ModelFileError(path, "gpt2 tokenizer without tokenizer.ggml.merges")
+    bad_byte = next((i for i in np.nonzero(types == TokenType.BYTE)[0] if not _BYTE_TOKEN.fullmatch(tokens[i])), None)
+    if bad_byte is not None:
+        raise ModelFileError(path, f"byte token {bad_byte} is {tokens[bad_byte]!r}, not <0xXX>")
 
     def token_id(key: str) -> int | None:
         value = meta.get(key)
         if value is None:
             return None
-        if not 0 <= int(value) < n:
-            raise ModelFileError(path, f"{key} = {value} is outside the vocabulary of {n}")
-        return int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < n:
+            raise ModelFileError(path, f"{key} = {value!r} is not a token id of the vocabulary of {n}")
+        return value
 
+    def flag(key: str, default: bool) -> bool:
+        value = meta.get(key, default)
+        if not isinstance(value, bool):
+            raise ModelFileError(path, f"{key} = {value!r} is not a boolean")
+        return value
+
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if not isinstance(pre, str):
+        raise ModelFileError(path, f"tokenizer.ggml.pre = {pre!r} is not a string")
     bos_id = token_id("tokenizer.ggml.bos_token_id")
     eos_id = token_id("tokenizer.ggml.eos_token_id")
     eog = {
@@ -140,17 +163,16 @@ def vocab_from_metadata(meta: dict[str, Any], path: str) -> Vocab:
         for i in (eos_id, token_id("tokenizer.ggml.eot_token_id"), token_id("tokenizer.ggml.eom_token_id"))
         if i is not None
     }
-    default_add_bos = model == "llama"
     return Vocab(
         model=model,
-        pre=str(meta.get("tokenizer.ggml.pre", "default")),
+        pre=pre,
         tokens=tokens,
         scores=scores,
         types=types,
         merges=merges,
         bos_id=bos_id,
         eos_id=eos_id,
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos)) and bos_id is not None,
-        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", model == "llama")),
+        add_bos=flag("tokenizer.ggml.add_bos_token", model == "llama") and bos_id is not None,
+        add_space_prefix=flag("tokenizer.ggml.add_space_prefix", model == "llama"),
         eog_ids=frozenset(eog),
     )
