@@ -1,32 +1,35 @@
-"""Shared fixtures: the two real models, loaded once per test session."""
+"""Shared fixtures: the two real models, loaded once per test session and shared by engines."""
 
 from __future__ import annotations
 
 import pytest
 
+from workers.engine.backends.numpy_backend import NumpyBackend
 from workers.engine.engine import Engine, EngineConfig
+from workers.engine.model import Model
 from workers.engine.registry import resolve_model
 
-REAL_MODELS = ("gemma3-270m", "smollm2-135m")
-
-
-@pytest.fixture(scope="session")
-def model_path():
-    return lambda name: resolve_model(name, progress=lambda _: None)
-
-
+_models: dict[str, Model] = {}
 _engines: dict[tuple[str, str, int], Engine] = {}
+
+
+def load_model(name: str) -> Model:
+    if name not in _models:
+        _models[name] = Model.load(resolve_model(name, progress=lambda _: None), NumpyBackend())
+    return _models[name]
 
 
 @pytest.fixture(scope="session")
 def make_engine():
-    """make_engine(model, kv_dtype="int8", n_ctx=1024) -> a cached Engine; tests must not depend on its
-    KV contents from earlier tests (every generate call reuses a prefix only when tokens match)."""
+    """make_engine(model, kv_dtype="int8", n_ctx=1024) -> an Engine cached for the session, its weights
+    shared with every other engine of the same model. Tests must not rely on what earlier tests left in
+    its KV: generate reuses a prefix only where the tokens match."""
 
     def get(model: str, kv_dtype: str = "int8", n_ctx: int = 1024) -> Engine:
         key = (model, kv_dtype, n_ctx)
         if key not in _engines:
-            _engines[key] = Engine(EngineConfig(model=model, kv_dtype=kv_dtype, n_ctx=n_ctx))  # type: ignore[arg-type]
+            config = EngineConfig(model=model, kv_dtype=kv_dtype, n_ctx=n_ctx)  # type: ignore[arg-type]
+            _engines[key] = Engine(config, model=load_model(model))
         return _engines[key]
 
     return get

@@ -1,0 +1,42 @@
+"""Per-token NLL against llama.cpp on a real English text, for both real models (acceptance numbers).
+
+The fixtures come from scripts/make_fixtures/nll.py (llama-cpp-python 0.3.36, F16 KV, ctx 512). llama.cpp
+quantizes activations to Q8 inside its matmuls and genie computes in float32 on dequantized weights,
+so the two differ by ~0.07 nat per token; an exact fp32 reference gets about the same.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workers.engine.perplexity import perplexity
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+TEXT = (FIXTURES / "text/apache-2.0.txt").read_text(encoding="utf-8")
+MODELS = ("gemma3-270m", "smollm2-135m")
+pytestmark = pytest.mark.slow  # ~2 minutes: runs in CI, skip locally with -m "not slow"
+_results: dict[tuple[str, str], object] = {}
+
+
+def ppl(make_engine, model: str, kv: str):
+    if (model, kv) not in _results:
+        _results[(model, kv)] = perplexity(make_engine(model, kv_dtype=kv, n_ctx=512), TEXT, 512)
+    return _results[(model, kv)]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_fp16_kv_nll_matches_llama_cpp(make_engine, model):
+    ref = json.loads((FIXTURES / f"nll/{model}.json").read_text())
+    r = ppl(make_engine, model, "f16")
+    assert r.n_scored == len(ref["nll"])
+    delta = np.abs(r.nll - np.asarray(ref["nll"]))
+    assert delta.mean() <= 0.10, f"mean |dNLL| {delta.mean():.4f}"
+    assert abs(r.ppl / ref["ppl"] - 1) <= 0.015, f"ppl {r.ppl:.4f} vs llama.cpp {ref['ppl']:.4f}"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_int8_kv_costs_at_most_half_a_percent_of_perplexity(make_engine, model):
+    f16, int8 = ppl(make_engine, model, "f16"), ppl(make_engine, model, "int8")
+    assert int8.ppl <= 1.005 * f16.ppl, f"int8 {int8.ppl:.4f} vs f16 {f16.ppl:.4f}"
