@@ -58,11 +58,18 @@ def child_llama(model: str, n_prompt: int, n_gen: int) -> dict:
     from workers.engine.registry import resolve_model
 
     t0 = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=str(resolve_model(model)), n_ctx=n_prompt + n_gen + 8, n_batch=n_prompt,
-                          n_threads=2, n_threads_batch=2, verbose=False)
+    n_ctx = n_prompt + n_gen + 8  # n_batch = n_ctx: llama-cpp-python keeps n_batch rows of logits
+    llm = llama_cpp.Llama(
+        model_path=str(resolve_model(model)), n_ctx=n_ctx, n_batch=n_ctx, n_threads=2, n_threads_batch=2, verbose=False
+    )
     load_ms = (time.perf_counter() - t0) * 1000
-    ids = prompt_tokens(lambda t: [llm.token_bos()] * bool(llm.metadata.get("tokenizer.ggml.add_bos_token") == "true")
-                        + llm.tokenize(t.encode(), add_bos=False), n_prompt)
+    ids = prompt_tokens(
+        lambda t: (
+            [llm.token_bos()] * bool(llm.metadata.get("tokenizer.ggml.add_bos_token") == "true")
+            + llm.tokenize(t.encode(), add_bos=False)
+        ),
+        n_prompt,
+    )
     prefill, decode = [], []
     for _ in range(REPEATS):
         llm.reset()
@@ -80,8 +87,18 @@ def child_llama(model: str, n_prompt: int, n_gen: int) -> dict:
 
 
 def run_child(engine: str, model: str, args: argparse.Namespace) -> dict | None:
-    cmd = [sys.executable, __file__, "--child", engine, "--models", model,
-           "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        engine,
+        "--models",
+        model,
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--gen-tokens",
+        str(args.gen_tokens),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"{engine} on {model} failed:\n{proc.stderr.strip()[-2000:]}", file=sys.stderr)
@@ -108,18 +125,39 @@ def main() -> None:
         reference = f"llama-cpp-python {llama_cpp.__version__}"
     except ImportError:
         reference = None
-    print(f"CPU bench: {os.cpu_count()} cores, prompt {args.prompt_tokens} tok, {args.gen_tokens} generated, "
-          f"median of {REPEATS}; reference: {reference or 'not installed'}\n")
-    cols = ["model", "engine", "load ms", "prefill tok/s", "decode tok/s", "peak RSS MB"]
+    print(
+        f"CPU bench: {os.cpu_count()} cores, prompt {args.prompt_tokens} tok, {args.gen_tokens} generated, "
+        f"median of {REPEATS}; reference: {reference or 'not installed'}\n"
+    )
+    cols = ["model", "engine", "load ms", "prefill tok/s", "decode tok/s", "peak RSS MB", "prefill / decode vs ref"]
     rows = []
     for model in args.models:
-        for engine in ["genie", "llama"] if reference else ["genie"]:
-            r = run_child(engine, model, args)
+        results = {
+            engine: run_child(engine, model, args) for engine in (["genie", "llama"] if reference else ["genie"])
+        }
+        ref = results.get("llama")
+        for engine, r in results.items():
             if r is None:
                 continue
-            name = "genie (numpy)" if engine == "genie" else reference
-            rows.append([model, name, f"{r['load_ms']:.0f}", f"{statistics.median(r['prefill']):.1f}",
-                         f"{statistics.median(r['decode']):.1f}", f"{r['peak_rss_mb']:.0f}"])
+            prefill, decode = statistics.median(r["prefill"]), statistics.median(r["decode"])
+            ratio = "-"
+            if ref is not None and engine == "genie":
+                ratio = (
+                    f"{prefill / statistics.median(ref['prefill']):.2f}x / "
+                    f"{decode / statistics.median(ref['decode']):.2f}x"
+                )
+            name = "genie (numpy)" if engine == "genie" else str(reference)
+            rows.append(
+                [
+                    model,
+                    name,
+                    f"{r['load_ms']:.0f}",
+                    f"{prefill:.1f}",
+                    f"{decode:.1f}",
+                    f"{r['peak_rss_mb']:.0f}",
+                    ratio,
+                ]
+            )
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")

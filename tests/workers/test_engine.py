@@ -168,3 +168,24 @@ def test_int8_cache_holds_per_position_head_scales(make_engine):
     assert snap.k[0].dtype == np.int8 and s.dtype == np.float32
     assert np.abs(snap.k[0]).max(axis=-1).min() == 127  # every (position, head) row uses the full range
     assert np.all(s > 0) and k.shape[:2] == s.shape
+
+
+def test_text_held_back_for_a_possible_stop_string_is_kept_when_generation_ends(make_engine):
+    e = make_engine("gemma3-270m")
+    ids = e.text_prompt("1, 2, 3, 4, 5, 6,")
+    _, free = run(e, ids, SamplingParams(temperature=0, max_tokens=4))
+    # a stop string that starts like the end of the text but never completes: held back, then flushed
+    tail = free.text[-2:]
+    _, held = run(e, ids, SamplingParams(temperature=0, max_tokens=4, stop=(tail + "\x00never",)))
+    assert held.finish_reason == "length"
+    assert held.text == free.text
+
+
+def test_text_held_back_for_a_possible_stop_string_is_kept_at_end_of_turn(make_engine):
+    e = make_engine("smollm2-135m")
+    ids = e.chat_prompt([{"role": "user", "content": "Say OK."}])
+    _, free = run(e, ids, SamplingParams(temperature=0, max_tokens=64))
+    assert free.finish_reason == "stop" and free.text
+    _, held = run(e, ids, SamplingParams(temperature=0, max_tokens=64, stop=(free.text[-1] + "\x00never",)))
+    assert held.finish_reason == "stop"
+    assert held.text == free.text

@@ -181,6 +181,7 @@ class Engine:
         text_parts: list[str] = []
         t_first = t_prefill
         finish: FinishReason = "length"
+        stop_hit = False  # a stop string matched: what follows it is dropped, not flushed
         while len(generated) < params.max_tokens:
             token = sampler.sample(self.backend.to_host(logits)[-1], history)
             if not generated:
@@ -197,7 +198,7 @@ class Engine:
                 yield Delta(text, pending_ids)
                 pending_ids = []
             if hit:
-                finish = "stop"
+                finish, stop_hit = "stop", True
                 break
             if pos >= self.n_ctx or len(generated) == params.max_tokens:
                 break  # "length": no room for, or no need of, another forward pass
@@ -206,7 +207,7 @@ class Engine:
                 break
             logits = self._run(slot, [token], pos, slice(-1, None))
             pos += 1
-        if finish != "stop" or not params.stop:
+        if not stop_hit:
             tail = stop.feed(decoder.flush())[0] + stop.flush()
             if tail or pending_ids:
                 text_parts.append(tail)
