@@ -8,13 +8,25 @@ from ..errors import GenieError
 from .base import Backend
 from .numpy_backend import NumpyBackend
 
-BACKENDS: dict[str, Callable[[], Backend]] = {"numpy": NumpyBackend}
+
+def _cupy() -> Backend:
+    from .cupy_backend import CupyBackend, cupy_available
+
+    if not cupy_available():
+        raise GenieError("the cupy backend needs CuPy and an NVIDIA GPU (pip install 'genie[gpu]')")
+    return CupyBackend()
+
+
+BACKENDS: dict[str, Callable[[], Backend]] = {"numpy": NumpyBackend, "cupy": _cupy}
 BACKEND_CHOICES = ("auto", *BACKENDS)
 
 
 def select_backend(name: str) -> Backend:
+    """`auto` is CuPy when it finds a GPU, else NumPy."""
     if name == "auto":
-        return NumpyBackend()
+        from .cupy_backend import cupy_available
+
+        return _cupy() if cupy_available() else NumpyBackend()
     factory = BACKENDS.get(name)
     if factory is None:
         raise GenieError(f"unknown backend {name!r} (choose from {', '.join(BACKEND_CHOICES)})")

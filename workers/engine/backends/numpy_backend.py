@@ -2,6 +2,9 @@
 
 NumPy has BLAS only for float32/float64 (a float16 GEMV of Gemma's output layer takes 647 ms against
 39 ms in float32, ../shared/ANCHORS.md), so quantized blocks are expanded to float32 here.
+
+The compute methods are written against `self.xp`, so the CuPy backend inherits them as its plain
+reference path and overrides the weight handling and the hot operations with its own kernels.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from gguf.quants import dequantize
 from ..gguf_file import TensorInfo
 from ..kv_cache import INT8_QMAX, LayerKV, kv_rotation
 from ..model_config import RopeMode
-from .base import Backend
+from .base import Array, Backend, Weight
 
 DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large tensor
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
@@ -60,32 +63,33 @@ class NumpyBackend(Backend):
         self._rope_tables: dict[tuple[float, float, int], _RopeTable] = {}
         self._rotations: dict[int, np.ndarray] = {}
 
-    def _rotation(self, head_dim: int) -> np.ndarray:
+    def _rotation(self, head_dim: int) -> Any:
         if head_dim not in self._rotations:
-            self._rotations[head_dim] = kv_rotation(head_dim)
+            self._rotations[head_dim] = self.xp.asarray(kv_rotation(head_dim))
         return self._rotations[head_dim]
 
-    def load_matrix(self, tensor: TensorInfo) -> np.ndarray:
+    def load_matrix(self, tensor: TensorInfo) -> Weight:
         return dequantize_tensor(tensor)
 
-    def load_vector(self, tensor: TensorInfo) -> np.ndarray:
+    def load_vector(self, tensor: TensorInfo) -> Array:
         return dequantize_tensor(tensor).reshape(-1)
 
-    def group(self, weights: list[np.ndarray]) -> np.ndarray:
+    def group(self, weights: list[Weight]) -> Weight:
         return np.concatenate(weights, axis=0)
 
-    def embed(self, weight: np.ndarray, ids: np.ndarray, scale: float) -> np.ndarray:
+    def embed(self, weight: Weight, ids: np.ndarray, scale: float) -> Array:
         x = weight[ids]
         if scale != 1.0:
             x *= np.float32(scale)
         return x
 
-    def matmul(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    def matmul(self, x: Array, weight: Weight) -> Array:
         return x @ weight.T
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        ms = np.einsum("...i,...i->...", x, x)[..., None] * np.float32(1.0 / x.shape[-1])
-        return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * weight
+        xp = self.xp
+        ms = xp.einsum("...i,...i->...", x, x)[..., None] * np.float32(1.0 / x.shape[-1])
+        return x * (np.float32(1.0) / xp.sqrt(ms + np.float32(eps))) * weight
 
     def _rope_table(self, base: float, scale: float, rope_dim: int, n_pos: int) -> _RopeTable:
         key = (base, scale, rope_dim)
@@ -100,7 +104,7 @@ class NumpyBackend(Backend):
                 theta[:, i] = t
                 t = t * theta_scale
             theta *= np.float32(scale)
-            table = _RopeTable(np.cos(theta), np.sin(theta))
+            table = _RopeTable(self.xp.asarray(np.cos(theta)), self.xp.asarray(np.sin(theta)))
             self._rope_tables[key] = table
         return table
 
@@ -108,8 +112,9 @@ class NumpyBackend(Backend):
         self, x: np.ndarray, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode
     ) -> np.ndarray:
         table = self._rope_table(base, scale, rope_dim, int(positions.max()) + 1)
-        cos = table.cos[positions][:, None, :]  # [n, 1, rope_dim/2]
-        sin = table.sin[positions][:, None, :]
+        p0, p1 = int(positions[0]), int(positions[-1]) + 1  # positions are consecutive
+        cos = table.cos[p0:p1][:, None, :]  # [n, 1, rope_dim/2]
+        sin = table.sin[p0:p1][:, None, :]
         if mode == "neox":
             half = rope_dim // 2
             x0, x1 = x[..., :half].copy(), x[..., half:rope_dim].copy()
@@ -122,11 +127,12 @@ class NumpyBackend(Backend):
         return x
 
     def gated_act(self, gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
+        xp = self.xp
         if kind == "silu":
-            return gate / (1.0 + np.exp(-gate)) * up
+            return gate / (np.float32(1.0) + xp.exp(-gate)) * up
         if kind == "gelu_tanh":
             inner = _SQRT_2_OVER_PI * (gate + np.float32(0.044715) * gate * gate * gate)
-            return np.float32(0.5) * gate * (1.0 + np.tanh(inner)) * up
+            return np.float32(0.5) * gate * (np.float32(1.0) + xp.tanh(inner)) * up
         raise ValueError(f"unknown activation {kind}")
 
     def kv_write(self, kv: LayerKV, slot: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
@@ -136,14 +142,21 @@ class NumpyBackend(Backend):
             kv.v[slot, pos0 : pos0 + n] = v
             return
         assert kv.v_scale is not None
+        if k.shape[-1] == v.shape[-1]:  # one rotation and one quantize pass for K and V together
+            h = k.shape[1]
+            q, s = quantize_int8(self.xp.concatenate([k, v], axis=1) @ self._rotation(k.shape[-1]), self.xp)
+            kv.k[slot, pos0 : pos0 + n], kv.v[slot, pos0 : pos0 + n] = q[:, :h], q[:, h:]
+            kv.k_scale[slot, pos0 : pos0 + n], kv.v_scale[slot, pos0 : pos0 + n] = s[:, :h], s[:, h:]
+            return
         for src, dst, dst_scale in ((k, kv.k, kv.k_scale), (v, kv.v, kv.v_scale)):
-            q, s = quantize_int8(src @ self._rotation(src.shape[-1]))
+            q, s = quantize_int8(src @ self._rotation(src.shape[-1]), self.xp)
             dst[slot, pos0 : pos0 + n] = q
             dst_scale[slot, pos0 : pos0 + n] = s
 
     def attention(
         self, q: np.ndarray, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float
     ) -> np.ndarray:
+        xp = self.xp
         n, n_heads, _ = q.shape
         n_kv_heads = kv.k.shape[2]
         group = n_heads // n_kv_heads
@@ -156,11 +169,12 @@ class NumpyBackend(Backend):
             masked = k_pos > q_pos
             if window:
                 masked |= q_pos - k_pos >= window
+            masked = xp.asarray(masked)
         v_dim = kv.v.shape[3]
         is_int8 = kv.k_scale is not None
         if is_int8:  # K and V rows are stored rotated (kv_rotation): rotate q alike, un-rotate the output
             q = q @ self._rotation(q.shape[-1])
-        out = np.empty((n, n_heads, v_dim), dtype=np.float32)
+        out = xp.empty((n, n_heads, v_dim), dtype=np.float32)
         for h in range(n_kv_heads):
             keys = kv.k[slot, lo:end, h].astype(np.float32)  # [T, hd]
             values = kv.v[slot, lo:end, h].astype(np.float32)  # [T, hdv]
@@ -169,11 +183,11 @@ class NumpyBackend(Backend):
             if kv.k_scale is not None:
                 scores *= kv.k_scale[slot, lo:end, h]
             if softcap:
-                scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+                scores = np.float32(softcap) * xp.tanh(scores / np.float32(softcap))
             if masked is not None:
-                scores[np.broadcast_to(masked[:, None, :], scores.shape)] = -np.inf
+                scores[xp.broadcast_to(masked[:, None, :], scores.shape)] = -np.inf
             scores -= scores.max(axis=-1, keepdims=True)
-            probs = np.exp(scores)
+            probs = xp.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
             if kv.v_scale is not None:
                 probs *= kv.v_scale[slot, lo:end, h]
@@ -183,16 +197,15 @@ class NumpyBackend(Backend):
         return out.reshape(n, n_heads * v_dim)
 
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
-        return np.float32(cap) * np.tanh(x / np.float32(cap))
+        return np.float32(cap) * self.xp.tanh(x / np.float32(cap))
 
     def to_host(self, x: Any) -> np.ndarray:
         return np.asarray(x)
 
 
-def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def quantize_int8(x: Any, xp: Any = np) -> tuple[Any, Any]:
     """x [..., d] -> (int8 values, float32 scale per row): scale = absmax / 127, round half to even, clamp."""
-    absmax = np.abs(x).max(axis=-1)
-    scale = (absmax / INT8_QMAX).astype(np.float32)
-    inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
-    q = np.clip(np.rint(x * inv[..., None]), -INT8_QMAX, INT8_QMAX).astype(np.int8)
+    scale = (xp.abs(x).max(axis=-1) / np.float32(INT8_QMAX)).astype(np.float32)
+    inv = xp.where(scale > 0, np.float32(1.0) / xp.where(scale > 0, scale, np.float32(1.0)), np.float32(0.0))
+    q = xp.clip(xp.rint(x * inv[..., None]), -INT8_QMAX, INT8_QMAX).astype(np.int8)
     return q, scale
