@@ -76,7 +76,7 @@ def forward(
         x = x + o
         h = b.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
         gate_up = b.matmul(h, lw.gate_up)  # [n, 2 * ffn]
-        f = b.matmul(b.gated_act(gate_up[:, : cfg.ffn_dim], gate_up[:, cfg.ffn_dim :], cfg.activation), lw.w_down)
+        f = b.matmul(b.gated_act(gate_up, cfg.activation), lw.w_down)
         if "post_ffn_norm" in opt:
             f = b.rms_norm(f, opt["post_ffn_norm"], cfg.rms_eps)
         x = x + f

@@ -60,8 +60,8 @@ class Backend(ABC):
         """Rotary embedding of x [n, heads, head_dim] at `positions` [n], in place; returns x."""
 
     @abstractmethod
-    def gated_act(self, gate: Array, up: Array, kind: str) -> Array:
-        """act(gate) * up with act = silu | gelu_tanh."""
+    def gated_act(self, gate_up: Array, kind: str) -> Array:
+        """act(gate) * up for gate_up = [gate | up] of shape [n, 2 * ffn]; act = silu | gelu_tanh."""
 
     @abstractmethod
     def kv_write(self, kv: LayerKV, slot: int, pos0: int, k: Array, v: Array) -> None:

@@ -2,8 +2,9 @@
 
 Matrix products with up to `GEMV_MAX_TOKENS` rows (decode) run a quantized matrix-vector kernel that
 dequantizes in registers (kernels/quant.cu); longer ones (prefill) dequantize the weight to float32
-scratch and use cuBLAS. Everything else is the NumPy backend's code run on CuPy arrays. This is the
-correct baseline the fast paths (fused kernels, split-K attention, CUDA-graph decode) replace one by one.
+scratch and use cuBLAS. RMSNorm, RoPE, the gated activation, the KV write and attention are one fused
+kernel each (kernels/ops.cu); what is left (residual adds, the float32 KV used by tests) is the NumPy
+backend's code run on CuPy arrays.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..gguf_file import TensorInfo
+from ..kv_cache import LayerKV
+from ..model_config import RopeMode
 from .numpy_backend import NumpyBackend, dequantize_tensor
 
 GEMV_MAX_TOKENS = 8  # MAX_TOK in quant.cu
@@ -80,9 +83,10 @@ class CupyBackend(NumpyBackend):
 
         self.xp = cupy
         super().__init__()
-        source = resources.files(__package__).joinpath("kernels/quant.cu").read_text(encoding="utf-8")
-        # CuPy caches the compiled module on disk (~/.cupy/kernel_cache): a second start compiles nothing
-        self._module = cupy.RawModule(code=source, options=("-std=c++17",))
+        kernels = resources.files(__package__).joinpath("kernels")
+        # CuPy caches compiled modules on disk (~/.cupy/kernel_cache): a second start compiles nothing
+        self._module = cupy.RawModule(code=kernels.joinpath("quant.cu").read_text("utf-8"), options=("-std=c++17",))
+        self._ops = cupy.RawModule(code=kernels.joinpath("ops.cu").read_text("utf-8"), options=("-std=c++17",))
         self._kernels: dict[str, Any] = {}
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
@@ -95,6 +99,11 @@ class CupyBackend(NumpyBackend):
         name = f"{op}_{KERNEL_TYPES[qtype]}"
         if name not in self._kernels:
             self._kernels[name] = self._module.get_function(name)
+        return self._kernels[name]
+
+    def _op(self, name: str) -> Any:
+        if name not in self._kernels:
+            self._kernels[name] = self._ops.get_function(name)
         return self._kernels[name]
 
     # -- weights --------------------------------------------------------------------------------------
@@ -165,3 +174,119 @@ class CupyBackend(NumpyBackend):
 
     def to_host(self, x: Any) -> np.ndarray:
         return self.xp.asnumpy(x)
+
+    # -- fused layer operations (kernels/ops.cu) ----------------------------------------------------------
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        cp = self.xp
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        d = x.shape[-1]
+        y = cp.empty_like(x)
+        self._op("rms_norm")(
+            (x.size // d,),
+            (_threads(d),),
+            (x, cp.ascontiguousarray(weight), y, np.int32(d), np.int32(weight.size // d), np.float32(eps)),
+        )
+        return y
+
+    def rope(self, x: Any, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode) -> Any:
+        cp = self.xp
+        x = cp.ascontiguousarray(x)
+        n, heads, hd = x.shape
+        table = self._rope_table(base, scale, rope_dim, int(positions[-1]) + 1)
+        total = n * heads * (rope_dim // 2)
+        self._op("rope")(
+            ((total + THREADS - 1) // THREADS,),
+            (THREADS,),
+            (
+                x,
+                table.cos,
+                table.sin,
+                np.int32(n),
+                np.int32(heads),
+                np.int32(hd),
+                np.int32(rope_dim),
+                np.int32(positions[0]),
+                np.int32(mode == "neox"),
+            ),
+        )
+        return x
+
+    def gated_act(self, gate_up: Any, kind: str) -> Any:
+        cp = self.xp
+        gate_up = cp.ascontiguousarray(gate_up, dtype=cp.float32)
+        n, ffn = gate_up.shape[0], gate_up.shape[1] // 2
+        out = cp.empty((n, ffn), dtype=cp.float32)
+        self._op("gated_act")(
+            ((n * ffn + THREADS - 1) // THREADS,),
+            (THREADS,),
+            (gate_up, out, np.int32(n), np.int32(ffn), np.int32(_ACTIVATIONS[kind])),
+        )
+        return out
+
+    def kv_write(self, kv: LayerKV, slot: int, pos0: int, k: Any, v: Any) -> None:
+        cp = self.xp
+        if kv.k.dtype == cp.float32:
+            return super().kv_write(kv, slot, pos0, k, v)
+        for src, pool, scales in ((k, kv.k, kv.k_scale), (v, kv.v, kv.v_scale)):
+            src = cp.ascontiguousarray(src, dtype=cp.float32)
+            n, heads, hd = src.shape
+            self._op("kv_write")(
+                (n * heads,),
+                (_threads(hd),),
+                (
+                    src,
+                    pool[slot],
+                    scales[slot] if scales is not None else np.uint64(0),
+                    np.int32(heads),
+                    np.int32(hd),
+                    np.int32(hd & -hd),
+                    np.int32(pos0),
+                ),
+                shared_mem=hd * 4,
+            )
+
+    def attention(self, q: Any, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float) -> Any:
+        cp = self.xp
+        if kv.k.dtype == cp.float32:
+            return super().attention(q, kv, slot, pos0, window, scale, softcap)
+        q = cp.ascontiguousarray(q, dtype=cp.float32)
+        n, heads, hd = q.shape
+        n_kv, hdv = kv.k.shape[2], kv.v.shape[3]
+        if max(hd, hdv) > ATTENTION_MAX_HEAD_DIM:
+            raise ValueError(f"head dim {max(hd, hdv)} is above the attention kernel's {ATTENTION_MAX_HEAD_DIM}")
+        out = cp.empty((n, heads * hdv), dtype=cp.float32)
+        null = np.uint64(0)
+        k_scale = null if kv.k_scale is None else kv.k_scale[slot]
+        v_scale = null if kv.v_scale is None else kv.v_scale[slot]
+        self._op("attention")(
+            (n * heads,),
+            (32 * ATTENTION_WARPS,),
+            (
+                q,
+                kv.k[slot],
+                kv.v[slot],
+                k_scale,
+                v_scale,
+                out,
+                np.int32(heads),
+                np.int32(n_kv),
+                np.int32(hd),
+                np.int32(hdv),
+                np.int32(hd & -hd),
+                np.int32(pos0),
+                np.int32(window),
+                np.float32(scale),
+                np.float32(softcap),
+            ),
+        )
+        return out
+
+
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+ATTENTION_WARPS = 8  # ATT_WARPS in ops.cu
+ATTENTION_MAX_HEAD_DIM = 512  # MAX_HD in ops.cu
+
+
+def _threads(d: int) -> int:
+    """Threads for a one-block-per-row kernel: a multiple of 32, at most 1024."""
+    return min(1024, max(32, (d + 31) // 32 * 32))

@@ -126,10 +126,12 @@ class NumpyBackend(Backend):
             x[..., 1:rope_dim:2] = x0 * sin + x1 * cos
         return x
 
-    def gated_act(self, gate: np.ndarray, up: np.ndarray, kind: str) -> np.ndarray:
+    def gated_act(self, gate_up: Array, kind: str) -> Array:
         xp = self.xp
-        if kind == "silu":
-            return gate / (np.float32(1.0) + xp.exp(-gate)) * up
+        ffn = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :ffn], gate_up[..., ffn:]
+        if kind == "silu":  # x * sigmoid(x), with sigmoid through tanh: no overflow for large |x|
+            return gate * (np.float32(0.5) + np.float32(0.5) * xp.tanh(np.float32(0.5) * gate)) * up
         if kind == "gelu_tanh":
             inner = _SQRT_2_OVER_PI * (gate + np.float32(0.044715) * gate * gate * gate)
             return np.float32(0.5) * gate * (np.float32(1.0) + xp.tanh(inner)) * up

@@ -1,0 +1,208 @@
+// Fused per-layer operations of the CuPy backend: RMSNorm, RoPE, gated activation, KV write (INT8 with
+// the Hadamard rotation of docs/kv-cache.md, or FP16), and attention over the KV pool. Each replaces a
+// chain of CuPy array operations with one launch; numerics follow the NumPy backend.
+#include <cuda_fp16.h>
+
+#define FULL 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)  // NVRTC has no math.h INFINITY
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int i = 0; i < n_warps; ++i) s += red[i];
+    return s;
+}
+__device__ float block_max(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float m = red[0];
+    for (int i = 1; i < n_warps; ++i) m = fmaxf(m, red[i]);
+    return m;
+}
+
+// In-place normalized Walsh-Hadamard transform of buf[0, d) in blocks of `blk` (a power of two dividing
+// d): the kv_rotation matrix of docs/kv-cache.md. Called by every thread of the block.
+__device__ void fwht(float* buf, int d, int blk) {
+    for (int h = 1; h < blk; h <<= 1) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < d / 2; i += blockDim.x) {
+            const int base = (i / h) * 2 * h + (i % h);
+            const float a = buf[base], b = buf[base + h];
+            buf[base] = a + b;
+            buf[base + h] = a - b;
+        }
+    }
+    __syncthreads();
+    const float norm = rsqrtf((float)blk);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] *= norm;
+    __syncthreads();
+}
+
+// y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w[r % w_rows, :]; one block per row.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, int d, int w_rows, float eps) {
+    __shared__ float red[32];
+    const long long r = blockIdx.x;
+    const float* xr = x + r * d;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+    const float inv = rsqrtf(block_sum(ss, red) / d + eps);
+    const float* wr = w + (r % w_rows) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) y[r * d + i] = xr[i] * inv * wr[i];
+}
+
+// Rotary embedding in place on x [n_tok, n_heads, hd] at positions pos0 + t, tables [n_pos, rope_dim / 2].
+extern "C" __global__ void rope(float* x, const float* cos_t, const float* sin_t, int n_tok, int n_heads, int hd,
+                                int rope_dim, int pos0, int neox) {
+    const int half = rope_dim / 2;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)n_tok * n_heads * half) return;
+    const int p = (int)(i % half);
+    const long long row = i / half;  // token * n_heads + head
+    const int t = (int)(row / n_heads);
+    const float c = cos_t[(long long)(pos0 + t) * half + p], s = sin_t[(long long)(pos0 + t) * half + p];
+    float* xr = x + row * hd;
+    const int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+    const float x0 = xr[a], x1 = xr[b];
+    xr[a] = x0 * c - x1 * s;
+    xr[b] = x0 * s + x1 * c;
+}
+
+// out[t, j] = act(gu[t, j]) * gu[t, ffn + j]; kind 0 = SiLU, 1 = GELU (tanh approximation).
+extern "C" __global__ void gated_act(const float* gu, float* out, int n_tok, int ffn, int kind) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)n_tok * ffn) return;
+    const long long t = i / ffn, j = i % ffn;
+    const float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
+    float a;
+    if (kind == 0) {
+        a = g * (0.5f + 0.5f * tanhf(0.5f * g));
+    } else {
+        a = 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    }
+    out[i] = a * u;
+}
+
+// Store rows src [n_tok, n_heads, hd] at positions pos0 + t of one slot: dst [n_ctx, n_heads, hd].
+// INT8 (scales != NULL): rotate (fwht), scale = absmax / 127, round half to even, clamp; else FP16.
+// One block per (token, head), blockDim.x >= 32; dynamic shared memory hd floats.
+extern "C" __global__ void kv_write(const float* src, void* dst, float* scales, int n_heads, int hd, int blk,
+                                    int pos0) {
+    extern __shared__ float buf[];
+    __shared__ float red[32];
+    const long long row = blockIdx.x;  // t * n_heads + h
+    const long long out_row = (long long)pos0 * n_heads + row;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = src[row * hd + i];
+    if (scales == nullptr) {
+        __half* d = reinterpret_cast<__half*>(dst) + out_row * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) d[i] = __float2half_rn(buf[i]);
+        return;
+    }
+    fwht(buf, hd, blk);
+    float m = 0.f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) m = fmaxf(m, fabsf(buf[i]));
+    const float scale = block_max(m, red) / 127.f;
+    const float inv = scale > 0.f ? 1.f / scale : 0.f;
+    signed char* d = reinterpret_cast<signed char*>(dst) + out_row * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) d[i] = (signed char)fminf(fmaxf(rintf(buf[i] * inv), -127.f), 127.f);
+    if (threadIdx.x == 0) scales[out_row] = scale;
+}
+
+// Causal attention of q [n_tok, n_heads, hd] (positions pos0 + t) over the slot's keys [lo, pos0 + t],
+// lo = pos0 + t - window + 1 when window > 0. K/V pools [n_ctx, n_kv, hd(v)], INT8 with scales (rotated:
+// q is rotated alike and the output rotated back) or FP16. One block of 8 warps per (token, head); each
+// warp takes every 8th key with an online softmax, then the warps merge. Output [n_tok, n_heads, hdv].
+#define ATT_WARPS 8
+#define MAX_HD 512
+extern "C" __global__ void attention(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
+                                     const float* v_scale, float* out, int n_heads, int n_kv, int hd, int hdv,
+                                     int blk, int pos0, int window, float scale, float softcap) {
+    __shared__ float qs[MAX_HD];
+    __shared__ float accs[ATT_WARPS][MAX_HD];
+    __shared__ float ms[ATT_WARPS], ls[ATT_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x;  // t * n_heads + h
+    const int t = row / n_heads, h = row % n_heads, kvh = h / (n_heads / n_kv);
+    const int qpos = pos0 + t;
+    const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
+    const bool int8 = k_scale != nullptr;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(long long)row * hd + i];
+    if (int8) fwht(qs, hd, blk);
+    __syncthreads();
+    const int per_lane = (hdv + 31) / 32;
+    float acc[MAX_HD / 32];
+    for (int i = 0; i < per_lane; ++i) acc[i] = 0.f;
+    float m = NEG_INF, l = 0.f;
+    for (int j = lo + warp; j <= qpos; j += ATT_WARPS) {
+        const long long krow = ((long long)j * n_kv + kvh);
+        float s = 0.f;
+        if (int8) {
+            const signed char* kr = reinterpret_cast<const signed char*>(k_pool) + krow * hd;
+            for (int i = lane; i < hd; i += 32) s += qs[i] * (float)kr[i];
+            s = warp_sum(s) * scale * k_scale[krow];
+        } else {
+            const __half* kr = reinterpret_cast<const __half*>(k_pool) + krow * hd;
+            for (int i = lane; i < hd; i += 32) s += qs[i] * __half2float(kr[i]);
+            s = warp_sum(s) * scale;
+        }
+        if (softcap > 0.f) s = softcap * tanhf(s / softcap);
+        const float m_new = fmaxf(m, s);
+        const float corr = __expf(m - m_new), p = __expf(s - m_new);
+        l = l * corr + p;
+        m = m_new;
+        const float pv = int8 ? p * v_scale[krow] : p;
+        if (int8) {
+            const signed char* vr = reinterpret_cast<const signed char*>(v_pool) + krow * hdv;
+            for (int i = 0; i < per_lane; ++i) {
+                const int c = lane + 32 * i;
+                acc[i] = acc[i] * corr + (c < hdv ? pv * (float)vr[c] : 0.f);
+            }
+        } else {
+            const __half* vr = reinterpret_cast<const __half*>(v_pool) + krow * hdv;
+            for (int i = 0; i < per_lane; ++i) {
+                const int c = lane + 32 * i;
+                acc[i] = acc[i] * corr + (c < hdv ? pv * __half2float(vr[c]) : 0.f);
+            }
+        }
+    }
+    if (lane == 0) {
+        ms[warp] = m;
+        ls[warp] = l;
+    }
+    __syncthreads();
+    float m_all = NEG_INF;
+    for (int w = 0; w < ATT_WARPS; ++w) m_all = fmaxf(m_all, ms[w]);
+    const float f = (m == NEG_INF) ? 0.f : __expf(m - m_all);
+    for (int i = 0; i < per_lane; ++i) {
+        const int c = lane + 32 * i;
+        if (c < hdv) accs[warp][c] = acc[i] * f;
+    }
+    __syncthreads();
+    float l_all = 0.f;
+    for (int w = 0; w < ATT_WARPS; ++w) l_all += (ms[w] == NEG_INF) ? 0.f : ls[w] * __expf(ms[w] - m_all);
+    // reuse qs as the merged output row
+    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
+        float s = 0.f;
+        for (int w = 0; w < ATT_WARPS; ++w) s += accs[w][c];
+        qs[c] = s / l_all;
+    }
+    if (int8) fwht(qs, hdv, blk);
+    __syncthreads();
+    for (int c = threadIdx.x; c < hdv; c += blockDim.x) out[(long long)row * hdv + c] = qs[c];
+}
