@@ -82,6 +82,9 @@ def test_quantized_kernels_match_dequantize(gpu, qtype, shape):
         x = rng.standard_normal((n, cols), dtype=np.float32)
         y = gpu.gemv_into(cp.asarray(x), w, cp.full((n, rows), cp.nan, dtype=cp.float32), ldy=rows)
         assert rel_err(cp.asnumpy(y), x.astype(np.float64) @ dense.T) < 1e-5
+    x = rng.standard_normal((1, cols), dtype=np.float32)  # the one-token kernel (x in shared memory)
+    y = gpu.gemv1_into(cp.asarray(x), w, cp.full(rows, cp.nan, dtype=cp.float32))
+    assert rel_err(cp.asnumpy(y)[None], x.astype(np.float64) @ dense.T) < 1e-5
     x = rng.standard_normal((40, cols), dtype=np.float32)  # the prefill path
     assert rel_err(cp.asnumpy(gpu.matmul(cp.asarray(x), w)), x.astype(np.float64) @ dense.T) < 1e-5
 
@@ -145,6 +148,7 @@ def test_rms_norm(gpu, cpu, shape, w_shape):
 def test_rope(gpu, cpu, mode, rope_dim):
     rng = np.random.default_rng()
     x = rng.standard_normal((5, 20, 128), dtype=np.float32)
+    gpu.stage_inputs(np.zeros(5, np.int64), 3000)  # the kernels read the position where the forward pass staged it
     out, ref = both(gpu, cpu, "rope", x, np.arange(3000, 3005), 1e6, 1.0, rope_dim, mode)
     assert rel_err(out, ref) < 1e-6
 
@@ -179,6 +183,7 @@ def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd):
         k[:, :, 3] *= 20  # an outlier channel, as real K has
         v = rng.standard_normal((n, n_kv, hd), dtype=np.float32)
         cpu.kv_write(host.layers[0], 1, pos, k, v)
+        gpu.stage_inputs(np.zeros(n, np.int64), pos)
         gpu.kv_write(dev.layers[0], 1, pos, cp.asarray(k), cp.asarray(v))
         pos += n
     for name in ("k", "v", "k_scale", "v_scale"):
@@ -194,5 +199,34 @@ def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd):
         q = rng.standard_normal((n, heads, hd), dtype=np.float32)
         for window, softcap in ((0, 0.0), (64, 0.0), (0, 30.0)):
             ref = cpu.attention(q, host.layers[0], 1, pos0, window, 1 / np.sqrt(hd), softcap)
+            gpu.stage_inputs(np.zeros(n, np.int64), pos0)
             out = cp.asnumpy(gpu.attention(cp.asarray(q), dev.layers[0], 1, pos0, window, 1 / np.sqrt(hd), softcap))
             assert rel_err(out, ref) < (2e-3 if kv_dtype == "int8" else 1e-5), (n, window, softcap)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
+    """Greedy generation with captured decode steps equals eager generation, across positions and slots."""
+    from workers.engine.engine import Completion, Engine, EngineConfig
+    from workers.engine.model import Model
+    from workers.engine.sampling import SamplingParams
+
+    path = tmp_path / "gemma3.gguf"
+    write_tiny_model("gemma3", path, seed=5)  # sliding window 8: replays cross it
+    model = Model.load(path, gpu)
+    prompt = [1, *np.random.default_rng().integers(3, 300, 20).tolist()]
+    tokens = {}
+    for use_graphs in (False, True):
+        gpu.use_graphs = use_graphs
+        engine = Engine(EngineConfig(model=str(path), n_ctx=128, kv_dtype=kv_dtype, n_slots=2), model)
+        for slot in (0, 1):
+            done = list(
+                engine.generate(
+                    prompt[: 10 + slot], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), slot=slot
+                )
+            )[-1]
+            assert isinstance(done, Completion)
+            tokens[use_graphs, slot] = done.token_ids
+        assert len(engine._steps) == (2 if use_graphs else 0)  # one captured step per slot
+    gpu.use_graphs = True
+    assert tokens[True, 0] == tokens[False, 0] and tokens[True, 1] == tokens[False, 1]

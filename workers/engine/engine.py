@@ -102,6 +102,7 @@ class Engine:
             ),
             self.backend.xp,
         )
+        self._steps: dict[Any, Any] = {}  # decode steps the backend captured for this engine's KV cache
 
     # -- prompts ----------------------------------------------------------------------------------
     def chat_prompt(
@@ -133,16 +134,15 @@ class Engine:
 
     # -- generation -------------------------------------------------------------------------------
     def _run(self, slot: int, ids: Sequence[int], pos0: int, logit_rows: slice | None) -> Any:
-        out = forward(
-            self.model.config,
-            self.model.weights,
-            self.backend,
-            self.kv,
-            slot,
-            np.asarray(ids, dtype=np.int64),
-            pos0,
-            logit_rows,
-        )
+        arr = np.asarray(ids, dtype=np.int64)
+        m = self.model
+
+        def run() -> Any:
+            return forward(m.config, m.weights, self.backend, self.kv, slot, arr, pos0, logit_rows)
+
+        # one captured decode step per slot (the GPU backend replays it as a CUDA graph)
+        key = (slot, len(arr), logit_rows is not None)
+        out = self.backend.forward_step(self._steps, key, run, arr, pos0, capturable=self.kv.config.dtype != "f32")
         self.kv.resident[slot].extend(ids)
         return out
 

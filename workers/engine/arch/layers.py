@@ -54,7 +54,7 @@ def forward(
     n = len(ids)
     positions = np.arange(pos0, pos0 + n)
     n_qk = (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim
-    x = b.embed(weights.embed, ids, cfg.embed_scale)  # [n, d]
+    x = b.embed(weights.embed, b.stage_inputs(ids, pos0), cfg.embed_scale)  # [n, d]
     for i, (lw, lc) in enumerate(zip(weights.layers, cfg.layers, strict=True)):
         opt = lw.optional
         h = b.rms_norm(x, lw.attn_norm, cfg.rms_eps)

@@ -9,6 +9,7 @@ quantized kernels. Shapes in the docstrings: n = tokens in the batch, H = query 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
@@ -42,10 +43,31 @@ class Backend(ABC):
     def group(self, weights: list[Weight]) -> Weight:
         """Matrices that share their input as one weight: `matmul` gives their outputs side by side."""
 
+    # -- steps ------------------------------------------------------------------------------------
+    def stage_inputs(self, ids: np.ndarray, pos0: int) -> Array:
+        """Called by the forward pass first: the token ids (and the first position) where the backend's
+        kernels read them; returns the ids for `embed`."""
+        return ids
+
+    def forward_step(
+        self,
+        steps: dict[Hashable, Any],
+        key: Hashable,
+        run: Callable[[], Array],
+        ids: np.ndarray,
+        pos0: int,
+        capturable: bool,
+    ) -> Array:
+        """Runs `run` (one forward pass of `ids` at `pos0`). A backend may capture the pass once per `key`
+        into `steps` (owned by the caller, whose KV cache and weights the capture reads) and replay it for
+        later steps with other ids and positions (CUDA graphs); `capturable` says the pass reads its
+        position only through `stage_inputs`."""
+        return run()
+
     # -- compute ----------------------------------------------------------------------------------
     @abstractmethod
-    def embed(self, weight: Weight, ids: np.ndarray, scale: float) -> Array:
-        """Rows `ids` of a [vocab, d] weight times `scale` -> [n, d] float32."""
+    def embed(self, weight: Weight, ids: Array, scale: float) -> Array:
+        """Rows `ids` (from `stage_inputs`) of a [vocab, d] weight times `scale` -> [n, d] float32."""
 
     @abstractmethod
     def matmul(self, x: Array, weight: Weight) -> Array:

@@ -9,6 +9,7 @@ backend's code run on CuPy arrays.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -66,6 +67,17 @@ class GroupWeight:
         return sum(p.rows for p in self.parts)
 
 
+@dataclass
+class _Captured:
+    """A decode step captured as a CUDA graph: replaying it recomputes `out` in place."""
+
+    graph: Any
+    out: Any
+    pool: Any  # the step's own memory pool: its intermediates are never handed to anyone else
+    stream: Any
+    version: int  # the backend's buffer version it was captured against
+
+
 def cupy_available() -> bool:
     try:
         import cupy
@@ -88,7 +100,13 @@ class CupyBackend(NumpyBackend):
         self._module = cupy.RawModule(code=kernels.joinpath("quant.cu").read_text("utf-8"), options=("-std=c++17",))
         self._ops = cupy.RawModule(code=kernels.joinpath("ops.cu").read_text("utf-8"), options=("-std=c++17",))
         self._kernels: dict[str, Any] = {}
+        self._ids = cupy.zeros(1, dtype=cupy.int64)  # staged token ids of the current step
+        self._pos = cupy.zeros(1, dtype=cupy.int32)  # staged first position (the kernels read it here)
+        self._capturing = False
+        self._version = 0  # bumped whenever a buffer captured steps read (ids, RoPE tables) is replaced
+        self.use_graphs = True
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+        self._n_sm = int(props["multiProcessorCount"])
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
 
     @property
@@ -147,9 +165,27 @@ class CupyBackend(NumpyBackend):
         )
         return out
 
+    def gemv1_into(self, x: Any, w: QuantWeight, out: Any) -> Any:
+        """out[r] = (x @ w.T)[0, r] for one token, x staged in shared memory (decode)."""
+        assert x.shape == (1, w.cols) and x.flags.c_contiguous
+        kernel = self._kernel("gemv1", w.qtype)
+        smem = w.cols * 4
+        if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
+            kernel.max_dynamic_shared_size_bytes = smem  # opt in past the default 48 KiB (Hopper: 227 KiB)
+        rows_per_block = THREADS // 32
+        kernel(
+            ((w.rows + rows_per_block - 1) // rows_per_block,),
+            (THREADS,),
+            (w.data, x, out, np.int32(w.rows), np.int32(w.cols), np.int64(w.row_bytes)),
+            shared_mem=smem,
+        )
+        return out
+
     def _matmul_part(self, x: Any, w: QuantWeight, out: Any, col0: int) -> None:
         cp = self.xp
-        if x.shape[0] <= GEMV_MAX_TOKENS:
+        if x.shape[0] == 1:
+            self.gemv1_into(x, w, out[0, col0:])
+        elif x.shape[0] <= GEMV_MAX_TOKENS:
             # writes out[t, col0 + r]: the kernel's y starts at that column, rows of length out.shape[1]
             self.gemv_into(x, w, out[:, col0:], ldy=out.shape[1])
         else:
@@ -167,10 +203,70 @@ class CupyBackend(NumpyBackend):
             col0 += part.rows
         return out
 
-    def embed(self, weight: QuantWeight, ids: np.ndarray, scale: float) -> Any:
+    def embed(self, weight: QuantWeight, ids: Any, scale: float) -> Any:
         cp = self.xp
-        dev_ids = cp.asarray(np.asarray(ids, dtype=np.int64))
+        dev_ids = ids if isinstance(ids, cp.ndarray) else cp.asarray(np.asarray(ids, dtype=np.int64))
         return self.dequant_into(weight, cp.empty((len(ids), weight.cols), dtype=cp.float32), dev_ids, scale)
+
+    # -- steps and CUDA graphs ---------------------------------------------------------------------------
+    def stage_inputs(self, ids: np.ndarray, pos0: int) -> Any:
+        cp = self.xp
+        n = len(ids)
+        if not self._capturing:  # while capturing, the graph reads whatever the buffers hold at replay
+            if self._ids.shape[0] < n:
+                self._ids = cp.zeros(max(n, 2 * self._ids.shape[0]), dtype=cp.int64)
+                self._version += 1  # captured steps read the old buffer
+            self._ids[:n].set(np.ascontiguousarray(ids, dtype=np.int64))
+            self._pos.set(np.array([pos0], dtype=np.int32))
+        return self._ids[:n]
+
+    def forward_step(
+        self,
+        steps: dict[Hashable, Any],
+        key: Hashable,
+        run: Callable[[], Any],
+        ids: np.ndarray,
+        pos0: int,
+        capturable: bool,
+    ) -> Any:
+        cp = self.xp
+        if not (self.use_graphs and capturable and len(ids) == 1) or pos0 + 1 > self._rope_limit():
+            return run()
+        captured = steps.get(key)
+        if captured is None or captured.version != self._version:
+            out = run()  # eagerly once: compiles kernels, builds tables, computes this step
+            steps[key] = self._capture(run)
+            return out
+        self.stage_inputs(ids, pos0)
+        captured.graph.launch(stream=cp.cuda.get_current_stream())
+        return captured.out
+
+    def _capture(self, run: Callable[[], Any]) -> _Captured:
+        cp = self.xp
+        pool = cp.cuda.MemoryPool()
+        stream = cp.cuda.Stream(non_blocking=True)
+        self._capturing = True
+        try:
+            with cp.cuda.using_allocator(pool.malloc), stream:
+                stream.begin_capture(mode=cp.cuda.runtime.streamCaptureModeRelaxed)
+                try:
+                    out = run()
+                finally:
+                    graph = stream.end_capture()
+        finally:
+            self._capturing = False
+        return _Captured(graph, out, pool, stream, self._version)
+
+    def _rope_limit(self) -> int:
+        """Positions every RoPE table covers: a replay past it must run eagerly (and grow the tables)."""
+        return min((t.cos.shape[0] for t in self._rope_tables.values()), default=0)
+
+    def _rope_table(self, base: float, scale: float, rope_dim: int, n_pos: int) -> Any:
+        before = self._rope_tables.get((base, scale, rope_dim))
+        table = super()._rope_table(base, scale, rope_dim, n_pos)
+        if before is not None and table is not before:
+            self._version += 1  # captured steps read the replaced table
+        return table
 
     def to_host(self, x: Any) -> np.ndarray:
         return self.xp.asnumpy(x)
@@ -205,7 +301,7 @@ class CupyBackend(NumpyBackend):
                 np.int32(heads),
                 np.int32(hd),
                 np.int32(rope_dim),
-                np.int32(positions[0]),
+                self._pos,
                 np.int32(mode == "neox"),
             ),
         )
@@ -240,7 +336,7 @@ class CupyBackend(NumpyBackend):
                     np.int32(heads),
                     np.int32(hd),
                     np.int32(hd & -hd),
-                    np.int32(pos0),
+                    self._pos,
                 ),
                 shared_mem=hd * 4,
             )
@@ -258,8 +354,17 @@ class CupyBackend(NumpyBackend):
         null = np.uint64(0)
         k_scale = null if kv.k_scale is None else kv.k_scale[slot]
         v_scale = null if kv.v_scale is None else kv.v_scale[slot]
+        rows = n * heads
+        # split-K when the rows alone cannot fill the GPU (decode): each split takes a share of the keys
+        n_splits = 1 if rows >= 2 * self._n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self._n_sm // rows))
+        part_m = part_l = part_acc = null
+        if n_splits > 1:
+            part_m = cp.empty(rows * n_splits, dtype=cp.float32)
+            part_l = cp.empty(rows * n_splits, dtype=cp.float32)
+            part_acc = cp.empty(rows * n_splits * hdv, dtype=cp.float32)
+        blk = hd & -hd
         self._op("attention")(
-            (n * heads,),
+            (rows, n_splits),
             (32 * ATTENTION_WARPS,),
             (
                 q,
@@ -268,23 +373,43 @@ class CupyBackend(NumpyBackend):
                 k_scale,
                 v_scale,
                 out,
+                part_m,
+                part_l,
+                part_acc,
                 np.int32(heads),
                 np.int32(n_kv),
                 np.int32(hd),
                 np.int32(hdv),
-                np.int32(hd & -hd),
-                np.int32(pos0),
+                np.int32(blk),
+                self._pos,
                 np.int32(window),
                 np.float32(scale),
                 np.float32(softcap),
             ),
         )
+        if n_splits > 1:
+            self._op("attention_merge")(
+                (rows,),
+                (_threads(hdv),),
+                (
+                    part_m,
+                    part_l,
+                    part_acc,
+                    out,
+                    np.int32(n_splits),
+                    np.int32(hdv),
+                    np.int32(hdv & -hdv),
+                    np.int32(kv.k_scale is not None),
+                ),
+                shared_mem=hdv * 4,
+            )
         return out
 
 
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 ATTENTION_WARPS = 8  # ATT_WARPS in ops.cu
 ATTENTION_MAX_HEAD_DIM = 512  # MAX_HD in ops.cu
+ATTENTION_MAX_SPLITS = 32
 
 
 def _threads(d: int) -> int:

@@ -95,7 +95,7 @@ class NumpyBackend(Backend):
         key = (base, scale, rope_dim)
         table = self._rope_tables.get(key)
         if table is None or table.cos.shape[0] < n_pos:
-            n = max(n_pos, 4096)
+            n = max(n_pos, 4096, 2 * table.cos.shape[0] if table is not None else 0)
             # ggml's loop: theta_0 = pos, theta_{i+1} = theta_i * base^(-2/d), all in float32
             theta_scale = np.float32(base) ** np.float32(-2.0 / rope_dim)
             theta = np.empty((n, rope_dim // 2), dtype=np.float32)

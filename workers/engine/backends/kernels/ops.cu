@@ -67,10 +67,13 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, in
     for (int i = threadIdx.x; i < d; i += blockDim.x) y[r * d + i] = xr[i] * inv * wr[i];
 }
 
+// The position of a batch's first token is read from device memory (pos0p), so a captured CUDA graph
+// replays a decode step at any position.
+
 // Rotary embedding in place on x [n_tok, n_heads, hd] at positions pos0 + t, tables [n_pos, rope_dim / 2].
 extern "C" __global__ void rope(float* x, const float* cos_t, const float* sin_t, int n_tok, int n_heads, int hd,
-                                int rope_dim, int pos0, int neox) {
-    const int half = rope_dim / 2;
+                                int rope_dim, const int* pos0p, int neox) {
+    const int half = rope_dim / 2, pos0 = *pos0p;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)n_tok * n_heads * half) return;
     const int p = (int)(i % half);
@@ -103,8 +106,9 @@ extern "C" __global__ void gated_act(const float* gu, float* out, int n_tok, int
 // INT8 (scales != NULL): rotate (fwht), scale = absmax / 127, round half to even, clamp; else FP16.
 // One block per (token, head), blockDim.x >= 32; dynamic shared memory hd floats.
 extern "C" __global__ void kv_write(const float* src, void* dst, float* scales, int n_heads, int hd, int blk,
-                                    int pos0) {
+                                    const int* pos0p) {
     extern __shared__ float buf[];
+    const int pos0 = *pos0p;
     __shared__ float red[32];
     const long long row = blockIdx.x;  // t * n_heads + h
     const long long out_row = (long long)pos0 * n_heads + row;
@@ -126,21 +130,28 @@ extern "C" __global__ void kv_write(const float* src, void* dst, float* scales, 
 
 // Causal attention of q [n_tok, n_heads, hd] (positions pos0 + t) over the slot's keys [lo, pos0 + t],
 // lo = pos0 + t - window + 1 when window > 0. K/V pools [n_ctx, n_kv, hd(v)], INT8 with scales (rotated:
-// q is rotated alike and the output rotated back) or FP16. One block of 8 warps per (token, head); each
-// warp takes every 8th key with an online softmax, then the warps merge. Output [n_tok, n_heads, hdv].
+// q is rotated alike and the output rotated back) or FP16. Grid (n_tok * n_heads, n_splits): each block
+// takes one contiguous share of its query's keys (split-K, "flash decoding"), its 8 warps every 8th key
+// of that share with an online softmax, then the warps merge. With one split the block writes the output
+// [n_tok, n_heads, hdv]; with more it writes its partial max, sum and (unnormalized) accumulator to
+// part_m / part_l [rows, n_splits] and part_acc [rows, n_splits, hdv] for attention_merge.
 #define ATT_WARPS 8
 #define MAX_HD 512
 extern "C" __global__ void attention(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
-                                     const float* v_scale, float* out, int n_heads, int n_kv, int hd, int hdv,
-                                     int blk, int pos0, int window, float scale, float softcap) {
+                                     const float* v_scale, float* out, float* part_m, float* part_l, float* part_acc,
+                                     int n_heads, int n_kv, int hd, int hdv, int blk, const int* pos0p, int window,
+                                     float scale, float softcap) {
     __shared__ float qs[MAX_HD];
     __shared__ float accs[ATT_WARPS][MAX_HD];
     __shared__ float ms[ATT_WARPS], ls[ATT_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x;  // t * n_heads + h
+    const int split = blockIdx.y, n_splits = gridDim.y;
     const int t = row / n_heads, h = row % n_heads, kvh = h / (n_heads / n_kv);
-    const int qpos = pos0 + t;
+    const int qpos = *pos0p + t;
     const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
+    const int share = (qpos - lo + n_splits) / n_splits;  // ceil((qpos - lo + 1) / n_splits)
+    const int j0 = lo + split * share, j1 = min(qpos, j0 + share - 1);
     const bool int8 = k_scale != nullptr;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(long long)row * hd + i];
     if (int8) fwht(qs, hd, blk);
@@ -149,7 +160,7 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
     float acc[MAX_HD / 32];
     for (int i = 0; i < per_lane; ++i) acc[i] = 0.f;
     float m = NEG_INF, l = 0.f;
-    for (int j = lo + warp; j <= qpos; j += ATT_WARPS) {
+    for (int j = j0 + warp; j <= j1; j += ATT_WARPS) {
         const long long krow = ((long long)j * n_kv + kvh);
         float s = 0.f;
         if (int8) {
@@ -196,6 +207,19 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
     __syncthreads();
     float l_all = 0.f;
     for (int w = 0; w < ATT_WARPS; ++w) l_all += (ms[w] == NEG_INF) ? 0.f : ls[w] * __expf(ms[w] - m_all);
+    if (n_splits > 1) {
+        const long long p = (long long)row * n_splits + split;
+        for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
+            float s = 0.f;
+            for (int w = 0; w < ATT_WARPS; ++w) s += accs[w][c];
+            part_acc[p * hdv + c] = s;
+        }
+        if (threadIdx.x == 0) {
+            part_m[p] = m_all;
+            part_l[p] = l_all;
+        }
+        return;
+    }
     // reuse qs as the merged output row
     for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
         float s = 0.f;
@@ -205,4 +229,30 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
     if (int8) fwht(qs, hdv, blk);
     __syncthreads();
     for (int c = threadIdx.x; c < hdv; c += blockDim.x) out[(long long)row * hdv + c] = qs[c];
+}
+
+// Merges the n_splits partial results of each (token, head) row: one block per row, dynamic shared
+// memory hdv floats.
+extern "C" __global__ void attention_merge(const float* part_m, const float* part_l, const float* part_acc,
+                                           float* out, int n_splits, int hdv, int blk, int rotated) {
+    extern __shared__ float row_out[];
+    const long long row = blockIdx.x;
+    float m_all = NEG_INF;
+    for (int s = 0; s < n_splits; ++s) m_all = fmaxf(m_all, part_m[row * n_splits + s]);
+    float l_all = 0.f;
+    for (int s = 0; s < n_splits; ++s) {
+        const float ms = part_m[row * n_splits + s];
+        if (ms != NEG_INF) l_all += part_l[row * n_splits + s] * __expf(ms - m_all);
+    }
+    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < n_splits; ++s) {
+            const float ms = part_m[row * n_splits + s];
+            if (ms != NEG_INF) acc += part_acc[(row * n_splits + s) * hdv + c] * __expf(ms - m_all);
+        }
+        row_out[c] = acc / l_all;
+    }
+    if (rotated) fwht(row_out, hdv, blk);
+    __syncthreads();
+    for (int c = threadIdx.x; c < hdv; c += blockDim.x) out[row * hdv + c] = row_out[c];
 }

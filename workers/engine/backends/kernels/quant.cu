@@ -155,6 +155,28 @@ __device__ void gemv(const u8* W, const float* x, float* y, int rows, int cols, 
     }
 }
 
+// The one-token product (decode): x is staged once per block in shared memory and read by all 8 warps
+// (one row each), instead of every warp re-reading it from L2 — for a 4B model x is 4-7x the bytes of the
+// quantized weights. Dynamic shared memory: cols floats.
+template <int T>
+__device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes) {
+    extern __shared__ float xs[];
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i];
+    __syncthreads();
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const u8* row = W + (long long)r * row_bytes;
+    float acc = 0.f, v[32];
+    for (int sb = lane; sb < cols / 32; sb += 32) {
+        deq32<T>(row, sb, v);
+        const float* xv = xs + sb * 32;
+        for (int i = 0; i < 32; ++i) acc += v[i] * xv[i];
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, o);
+    if (lane == 0) y[r] = acc;
+}
+
 // out[r, c] for the rows listed in `ids` (embedding lookup) or every row (ids == NULL): one thread per
 // sub-block, times `scale`.
 template <int T>
@@ -174,6 +196,10 @@ __device__ void dequant_rows(const u8* W, const long long* ids, float* out, int 
     extern "C" __global__ void gemv_##NAME(const u8* W, const float* x, float* y, int rows, int cols,     \
                                            long long row_bytes, int n_tok, int ldy) {                     \
         gemv<T>(W, x, y, rows, cols, row_bytes, n_tok, ldy);                                              \
+    }                                                                                                     \
+    extern "C" __global__ void gemv1_##NAME(const u8* W, const float* x, float* y, int rows, int cols,    \
+                                            long long row_bytes) {                                        \
+        gemv1<T>(W, x, y, rows, cols, row_bytes);                                                         \
     }                                                                                                     \
     extern "C" __global__ void dequant_##NAME(const u8* W, const long long* ids, float* out, int n_rows,  \
                                               int cols, long long row_bytes, float scale) {               \
