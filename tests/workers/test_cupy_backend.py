@@ -27,7 +27,8 @@ F16_FIELDS = {
     Q.Q5_K: (0, 2),
     Q.Q6_K: (208,),
 }
-SHAPES = [(1024, 640), (640, 2048), (2560, 9728)]  # Gemma 270M q, Gemma down, Qwen3-4B down
+# Gemma q, Gemma down, Qwen3-4B down, ragged rows; tall ragged rows (several rows per warp in the one-token kernel)
+SHAPES = [(1024, 640), (640, 2048), (2560, 9728), (1001, 2048), (9001, 256)]
 
 
 def random_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:

@@ -23,6 +23,7 @@ from ..model_config import RopeMode
 from .numpy_backend import NumpyBackend, dequantize_tensor
 
 GEMV_MAX_TOKENS = 8  # MAX_TOK in quant.cu
+GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
 THREADS = 256
 
 # GGML type -> kernel name suffix in quant.cu
@@ -172,11 +173,14 @@ class CupyBackend(NumpyBackend):
         smem = w.cols * 4
         if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
             kernel.max_dynamic_shared_size_bytes = smem  # opt in past the default 48 KiB (Hopper: 227 KiB)
-        rows_per_block = THREADS // 32
+        # several rows per warp share the x registers, but only where the grid still gives every SM two
+        # blocks: measured on the H200, 4 rows per warp everywhere lifted 4B decode 14 % and cost 0.6B 15 %
+        rows_per_warp = max(1, min(GEMV1_ROWS, w.rows // (THREADS // 32 * 2 * self._n_sm)))
+        rows_per_block = THREADS // 32 * rows_per_warp
         kernel(
             ((w.rows + rows_per_block - 1) // rows_per_block,),
             (THREADS,),
-            (w.data, x, out, np.int32(w.rows), np.int32(w.cols), np.int64(w.row_bytes)),
+            (w.data, x, out, np.int32(w.rows), np.int32(w.cols), np.int64(w.row_bytes), np.int32(rows_per_warp)),
             shared_mem=smem,
         )
         return out

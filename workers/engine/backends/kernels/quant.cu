@@ -155,26 +155,76 @@ __device__ void gemv(const u8* W, const float* x, float* y, int rows, int cols, 
     }
 }
 
-// The one-token product (decode): x is staged once per block in shared memory and read by all 8 warps
-// (one row each), instead of every warp re-reading it from L2 — for a 4B model x is 4-7x the bytes of the
-// quantized weights. Dynamic shared memory: cols floats.
+// dot32<T>(row, sb, xv): the dot product of sub-block sb of a row with 32 activations in registers.
+// Generic: dequantize, then multiply. Q4_K (the bulk of Q4_K_M files) has its own: two 16-byte loads for
+// the 32 quant bytes and d * sc * sum(q x) - dmin * m * sum(x), two multiplies per value fewer.
+template <int T> __device__ __forceinline__ float dot32(const u8* row, int sb, const float* xv) {
+    float v[32];
+    deq32<T>(row, sb, v);
+    float s = 0.f;
+    for (int i = 0; i < 32; ++i) s += v[i] * xv[i];
+    return s;
+}
+template <> __device__ __forceinline__ float dot32<12>(const u8* row, int sb, const float* xv) {
+    const u8* b = row + (sb >> 3) * 144;
+    const int s = sb & 7;
+    float sc, m;
+    scale_min_k4(s, b + 4, sc, m);
+    // 144-byte blocks in rows of whole blocks on a 256-byte aligned allocation: qs is 16-byte aligned
+    const uint4* q = reinterpret_cast<const uint4*>(b + 16 + 32 * (s >> 1));
+    const uint4 a = q[0], c = q[1];
+    const unsigned w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+    const int shift = (s & 1) * 4;
+    float qx = 0.f, sx = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float xi = xv[4 * k + j];
+            qx += (float)((w[k] >> (8 * j + shift)) & 0xF) * xi;
+            sx += xi;
+        }
+    }
+    return f16(b) * sc * qx - f16(b + 2) * m * sx;
+}
+
+// The one-token product (decode): x is staged once per block in shared memory; each of the 8 warps
+// takes `rpw` (<= GEMV1_ROWS) consecutive rows, loading each 32-value slice of x into registers once for
+// all of them (every warp used to re-read all of x from L2: for a 4B model 4-7x the weight bytes). The
+// caller picks rpw > 1 only for tall matrices, where the grid still fills the GPU.
+// Dynamic shared memory: cols floats.
+#define GEMV1_ROWS 4
 template <int T>
-__device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes) {
+__device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes, int rpw) {
     extern __shared__ float xs[];
     for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i];
     __syncthreads();
-    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
     const int lane = threadIdx.x & 31;
-    if (r >= rows) return;
-    const u8* row = W + (long long)r * row_bytes;
-    float acc = 0.f, v[32];
+    if (r0 >= rows) return;
+    const int n_rows = min(rpw, rows - r0);
+    float acc[GEMV1_ROWS] = {0.f, 0.f, 0.f, 0.f};
+    float xv[32];
     for (int sb = lane; sb < cols / 32; sb += 32) {
-        deq32<T>(row, sb, v);
-        const float* xv = xs + sb * 32;
-        for (int i = 0; i < 32; ++i) acc += v[i] * xv[i];
+        const float4* x4 = reinterpret_cast<const float4*>(xs + sb * 32);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float4 f = x4[i];
+            xv[4 * i] = f.x;
+            xv[4 * i + 1] = f.y;
+            xv[4 * i + 2] = f.z;
+            xv[4 * i + 3] = f.w;
+        }
+#pragma unroll
+        for (int r = 0; r < GEMV1_ROWS; ++r)
+            if (r < n_rows) acc[r] += dot32<T>(W + (long long)(r0 + r) * row_bytes, sb, xv);
     }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, o);
-    if (lane == 0) y[r] = acc;
+#pragma unroll
+    for (int r = 0; r < GEMV1_ROWS; ++r) {
+        float s = acc[r];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
+        if (lane == 0 && r < n_rows) y[r0 + r] = s;
+    }
 }
 
 // out[r, c] for the rows listed in `ids` (embedding lookup) or every row (ids == NULL): one thread per
@@ -198,8 +248,8 @@ __device__ void dequant_rows(const u8* W, const long long* ids, float* out, int 
         gemv<T>(W, x, y, rows, cols, row_bytes, n_tok, ldy);                                              \
     }                                                                                                     \
     extern "C" __global__ void gemv1_##NAME(const u8* W, const float* x, float* y, int rows, int cols,    \
-                                            long long row_bytes) {                                        \
-        gemv1<T>(W, x, y, rows, cols, row_bytes);                                                         \
+                                            long long row_bytes, int rpw) {                               \
+        gemv1<T>(W, x, y, rows, cols, row_bytes, rpw);                                                    \
     }                                                                                                     \
     extern "C" __global__ void dequant_##NAME(const u8* W, const long long* ids, float* out, int n_rows,  \
                                               int cols, long long row_bytes, float scale) {               \
