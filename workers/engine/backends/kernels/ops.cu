@@ -15,26 +15,17 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-__device__ float block_sum(float v, float* red) {
+// Sum or max over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+template <bool IS_MAX>
+__device__ float block_reduce(float v, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = IS_MAX ? warp_max(v) : warp_sum(v);
     __syncthreads();
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    float s = 0.f;
-    for (int i = 0; i < n_warps; ++i) s += red[i];
-    return s;
-}
-__device__ float block_max(float v, float* red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float m = red[0];
-    for (int i = 1; i < n_warps; ++i) m = fmaxf(m, red[i]);
-    return m;
+    float r = red[0];
+    for (int i = 1; i < n_warps; ++i) r = IS_MAX ? fmaxf(r, red[i]) : r + red[i];
+    return r;
 }
 
 // In-place normalized Walsh-Hadamard transform of buf[0, d) in blocks of `blk` (a power of two dividing
@@ -62,7 +53,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, in
     const float* xr = x + r * d;
     float ss = 0.f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
-    const float inv = rsqrtf(block_sum(ss, red) / d + eps);
+    const float inv = rsqrtf(block_reduce<false>(ss, red) / d + eps);
     const float* wr = w + (r % w_rows) * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) y[r * d + i] = xr[i] * inv * wr[i];
 }
@@ -121,7 +112,7 @@ extern "C" __global__ void kv_write(const float* src, void* dst, float* scales, 
     fwht(buf, hd, blk);
     float m = 0.f;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) m = fmaxf(m, fabsf(buf[i]));
-    const float scale = block_max(m, red) / 127.f;
+    const float scale = block_reduce<true>(m, red) / 127.f;
     const float inv = scale > 0.f ? 1.f / scale : 0.f;
     signed char* d = reinterpret_cast<signed char*>(dst) + out_row * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) d[i] = (signed char)fminf(fmaxf(rintf(buf[i] * inv), -127.f), 127.f);
