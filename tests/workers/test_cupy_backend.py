@@ -86,8 +86,23 @@ def test_quantized_kernels_match_dequantize(gpu, qtype, shape):
     x = rng.standard_normal((1, cols), dtype=np.float32)  # the one-token kernel (x in shared memory)
     y = gpu.gemv1_into(cp.asarray(x), w, cp.full(rows, cp.nan, dtype=cp.float32))
     assert rel_err(cp.asnumpy(y)[None], x.astype(np.float64) @ dense.T) < 1e-5
-    x = rng.standard_normal((40, cols), dtype=np.float32)  # the prefill path
+    x = rng.standard_normal((40, cols), dtype=np.float32)  # the prefill path (tiles of rows when large)
     assert rel_err(cp.asnumpy(gpu.matmul(cp.asarray(x), w)), x.astype(np.float64) @ dense.T) < 1e-5
+
+
+def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
+    import cupy as cp
+
+    from workers.engine.backends import cupy_backend
+
+    monkeypatch.setattr(cupy_backend, "PREFILL_SCRATCH_BYTES", 256 * 1024 * 4)  # tiles of 256 rows, a ragged last one
+    rng = np.random.default_rng()
+    rows, cols = 1000, 1024
+    blocks = random_blocks(Q.Q4_K, rows, cols, rng)
+    w = QuantWeight(cp.asarray(blocks.reshape(-1)), Q.Q4_K, rows, cols)
+    x = rng.standard_normal((20, cols), dtype=np.float32)
+    ref = x.astype(np.float64) @ dequantize(blocks, Q.Q4_K).astype(np.float64).T
+    assert rel_err(cp.asnumpy(gpu.matmul(cp.asarray(x), w)), ref) < 1e-5
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])

@@ -24,6 +24,7 @@ from .numpy_backend import NumpyBackend, dequantize_tensor
 
 GEMV_MAX_TOKENS = 8  # MAX_TOK in quant.cu
 GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
+PREFILL_SCRATCH_BYTES = 32 << 20  # float32 scratch of the prefill path: the GPU memory bound allows no more
 THREADS = 256
 
 # GGML type -> kernel name suffix in quant.cu
@@ -192,9 +193,14 @@ class CupyBackend(NumpyBackend):
         elif x.shape[0] <= GEMV_MAX_TOKENS:
             # writes out[t, col0 + r]: the kernel's y starts at that column, rows of length out.shape[1]
             self.gemv_into(x, w, out[:, col0:], ldy=out.shape[1])
-        else:
-            dense = self.dequant_into(w, cp.empty((w.rows, w.cols), dtype=cp.float32))
-            out[:, col0 : col0 + w.rows] = x @ dense.T
+        else:  # prefill: dequantize a tile of rows at a time into bounded float32 scratch, then cuBLAS
+            tile = max(256, PREFILL_SCRATCH_BYTES // (w.cols * 4))
+            scratch = cp.empty((min(tile, w.rows), w.cols), dtype=cp.float32)
+            for r0 in range(0, w.rows, tile):
+                n = min(tile, w.rows - r0)
+                part = QuantWeight(w.data[r0 * w.row_bytes : (r0 + n) * w.row_bytes], w.qtype, n, w.cols)
+                dense = self.dequant_into(part, scratch[:n])
+                out[:, col0 + r0 : col0 + r0 + n] = x @ dense.T
 
     def matmul(self, x: Any, weight: QuantWeight | GroupWeight) -> Any:
         cp = self.xp
