@@ -1,0 +1,59 @@
+"""Frames on the wire: [1-byte message type + msgpack body] followed by optional raw side frames (bulk
+arrays, never pickled). `decode` accepts nothing it has not checked: size limits first, then msgpack with
+bounded lengths and nesting, then the message's field rules."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from .errors import BAD_FRAME, ProtocolError
+from .messages import MESSAGE_TYPES, Message
+
+MAX_BODY_BYTES = 4 << 20  # a GENERATE with a long conversation fits; anything larger is refused unread
+MAX_SIDE_FRAMES = 64
+
+Frame = bytes | bytearray | memoryview
+
+
+def encode(msg: Message, side: Sequence[Frame] = ()) -> list[Frame]:
+    body = msgpack.packb(msg.body(), use_bin_type=True)
+    return [bytes((msg.TYPE,)) + body, *side]
+
+
+def _unpack(body: Frame) -> Any:
+    limit = len(body)
+    return msgpack.unpackb(
+        body,
+        raw=False,
+        strict_map_key=True,
+        max_str_len=limit,
+        max_bin_len=limit,
+        max_array_len=limit,
+        max_map_len=limit // 2,
+        max_ext_len=0,
+    )
+
+
+def decode(frames: Sequence[Frame], max_body_bytes: int = MAX_BODY_BYTES) -> tuple[Message, list[Frame]]:
+    """The message of `frames` and its side frames; a ProtocolError (with the request id when one could
+    be read) for anything else."""
+    if not frames or len(frames[0]) == 0:
+        raise ProtocolError(BAD_FRAME, "empty frame")
+    if len(frames) - 1 > MAX_SIDE_FRAMES:
+        raise ProtocolError(BAD_FRAME, f"{len(frames) - 1} side frames (at most {MAX_SIDE_FRAMES})")
+    head = memoryview(frames[0])
+    if len(head) - 1 > max_body_bytes:
+        raise ProtocolError(BAD_FRAME, f"body of {len(head) - 1} bytes (at most {max_body_bytes})")
+    try:
+        body = _unpack(head[1:])
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, UnicodeDecodeError) as e:
+        raise ProtocolError(BAD_FRAME, f"body is not valid msgpack: {type(e).__name__}") from None
+    cls = MESSAGE_TYPES.get(head[0])
+    if cls is None:
+        rid = body.get("request_id") if isinstance(body, dict) else None
+        rid = rid if isinstance(rid, str) and 0 < len(rid) <= 128 and rid.isprintable() else None
+        raise ProtocolError(BAD_FRAME, f"unknown message type 0x{head[0]:02x}", rid)
+    return cls.from_body(body), list(frames[1:])

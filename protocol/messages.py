@@ -1,0 +1,191 @@
+"""The messages of protocol v1 (protocol/SPEC.md): one dataclass each, with its one-byte type and the
+rules its body must satisfy. Client <-> daemon: GENERATE, CANCEL, PREWARM, DELTA, DONE, ERROR; admin:
+STATUS, HEALTH, LOAD, UNLOAD, METRICS, KV_LIST, KV_EVICT, KV_CLEAR, answered by REPLY or ERROR."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from .errors import BAD_MESSAGE, ProtocolError
+from .schema import Field, validate
+
+# Sampling parameters a GENERATE may carry (all optional; the engine's defaults apply).
+PARAMS = {
+    "temperature": Field("float"),
+    "top_k": Field("int", limit=1 << 20),
+    "top_p": Field("float"),
+    "min_p": Field("float"),
+    "repeat_penalty": Field("float"),
+    "seed": Field("int", limit=(1 << 63) - 1),
+    "max_tokens": Field("int", limit=1 << 20),
+    "stop": Field("str_list"),
+    "ignore_eos": Field("bool"),
+}
+
+
+@dataclass
+class Message:
+    TYPE: ClassVar[int]
+    FIELDS: ClassVar[dict[str, Field]]
+
+    def body(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_body(cls, body: Any) -> Message:
+        return cls(**validate(cls.__name__, body, cls.FIELDS))
+
+
+@dataclass
+class Generate(Message):
+    TYPE = 0x01
+    FIELDS = {
+        "request_id": Field("id", required=True),
+        "messages": Field("messages"),
+        "prompt": Field("str"),
+        "token_ids": Field("token_ids"),
+        "params": Field("dict"),
+        "conv_id": Field("id"),
+        "stream": Field("bool"),
+        "priority": Field("enum:voice|background"),
+        "think": Field("bool"),
+    }
+    request_id: str
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    token_ids: list[int] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    conv_id: str | None = None
+    stream: bool = True
+    priority: str = "voice"
+    think: bool = False
+
+    @classmethod
+    def from_body(cls, body: Any) -> Message:
+        msg = super().from_body(body)
+        assert isinstance(msg, Generate)
+        given = [k for k in ("messages", "prompt", "token_ids") if getattr(msg, k) is not None]
+        if len(given) != 1 or msg.token_ids == []:
+            raise ProtocolError(
+                BAD_MESSAGE, "GENERATE needs exactly one of messages, prompt, token_ids", msg.request_id
+            )
+        try:
+            msg.params = validate("GENERATE.params", msg.params, PARAMS)
+        except ProtocolError as e:
+            raise ProtocolError(e.code, e.message, msg.request_id) from None
+        return msg
+
+
+@dataclass
+class Delta(Message):
+    TYPE = 0x02
+    FIELDS = {
+        "request_id": Field("id", required=True),
+        "text": Field("str", required=True),
+        "token_ids": Field("token_ids"),
+        "sentence_end": Field("bool"),
+    }
+    request_id: str
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    sentence_end: bool = False
+
+
+@dataclass
+class Done(Message):
+    TYPE = 0x03
+    FIELDS = {
+        "request_id": Field("id", required=True),
+        "finish_reason": Field("enum:stop|length|cancelled|error", required=True),
+        "usage": Field("dict"),
+        "timings": Field("dict"),
+    }
+    request_id: str
+    finish_reason: str
+    usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, cached_tokens, completion_tokens
+    timings: dict[str, float] = field(default_factory=dict)  # ttft_ms, prefill_tok_s, decode_tok_s
+
+
+@dataclass
+class Error(Message):
+    TYPE = 0x04
+    FIELDS = {
+        "request_id": Field("id"),
+        "code": Field("str", required=True, limit=64),
+        "message": Field("str", required=True, limit=4096),
+    }
+    code: str
+    message: str
+    request_id: str | None = None
+
+
+@dataclass
+class Cancel(Message):
+    TYPE = 0x05
+    FIELDS = {"request_id": Field("id", required=True)}
+    request_id: str
+
+
+@dataclass
+class Prewarm(Message):
+    TYPE = 0x06
+    FIELDS = {
+        "request_id": Field("id", required=True),
+        "messages": Field("messages"),
+        "prompt": Field("str"),
+        "conv_id": Field("id"),
+    }
+    request_id: str
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    conv_id: str | None = None
+
+
+def _admin(name: str, type_code: int, extra: dict[str, Field] | None = None) -> type[Message]:
+    """Admin calls: a request id and at most one argument; each is answered by REPLY or ERROR."""
+    fields = {"request_id": Field("id", required=True), **(extra or {})}
+    annotations = {"request_id": "str", **{k: "str | None" for k in extra or {}}}
+    namespace: dict[str, Any] = {"TYPE": type_code, "FIELDS": fields, "__annotations__": annotations}
+    namespace.update({k: None for k in extra or {}})
+    return dataclass(type(name, (Message,), namespace))
+
+
+Status = _admin("Status", 0x10)
+Health = _admin("Health", 0x11)
+Load = _admin("Load", 0x12, {"model": Field("str", required=True, limit=4096)})
+Unload = _admin("Unload", 0x13)
+Metrics = _admin("Metrics", 0x14)
+KvList = _admin("KvList", 0x15)
+KvEvict = _admin("KvEvict", 0x16, {"conv_id": Field("id", required=True)})
+KvClear = _admin("KvClear", 0x17)
+
+
+@dataclass
+class Reply(Message):
+    TYPE = 0x1F
+    FIELDS = {"request_id": Field("id", required=True), "data": Field("dict", required=True)}
+    request_id: str
+    data: dict[str, Any]
+
+
+MESSAGE_TYPES: dict[int, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (
+        Generate,
+        Delta,
+        Done,
+        Error,
+        Cancel,
+        Prewarm,
+        Status,
+        Health,
+        Load,
+        Unload,
+        Metrics,
+        KvList,
+        KvEvict,
+        KvClear,
+        Reply,
+    )
+}
