@@ -169,6 +169,57 @@ class Reply(Message):
     data: dict[str, Any]
 
 
+# -- daemon <-> worker control ------------------------------------------------------------------------
+@dataclass
+class Hello(Message):
+    """Worker -> daemon, first: who is starting."""
+
+    TYPE = 0x20
+    FIELDS = {"protocol_version": Field("int", required=True), "pid": Field("int", required=True)}
+    protocol_version: int
+    pid: int
+
+
+@dataclass
+class Ready(Message):
+    """Worker -> daemon: the model is loaded and requests may come."""
+
+    TYPE = 0x21
+    FIELDS = {
+        "model": Field("str", required=True, limit=4096),
+        "n_ctx": Field("int", required=True),
+        "kv_capacity": Field("int", required=True),
+        "backend": Field("str", required=True, limit=256),
+        "device": Field("str", required=True, limit=256),
+        "load_ms": Field("float", required=True),
+    }
+    model: str
+    n_ctx: int
+    kv_capacity: int  # sequences the KV pool holds
+    backend: str
+    device: str
+    load_ms: float
+
+
+@dataclass
+class Heartbeat(Message):
+    """Worker -> daemon every second; the daemon counts a worker dead after three missed."""
+
+    TYPE = 0x22
+    FIELDS = {"seq": Field("int", required=True), "busy": Field("bool")}
+    seq: int
+    busy: bool = False
+
+
+@dataclass
+class Dead(Message):
+    """Worker -> daemon, last: a fatal error; the worker exits and the daemon restarts it."""
+
+    TYPE = 0x23
+    FIELDS = {"reason": Field("str", required=True, limit=4096)}
+    reason: str
+
+
 MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TYPE: cls
     for cls in (
@@ -187,5 +238,9 @@ MESSAGE_TYPES: dict[int, type[Message]] = {
         KvEvict,
         KvClear,
         Reply,
+        Hello,
+        Ready,
+        Heartbeat,
+        Dead,
     )
 }

@@ -14,17 +14,21 @@ from protocol.errors import BAD_FRAME, BAD_MESSAGE, ProtocolError
 from protocol.messages import (
     MESSAGE_TYPES,
     Cancel,
+    Dead,
     Delta,
     Done,
     Error,
     Generate,
     Health,
+    Heartbeat,
+    Hello,
     KvClear,
     KvEvict,
     KvList,
     Load,
     Metrics,
     Prewarm,
+    Ready,
     Reply,
     Status,
     Unload,
@@ -61,6 +65,10 @@ EXAMPLES = [
     KvEvict(request_id="a7", conv_id="kitchen"),
     KvClear(request_id="a8"),
     Reply(request_id="a1", data={"model": "gemma3-270m", "queue": 0}),
+    Hello(protocol_version=1, pid=1234),
+    Ready(model="gemma3-270m", n_ctx=4096, kv_capacity=1, backend="numpy", device="numpy", load_ms=5000.0),
+    Heartbeat(seq=3, busy=True),
+    Dead(reason="CUDA error: an illegal memory access"),
 ]
 
 

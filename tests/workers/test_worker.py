@@ -1,0 +1,139 @@
+"""The worker process end to end: a real `python -m workers.worker` on a tiny model, with this test as
+the daemon (a ROUTER socket)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from protocol.codec import decode, encode
+from protocol.messages import Cancel, Delta, Done, Error, Generate, Heartbeat, Hello, Message, Ready, Status
+from tests.tiny_models import write_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeDaemon:
+    def __init__(self, tmp: Path, model: Path, *extra: str) -> None:
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        endpoint = f"ipc://{tmp}/worker.sock"
+        self.router.bind(endpoint)
+        cmd = [sys.executable, "-m", "workers.worker", "--endpoint", endpoint, "-m", str(model), "--ctx", "512", *extra]
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        )
+        self.identity: bytes | None = None
+
+    def recv(self, timeout_s: float = 30.0, skip_heartbeats: bool = True) -> Message:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.router.poll(int(left * 1000)):
+                raise TimeoutError("no message from the worker")
+            identity, *frames = self.router.recv_multipart()
+            self.identity = identity
+            msg, _ = decode(frames)
+            if not (skip_heartbeats and isinstance(msg, Heartbeat)):
+                return msg
+
+    def send(self, msg_or_frames) -> None:
+        frames = msg_or_frames if isinstance(msg_or_frames, list) else encode(msg_or_frames)
+        self.router.send_multipart([self.identity, *frames])
+
+    def until_done(self, rid: str) -> tuple[list[Delta], Message]:
+        deltas = []
+        while True:
+            msg = self.recv()
+            if isinstance(msg, Delta) and msg.request_id == rid:
+                deltas.append(msg)
+            elif isinstance(msg, (Done, Error)) and msg.request_id == rid:
+                return deltas, msg
+
+    def close(self) -> str:
+        """Stops the worker (SIGTERM) and returns what it wrote to stderr."""
+        self.proc.terminate()
+        try:
+            _, err = self.proc.communicate(timeout=10)
+        finally:
+            self.router.close()
+            self.ctx.term()
+        return err
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("worker")
+    model = tmp / "tiny.gguf"
+    write_tiny_model("llama", model)
+    d = FakeDaemon(tmp, model, "--prefill-chunk", "8")
+    hello = d.recv()
+    assert isinstance(hello, Hello) and hello.pid == d.proc.pid
+    ready = d.recv()
+    assert isinstance(ready, Ready) and ready.n_ctx == 512 and ready.backend in ("numpy", "cupy")
+    yield d
+    stderr = d.close()
+    assert d.proc.returncode == 0, stderr
+
+
+def test_generate_streams_deltas_then_done(daemon):
+    daemon.send(
+        Generate(
+            request_id="g1", token_ids=[1, 50, 60, 70], params={"temperature": 0.0, "max_tokens": 6, "ignore_eos": True}
+        )
+    )
+    deltas, done = daemon.until_done("g1")
+    assert isinstance(done, Done) and done.finish_reason == "length"
+    assert done.usage["prompt_tokens"] == 4 and done.usage["completion_tokens"] == 6
+    assert sum(len(d.token_ids) for d in deltas) <= 6 and all(d.request_id == "g1" for d in deltas)
+
+
+def test_same_prompt_again_reuses_the_prefix(daemon):
+    req = dict(token_ids=[1, 11, 12, 13, 14, 15], params={"temperature": 0.0, "max_tokens": 3, "ignore_eos": True})
+    daemon.send(Generate(request_id="p1", **req))
+    _, first = daemon.until_done("p1")
+    daemon.send(Generate(request_id="p2", **req))
+    _, second = daemon.until_done("p2")
+    assert second.usage["cached_tokens"] == 5 and first.usage["completion_tokens"] == 3
+
+
+def test_cancel_during_a_long_prefill(daemon):
+    daemon.send(Generate(request_id="c1", token_ids=[1] + [3 + i % 300 for i in range(400)], params={"max_tokens": 50}))
+    daemon.send(Cancel(request_id="c1"))
+    deltas, done = daemon.until_done("c1")
+    assert isinstance(done, Done) and done.finish_reason == "cancelled" and not deltas
+    assert done.usage["completion_tokens"] == 0
+
+
+def test_bad_requests_get_errors_and_the_worker_goes_on(daemon):
+    daemon.send(Generate(request_id="b1", token_ids=[1, 2], params={"temperature": -1.0}))
+    _, err = daemon.until_done("b1")
+    assert isinstance(err, Error) and "temperature" in err.message
+    daemon.send(Generate(request_id="b2", token_ids=[1, 10**6]))
+    _, err = daemon.until_done("b2")
+    assert isinstance(err, Error) and "vocabulary" in err.message
+    daemon.send([b"\x01\xc1garbage"])
+    msg = daemon.recv()
+    assert isinstance(msg, Error) and msg.code == "bad_frame"
+    daemon.send(Status(request_id="s1"))
+    _, err = daemon.until_done("s1")
+    assert isinstance(err, Error)
+    daemon.send(Generate(request_id="b3", prompt="hello", params={"max_tokens": 2}))
+    _, done = daemon.until_done("b3")
+    assert isinstance(done, Done)
+
+
+def test_heartbeats_arrive_every_second(daemon):
+    start = time.monotonic()
+    beats = 0
+    while beats < 2:
+        if isinstance(daemon.recv(timeout_s=3, skip_heartbeats=False), Heartbeat):
+            beats += 1
+    assert time.monotonic() - start < 3

@@ -1,0 +1,245 @@
+"""The GPU worker process: owns the engine and serves the daemon over one DEALER socket.
+
+Socket I/O stays out of the compute loop (as vLLM's engine core does): an I/O thread owns the socket,
+decodes what arrives (acting on CANCEL at once, queueing everything else), sends what the engine loop
+posts to it over an inproc pipe, and beats the heartbeat; the main thread runs the engine. A bad request
+gets an ERROR reply and the loop goes on; a fatal error sends DEAD and the process exits, for the daemon
+to restart it.
+
+    python -m workers.worker --endpoint ipc:///run/genie/worker.sock [-m MODEL] [engine options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import queue
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import zmq
+
+from protocol import PROTOCOL_VERSION
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError
+from protocol.messages import Cancel, Dead, Delta, Done, Error, Generate, Heartbeat, Hello, Message, Prewarm, Ready
+
+from .engine.backends import BACKEND_CHOICES
+from .engine.engine import Completion, Engine, EngineConfig
+from .engine.errors import GenieError
+from .engine.registry import DEFAULT_MODEL
+from .engine.sampling import SamplingParams
+
+# a piece of text that ends a sentence (for TTS): terminal punctuation, closing quotes/brackets, or a newline
+SENTENCE_END = re.compile(r"([.!?…。！？][\"'”’)\]]*|\n)\s*$")
+STOP = b"stop"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    endpoint: str  # the daemon's worker-facing ROUTER socket
+    engine: EngineConfig
+    heartbeat_s: float = 1.0  # the daemon counts the worker dead after three missed beats
+
+
+class _IoThread(threading.Thread):
+    """Owns the DEALER socket; the engine thread reaches it only through the inproc `outbox` pipe."""
+
+    def __init__(
+        self, ctx: zmq.Context, config: WorkerConfig, inbox: queue.Queue[Message], cancelled: set[str]
+    ) -> None:
+        super().__init__(name="worker-io", daemon=True)
+        self.config = config
+        self.inbox = inbox
+        self.cancelled = cancelled
+        self.busy = False
+        self.dealer = ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 2000)  # DEAD and the last DONE still leave on exit
+        self.dealer.setsockopt(zmq.MAXMSGSIZE, 8 << 20)
+        self.dealer.connect(config.endpoint)
+        self.pull = ctx.socket(zmq.PULL)
+        self.pull.bind(f"inproc://worker-outbox-{id(self)}")
+        self.outbox_address = f"inproc://worker-outbox-{id(self)}"
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.dealer, zmq.POLLIN)
+        poller.register(self.pull, zmq.POLLIN)
+        seq = 0
+        next_beat = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= next_beat:
+                self.dealer.send_multipart(encode(Heartbeat(seq=seq, busy=self.busy)))
+                seq += 1
+                next_beat = now + self.config.heartbeat_s
+            events = dict(poller.poll(timeout=max(1, int((next_beat - now) * 1000))))
+            if self.pull in events:
+                frames = self.pull.recv_multipart(copy=False)
+                if frames[0].bytes == STOP:
+                    return
+                self.dealer.send_multipart(frames)
+            if self.dealer in events:
+                self._receive(self.dealer.recv_multipart(copy=False))
+
+    def _receive(self, frames: list[zmq.Frame]) -> None:
+        try:
+            msg, _ = decode([f.buffer for f in frames])
+        except ProtocolError as e:
+            self.dealer.send_multipart(encode(Error(request_id=e.request_id, code=e.code, message=e.message)))
+            return
+        if isinstance(msg, Cancel):  # now, not after the running generation: the engine polls this set
+            self.cancelled.add(msg.request_id)
+        elif isinstance(msg, (Generate, Prewarm)):
+            self.inbox.put(msg)
+        else:
+            reply = Error(
+                request_id=getattr(msg, "request_id", None),
+                code="bad_request",
+                message=f"a worker does not serve {type(msg).__name__.upper()}",
+            )
+            self.dealer.send_multipart(encode(reply))
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, engine: Engine) -> None:
+        self.config = config
+        self.engine = engine
+        self.ctx: zmq.Context = zmq.Context.instance()
+        self.inbox: queue.Queue[Message] = queue.Queue()
+        self.cancelled: set[str] = set()
+        self.io = _IoThread(self.ctx, config, self.inbox, self.cancelled)
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.connect(self.io.outbox_address)
+        self.stopping = False
+
+    def send(self, msg: Message) -> None:
+        self.push.send_multipart(encode(msg))
+
+    def serve(self) -> int:
+        """Runs until SIGTERM/SIGINT (exit 0) or a fatal error (DEAD, exit 1)."""
+        self.io.start()
+        e = self.engine
+        self.send(Hello(protocol_version=PROTOCOL_VERSION, pid=os.getpid()))
+        self.send(
+            Ready(
+                model=e.model.name,
+                n_ctx=e.n_ctx,
+                kv_capacity=e.config.n_slots,
+                backend=e.backend.name,
+                device=e.backend.device_name,
+                load_ms=e.model.load_ms,
+            )
+        )
+        try:
+            while not self.stopping:
+                try:
+                    msg = self.inbox.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                self.io.busy = True
+                try:
+                    self.handle(msg)
+                finally:
+                    self.io.busy = False
+            return 0
+        except Exception as exc:  # fatal: tell the daemon, then exit for it to restart us
+            self.send(Dead(reason=f"{type(exc).__name__}: {exc}"[:4000]))
+            return 1
+        finally:
+            self.push.send(STOP)
+            self.io.join(timeout=3)
+
+    def handle(self, msg: Message) -> None:
+        assert isinstance(msg, (Generate, Prewarm))
+        rid = msg.request_id
+        try:
+            ids = self._prompt_ids(msg)
+            params = SamplingParams(max_tokens=0) if isinstance(msg, Prewarm) else _sampling(msg.params)
+            for ev in self.engine.generate(ids, params, cancel=lambda: rid in self.cancelled):
+                if isinstance(ev, Completion):
+                    usage = {
+                        "prompt_tokens": ev.prompt_tokens,
+                        "cached_tokens": ev.cached_tokens,
+                        "completion_tokens": ev.completion_tokens,
+                    }
+                    t = ev.timings
+                    timings = {"ttft_ms": t.ttft_ms, "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s}
+                    self.send(Done(request_id=rid, finish_reason=ev.finish_reason, usage=usage, timings=timings))
+                elif isinstance(msg, Generate):
+                    end = bool(SENTENCE_END.search(ev.text))
+                    self.send(Delta(request_id=rid, text=ev.text, token_ids=ev.token_ids, sentence_end=end))
+        except GenieError as e:  # the request's fault: reply and go on
+            self.send(Error(request_id=rid, code="bad_request", message=str(e)))
+        finally:
+            self.cancelled.discard(rid)
+
+    def _prompt_ids(self, msg: Generate | Prewarm) -> list[int]:
+        if msg.messages is not None:
+            return self.engine.chat_prompt(msg.messages, think=getattr(msg, "think", False))
+        if msg.prompt is not None:
+            return self.engine.text_prompt(msg.prompt)
+        assert isinstance(msg, Generate) and msg.token_ids is not None
+        return list(msg.token_ids)
+
+
+def _sampling(params: dict) -> SamplingParams:
+    p = dict(params)
+    if "stop" in p:
+        p["stop"] = tuple(p["stop"])
+    return SamplingParams(**p)
+
+
+def _exit_with_parent() -> None:
+    """Linux: SIGTERM when the daemon dies, so no worker outlives it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="genie-worker", description="genie's GPU worker process")
+    p.add_argument("--endpoint", required=True, help="the daemon's worker socket, e.g. ipc:///run/genie/worker.sock")
+    p.add_argument("-m", "--model", default=DEFAULT_MODEL, help="GGUF path or installed model (default: %(default)s)")
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="compute backend (default: %(default)s)")
+    p.add_argument("--ctx", type=int, default=EngineConfig.n_ctx, help="context length (default: %(default)s)")
+    p.add_argument("--fp16-kv", action="store_true", help="FP16 KV cache instead of INT8 (default: INT8)")
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=EngineConfig.prefill_chunk,
+        help="prompt tokens per forward pass; cancel is checked between chunks (default: %(default)s)",
+    )
+    args = p.parse_args(argv)
+    _exit_with_parent()
+    try:
+        engine_config = EngineConfig(
+            model=args.model,
+            backend=args.backend,
+            n_ctx=args.ctx,
+            kv_dtype="f16" if args.fp16_kv else "int8",
+            prefill_chunk=args.prefill_chunk,
+        )
+        worker = Worker(WorkerConfig(endpoint=args.endpoint, engine=engine_config), Engine(engine_config))
+    except GenieError as e:
+        print(f"genie-worker: error: {e}", file=sys.stderr)
+        return 2
+
+    def stop(signum: int, frame: object) -> None:  # only sets a flag; the loop acts on it
+        worker.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return worker.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
