@@ -142,23 +142,56 @@ class Prewarm(Message):
     conv_id: str | None = None
 
 
-def _admin(name: str, type_code: int, extra: dict[str, Field] | None = None) -> type[Message]:
-    """Admin calls: a request id and at most one argument; each is answered by REPLY or ERROR."""
-    fields = {"request_id": Field("id", required=True), **(extra or {})}
-    annotations = {"request_id": "str", **{k: "str | None" for k in extra or {}}}
-    namespace: dict[str, Any] = {"TYPE": type_code, "FIELDS": fields, "__annotations__": annotations}
-    namespace.update({k: None for k in extra or {}})
-    return dataclass(type(name, (Message,), namespace))
+@dataclass
+class AdminCall(Message):
+    """Admin calls carry a request id (and at most one argument); each is answered by REPLY or ERROR."""
+
+    FIELDS = {"request_id": Field("id", required=True)}
+    request_id: str
 
 
-Status = _admin("Status", 0x10)
-Health = _admin("Health", 0x11)
-Load = _admin("Load", 0x12, {"model": Field("str", required=True, limit=4096)})
-Unload = _admin("Unload", 0x13)
-Metrics = _admin("Metrics", 0x14)
-KvList = _admin("KvList", 0x15)
-KvEvict = _admin("KvEvict", 0x16, {"conv_id": Field("id", required=True)})
-KvClear = _admin("KvClear", 0x17)
+@dataclass
+class Status(AdminCall):
+    TYPE = 0x10
+
+
+@dataclass
+class Health(AdminCall):
+    TYPE = 0x11
+
+
+@dataclass
+class Load(AdminCall):
+    TYPE = 0x12
+    FIELDS = {**AdminCall.FIELDS, "model": Field("str", required=True, limit=4096)}
+    model: str = ""
+
+
+@dataclass
+class Unload(AdminCall):
+    TYPE = 0x13
+
+
+@dataclass
+class Metrics(AdminCall):
+    TYPE = 0x14
+
+
+@dataclass
+class KvList(AdminCall):
+    TYPE = 0x15
+
+
+@dataclass
+class KvEvict(AdminCall):
+    TYPE = 0x16
+    FIELDS = {**AdminCall.FIELDS, "conv_id": Field("id", required=True)}
+    conv_id: str = ""
+
+
+@dataclass
+class KvClear(AdminCall):
+    TYPE = 0x17
 
 
 @dataclass

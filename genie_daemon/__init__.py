@@ -1,0 +1,1 @@
+"""genie's supervisor daemon: client sockets, request queue, worker supervision."""

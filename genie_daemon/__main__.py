@@ -1,0 +1,68 @@
+"""`genie-daemon`: serve one model to local clients (see protocol/SPEC.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import DaemonConfig, default_config_path, load_config
+from .server import Daemon
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    d = DaemonConfig()
+    p = argparse.ArgumentParser(prog="genie-daemon", description="genie's supervisor daemon")
+    p.add_argument("--config", type=Path, default=None, help=f"TOML config (default: {default_config_path()})")
+    p.add_argument("-m", "--model", help=f"GGUF path or installed model (default: {d.model})")
+    p.add_argument("--backend", help=f"auto | numpy | cupy (default: {d.backend})")
+    p.add_argument("--ctx", type=int, help=f"context length (default: {d.ctx})")
+    p.add_argument("--fp16-kv", action="store_true", default=None, help="FP16 KV cache (default: INT8)")
+    p.add_argument("--socket-dir", help=f"directory of the ipc sockets (default: {d.socket_dir})")
+    p.add_argument("--max-queue", type=int, help=f"waiting requests before 'overloaded' (default: {d.max_queue})")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        config = load_config(
+            args.config,
+            {
+                "model": args.model,
+                "backend": args.backend,
+                "ctx": args.ctx,
+                "fp16_kv": args.fp16_kv,
+                "socket_dir": args.socket_dir,
+                "max_queue": args.max_queue,
+            },
+        )
+    except (ValueError, OSError) as e:
+        print(f"genie-daemon: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: DaemonConfig) -> int:
+    try:
+        daemon = Daemon(config)
+    except Exception as e:  # a socket that cannot be bound, a directory that cannot be made
+        print(f"genie-daemon: error: {e}", file=sys.stderr)
+        return 2
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.stopping.set)  # the handler only sets a flag
+    logging.getLogger("genie.daemon").info("event=listening endpoint=%s", config.client_endpoint)
+    await daemon.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The daemon's one typed config: defaults, then the TOML file, then GENIE_* variables, then flags.
+
+Environment variables are read here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+def _runtime_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(base) / "genie" if base else Path("/run/genie")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    model: str = "gemma3-270m"  # GGUF path or installed model name
+    backend: str = "auto"  # auto | numpy | cupy
+    ctx: int = 4096  # context length in tokens
+    fp16_kv: bool = False  # FP16 KV cache instead of INT8
+    prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
+    socket_dir: str = field(default_factory=lambda: str(_runtime_dir()))  # where the ipc:// sockets live
+    client_endpoint: str = ""  # client socket; default ipc://<socket_dir>/genie.sock
+    worker_endpoint: str = ""  # daemon <-> worker socket; default ipc://<socket_dir>/worker.sock
+    max_queue: int = 16  # requests waiting beyond the running one; more are refused as "overloaded"
+    heartbeat_timeout_s: float = 3.0  # a worker silent this long is dead (three missed 1 s beats)
+    restart_backoff_s: float = 0.5  # first restart delay; doubles up to restart_backoff_max_s
+    restart_backoff_max_s: float = 10.0
+    drain_timeout_s: float = 25.0  # on SIGTERM, how long a running turn may finish before it is cancelled
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 0 or self.ctx < 0 or self.prefill_chunk < 1:
+            raise ValueError("max_queue and ctx must be >= 0, prefill_chunk >= 1")
+        if not self.client_endpoint:
+            object.__setattr__(self, "client_endpoint", f"ipc://{self.socket_dir}/genie.sock")
+        if not self.worker_endpoint:
+            object.__setattr__(self, "worker_endpoint", f"ipc://{self.socket_dir}/worker.sock")
+
+    def worker_args(self) -> list[str]:
+        args = [
+            "--endpoint",
+            self.worker_endpoint,
+            "-m",
+            self.model,
+            "--backend",
+            self.backend,
+            "--ctx",
+            str(self.ctx),
+            "--prefill-chunk",
+            str(self.prefill_chunk),
+        ]
+        return args + (["--fp16-kv"] if self.fp16_kv else [])
+
+
+def default_config_path() -> Path:
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    user = Path(xdg) / "genie/genie.toml" if xdg else Path.home() / ".config/genie/genie.toml"
+    return user if user.exists() else Path("/etc/genie/genie.toml")
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> DaemonConfig:
+    """Defaults < TOML file < GENIE_<NAME> environment variables < `overrides` (flags)."""
+    values: dict[str, Any] = {}
+    types = {f.name: f.type for f in fields(DaemonConfig)}
+    path = path or default_config_path()
+    if path.exists():
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        unknown = set(data) - set(types)
+        if unknown:
+            raise ValueError(f"{path}: unknown option(s) {', '.join(sorted(unknown))}")
+        values.update(data)
+    for name, kind in types.items():
+        raw = os.environ.get(f"GENIE_{name.upper()}")
+        if raw is not None:
+            values[name] = _parse(raw, str(kind), f"GENIE_{name.upper()}")
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return DaemonConfig(**values)
+
+
+def _parse(raw: str, kind: str, name: str) -> Any:
+    try:
+        if kind == "bool":
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("1", "true", "yes")
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        return raw
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a valid {kind}") from None

@@ -1,0 +1,244 @@
+"""The daemon's event loop: clients on a ROUTER socket, the worker on another, a bounded priority queue,
+one running generation, relaying the worker's answers to whoever asked."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from protocol import PROTOCOL_VERSION
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError
+from protocol.messages import (
+    Cancel,
+    Dead,
+    Delta,
+    Done,
+    Error,
+    Generate,
+    Health,
+    Hello,
+    Message,
+    Prewarm,
+    Ready,
+    Reply,
+    Status,
+)
+
+from .config import DaemonConfig
+from .worker_handle import WorkerHandle
+
+log = logging.getLogger("genie.daemon")
+MAX_CLIENT_MSG_BYTES = 8 << 20
+
+
+@dataclass
+class Request:
+    client: bytes  # the client's ROUTER identity
+    client_rid: str
+    msg: Generate | Prewarm
+    internal_id: str  # what the worker sees: unique across clients
+    queued_at: float = field(default_factory=time.monotonic)
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.ctx = zmq.asyncio.Context()
+        os.makedirs(config.socket_dir, mode=0o700, exist_ok=True)
+        self.clients = self._bind(config.client_endpoint)
+        self.workers = self._bind(config.worker_endpoint)
+        self.worker = WorkerHandle(config)
+        self.queues: dict[str, deque[Request]] = {"voice": deque(), "background": deque()}
+        self.running: Request | None = None
+        self.by_internal: dict[str, Request] = {}
+        self._ids = itertools.count(1)
+        self.started = time.monotonic()
+        self.served = 0
+        self.stopping = asyncio.Event()
+
+    def _bind(self, endpoint: str) -> zmq.asyncio.Socket:
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_CLIENT_MSG_BYTES)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        sock.bind(endpoint)
+        return sock
+
+    # -- replies ------------------------------------------------------------------------------------------
+    async def to_client(self, client: bytes, msg: Message) -> None:
+        await self.clients.send_multipart([client, *encode(msg)])
+
+    async def fail(self, req: Request, code: str, message: str) -> None:
+        await self.to_client(req.client, Error(request_id=req.client_rid, code=code, message=message))
+
+    # -- clients ------------------------------------------------------------------------------------------
+    async def client_loop(self) -> None:
+        while True:
+            client, *frames = await self.clients.recv_multipart(copy=False)
+            identity = client.bytes
+            try:
+                msg, _ = decode([f.buffer for f in frames])
+            except ProtocolError as e:
+                await self.to_client(identity, Error(request_id=e.request_id, code=e.code, message=e.message))
+                continue
+            await self.on_client(identity, msg)
+
+    async def on_client(self, client: bytes, msg: Message) -> None:
+        if isinstance(msg, (Generate, Prewarm)):
+            if self.stopping.is_set():
+                await self.to_client(
+                    client, Error(request_id=msg.request_id, code="shutting_down", message="genie is stopping")
+                )
+            elif sum(len(q) for q in self.queues.values()) >= self.config.max_queue:
+                await self.to_client(
+                    client,
+                    Error(
+                        request_id=msg.request_id,
+                        code="overloaded",
+                        message=f"{self.config.max_queue} requests are already waiting",
+                    ),
+                )
+            else:
+                priority = msg.priority if isinstance(msg, Generate) else "voice"
+                self.queues[priority].append(Request(client, msg.request_id, msg, f"q{next(self._ids)}"))
+                await self.dispatch()
+        elif isinstance(msg, Cancel):
+            await self.cancel(client, msg.request_id)
+        elif isinstance(msg, (Status, Health)):
+            await self.to_client(client, Reply(request_id=msg.request_id, data=self.status()))
+        else:
+            rid = getattr(msg, "request_id", None)
+            await self.to_client(
+                client,
+                Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet"),
+            )
+
+    async def cancel(self, client: bytes, rid: str) -> None:
+        """Idempotent: a queued request ends at once, the running one at its next chunk or step."""
+        for q in self.queues.values():
+            for req in list(q):
+                if req.client == client and req.client_rid == rid:
+                    q.remove(req)
+                    await self.to_client(client, Done(request_id=rid, finish_reason="cancelled"))
+                    return
+        run = self.running
+        if run and run.client == client and run.client_rid == rid and self.worker.identity:
+            await self.workers.send_multipart([self.worker.identity, *encode(Cancel(request_id=run.internal_id))])
+
+    async def dispatch(self) -> None:
+        if self.running or not self.worker.ready or self.worker.identity is None:
+            return
+        for priority in ("voice", "background"):
+            if self.queues[priority]:
+                req = self.queues[priority].popleft()
+                break
+        else:
+            return
+        self.running = req
+        self.by_internal[req.internal_id] = req
+        body = req.msg.body()
+        body["request_id"] = req.internal_id
+        await self.workers.send_multipart([self.worker.identity, *encode(type(req.msg).from_body(body))])
+
+    # -- the worker ---------------------------------------------------------------------------------------
+    async def worker_loop(self) -> None:
+        while True:
+            identity, *frames = await self.workers.recv_multipart()
+            try:
+                msg, _ = decode(frames)
+            except ProtocolError as e:
+                log.error("event=bad_worker_frame error=%s", e.message)
+                continue
+            if isinstance(msg, Hello):
+                if msg.protocol_version != PROTOCOL_VERSION or msg.pid != self.worker.pid:
+                    log.error("event=foreign_worker pid=%s version=%s", msg.pid, msg.protocol_version)
+                    continue
+                self.worker.identity = identity
+            if identity != self.worker.identity:
+                continue  # a previous worker's last words
+            self.worker.seen()
+            if isinstance(msg, Ready):
+                self.worker.on_ready(msg.body())
+                await self.dispatch()
+            elif isinstance(msg, Dead):
+                log.error("event=worker_dead reason=%r", msg.reason)
+            elif isinstance(msg, (Delta, Done, Error)) and msg.request_id in self.by_internal:
+                await self.relay(msg.request_id, msg)
+
+    async def relay(self, internal_id: str, msg: Delta | Done | Error) -> None:
+        req = self.by_internal[internal_id]
+        body = msg.body()
+        body["request_id"] = req.client_rid
+        await self.to_client(req.client, type(msg).from_body(body))
+        if isinstance(msg, (Done, Error)):
+            del self.by_internal[internal_id]
+            self.running = None
+            self.served += 1
+            await self.dispatch()
+
+    async def supervise_loop(self) -> None:
+        await self.worker.start()
+        while True:
+            await asyncio.sleep(0.2)
+            if self.stopping.is_set():
+                return
+            if not self.worker.is_alive():
+                code = self.worker.proc.returncode if self.worker.proc else None
+                log.error("event=worker_lost pid=%s returncode=%s", self.worker.pid, code)
+                run, self.running = self.running, None
+                if run:
+                    self.by_internal.pop(run.internal_id, None)
+                    await self.fail(run, "worker_died", "the worker stopped during this request; it is being restarted")
+                await self.worker.restart()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "model": self.worker.info.get("model"),
+            "backend": self.worker.info.get("backend"),
+            "device": self.worker.info.get("device"),
+            "ready": self.worker.ready,
+            "uptime_s": round(time.monotonic() - self.started, 1),
+            "daemon_pid": os.getpid(),
+            "worker_pid": self.worker.pid,
+            "worker_restarts": self.worker.restarts,
+            "queue": sum(len(q) for q in self.queues.values()),
+            "running": self.running is not None,
+            "requests_served": self.served,
+        }
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        tasks = [asyncio.create_task(t) for t in (self.client_loop(), self.worker_loop(), self.supervise_loop())]
+        await self.stopping.wait()
+        await self.drain()
+        for t in tasks:
+            t.cancel()
+        await self.worker.stop()
+        self.clients.close()
+        self.workers.close()
+        self.ctx.term()
+
+    async def drain(self) -> None:
+        """SIGTERM: queued requests end as cancelled; the running one may finish, then is cancelled."""
+        for q in self.queues.values():
+            while q:
+                req = q.popleft()
+                await self.to_client(req.client, Done(request_id=req.client_rid, finish_reason="cancelled"))
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.running:
+            await self.cancel(self.running.client, self.running.client_rid)
+            end = time.monotonic() + 3
+            while self.running and time.monotonic() < end:
+                await asyncio.sleep(0.05)

@@ -1,0 +1,73 @@
+"""One supervised worker process: spawn, liveness from its heartbeats, kill, restart with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+
+from .config import DaemonConfig
+
+log = logging.getLogger("genie.daemon")
+
+
+class WorkerHandle:
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.proc: asyncio.subprocess.Process | None = None
+        self.identity: bytes | None = None  # its DEALER identity on the worker ROUTER, known from HELLO
+        self.ready = False
+        self.info: dict[str, object] = {}
+        self.last_seen = 0.0
+        self.restarts = 0
+        self._backoff = config.restart_backoff_s
+
+    async def start(self) -> None:
+        self.ready, self.identity = False, None
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "workers.worker", *self.config.worker_args()
+        )
+        self.last_seen = time.monotonic()  # the load itself sends no heartbeat before HELLO: see is_alive
+        log.info("event=worker_start pid=%s", self.proc.pid)
+
+    def seen(self) -> None:
+        self.last_seen = time.monotonic()
+
+    def on_ready(self, info: dict[str, object]) -> None:
+        self.ready, self.info = True, info
+        self._backoff = self.config.restart_backoff_s
+        log.info("event=worker_ready pid=%s model=%s backend=%s", self.pid, info.get("model"), info.get("backend"))
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def is_alive(self) -> bool:
+        if self.proc is None or self.proc.returncode is not None:
+            return False
+        # heartbeats start with the I/O thread, after the model loaded; until then only the exit counts
+        return not self.ready or time.monotonic() - self.last_seen < self.config.heartbeat_timeout_s
+
+    async def kill(self) -> None:
+        if self.proc and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        self.ready = False
+
+    async def restart(self) -> None:
+        await self.kill()
+        delay = self._backoff
+        self._backoff = min(self._backoff * 2, self.config.restart_backoff_max_s)
+        self.restarts += 1
+        log.warning("event=worker_restart restarts=%d delay_s=%.1f", self.restarts, delay)
+        await asyncio.sleep(delay)
+        await self.start()
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout_s)
+            except TimeoutError:
+                await self.kill()
