@@ -27,6 +27,7 @@ class DaemonConfig:
     socket_dir: str = field(default_factory=lambda: str(_runtime_dir()))  # where the ipc:// sockets live
     client_endpoint: str = ""  # client socket; default ipc://<socket_dir>/genie.sock
     worker_endpoint: str = ""  # daemon <-> worker socket; default ipc://<socket_dir>/worker.sock
+    admin_endpoint: str = ""  # genie-ctl's socket (mode 0600 when ipc); default ipc://<socket_dir>/admin.sock
     max_queue: int = 16  # requests waiting beyond the running one; more are refused as "overloaded"
     heartbeat_timeout_s: float = 3.0  # a worker silent this long is dead (three missed 1 s beats)
     restart_backoff_s: float = 0.5  # first restart delay; doubles up to restart_backoff_max_s
@@ -40,6 +41,8 @@ class DaemonConfig:
             object.__setattr__(self, "client_endpoint", f"ipc://{self.socket_dir}/genie.sock")
         if not self.worker_endpoint:
             object.__setattr__(self, "worker_endpoint", f"ipc://{self.socket_dir}/worker.sock")
+        if not self.admin_endpoint:
+            object.__setattr__(self, "admin_endpoint", f"ipc://{self.socket_dir}/admin.sock")
 
     def worker_args(self) -> list[str]:
         args = [

@@ -21,6 +21,7 @@ from protocol.errors import ProtocolError
 from protocol.messages import (
     Cancel,
     Dead,
+    Metrics,
     Delta,
     Done,
     Error,
@@ -57,6 +58,9 @@ class Daemon:
         os.makedirs(config.socket_dir, mode=0o700, exist_ok=True)
         self.clients = self._bind(config.client_endpoint)
         self.workers = self._bind(config.worker_endpoint)
+        self.admin = self._bind(config.admin_endpoint)
+        if config.admin_endpoint.startswith("ipc://"):
+            os.chmod(config.admin_endpoint[len("ipc://") :], 0o600)  # admin calls: the owner only
         self.worker = WorkerHandle(config)
         self.queues: dict[str, deque[Request]] = {"voice": deque(), "background": deque()}
         self.running: Request | None = None
@@ -92,6 +96,23 @@ class Daemon:
                 await self.to_client(identity, Error(request_id=e.request_id, code=e.code, message=e.message))
                 continue
             await self.on_client(identity, msg)
+
+    async def admin_loop(self) -> None:
+        while True:
+            peer, *frames = await self.admin.recv_multipart(copy=False)
+            try:
+                msg, _ = decode([f.buffer for f in frames])
+            except ProtocolError as e:
+                reply: Message = Error(request_id=e.request_id, code=e.code, message=e.message)
+            else:
+                reply = self.on_admin(msg)
+            await self.admin.send_multipart([peer.bytes, *encode(reply)])
+
+    def on_admin(self, msg: Message) -> Message:
+        rid = getattr(msg, "request_id", None)
+        if isinstance(msg, (Status, Health, Metrics)):
+            return Reply(request_id=msg.request_id, data=self.status())
+        return Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet")
 
     async def on_client(self, client: bytes, msg: Message) -> None:
         if isinstance(msg, (Generate, Prewarm)):
@@ -218,14 +239,15 @@ class Daemon:
 
     # -- lifetime -----------------------------------------------------------------------------------------
     async def run(self) -> None:
-        tasks = [asyncio.create_task(t) for t in (self.client_loop(), self.worker_loop(), self.supervise_loop())]
+        loops = (self.client_loop(), self.admin_loop(), self.worker_loop(), self.supervise_loop())
+        tasks = [asyncio.create_task(t) for t in loops]
         await self.stopping.wait()
         await self.drain()
         for t in tasks:
             t.cancel()
         await self.worker.stop()
-        self.clients.close()
-        self.workers.close()
+        for sock in (self.clients, self.workers, self.admin):
+            sock.close()
         self.ctx.term()
 
     async def drain(self) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from protocol.client import GenieClient
+from protocol.codec import decode
 from protocol.messages import Delta, Done, Error, Reply
 from tests.tiny_models import write_tiny_model
 
@@ -113,13 +114,17 @@ def test_cancel_ends_the_running_request(daemon):
 
     async def go():
         async with GenieClient(endpoint) as c:
-            task = asyncio.ensure_future(collect(c, request_id="long-1", **LONG))
-            await asyncio.sleep(0.3)
-            await c.cancel("long-1")
-            return await task
+            n = 0
+            async for ev in c.generate(request_id="long-1", **LONG):
+                n += 1
+                if n == 1:  # streaming has begun: cancel
+                    await c.cancel("long-1")
+                if not isinstance(ev, Delta):
+                    return ev, n
+        raise AssertionError("no DONE")
 
-    _, end = asyncio.run(go())
-    assert isinstance(end, Done) and end.finish_reason == "cancelled"
+    end, n = asyncio.run(go())
+    assert isinstance(end, Done) and end.finish_reason == "cancelled" and end.usage["completion_tokens"] < 250
 
 
 def test_malformed_frames_get_errors_and_the_daemon_stays_up(daemon):
@@ -146,12 +151,15 @@ def test_killed_worker_fails_the_request_and_is_restarted(daemon):
 
     async def go():
         async with GenieClient(endpoint) as c:
-            task = asyncio.ensure_future(collect(c, **LONG))
-            await asyncio.sleep(0.3)
             pid = (await c.status()).data["worker_pid"]
-            os.kill(pid, signal.SIGKILL)
-            t0 = time.monotonic()
-            _, end = await task
+            t0 = end = None
+            async for ev in c.generate(**LONG):
+                if t0 is None:  # mid-stream
+                    os.kill(pid, signal.SIGKILL)
+                    t0 = time.monotonic()
+                if not isinstance(ev, Delta):
+                    end = ev
+                    break
             waited = time.monotonic() - t0
             for _ in range(150):  # the restarted worker loads, then serves
                 _, again = await collect(c, token_ids=[1, 2, 3], params={"max_tokens": 2})
@@ -174,3 +182,96 @@ def test_sigterm_exits_zero_and_leaves_no_worker(tmp_path):
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):
         os.kill(worker_pid, 0)
+
+
+def ctl(sock_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "genie_daemon.ctl", "--socket-dir", str(sock_dir), *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_genie_ctl(daemon, tmp_path):
+    import json
+    import stat
+
+    _, endpoint = daemon
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    assert stat.S_IMODE((sock_dir / "admin.sock").stat().st_mode) == 0o600
+    r = ctl(sock_dir, "status")
+    assert r.returncode == 0 and "worker_pid" in r.stdout and "model" in r.stdout
+    info = json.loads(ctl(sock_dir, "--json", "status").stdout)
+    assert info["ready"] is True and info["daemon_pid"] > 0
+    assert ctl(sock_dir, "health").returncode == 0
+    r = ctl(sock_dir, "--json", "generate", "hello", "-n", "3")
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["usage"]["completion_tokens"] <= 3
+    r = ctl(tmp_path / "nothing-here", "status")
+    assert r.returncode == 2 and "not running" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_stopped_worker_is_detected_and_replaced(daemon):
+    _, endpoint = daemon
+
+    async def go():
+        async with GenieClient(endpoint) as c:
+            before = (await c.status()).data
+            os.kill(before["worker_pid"], signal.SIGSTOP)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 10:
+                now = (await c.status()).data
+                if now["worker_pid"] != before["worker_pid"]:
+                    return before, now, time.monotonic() - t0
+                await asyncio.sleep(0.1)
+            return before, now, None
+
+    before, after, waited = asyncio.run(go())
+    assert waited is not None and waited < 5, "the hung worker was not replaced within 5 s"
+    assert after["worker_restarts"] == before["worker_restarts"] + 1
+
+
+def test_fuzzed_frames_keep_the_daemon_up_and_answered(daemon):
+    """1 000 seeded malformed frames (CI); every frame that names a request id gets an ERROR for it."""
+    import random
+
+    import msgpack
+    import zmq
+
+    proc, endpoint = daemon
+    rss_before = _rss_kb(proc.pid)
+    rng = random.Random(7)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        for i in range(1000):
+            rid = f"f{i}"
+            kind = i % 4
+            if kind == 0:
+                frame = bytes((rng.randrange(256),)) + rng.randbytes(rng.randrange(64))
+            elif kind == 1:
+                frame = b"\x01" + msgpack.packb({"request_id": rid, "prompt": rng.randrange(10)})
+            elif kind == 2:
+                frame = b"\x01" + msgpack.packb({"request_id": rid, "messages": [[[]] * 3] * 5})
+            else:
+                frame = bytes((rng.choice([0x7E, 0x30, 0x99]),)) + msgpack.packb({"request_id": rid})
+            sock.send(frame)
+            assert sock.poll(5000), f"no answer to frame {i}"
+            reply = decode(sock.recv_multipart())[0]
+            assert isinstance(reply, Error)
+            if kind:
+                assert reply.request_id == rid
+    finally:
+        sock.close()
+        ctx.term()
+    assert isinstance(asyncio.run(status(endpoint)), Reply)
+    assert _rss_kb(proc.pid) - rss_before < 50_000
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))

@@ -1,0 +1,113 @@
+"""`genie-ctl`: ask the running daemon — status, health, metrics, a test generation."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from protocol.client import GenieClient
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError
+from protocol.messages import Delta, Done, Error, Health, Message, Metrics, Reply, Status
+
+from .config import DaemonConfig
+
+TIMEOUT_S = 3.0
+
+
+class NotRunning(Exception):
+    pass
+
+
+def _admin_call(endpoint: str, msg: Message) -> Message:
+    path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
+    if path is not None and not os.path.exists(path):
+        raise NotRunning(f"no daemon socket at {path}")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart(encode(msg))
+        if not sock.poll(int(TIMEOUT_S * 1000)):
+            raise NotRunning(f"no answer from {endpoint} within {TIMEOUT_S:.0f} s")
+        reply, _ = decode(sock.recv_multipart())
+        return reply
+    except ProtocolError as e:
+        raise NotRunning(f"{endpoint} answered something that is not genie's protocol: {e.message}") from None
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def _print_table(data: dict[str, Any]) -> None:
+    width = max(len(k) for k in data)
+    for key, value in data.items():
+        print(f"{key.ljust(width)}  {value}")
+
+
+async def _generate(endpoint: str, prompt: str, max_tokens: int) -> tuple[str, Message]:
+    text = []
+    async with GenieClient(endpoint, timeout_s=120) as client:
+        async for ev in client.generate(prompt=prompt, params={"max_tokens": max_tokens}):
+            if isinstance(ev, Delta):
+                text.append(ev.text)
+                print(ev.text, end="", flush=True)
+            else:
+                return "".join(text), ev
+    raise AssertionError("unreachable")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    d = DaemonConfig()
+    p = argparse.ArgumentParser(prog="genie-ctl", description="talk to the running genie daemon")
+    p.add_argument("--socket-dir", default=d.socket_dir, help="the daemon's socket directory (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts (default: readable tables)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", help="model, backend, device, uptime, pids, queue, requests served")
+    sub.add_parser("health", help="exit code 0 when the daemon can serve, 1 when not")
+    sub.add_parser("metrics", help="counters")
+    gen = sub.add_parser("generate", help="generate from a prompt through the daemon")
+    gen.add_argument("prompt")
+    gen.add_argument("-n", "--max-tokens", type=int, default=64, help="(default: %(default)s)")
+    args = p.parse_args(argv)
+    config = DaemonConfig(socket_dir=args.socket_dir)
+    try:
+        if args.command == "generate":
+            text, end = asyncio.run(_generate(config.client_endpoint, args.prompt, args.max_tokens))
+            print()
+            if isinstance(end, Error):
+                print(f"genie-ctl: error: {end.code}: {end.message}", file=sys.stderr)
+                return 1
+            assert isinstance(end, Done)
+            if args.json:
+                print(json.dumps({"text": text, "finish_reason": end.finish_reason, "usage": end.usage}))
+            return 0
+        call = {"status": Status, "health": Health, "metrics": Metrics}[args.command]
+        reply = _admin_call(config.admin_endpoint, call(request_id="ctl"))
+    except NotRunning as e:
+        print(f"genie-ctl: the daemon is not running ({e})", file=sys.stderr)
+        return 2
+    if isinstance(reply, Error):
+        print(f"genie-ctl: error: {reply.code}: {reply.message}", file=sys.stderr)
+        return 1
+    assert isinstance(reply, Reply)
+    if args.command == "health":
+        healthy = bool(reply.data.get("ready"))
+        print(json.dumps({"healthy": healthy}) if args.json else ("healthy" if healthy else "not ready"))
+        return 0 if healthy else 1
+    print(json.dumps(reply.data) if args.json else "", end="\n" if args.json else "")
+    if not args.json:
+        _print_table(reply.data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
