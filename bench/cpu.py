@@ -37,7 +37,7 @@ def child_genie(model: str, n_prompt: int, n_gen: int) -> dict:
     from workers.engine.engine import Completion, Engine, EngineConfig
     from workers.engine.sampling import SamplingParams
 
-    engine = Engine(EngineConfig(model=model, n_ctx=n_prompt + n_gen + 8))
+    engine = Engine(EngineConfig(model=model, backend="numpy", n_ctx=n_prompt + n_gen + 8))
     ids = prompt_tokens(lambda t: engine.tokenizer.encode(t, add_bos=True), n_prompt)
     prefill, decode = [], []
     for _ in range(REPEATS):
@@ -158,6 +158,8 @@ def main() -> None:
                     ratio,
                 ]
             )
+    if not rows:
+        raise SystemExit("every engine failed; see the errors above")
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")

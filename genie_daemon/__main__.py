@@ -24,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fp16-kv", action="store_true", default=None, help="FP16 KV cache (default: INT8)")
     p.add_argument("--socket-dir", help=f"directory of the ipc sockets (default: {d.socket_dir})")
     p.add_argument("--max-queue", type=int, help=f"waiting requests before 'overloaded' (default: {d.max_queue})")
+    p.add_argument("--prefill-chunk", type=int, help=f"prompt tokens per forward pass (default: {d.prefill_chunk})")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     try:
@@ -36,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "fp16_kv": args.fp16_kv,
                 "socket_dir": args.socket_dir,
                 "max_queue": args.max_queue,
+                "prefill_chunk": args.prefill_chunk,
             },
         )
     except (ValueError, OSError) as e:

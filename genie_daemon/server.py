@@ -21,7 +21,6 @@ from protocol.errors import ProtocolError
 from protocol.messages import (
     Cancel,
     Dead,
-    Metrics,
     Delta,
     Done,
     Error,
@@ -29,6 +28,7 @@ from protocol.messages import (
     Health,
     Hello,
     Message,
+    Metrics,
     Prewarm,
     Ready,
     Reply,

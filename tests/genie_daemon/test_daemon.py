@@ -235,6 +235,15 @@ def test_stopped_worker_is_detected_and_replaced(daemon):
 
 def test_fuzzed_frames_keep_the_daemon_up_and_answered(daemon):
     """1 000 seeded malformed frames (CI); every frame that names a request id gets an ERROR for it."""
+    fuzz_daemon(daemon, 1000)
+
+
+@pytest.mark.soak
+def test_fuzzed_frames_long(daemon):
+    fuzz_daemon(daemon, 10_000)
+
+
+def fuzz_daemon(daemon, n: int) -> None:
     import random
 
     import msgpack
@@ -248,7 +257,7 @@ def test_fuzzed_frames_keep_the_daemon_up_and_answered(daemon):
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
-        for i in range(1000):
+        for i in range(n):
             rid = f"f{i}"
             kind = i % 4
             if kind == 0:
@@ -275,3 +284,60 @@ def test_fuzzed_frames_keep_the_daemon_up_and_answered(daemon):
 def _rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_cancel_during_a_long_prefill_returns_within_one_chunk(tmp_path):
+    proc, endpoint = start_daemon(tmp_path, "--prefill-chunk", "4")
+
+    async def go():
+        async with GenieClient(endpoint) as c:
+            gen = c.generate(
+                request_id="pf", token_ids=[1] + [3 + i % 300 for i in range(480)], params={"max_tokens": 5}
+            )
+            first = asyncio.ensure_future(gen.__anext__())
+            await asyncio.sleep(0.05)  # the worker is prefilling 4 tokens at a time
+            t0 = time.monotonic()
+            await c.cancel("pf")
+            end = await first
+            return end, time.monotonic() - t0
+
+    try:
+        end, waited = asyncio.run(go())
+        assert isinstance(end, Done) and end.finish_reason == "cancelled" and end.usage.get("completion_tokens", 0) == 0
+        assert waited < 1.0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_prewarm_then_generate_reuses_the_prefix(daemon):
+    _, endpoint = daemon
+    system = [{"role": "system", "content": "You are the kitchen assistant. " * 8}]
+
+    async def go():
+        async with GenieClient(endpoint) as c:
+            warm = await c.prewarm(messages=[*system, {"role": "user", "content": ""}])
+            _, done = await collect(
+                c, messages=[*system, {"role": "user", "content": "Timer for ten minutes"}], params={"max_tokens": 2}
+            )
+            return warm, done
+
+    warm, done = asyncio.run(go())
+    assert isinstance(warm, Done) and isinstance(done, Done)
+    assert done.usage["cached_tokens"] > 20
+
+
+def test_daemon_killed_leaves_no_worker_behind(tmp_path):
+    proc, endpoint = start_daemon(tmp_path)
+    worker_pid = asyncio.run(status(endpoint)).data["worker_pid"]
+    proc.kill()
+    proc.communicate(timeout=10)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(worker_pid, signal.SIGKILL)
+    raise AssertionError("the worker outlived its daemon by more than 5 s")

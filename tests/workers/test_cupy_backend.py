@@ -177,14 +177,14 @@ def test_gated_act(gpu, cpu, kind):
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
-@pytest.mark.parametrize("heads,n_kv,hd", [(8, 2, 128), (4, 1, 256), (16, 8, 128)])
-def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd):
+@pytest.mark.parametrize("heads,n_kv,hd,hdv", [(8, 2, 128, 128), (4, 1, 256, 256), (16, 8, 128, 128), (8, 2, 192, 128)])
+def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd, hdv):
     import cupy as cp
 
     from workers.engine.kv_cache import KVCache, KVCacheConfig
 
     rng = np.random.default_rng()
-    config = KVCacheConfig(1, n_kv, hd, hd, 600, n_slots=2, dtype=kv_dtype)
+    config = KVCacheConfig(1, n_kv, hd, hdv, 600, n_slots=2, dtype=kv_dtype)
     host, dev = KVCache(config, np), KVCache(config, cp)
     for layer in dev.layers:  # poison: attention must never read a position nobody wrote
         if kv_dtype == "f16":
@@ -197,7 +197,7 @@ def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd):
     for n in (300, 200, 30):  # positions [0, 530) of slot 1 in three writes
         k = 2 * rng.standard_normal((n, n_kv, hd), dtype=np.float32)
         k[:, :, 3] *= 20  # an outlier channel, as real K has
-        v = rng.standard_normal((n, n_kv, hd), dtype=np.float32)
+        v = rng.standard_normal((n, n_kv, hdv), dtype=np.float32)
         cpu.kv_write(host.layers[0], 1, pos, k, v)
         gpu.stage_inputs(np.zeros(n, np.int64), pos)
         gpu.kv_write(dev.layers[0], 1, pos, cp.asarray(k), cp.asarray(v))

@@ -189,3 +189,31 @@ def test_text_held_back_for_a_possible_stop_string_is_kept_at_end_of_turn(make_e
     _, held = run(e, ids, SamplingParams(temperature=0, max_tokens=64, stop=(free.text[-1] + "\x00never",)))
     assert held.finish_reason == "stop"
     assert held.text == free.text
+
+
+def test_a_stop_string_matching_the_first_token_still_reports_its_id(make_engine):
+    e = make_engine("gemma3-270m")
+    ids = e.text_prompt("1, 2, 3, 4, 5, 6,")
+    _, free = run(e, ids, SamplingParams(temperature=0, max_tokens=1))
+    first = e.tokenizer.decode(free.token_ids)
+    deltas, done = run(e, ids, SamplingParams(temperature=0, max_tokens=5, stop=(first,)))
+    assert done.finish_reason == "stop" and done.text == ""
+    assert [t for d in deltas for t in d.token_ids] == done.token_ids
+
+
+def test_import_rejects_wrong_dtypes_and_short_scale_lists_without_touching_the_slot(make_engine):
+    e = make_engine("gemma3-270m")
+    ids = e.text_prompt("The same prefix again")
+    run(e, ids)
+    snap = e.export_kv()
+    bad = [
+        dict(k=[k.astype(np.float32) for k in snap.k]),
+        dict(k_scale=snap.k_scale[:-1]),
+        dict(token_ids=snap.token_ids[:-1]),
+    ]
+    for change in bad:
+        broken = type(snap)(**{**snap.__dict__, **change})
+        with pytest.raises(ValueError):
+            e.import_kv(broken)
+    e.import_kv(snap)
+    assert e.kv.resident[0] == list(snap.token_ids)

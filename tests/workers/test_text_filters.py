@@ -40,3 +40,9 @@ def test_think_filter_drops_reasoning_across_pieces():
 def test_think_filter_keeps_text_without_tags():
     f = ThinkFilter()
     assert f.feed("a < b") + f.flush() == "a < b"
+
+
+def test_think_filter_drops_newlines_after_the_block_when_they_come_as_their_own_pieces():
+    f = ThinkFilter()
+    out = "".join(f.feed(p) for p in ["<think>", "plan", "</think>", "\n\n", "\n", "Hi", "\n!"]) + f.flush()
+    assert out == "Hi\n!"

@@ -116,6 +116,6 @@ def render_chat(
                 raise TemplateError(f"the rendered prompt exceeds {MAX_PROMPT_CHARS} characters")
             out.append(piece)
         return "".join(out)
-    except (TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError) as e:
+    except (TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError, RecursionError) as e:
         # a template is code from the model file: any failure of it is this request's error
         raise RequestError(f"chat template failed: {type(e).__name__}: {e}") from None

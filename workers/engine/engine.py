@@ -17,7 +17,7 @@ import numpy as np
 from .arch.layers import forward
 from .backends import BACKEND_CHOICES, select_backend
 from .chat_template import builtin_template, render_chat
-from .errors import RequestError
+from .errors import ModelError, RequestError
 from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
 from .model import Model
 from .registry import DEFAULT_MODEL, resolve_model
@@ -31,7 +31,7 @@ DEFAULT_SAMPLING = SamplingParams()
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL  # a GGUF path or the short name of an installed model
-    backend: str = "auto"  # auto | numpy
+    backend: str = "auto"  # auto | numpy | cupy
     n_ctx: int = 4096  # context length in tokens; 0 = the model's training context
     kv_dtype: KVDtype = "int8"  # int8 (per-position, per-head scales) | f16 | f32
     prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
@@ -183,7 +183,10 @@ class Engine:
         finish: FinishReason = "length"
         stop_hit = False  # a stop string matched: what follows it is dropped, not flushed
         while len(generated) < params.max_tokens:
-            token = sampler.sample(self.backend.to_host(logits)[-1], history)
+            row = self.backend.to_host(logits)[-1]
+            if not np.isfinite(row).all():
+                raise ModelError("the model produced non-finite logits (corrupt weights?)")
+            token = sampler.sample(row, history)
             if not generated:
                 t_first = time.perf_counter()
             generated.append(token)
@@ -193,7 +196,7 @@ class Engine:
                 break
             text, hit = stop.feed(decoder.add(token))
             pending_ids.append(token)
-            if text:
+            if text or (hit and pending_ids):  # every token id reaches a Delta, even with no text
                 text_parts.append(text)
                 yield Delta(text, pending_ids)
                 pending_ids = []

@@ -25,5 +25,9 @@ class RequestError(GenieError):
     """A request is malformed or impossible (bad sampling value, prompt longer than the context)."""
 
 
+class ModelError(GenieError):
+    """The model computed something unusable (non-finite logits): its weights are corrupt or it overflowed."""
+
+
 class ModelNotFoundError(GenieError):
     """`-m` names neither an existing file nor an installed model package."""

@@ -131,11 +131,19 @@ class KVCache:
         for k, v in zip(snap.k, snap.v, strict=True):
             if k.shape != (n, c.n_kv_heads, c.head_dim) or v.shape != (n, c.n_kv_heads, c.v_head_dim):
                 raise ValueError(f"snapshot layer shapes {k.shape}/{v.shape} do not match the cache")
+        store = {"int8": np.int8, "f16": np.float16, "f32": np.float32}[c.dtype]
+        if any(a.dtype != store for a in snap.k + snap.v):
+            raise ValueError(f"snapshot K/V arrays are not {c.dtype}")
         if c.dtype == "int8":
             if snap.k_scale is None or snap.v_scale is None:
                 raise ValueError("INT8 snapshot without scales")
-            if any(s.shape != (n, c.n_kv_heads) for s in snap.k_scale + snap.v_scale):
+            if len(snap.k_scale) != c.n_layers or len(snap.v_scale) != c.n_layers:
+                raise ValueError("snapshot scales do not cover every layer")
+            if any(s.shape != (n, c.n_kv_heads) or s.dtype != np.float32 for s in snap.k_scale + snap.v_scale):
                 raise ValueError("snapshot scale shapes do not match the cache")
+        if len(snap.token_ids) != n:
+            raise ValueError("snapshot token ids do not match its arrays")
+        self.resident[slot] = []  # until every array is written, the slot holds nothing reusable
         xp = self.xp
         for i, layer in enumerate(self.layers):
             layer.k[slot, :n] = xp.asarray(snap.k[i])

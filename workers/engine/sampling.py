@@ -75,7 +75,8 @@ class Sampler:
         if p.min_p > 0.0:
             keep = int(np.count_nonzero(cand >= cand[0] + math.log(p.min_p)))
             ids, cand = ids[: max(keep, 1)], cand[: max(keep, 1)]
-        probs = _softmax(cand / p.temperature)
+        with np.errstate(over="ignore"):  # shifted first: a tiny temperature sends the rest to -inf, not NaN
+            probs = _softmax((cand - cand[0]) / p.temperature)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
 

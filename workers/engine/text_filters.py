@@ -44,6 +44,7 @@ class ThinkFilter:
     def __init__(self) -> None:
         self._inside = False
         self._buf = ""
+        self._strip_newlines = False  # after </think>: drop the newlines that follow, whichever piece has them
 
     def feed(self, piece: str) -> str:
         self._buf += piece
@@ -55,10 +56,14 @@ class ThinkFilter:
                 if not self._inside:
                     out.append(self._buf[:i])
                 self._buf = self._buf[i + len(tag) :]
-                if self._inside:
-                    self._buf = self._buf.lstrip("\n")
+                self._strip_newlines = self._inside
                 self._inside = not self._inside
                 continue
+            if self._strip_newlines:
+                self._buf = self._buf.lstrip("\n")
+                if not self._buf:
+                    return "".join(out)
+                self._strip_newlines = False
             hold = next((k for k in range(min(len(tag) - 1, len(self._buf)), 0, -1) if self._buf.endswith(tag[:k])), 0)
             keep = self._buf[len(self._buf) - hold :] if hold else ""
             if not self._inside:

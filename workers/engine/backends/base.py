@@ -79,7 +79,8 @@ class Backend(ABC):
 
     @abstractmethod
     def rope(self, x: Array, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode) -> Array:
-        """Rotary embedding of x [n, heads, head_dim] at `positions` [n], in place; returns x."""
+        """Rotary embedding of x [n, heads, head_dim] at `positions` [n]; use the returned array (in place
+        where x allows it)."""
 
     @abstractmethod
     def gated_act(self, gate_up: Array, kind: str) -> Array:

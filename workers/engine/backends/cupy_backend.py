@@ -142,7 +142,6 @@ class CupyBackend(NumpyBackend):
     # -- kernels -------------------------------------------------------------------------------------
     def dequant_into(self, w: QuantWeight, out: Any, ids: Any = None, scale: float = 1.0) -> Any:
         """out[i] = scale * row ids[i] of w (every row when ids is None), float32."""
-        cp = self.xp
         n_rows = w.rows if ids is None else int(ids.shape[0])
         n_sub = n_rows * (w.cols // 32)
         blocks = (n_sub + THREADS - 1) // THREADS
@@ -152,7 +151,6 @@ class CupyBackend(NumpyBackend):
             (THREADS,),
             (w.data, ids_arg, out, np.int32(n_rows), np.int32(w.cols), np.int64(w.row_bytes), np.float32(scale)),
         )
-        del cp
         return out
 
     def gemv_into(self, x: Any, w: QuantWeight, out: Any, ldy: int) -> Any:
@@ -391,6 +389,7 @@ class CupyBackend(NumpyBackend):
                 np.int32(hd),
                 np.int32(hdv),
                 np.int32(blk),
+                np.int32(hdv & -hdv),
                 self._pos,
                 np.int32(window),
                 np.float32(scale),

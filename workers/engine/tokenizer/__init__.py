@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
+from ..errors import RequestError
 from .bpe import BpeTokenizer, byte_decoder
 from .spm import SpmTokenizer
 from .vocab import TokenType, Vocab, vocab_from_metadata
@@ -35,6 +36,10 @@ class Tokenizer:
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:
         """Token ids of `text`; `add_bos=None` follows the file's add_bos_token flag."""
         vocab = self.vocab
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates, e.g. undecodable bytes from a command line
+            raise RequestError("the text is not valid UTF-8") from None
         out: list[int] = []
         if (vocab.add_bos if add_bos is None else add_bos) and vocab.bos_id is not None:
             out.append(vocab.bos_id)

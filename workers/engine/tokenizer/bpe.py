@@ -63,7 +63,10 @@ class BpeTokenizer:
             if not sep:
                 raise ModelFileError(path, f"malformed merge {line!r}")
             merges.append((left, right))
-        model = models.BPE(vocab=dict(vocab.token_to_id), merges=merges, ignore_merges=ignore_merges)
+        try:
+            model = models.BPE(vocab=dict(vocab.token_to_id), merges=merges, ignore_merges=ignore_merges)
+        except Exception as e:  # the tokenizers library raises a bare Exception for merges of unknown tokens
+            raise ModelFileError(path, f"tokenizer merges do not fit the vocabulary: {e}") from None
         self._tok = Tokenizer(model)
         self._tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]

@@ -130,7 +130,7 @@ extern "C" __global__ void kv_write(const float* src, void* dst, float* scales, 
 #define MAX_HD 512
 extern "C" __global__ void attention(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
                                      const float* v_scale, float* out, float* part_m, float* part_l, float* part_acc,
-                                     int n_heads, int n_kv, int hd, int hdv, int blk, const int* pos0p, int window,
+                                     int n_heads, int n_kv, int hd, int hdv, int blk, int blk_v, const int* pos0p, int window,
                                      float scale, float softcap) {
     __shared__ float qs[MAX_HD];
     __shared__ float accs[ATT_WARPS][MAX_HD];
@@ -217,7 +217,7 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
         for (int w = 0; w < ATT_WARPS; ++w) s += accs[w][c];
         qs[c] = s / l_all;
     }
-    if (int8) fwht(qs, hdv, blk);
+    if (int8) fwht(qs, hdv, blk_v);
     __syncthreads();
     for (int c = threadIdx.x; c < hdv; c += blockDim.x) out[(long long)row * hdv + c] = qs[c];
 }
