@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,6 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="genie-ctl", description="talk to the running genie daemon")
     p.add_argument("--socket-dir", default=d.socket_dir, help="the daemon's socket directory (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts (default: readable tables)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        help="wait up to this many seconds for the daemon to be ready (default: %(default)s)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("status", help="model, backend, device, uptime, pids, queue, requests served")
     sub.add_parser("health", help="exit code 0 when the daemon can serve, 1 when not")
@@ -79,6 +86,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     gen.add_argument("-n", "--max-tokens", type=int, default=64, help="(default: %(default)s)")
     args = p.parse_args(argv)
     config = DaemonConfig(socket_dir=args.socket_dir)
+    deadline = time.monotonic() + args.wait
+    while args.wait > 0:  # a daemon just started: its socket appears, then its worker loads the model
+        try:
+            reply = _admin_call(config.admin_endpoint, Status(request_id="ctl-wait"))
+            if isinstance(reply, Reply) and reply.data.get("ready"):
+                break
+        except NotRunning:
+            pass
+        if time.monotonic() > deadline:
+            print(f"genie-ctl: the daemon was not ready within {args.wait:.0f} s", file=sys.stderr)
+            return 2
+        time.sleep(0.25)
     try:
         if args.command == "generate":
             text, end = asyncio.run(_generate(config.client_endpoint, args.prompt, args.max_tokens))

@@ -200,7 +200,7 @@ class Daemon:
         req = self.by_internal[internal_id]
         body = msg.body()
         body["request_id"] = req.client_rid
-        await self.to_client(req.client, type(msg).from_body(body))
+        await self.to_client(req.client, type(msg)(**body))  # checked when it arrived: not again
         if isinstance(msg, (Done, Error)):
             del self.by_internal[internal_id]
             self.running = None

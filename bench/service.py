@@ -1,0 +1,134 @@
+"""What the daemon costs: per-token overhead of the daemon hop, and idle CPU of all genie processes.
+
+    python bench/service.py [-m MODEL] [--tokens 200]
+
+Same run, same model, greedy: decode time per token of the engine in this process against the time per
+token a client sees through genie-daemon (its worker process runs the same engine). Then 10 s of idle:
+CPU seconds of the daemon and its worker from /proc. Default model: a tiny random llama written here,
+whose ~1 ms steps make the hop visible; -m gemma3-270m shows the same hop against a real step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from protocol.client import GenieClient  # noqa: E402
+from protocol.messages import Delta, Done, Reply  # noqa: E402
+from workers.engine.engine import Completion, Engine, EngineConfig  # noqa: E402
+from workers.engine.sampling import SamplingParams  # noqa: E402
+
+PROMPT = [1, 5, 6, 7, 8]
+
+
+def in_process(model: str, n: int) -> float:
+    engine = Engine(EngineConfig(model=model, backend="numpy", n_ctx=512))
+    best = float("inf")
+    for _ in range(3):
+        engine.kv.resident[0] = []
+        t_first = None
+        for ev in engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)):
+            if t_first is None:
+                t_first = time.perf_counter()
+            if isinstance(ev, Completion):
+                best = min(best, (time.perf_counter() - t_first) / (ev.completion_tokens - 1))
+    return best
+
+
+async def through_daemon(endpoint: str, n: int) -> float:
+    best = float("inf")
+    async with GenieClient(endpoint) as client:
+        for _ in range(3):
+            t_first, count = None, 0
+            async for ev in client.generate(
+                token_ids=PROMPT, params={"temperature": 0.0, "max_tokens": n, "ignore_eos": True}
+            ):
+                if isinstance(ev, Delta):
+                    count += len(ev.token_ids)
+                    t_first = t_first or time.perf_counter()
+                elif isinstance(ev, Done):
+                    best = min(best, (time.perf_counter() - t_first) / (ev.usage["completion_tokens"] - 1))
+    return best
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def wait_ready(endpoint: str) -> dict:
+    for _ in range(600):
+        async with GenieClient(endpoint, timeout_s=1) as c:
+            reply = await c.status()
+        if isinstance(reply, Reply) and reply.data["ready"]:
+            return reply.data
+        await asyncio.sleep(0.2)
+    raise SystemExit("the daemon did not become ready")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", default=None, help="GGUF path or installed model (default: a tiny random llama)")
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--idle-s", type=float, default=10.0)
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="genie-bench-"))
+    model = args.model
+    if model is None:
+        from tests.tiny_models import write_tiny_model
+
+        model = str(tmp / "tiny.gguf")
+        write_tiny_model("llama", model)
+    local = in_process(model, args.tokens)
+    sock_dir = tmp / "run"
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "genie_daemon",
+            "-m",
+            model,
+            "--backend",
+            "numpy",
+            "--ctx",
+            "512",
+            "--socket-dir",
+            str(sock_dir),
+        ],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    endpoint = f"ipc://{sock_dir}/genie.sock"
+    try:
+        info = asyncio.run(wait_ready(endpoint))
+        remote = asyncio.run(through_daemon(endpoint, args.tokens))
+        pids = [daemon.pid, info["worker_pid"]]
+        before = [cpu_seconds(pid) for pid in pids]
+        time.sleep(args.idle_s)
+        used = sum(cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True))
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(30)
+    print(f"model {Path(model).name}, {args.tokens} tokens, best of 3\n")
+    print("| measure | value | target |")
+    print("|---|---|---|")
+    print(f"| decode per token, in process | {local * 1e6:.0f} µs | |")
+    print(f"| decode per token, through the daemon | {remote * 1e6:.0f} µs | |")
+    print(f"| daemon hop per token | {(remote - local) * 1e6:.0f} µs | ≤ 100 µs |")
+    print(f"| idle CPU, daemon + worker, {args.idle_s:.0f} s | {100 * used / args.idle_s:.2f} % of a core | ≤ 1 % |")
+
+
+if __name__ == "__main__":
+    main()
