@@ -27,7 +27,6 @@ ANCHORS = {
     "qwen3-4b": {"pp512": 13_548, 0: 320, 1024: 312, 4096: 289},
     "qwen3-0.6b": {"pp512": 36_826, 0: 690, 1024: 672, 4096: 626},
 }
-ANCHOR_GGUF_BYTES = {"qwen3-4b": 2.32 * 2**30, "qwen3-0.6b": 373 * 2**20}
 
 
 def bench_model(name: str, path: Path, kv: str, depths: list[int], repeats: int) -> dict:

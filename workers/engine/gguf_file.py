@@ -61,10 +61,6 @@ class TensorInfo:
     n_bytes: int
     data: np.ndarray  # uint8 view of the raw block data
 
-    @property
-    def n_elements(self) -> int:
-        return int(np.prod(self.shape))
-
 
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer; every overrun names the file."""

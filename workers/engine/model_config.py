@@ -45,10 +45,6 @@ class ModelConfig:
     attn_logit_softcap: float  # 0: none
     layers: tuple[LayerConfig, ...]
 
-    @property
-    def n_groups(self) -> int:
-        return self.n_heads // self.n_kv_heads
-
 
 class MetaReader:
     """`{arch}.*` metadata with typed access; a missing required key is a ModelFileError."""

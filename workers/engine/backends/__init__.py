@@ -14,7 +14,10 @@ def _cupy() -> Backend:
 
     if not cupy_available():
         raise GenieError("the cupy backend needs CuPy and an NVIDIA GPU (pip install 'genie[gpu]')")
-    return CupyBackend()
+    try:
+        return CupyBackend()
+    except Exception as e:  # CUDA kernels that fail to compile or load on this driver
+        raise GenieError(f"the cupy backend could not start: {type(e).__name__}: {e}") from None
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {"numpy": NumpyBackend, "cupy": _cupy}

@@ -64,10 +64,6 @@ class GroupWeight:
 
     parts: list[QuantWeight]
 
-    @property
-    def rows(self) -> int:
-        return sum(p.rows for p in self.parts)
-
 
 @dataclass
 class _Captured:
@@ -101,6 +97,8 @@ class CupyBackend(NumpyBackend):
         # CuPy caches compiled modules on disk (~/.cupy/kernel_cache): a second start compiles nothing
         self._module = cupy.RawModule(code=kernels.joinpath("quant.cu").read_text("utf-8"), options=("-std=c++17",))
         self._ops = cupy.RawModule(code=kernels.joinpath("ops.cu").read_text("utf-8"), options=("-std=c++17",))
+        for module in (self._module, self._ops):
+            module.compile()  # now, not mid-generation: a compile failure is a start-up error
         self._kernels: dict[str, Any] = {}
         self._ids = cupy.zeros(1, dtype=cupy.int64)  # staged token ids of the current step
         self._pos = cupy.zeros(1, dtype=cupy.int32)  # staged first position (the kernels read it here)
@@ -130,6 +128,10 @@ class CupyBackend(NumpyBackend):
     def load_matrix(self, tensor: TensorInfo) -> QuantWeight:
         if tensor.qtype not in KERNEL_TYPES:
             raise ValueError(f"tensor {tensor.name}: no GPU kernel for {tensor.qtype.name}")
+        if tensor.shape[-1] % 32:  # the kernels read rows as 32-value sub-blocks
+            raise ValueError(
+                f"tensor {tensor.name}: rows of {tensor.shape[-1]} values; the GPU kernels need a multiple of 32"
+            )
         rows = int(np.prod(tensor.shape[:-1]))
         return QuantWeight(self.xp.asarray(tensor.data), tensor.qtype, rows, tensor.shape[-1])
 
