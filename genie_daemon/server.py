@@ -180,13 +180,12 @@ class Daemon:
             except ProtocolError as e:
                 log.error("event=bad_worker_frame error=%s", e.message)
                 continue
-            if isinstance(msg, Hello):
-                if msg.protocol_version != PROTOCOL_VERSION or msg.pid != self.worker.pid:
-                    log.error("event=foreign_worker pid=%s version=%s", msg.pid, msg.protocol_version)
-                    continue
-                self.worker.identity = identity
-            if identity != self.worker.identity:
+            if identity not in self.worker.identities:
                 continue  # a previous worker's last words
+            if isinstance(msg, Hello) and (msg.protocol_version != PROTOCOL_VERSION or msg.pid != self.worker.pid):
+                log.error("event=foreign_worker pid=%s version=%s", msg.pid, msg.protocol_version)
+                await self.worker.kill()
+                continue
             self.worker.seen()
             if isinstance(msg, Ready):
                 self.worker.on_ready(msg.body())

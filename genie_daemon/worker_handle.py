@@ -7,6 +7,8 @@ import logging
 import sys
 import time
 
+from protocol.messages import worker_identities
+
 from .config import DaemonConfig
 
 log = logging.getLogger("genie.daemon")
@@ -16,7 +18,8 @@ class WorkerHandle:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         self.proc: asyncio.subprocess.Process | None = None
-        self.identity: bytes | None = None  # its DEALER identity on the worker ROUTER, known from HELLO
+        self.identity: bytes | None = None  # where requests go: its inbound DEALER
+        self.identities: tuple[bytes, ...] = ()  # every identity it may speak from
         self.ready = False
         self.info: dict[str, object] = {}
         self.last_seen = 0.0
@@ -28,6 +31,8 @@ class WorkerHandle:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "workers.worker", *self.config.worker_args()
         )
+        self.identities = worker_identities(self.proc.pid)
+        self.identity = self.identities[0]
         self.last_seen = time.monotonic()  # the load itself sends no heartbeat before HELLO: see is_alive
         log.info("event=worker_start pid=%s", self.proc.pid)
 

@@ -4,7 +4,7 @@ STATUS, HEALTH, LOAD, UNLOAD, METRICS, KV_LIST, KV_EVICT, KV_CLEAR, answered by 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from .errors import BAD_MESSAGE, ProtocolError
@@ -30,7 +30,16 @@ class Message:
     FIELDS: ClassVar[dict[str, Field]]
 
     def body(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        # shallow on purpose: dataclasses.asdict deep-copies every list, and this runs once per token
+        return {k: v for k in self._names() if (v := getattr(self, k)) is not None}
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        names = cls.__dict__.get("_field_names")
+        if names is None:
+            names = tuple(f.name for f in fields(cls))
+            cls._field_names = names  # type: ignore[attr-defined]
+        return names
 
     @classmethod
     def from_body(cls, body: Any) -> Message:
@@ -203,6 +212,13 @@ class Reply(Message):
 
 
 # -- daemon <-> worker control ------------------------------------------------------------------------
+def worker_identities(pid: int) -> tuple[bytes, bytes]:
+    """A worker's two DEALER identities on the daemon's ROUTER: requests go to the first ("<pid>:in"),
+    answers come from the second ("<pid>:out"), so the engine thread sends without handing every token
+    to the I/O thread."""
+    return f"{pid}:in".encode(), f"{pid}:out".encode()
+
+
 @dataclass
 class Hello(Message):
     """Worker -> daemon, first: who is starting."""

@@ -13,7 +13,19 @@ import pytest
 import zmq
 
 from protocol.codec import decode, encode
-from protocol.messages import Cancel, Delta, Done, Error, Generate, Heartbeat, Hello, Message, Ready, Status
+from protocol.messages import (
+    Cancel,
+    Delta,
+    Done,
+    Error,
+    Generate,
+    Heartbeat,
+    Hello,
+    Message,
+    Ready,
+    Status,
+    worker_identities,
+)
 from tests.tiny_models import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +42,7 @@ class FakeDaemon:
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
         )
-        self.identity: bytes | None = None
+        self.identity = worker_identities(self.proc.pid)[0]  # requests go to the worker's inbound socket
 
     def recv(self, timeout_s: float = 30.0, skip_heartbeats: bool = True) -> Message:
         deadline = time.monotonic() + timeout_s
@@ -38,8 +50,7 @@ class FakeDaemon:
             left = deadline - time.monotonic()
             if left <= 0 or not self.router.poll(int(left * 1000)):
                 raise TimeoutError("no message from the worker")
-            identity, *frames = self.router.recv_multipart()
-            self.identity = identity
+            _, *frames = self.router.recv_multipart()
             msg, _ = decode(frames)
             if not (skip_heartbeats and isinstance(msg, Heartbeat)):
                 return msg
