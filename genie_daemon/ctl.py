@@ -16,7 +16,7 @@ import zmq
 from protocol.client import GenieClient
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
-from protocol.messages import Delta, Done, Error, Health, Message, Metrics, Reply, Status
+from protocol.messages import Delta, Done, Error, Health, Load, Message, Metrics, Reply, Status, Unload
 
 from .config import DaemonConfig
 
@@ -66,6 +66,27 @@ async def _generate(endpoint: str, prompt: str, max_tokens: int) -> tuple[str, M
     raise AssertionError("unreachable")
 
 
+def _load(config: DaemonConfig, model: str, as_json: bool, timeout_s: float = 600.0) -> int:
+    reply = _admin_call(config.admin_endpoint, Load(request_id="ctl", model=model))
+    if isinstance(reply, Error):
+        print(f"genie-ctl: error: {reply.code}: {reply.message}", file=sys.stderr)
+        return 1
+    deadline = time.monotonic() + timeout_s
+    time.sleep(0.5)
+    while time.monotonic() < deadline:
+        status = _admin_call(config.admin_endpoint, Status(request_id="ctl"))
+        data = status.data if isinstance(status, Reply) else {}
+        if data.get("load_error"):
+            print(f"genie-ctl: error: {data['load_error']}", file=sys.stderr)
+            return 1
+        if data.get("ready"):
+            print(json.dumps(data) if as_json else f"serving {data.get('model')}")
+            return 0
+        time.sleep(0.25)
+    print(f"genie-ctl: error: {model!r} was not ready within {timeout_s:.0f} s", file=sys.stderr)
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     d = DaemonConfig()
     p = argparse.ArgumentParser(prog="genie-ctl", description="talk to the running genie daemon")
@@ -81,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("status", help="model, backend, device, uptime, pids, queue, requests served")
     sub.add_parser("health", help="exit code 0 when the daemon can serve, 1 when not")
     sub.add_parser("metrics", help="counters")
+    load = sub.add_parser("load", help="serve another model (waits until it is ready)")
+    load.add_argument("model", help="GGUF path or installed model name")
+    sub.add_parser("unload", help="stop serving; GENERATE is refused until the next load")
     gen = sub.add_parser("generate", help="generate from a prompt through the daemon")
     gen.add_argument("prompt")
     gen.add_argument("-n", "--max-tokens", type=int, default=64, help="(default: %(default)s)")
@@ -109,8 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.json:
                 print(json.dumps({"text": text, "finish_reason": end.finish_reason, "usage": end.usage}))
             return 0
-        call = {"status": Status, "health": Health, "metrics": Metrics}[args.command]
-        reply = _admin_call(config.admin_endpoint, call(request_id="ctl"))
+        if args.command == "load":
+            return _load(config, args.model, args.json)
+        if args.command == "unload":
+            reply = _admin_call(config.admin_endpoint, Unload(request_id="ctl"))
+        else:
+            call = {"status": Status, "health": Health, "metrics": Metrics}[args.command]
+            reply = _admin_call(config.admin_endpoint, call(request_id="ctl"))
     except NotRunning as e:
         print(f"genie-ctl: the daemon is not running ({e})", file=sys.stderr)
         return 2

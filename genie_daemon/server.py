@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import zmq
@@ -27,12 +27,14 @@ from protocol.messages import (
     Generate,
     Health,
     Hello,
+    Load,
     Message,
     Metrics,
     Prewarm,
     Ready,
     Reply,
     Status,
+    Unload,
 )
 
 from .config import DaemonConfig
@@ -69,6 +71,9 @@ class Daemon:
         self.started = time.monotonic()
         self.served = 0
         self.stopping = asyncio.Event()
+        self.wanted = True  # a model should be served (UNLOAD clears it, LOAD sets it)
+        self.load_error: str | None = None
+        self._switch: asyncio.Task[None] | None = None
 
     def _bind(self, endpoint: str) -> zmq.asyncio.Socket:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -112,11 +117,40 @@ class Daemon:
         rid = getattr(msg, "request_id", None)
         if isinstance(msg, (Status, Health, Metrics)):
             return Reply(request_id=msg.request_id, data=self.status())
+        if isinstance(msg, Load):  # answered at once; `genie-ctl load` then watches STATUS until ready
+            self.wanted = True
+            self.load_error = None
+            self.worker.config = self.config = replace(self.config, model=msg.model)
+            self._switch = asyncio.create_task(self._load())
+            return Reply(request_id=msg.request_id, data={"loading": msg.model})
+        if isinstance(msg, Unload):
+            self.wanted = False
+            self._switch = asyncio.create_task(self._unload())
+            return Reply(request_id=msg.request_id, data={"unloading": self.config.model})
         return Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet")
+
+    async def _load(self) -> None:
+        await self.worker.stop()
+        await self._drop_running("model_changed", "another model was loaded during this request")
+        await self.worker.start()
+
+    async def _unload(self) -> None:
+        for q in self.queues.values():
+            while q:
+                await self.fail(q.popleft(), "unloaded", "the model was unloaded")
+        await self.worker.stop()
+        await self._drop_running("unloaded", "the model was unloaded during this request")
 
     async def on_client(self, client: bytes, msg: Message) -> None:
         if isinstance(msg, (Generate, Prewarm)):
-            if self.stopping.is_set():
+            if not self.wanted:
+                await self.to_client(
+                    client,
+                    Error(
+                        request_id=msg.request_id, code="unloaded", message="no model is loaded (genie-ctl load MODEL)"
+                    ),
+                )
+            elif self.stopping.is_set():
                 await self.to_client(
                     client, Error(request_id=msg.request_id, code="shutting_down", message="genie is stopping")
                 )
@@ -212,14 +246,23 @@ class Daemon:
             await asyncio.sleep(0.2)
             if self.stopping.is_set():
                 return
-            if not self.worker.is_alive():
-                code = self.worker.proc.returncode if self.worker.proc else None
-                log.error("event=worker_lost pid=%s returncode=%s", self.worker.pid, code)
-                run, self.running = self.running, None
-                if run:
-                    self.by_internal.pop(run.internal_id, None)
-                    await self.fail(run, "worker_died", "the worker stopped during this request; it is being restarted")
-                await self.worker.restart()
+            switching = self._switch is not None and not self._switch.done()
+            if switching or not self.wanted or self.load_error or not self.worker.proc or self.worker.is_alive():
+                continue
+            code = self.worker.proc.returncode
+            if code == 2 and not self.worker.ready:  # the worker could not load the model: no use retrying
+                self.load_error = f"the worker could not load {self.config.model!r} (see the daemon log)"
+                log.error("event=load_failed model=%r", self.config.model)
+                continue
+            log.error("event=worker_lost pid=%s returncode=%s", self.worker.pid, code)
+            await self._drop_running("worker_died", "the worker stopped during this request; it is being restarted")
+            await self.worker.restart()
+
+    async def _drop_running(self, code: str, message: str) -> None:
+        run, self.running = self.running, None
+        if run:
+            self.by_internal.pop(run.internal_id, None)
+            await self.fail(run, code, message)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -234,6 +277,8 @@ class Daemon:
             "queue": sum(len(q) for q in self.queues.values()),
             "running": self.running is not None,
             "requests_served": self.served,
+            "loaded_model": self.config.model if self.wanted else None,
+            "load_error": self.load_error,
         }
 
     # -- lifetime -----------------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ class WorkerHandle:
         await self.start()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
+        self.ready = False
         if self.proc and self.proc.returncode is None:
             self.proc.terminate()
             try:

@@ -341,3 +341,49 @@ def test_daemon_killed_leaves_no_worker_behind(tmp_path):
         time.sleep(0.1)
     os.kill(worker_pid, signal.SIGKILL)
     raise AssertionError("the worker outlived its daemon by more than 5 s")
+
+
+def test_unload_refuses_work_and_load_serves_a_model_again(tmp_path):
+    proc, endpoint = start_daemon(tmp_path)
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    other = tmp_path / "qwen3.gguf"
+    write_tiny_model("qwen3", other)
+    try:
+        assert ctl(sock_dir, "unload").returncode == 0
+        time.sleep(0.5)
+
+        async def ask():
+            async with GenieClient(endpoint) as c:
+                return await collect(c, token_ids=[1, 2, 3], params={"max_tokens": 2})
+
+        _, refused = asyncio.run(ask())
+        assert isinstance(refused, Error) and refused.code == "unloaded"
+        r = ctl(sock_dir, "load", str(other))
+        assert r.returncode == 0, r.stderr
+        _, done = asyncio.run(ask())
+        assert isinstance(done, Done)
+        bad = ctl(sock_dir, "load", str(tmp_path / "missing.gguf"))
+        assert bad.returncode == 1 and "could not load" in bad.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_client_survives_a_daemon_restart(tmp_path):
+    proc, endpoint = start_daemon(tmp_path)
+
+    async def go():
+        async with GenieClient(endpoint, timeout_s=30) as c:
+            _, first = await collect(c, token_ids=[1, 2, 3], params={"max_tokens": 2})
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.get_running_loop().run_in_executor(None, proc.communicate, None, 30)
+            proc2, _ = await asyncio.get_running_loop().run_in_executor(None, start_daemon, tmp_path)
+            try:
+                _, second = await collect(c, token_ids=[1, 2, 3], params={"max_tokens": 2})
+            finally:
+                proc2.send_signal(signal.SIGTERM)
+                await asyncio.get_running_loop().run_in_executor(None, proc2.communicate, None, 30)
+            return first, second
+
+    first, second = asyncio.run(go())
+    assert isinstance(first, Done) and isinstance(second, Done)
