@@ -73,6 +73,7 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.wanted = True  # a model should be served (UNLOAD clears it, LOAD sets it)
         self.load_error: str | None = None
+        self.recent_tok_s = 0.0  # decode speed of the last finished request
         self._switch: asyncio.Task[None] | None = None
 
     def _bind(self, endpoint: str) -> zmq.asyncio.Socket:
@@ -234,6 +235,8 @@ class Daemon:
         body = msg.body()
         body["request_id"] = req.client_rid
         await self.to_client(req.client, type(msg)(**body))  # checked when it arrived: not again
+        if isinstance(msg, Done) and msg.timings.get("decode_tok_s"):
+            self.recent_tok_s = float(msg.timings["decode_tok_s"])
         if isinstance(msg, (Done, Error)):
             del self.by_internal[internal_id]
             self.running = None
@@ -277,6 +280,7 @@ class Daemon:
             "queue": sum(len(q) for q in self.queues.values()),
             "running": self.running is not None,
             "requests_served": self.served,
+            "recent_decode_tok_s": round(self.recent_tok_s, 1),
             "loaded_model": self.config.model if self.wanted else None,
             "load_error": self.load_error,
         }

@@ -50,10 +50,28 @@ def decode(frames: Sequence[Frame], max_body_bytes: int = MAX_BODY_BYTES) -> tup
     try:
         body = _unpack(head[1:])
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, UnicodeDecodeError) as e:
-        raise ProtocolError(BAD_FRAME, f"body is not valid msgpack: {type(e).__name__}") from None
+        rid = _salvage_request_id(head[1:])
+        raise ProtocolError(BAD_FRAME, f"body is not valid msgpack: {type(e).__name__}", rid) from None
     cls = MESSAGE_TYPES.get(head[0])
     if cls is None:
         rid = body.get("request_id") if isinstance(body, dict) else None
         rid = rid if isinstance(rid, str) and 0 < len(rid) <= 128 and rid.isprintable() else None
         raise ProtocolError(BAD_FRAME, f"unknown message type 0x{head[0]:02x}", rid)
     return cls.from_body(body), list(frames[1:])
+
+
+def _salvage_request_id(body: Frame) -> str | None:
+    """The request id of a body that does not parse as a whole, read from its leading map entries, so
+    the sender still gets an ERROR for that request."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(body) + 1, max_ext_len=0)
+    unpacker.feed(body)
+    try:
+        for _ in range(min(unpacker.read_map_header(), 64)):
+            key = unpacker.unpack()
+            if key == "request_id":
+                value = unpacker.unpack()
+                return value if isinstance(value, str) and 0 < len(value) <= 128 and value.isprintable() else None
+            unpacker.skip()
+    except Exception:  # whatever broke the whole body breaks here too: no id
+        return None
+    return None

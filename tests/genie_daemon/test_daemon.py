@@ -259,21 +259,33 @@ def fuzz_daemon(daemon, n: int) -> None:
     try:
         for i in range(n):
             rid = f"f{i}"
-            kind = i % 4
-            if kind == 0:
+            kind = i % 7
+            if kind == 0:  # random bytes
                 frame = bytes((rng.randrange(256),)) + rng.randbytes(rng.randrange(64))
-            elif kind == 1:
+            elif kind == 1:  # a wrong type
                 frame = b"\x01" + msgpack.packb({"request_id": rid, "prompt": rng.randrange(10)})
-            elif kind == 2:
+            elif kind == 2:  # nesting where strings belong
                 frame = b"\x01" + msgpack.packb({"request_id": rid, "messages": [[[]] * 3] * 5})
-            else:
+            elif kind == 3:  # unknown message types
                 frame = bytes((rng.choice([0x7E, 0x30, 0x99]),)) + msgpack.packb({"request_id": rid})
+            elif kind == 4:  # a length field far past the frame
+                frame = (
+                    b"\x01\x82" + msgpack.packb("request_id") + msgpack.packb(rid) + b"\xa6prompt\xdb\xff\xff\xff\xf0ab"
+                )
+            elif kind == 5:  # deep nesting after the id
+                frame = b"\x01\x82\xaarequest_id" + msgpack.packb(rid) + b"\xa1x" + b"\x91" * 5000 + b"\xc0"
+            else:  # bad parameters; every 70th an oversize frame, refused unread (so no id), still answered
+                frame = (
+                    b"\x01" + msgpack.packb({"request_id": rid, "prompt": "x" * (5 << 20)})
+                    if i % 70 == 6
+                    else b"\x01" + msgpack.packb({"request_id": rid, "prompt": "x", "params": {"top_k": "many"}})
+                )
             sock.send(frame)
             assert sock.poll(5000), f"no answer to frame {i}"
             reply = decode(sock.recv_multipart())[0]
-            assert isinstance(reply, Error)
-            if kind:
-                assert reply.request_id == rid
+            assert isinstance(reply, Error), reply
+            if kind != 0 and not (kind == 6 and i % 70 == 6):  # random bytes and oversize frames name no readable id
+                assert reply.request_id == rid, (kind, reply)
     finally:
         sock.close()
         ctx.term()
