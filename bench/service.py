@@ -2,9 +2,9 @@
 
     python bench/service.py [-m MODEL] [--tokens 200]
 
-Same run, same model, greedy: decode time per token of the engine in this process (best of the runs
-before and after) against the time per token a client sees through genie-daemon (its worker process
-runs the same engine). Then 10 s of idle:
+Same run, same model, greedy: decode time per token of the engine in this process against the time per
+token a client sees through genie-daemon (its worker process runs the same engine), alternating the two
+and taking medians, since a 2-core machine's speed drifts between runs. Then 10 s of idle:
 CPU seconds of the daemon and its worker from /proc. Default model: a tiny random llama written here,
 whose ~1 ms steps make the hop visible; -m gemma3-270m shows the same hop against a real step.
 """
@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,34 +33,27 @@ from workers.engine.sampling import SamplingParams  # noqa: E402
 PROMPT = [1, 5, 6, 7, 8]
 
 
-def in_process(model: str, n: int) -> float:
-    engine = Engine(EngineConfig(model=model, backend="numpy", n_ctx=512))
-    best = float("inf")
-    for _ in range(3):
-        engine.kv.resident[0] = []
-        t_first = None
-        for ev in engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)):
-            if t_first is None:
-                t_first = time.perf_counter()
-            if isinstance(ev, Completion):
-                best = min(best, (time.perf_counter() - t_first) / (ev.completion_tokens - 1))
-    return best
+def in_process(engine: Engine, n: int) -> float:
+    engine.kv.resident[0] = []
+    t_first = None
+    for ev in engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)):
+        if t_first is None:
+            t_first = time.perf_counter()
+        if isinstance(ev, Completion):
+            return (time.perf_counter() - t_first) / (ev.completion_tokens - 1)
+    raise AssertionError("no completion")
 
 
 async def through_daemon(endpoint: str, n: int) -> float:
-    best = float("inf")
     async with GenieClient(endpoint) as client:
-        for _ in range(3):
-            t_first, count = None, 0
-            async for ev in client.generate(
-                token_ids=PROMPT, params={"temperature": 0.0, "max_tokens": n, "ignore_eos": True}
-            ):
-                if isinstance(ev, Delta):
-                    count += len(ev.token_ids)
-                    t_first = t_first or time.perf_counter()
-                elif isinstance(ev, Done):
-                    best = min(best, (time.perf_counter() - t_first) / (ev.usage["completion_tokens"] - 1))
-    return best
+        t_first = None
+        params = {"temperature": 0.0, "max_tokens": n, "ignore_eos": True}
+        async for ev in client.generate(token_ids=PROMPT, params=params):
+            if isinstance(ev, Delta) and t_first is None:
+                t_first = time.perf_counter()
+            elif isinstance(ev, Done) and t_first is not None:
+                return (time.perf_counter() - t_first) / (ev.usage["completion_tokens"] - 1)
+    raise AssertionError("no DONE from the daemon")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -83,6 +77,7 @@ def main() -> None:
     p.add_argument("-m", "--model", default=None, help="GGUF path or installed model (default: a tiny random llama)")
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--idle-s", type=float, default=10.0)
+    p.add_argument("--repeats", type=int, default=9, help="alternating runs of each (default: %(default)s)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="genie-bench-"))
     model = args.model
@@ -91,7 +86,7 @@ def main() -> None:
 
         model = str(tmp / "tiny.gguf")
         write_tiny_model("llama", model)
-    local = in_process(model, args.tokens)
+    engine = Engine(EngineConfig(model=model, backend="numpy", n_ctx=512))
     sock_dir = tmp / "run"
     daemon = subprocess.Popen(
         [
@@ -114,7 +109,12 @@ def main() -> None:
     endpoint = f"ipc://{sock_dir}/genie.sock"
     try:
         info = asyncio.run(wait_ready(endpoint))
-        remote = asyncio.run(through_daemon(endpoint, args.tokens))
+        # alternate the two, so drift in the machine's speed hits both alike; medians of the runs
+        local_runs, remote_runs = [], []
+        for _ in range(args.repeats):
+            local_runs.append(in_process(engine, args.tokens))
+            remote_runs.append(asyncio.run(through_daemon(endpoint, args.tokens)))
+        local, remote = statistics.median(local_runs), statistics.median(remote_runs)
         pids = [daemon.pid, info["worker_pid"]]
         before = [cpu_seconds(pid) for pid in pids]
         time.sleep(args.idle_s)
@@ -122,8 +122,7 @@ def main() -> None:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
-    local = min(local, in_process(model, args.tokens))  # before and after: the machine's state drifts
-    print(f"model {Path(model).name}, {args.tokens} tokens, best of 3\n")
+    print(f"model {Path(model).name}, {args.tokens} tokens, median of {args.repeats} alternating runs each\n")
     print("| measure | value | target |")
     print("|---|---|---|")
     print(f"| decode per token, in process | {local * 1e6:.0f} µs | |")
