@@ -5,6 +5,7 @@ attention scale is 1/sqrt(head_dim) (1/sqrt(d_model/n_heads) for the 27B model).
 stored with Gemma's +1 already folded in."""
 
 import math
+from dataclasses import replace
 
 from ..model_config import LayerConfig, MetaReader, ModelConfig, base_config
 from .spec import BASE_LAYER_ROLES, ArchSpec
@@ -26,9 +27,8 @@ def read_config(r: MetaReader, n_vocab: int) -> ModelConfig:
     )
     is_27b = cfg.n_layers == 62
     head_scale = cfg.d_model // cfg.n_heads if is_27b else cfg.head_dim
-    return base_config(
-        r,
-        n_vocab,
+    return replace(
+        cfg,
         rope_mode="neox",
         activation="gelu_tanh",
         embed_scale=math.sqrt(cfg.d_model),
