@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 
+def partial_suffix(text: str, target: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `target`: what must be held back
+    because the next piece could complete `target`."""
+    for k in range(min(len(target) - 1, len(text)), 0, -1):
+        if text.endswith(target[:k]):
+            return k
+    return 0
+
+
 class StopMatcher:
     """Finds stop strings in streamed text, holding back only what could still become one."""
 
@@ -21,12 +30,7 @@ class StopMatcher:
             out = self._pending[: min(hits)]
             self._pending = ""
             return out, True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(self._pending)), hold, -1):
-                if self._pending.endswith(s[:k]):
-                    hold = k
-                    break
+        hold = max(partial_suffix(self._pending, s) for s in self.stops)
         cut = len(self._pending) - hold
         out, self._pending = self._pending[:cut], self._pending[cut:]
         return out, False
@@ -64,7 +68,7 @@ class ThinkFilter:
                 if not self._buf:
                     return "".join(out)
                 self._strip_newlines = False
-            hold = next((k for k in range(min(len(tag) - 1, len(self._buf)), 0, -1) if self._buf.endswith(tag[:k])), 0)
+            hold = partial_suffix(self._buf, tag)
             keep = self._buf[len(self._buf) - hold :] if hold else ""
             if not self._inside:
                 out.append(self._buf[: len(self._buf) - hold])
