@@ -10,48 +10,15 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from tests.quant_blocks import random_blocks, rel_err
 from tests.tiny_models import write_tiny_model
 from workers.engine.backends.cupy_backend import GEMV_MAX_TOKENS, KERNEL_TYPES, CupyBackend, QuantWeight, cupy_available
 
 pytestmark = pytest.mark.skipif(not cupy_available(), reason="needs CuPy and an NVIDIA GPU")
 
 Q = GGMLQuantizationType
-# byte offsets of the float16 scale fields in each block type: filled with sane values, the rest random
-F16_FIELDS = {
-    Q.Q4_0: (0,),
-    Q.Q4_1: (0, 2),
-    Q.Q5_0: (0,),
-    Q.Q5_1: (0, 2),
-    Q.Q8_0: (0,),
-    Q.Q4_K: (0, 2),
-    Q.Q5_K: (0, 2),
-    Q.Q6_K: (208,),
-}
 # Gemma q, Gemma down, Qwen3-4B down, ragged rows; tall ragged rows (several rows per warp in the one-token kernel)
 SHAPES = [(1024, 640), (640, 2048), (2560, 9728), (1001, 2048), (9001, 256)]
-
-
-def random_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """[rows, row_bytes] uint8 of valid blocks with random values."""
-    if qtype == Q.F32:
-        return rng.standard_normal((rows, cols), dtype=np.float32).view(np.uint8)
-    if qtype == Q.F16:
-        return rng.standard_normal((rows, cols)).astype(np.float16).view(np.uint8)
-    if qtype == Q.BF16:
-        return (
-            (rng.standard_normal((rows, cols), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-        )
-    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
-    n_blocks = rows * cols // block_elems
-    raw = rng.integers(0, 256, (n_blocks, block_bytes), dtype=np.uint8)
-    for off in F16_FIELDS[qtype]:
-        raw[:, off : off + 2] = (rng.uniform(0.001, 0.02, n_blocks).astype(np.float16)).view(np.uint8).reshape(-1, 2)
-    return raw.reshape(rows, -1)
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    assert np.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite elements"
-    return float(np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref))
 
 
 @pytest.fixture(scope="module")

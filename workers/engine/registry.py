@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic_file import atomic_path
 from .errors import ModelNotFoundError
 
 DEFAULT_MODEL = "gemma3-270m"
@@ -60,12 +61,7 @@ def _packaged_path(short: str, m: PackagedModel, progress: Callable[[str], None]
     if target.exists() and target.stat().st_size == m.size_bytes:
         return target
     progress(f"genie: assembling {short} ({m.size_bytes / 1e6:.0f} MB) into {target} (first use)...")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
+    with atomic_path(target) as tmp:
         pkg.assemble(output_path=tmp, overwrite=True)  # checks the sha256
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     progress(f"genie: {short} ready")
     return target

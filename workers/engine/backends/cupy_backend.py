@@ -92,7 +92,7 @@ class CupyBackend(NumpyBackend):
         import cupy
 
         self.xp = cupy
-        super().__init__()
+        super().__init__(block_kernels=False)  # its own kernels; the CPU ones are never built here
         kernels = resources.files(__package__).joinpath("kernels")
         # CuPy caches compiled modules on disk (~/.cupy/kernel_cache): a second start compiles nothing
         self._module = cupy.RawModule(code=kernels.joinpath("quant.cu").read_text("utf-8"), options=("-std=c++17",))

@@ -1,7 +1,11 @@
-"""The CPU reference backend: float32 NumPy, weights dequantized once at load time.
+"""The CPU backend: NumPy for the activations, quantized weights as int8 blocks.
 
-NumPy has BLAS only for float32/float64 (a float16 GEMV of Gemma's output layer takes 647 ms against
-39 ms in float32, ../shared/ANCHORS.md), so quantized blocks are expanded to float32 here.
+Quantized matrices are unpacked at load time into int8 blocks with float32 scales (block_weight.py):
+one byte per weight. Products with up to `GEMV_MAX_TOKENS` rows (decode) run the C kernel that reads
+the int8 rows directly (cpu_kernels.py); longer ones (prefill) dequantize a chunk of rows at a time to
+float32 and hand it to BLAS. Without a C compiler the backend falls back to what NumPy alone does well:
+every matrix dequantized to float32 once (four bytes per weight; NumPy has no fast int8 or float16
+product). F32/F16/BF16 matrices are float32 either way.
 
 The compute methods are written against `self.xp`, so the CuPy backend inherits them as its plain
 reference path and overrides the weight handling and the hot operations with its own kernels.
@@ -19,9 +23,12 @@ from gguf.quants import dequantize
 from ..gguf_file import TensorInfo
 from ..kv_cache import INT8_QMAX, LayerKV, kv_rotation
 from ..model_config import RopeMode
+from . import cpu_kernels
 from .base import Array, Backend, Weight
+from .block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
 
 DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large tensor
+GEMV_MAX_TOKENS = 8  # products with more rows than this dequantize to float32 and use BLAS
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 
 
@@ -59,9 +66,18 @@ class NumpyBackend(Backend):
     name = "numpy"
     xp = np
 
-    def __init__(self) -> None:
+    def __init__(self, block_kernels: bool = True) -> None:
+        """`block_kernels=False` keeps every matrix as float32 (the fallback when no C compiler works)."""
         self._rope_tables: dict[tuple[float, float, int], _RopeTable] = {}
         self._rotations: dict[int, np.ndarray] = {}
+        lib = cpu_kernels.load() if block_kernels else None
+        self._blocks = cpu_kernels.BlockKernels(lib) if lib is not None else None
+
+    @property
+    def device_name(self) -> str:
+        if self._blocks is None:
+            return "numpy (float32 weights)"
+        return f"numpy (int8 blocks, {self._blocks.threads} threads)"
 
     def _rotation(self, head_dim: int) -> Any:
         if head_dim not in self._rotations:
@@ -69,21 +85,30 @@ class NumpyBackend(Backend):
         return self._rotations[head_dim]
 
     def load_matrix(self, tensor: TensorInfo) -> Weight:
+        if self._blocks is not None and tensor.qtype in UNPACKERS and tensor.shape[-1] % 32 == 0:
+            return to_blocks(tensor)
         return dequantize_tensor(tensor)
 
     def load_vector(self, tensor: TensorInfo) -> Array:
         return dequantize_tensor(tensor).reshape(-1)
 
     def group(self, weights: list[Weight]) -> Weight:
-        return np.concatenate(weights, axis=0)
+        if all(isinstance(w, BlockWeight) for w in weights):
+            return concat_blocks(weights)
+        return np.concatenate([w.dequantize() if isinstance(w, BlockWeight) else w for w in weights], axis=0)
 
     def embed(self, weight: Weight, ids: np.ndarray, scale: float) -> Array:
-        x = weight[ids]
+        x = weight.dequantize(ids) if isinstance(weight, BlockWeight) else weight[ids]
         if scale != 1.0:
             x *= np.float32(scale)
         return x
 
     def matmul(self, x: Array, weight: Weight) -> Array:
+        if isinstance(weight, BlockWeight):
+            assert self._blocks is not None
+            if x.shape[0] <= GEMV_MAX_TOKENS:
+                return self._blocks.gemv(x, weight)
+            return self._blocks.gemm(x, weight)
         return x @ weight.T
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -1,0 +1,42 @@
+"""Random GGUF blocks of every type for kernel tests, and the error measure they use."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+Q = GGMLQuantizationType
+# byte offsets of the float16 scale fields in each block type: filled with sane values, the rest random
+F16_FIELDS = {
+    Q.Q4_0: (0,),
+    Q.Q4_1: (0, 2),
+    Q.Q5_0: (0,),
+    Q.Q5_1: (0, 2),
+    Q.Q8_0: (0,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+}
+
+
+def random_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """[rows, row_bytes] uint8 of valid blocks with random values."""
+    if qtype == Q.F32:
+        return rng.standard_normal((rows, cols), dtype=np.float32).view(np.uint8)
+    if qtype == Q.F16:
+        return rng.standard_normal((rows, cols)).astype(np.float16).view(np.uint8)
+    if qtype == Q.BF16:
+        return (
+            (rng.standard_normal((rows, cols), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        )
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // block_elems
+    raw = rng.integers(0, 256, (n_blocks, block_bytes), dtype=np.uint8)
+    for off in F16_FIELDS[qtype]:
+        raw[:, off : off + 2] = (rng.uniform(0.001, 0.02, n_blocks).astype(np.float16)).view(np.uint8).reshape(-1, 2)
+    return raw.reshape(rows, -1)
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    assert np.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite elements"
+    return float(np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref))

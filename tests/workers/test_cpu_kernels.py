@@ -1,0 +1,168 @@
+"""The CPU backend's int8 blocks and C kernels: unpacking each GGUF type is bit-exact against the gguf
+package's dequantization; the kernels' products match float64 on random blocks of real shapes; whole
+models give the same logits with and without the kernels; no compiler means float32 weights, not a
+failure. Inputs are fresh random data every run; outputs are checked for NaN/inf."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf.quants import dequantize
+
+from tests.quant_blocks import F16_FIELDS, Q, random_blocks, rel_err
+from workers.engine.arch.layers import forward
+from workers.engine.backends import cpu_kernels
+from workers.engine.backends.block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
+from workers.engine.backends.numpy_backend import GEMV_MAX_TOKENS, NumpyBackend
+from workers.engine.gguf_file import TensorInfo
+from workers.engine.kv_cache import KVCache, KVCacheConfig
+from workers.engine.model import Model
+
+ROOT = Path(__file__).parents[2]
+# Gemma q, Gemma down, ragged rows, tall and narrow, one row
+SHAPES = [(1024, 640), (640, 2048), (1001, 512), (9001, 256), (1, 256)]
+
+
+@pytest.fixture(scope="module")
+def kernels() -> cpu_kernels.BlockKernels:
+    lib = cpu_kernels.load()
+    if lib is None:
+        pytest.fail("the C kernels did not build: this machine has a C compiler, so they must")
+    return cpu_kernels.BlockKernels(lib)
+
+
+def tensor_of(raw: np.ndarray, qtype: Q, rows: int, cols: int, name: str = "w") -> TensorInfo:
+    flat = np.ascontiguousarray(raw).reshape(-1)
+    return TensorInfo(name, (rows, cols), qtype, 0, flat.nbytes, flat)
+
+
+def signed_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """random_blocks with the float16 scale fields of random sign."""
+    raw = random_blocks(qtype, rows, cols, rng)
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    blocks = raw.reshape(-1, block_bytes)
+    for off in F16_FIELDS[qtype]:
+        blocks[:, off + 1] ^= rng.integers(0, 2, len(blocks), dtype=np.uint8) << 7
+    return raw
+
+
+def fit(qtype: Q, cols: int) -> int:
+    block = GGML_QUANT_SIZES[qtype][0]
+    return -(-cols // block) * block
+
+
+@pytest.mark.parametrize("qtype", list(UNPACKERS), ids=lambda q: q.name)
+def test_unpacked_blocks_are_bit_exact(qtype):
+    rng = np.random.default_rng()
+    rows, cols = 37, fit(qtype, 512)
+    raw = signed_blocks(qtype, rows, cols, rng)
+    w = to_blocks(tensor_of(raw, qtype, rows, cols))
+    assert w.q.dtype == np.int8 and w.shape == (rows, cols)
+    ref = dequantize(raw, qtype).reshape(rows, cols)
+    np.testing.assert_array_equal(w.dequantize(), ref)
+    ids = rng.integers(0, rows, 9)
+    np.testing.assert_array_equal(w.dequantize(ids), ref[ids])
+
+
+@pytest.mark.parametrize("qtype", list(UNPACKERS), ids=lambda q: q.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_kernel_products_match_float64(kernels, qtype, shape):
+    rng = np.random.default_rng()
+    rows, cols = shape[0], fit(qtype, shape[1])
+    raw = signed_blocks(qtype, rows, cols, rng)
+    w = to_blocks(tensor_of(raw, qtype, rows, cols))
+    dense = dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+    for n in (1, 3, GEMV_MAX_TOKENS):
+        x = rng.standard_normal((n, cols), dtype=np.float32)
+        assert rel_err(kernels.gemv(x, w), x.astype(np.float64) @ dense.T) < 1e-5
+    x = rng.standard_normal((40, cols), dtype=np.float32)
+    assert rel_err(kernels.gemm(x, w), x.astype(np.float64) @ dense.T) < 1e-5
+    out = np.full((min(rows, 5), cols), np.nan, dtype=np.float32)
+    np.testing.assert_array_equal(kernels.dequantize(w, 0, min(rows, 5), out), dense[:5].astype(np.float32))
+
+
+def test_gemm_in_chunks_of_rows(kernels, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "DEQUANT_CHUNK_BYTES", 100 * 256 * 4)  # chunks of 100 rows, a ragged last one
+    rng = np.random.default_rng()
+    raw = signed_blocks(Q.Q4_K, 1001, 256, rng)
+    w = to_blocks(tensor_of(raw, Q.Q4_K, 1001, 256))
+    x = rng.standard_normal((20, 256), dtype=np.float32)
+    ref = x.astype(np.float64) @ dequantize(raw, Q.Q4_K).astype(np.float64).T
+    assert rel_err(kernels.gemm(x, w), ref) < 1e-5
+
+
+def test_group_of_different_block_types(kernels):
+    """QKV or gate/up of mixed types (Q4_K offsets, Q6_K blocks of 16, Q8_0) stack into one matrix."""
+    rng = np.random.default_rng()
+    parts, dense = [], []
+    for qtype, rows in ((Q.Q4_K, 64), (Q.Q6_K, 32), (Q.Q8_0, 48)):
+        raw = signed_blocks(qtype, rows, 512, rng)
+        parts.append(to_blocks(tensor_of(raw, qtype, rows, 512)))
+        dense.append(dequantize(raw, qtype).reshape(rows, 512))
+    g = concat_blocks(parts)
+    assert g.block == 16 and g.offset is not None
+    np.testing.assert_array_equal(g.dequantize(), np.concatenate(dense))
+    x = rng.standard_normal((2, 512), dtype=np.float32)
+    assert rel_err(kernels.gemv(x, g), x.astype(np.float64) @ np.concatenate(dense).astype(np.float64).T) < 1e-5
+
+
+def test_non_finite_block_scale_is_an_error_naming_the_tensor():
+    rng = np.random.default_rng()
+    raw = random_blocks(Q.Q8_0, 4, 64, rng)
+    raw[2, 0:2] = np.array([np.inf], dtype=np.float16).view(np.uint8)
+    with pytest.raises(ValueError, match="blk.3.ffn_up.weight holds non-finite"):
+        to_blocks(tensor_of(raw, Q.Q8_0, 4, 64, "blk.3.ffn_up.weight"))
+
+
+def test_quantized_model_same_logits_with_and_without_kernels():
+    """The Q4_K_M tiny model: int8 blocks (decode steps through the C GEMV, prefill through dequantized
+    chunks and BLAS) against float32 weights, position by position."""
+    path = ROOT / "tests/fixtures/tiny/llama-q4_k_m.gguf"
+    ids = np.random.default_rng().integers(3, 200, 24)
+    logits = []
+    for kernels_on in (True, False):
+        backend = NumpyBackend(block_kernels=kernels_on)
+        m = Model.load(path, backend)
+        assert isinstance(m.weights.layers[0].qkv, BlockWeight) == kernels_on
+        c = m.config
+        kv = KVCache(KVCacheConfig(c.n_layers, c.n_kv_heads, c.head_dim, c.v_head_dim, 64, 1, "f32"), np)
+        prefill = forward(c, m.weights, backend, kv, 0, ids[:16], 0, slice(None))
+        steps = [forward(c, m.weights, backend, kv, 0, ids[p : p + 1], p, slice(None)) for p in range(16, 24)]
+        logits.append(np.concatenate([prefill, *steps]))
+    assert np.isfinite(logits[0]).all()
+    assert np.abs(logits[0] - logits[1]).max() < 1e-4 * np.abs(logits[1]).max()
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+PROBE = (
+    "import logging; logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+    "from workers.engine.backends.numpy_backend import NumpyBackend\n"
+    "print(NumpyBackend().device_name)"
+)
+
+
+def test_no_compiler_means_float32_weights(tmp_path):
+    r = run_python(PROBE, CC=str(tmp_path / "no-such-cc"), XDG_CACHE_HOME=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "numpy (float32 weights)"
+    assert "no C kernels for the CPU backend" in r.stderr and "float32 weights" in r.stderr
+
+
+def test_kernels_can_be_disabled_and_threads_set(tmp_path):
+    r = run_python(PROBE, GENIE_CPU_KERNELS="0", XDG_CACHE_HOME=str(tmp_path))
+    assert r.stdout.strip() == "numpy (float32 weights)" and "GENIE_CPU_KERNELS=0" in r.stderr
+    r = run_python(PROBE, GENIE_CPU_THREADS="1", XDG_CACHE_HOME=str(tmp_path))
+    assert r.stdout.strip() == "numpy (int8 blocks, 1 threads)", r.stderr
+    assert len(list((tmp_path / "genie/kernels").glob("cpu_blocks-*.so"))) == 1  # compiled into the cache
+    again = run_python(PROBE, GENIE_CPU_THREADS="1", XDG_CACHE_HOME=str(tmp_path))
+    assert again.stdout == r.stdout and len(list((tmp_path / "genie/kernels").iterdir())) == 1

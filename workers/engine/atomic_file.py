@@ -1,0 +1,34 @@
+"""The one way genie writes a file that others may read: into a temporary name beside it, then renamed.
+
+A reader sees the old file or the whole new one, never a half-written one; a writer that fails or is
+killed leaves at most a `.{name}.{pid}.tmp` behind (and removes it when it can).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(target: Path, durable: bool = False) -> Iterator[Path]:
+    """Yields a temporary path to write; on a clean exit it replaces `target`. `durable` also fsyncs the
+    file and its directory, so the new content survives a power cut once this returns."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, target)
+        if durable:
+            fd = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    finally:
+        tmp.unlink(missing_ok=True)

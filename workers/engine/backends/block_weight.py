@@ -1,0 +1,184 @@
+"""GGUF quantized matrices as int8 blocks: w = scale * q + offset per block of 16 or 32 values.
+
+Every quantized type the engine loads is exactly that once its bit fields are unpacked: Q8_0, Q4_0 and
+Q5_0 are scale-only blocks of 32, Q4_1/Q5_1 add an offset, Q4_K/Q5_K are 32-value sub-blocks with a
+6-bit scale and min under a float16 super-scale (scale = d * sc, offset = -dmin * m), Q6_K 16-value
+sub-blocks with an int8 scale. Each scale * q product fits a float32 significand, so `dequantize` is
+bit-identical to gguf's reference dequantization (tests check it type by type).
+
+The CPU backend keeps matrices in this form: a byte per weight instead of four, read by the C kernels in
+kernels/cpu_blocks.c.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from ..gguf_file import TensorInfo
+
+Q = GGMLQuantizationType
+UNPACK_CHUNK_BYTES = 8 << 20  # raw bytes unpacked at a time: bounds the temporaries
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    q: np.ndarray  # int8 [rows, cols]
+    scale: np.ndarray  # float32 [rows, cols // block]
+    offset: np.ndarray | None  # float32 [rows, cols // block], None for scale-only types
+    block: int  # 16 or 32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape  # type: ignore[return-value]
+
+    def dequantize(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """float32 [n, cols] of the given rows."""
+        q = self.q[rows]
+        n, cols = q.shape
+        w = q.reshape(n, cols // self.block, self.block).astype(np.float32)
+        w *= self.scale[rows][..., None]
+        if self.offset is not None:
+            w += self.offset[rows][..., None]
+        return w.reshape(n, cols)
+
+
+def _f16(raw: np.ndarray, at: int) -> np.ndarray:
+    """float32 [blocks, 1] of the float16 at byte `at` of each block."""
+    return raw[:, at : at + 2].copy().view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """ggml's 32-value nibble order: low nibbles of the 16 bytes first, then the high ones."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _bits(word: np.ndarray, first: int, count: int) -> np.ndarray:
+    """Bits first..first+count-1 of a uint32 [blocks, 1] -> uint8 [blocks, count] of 0/1."""
+    return ((word >> np.arange(first, first + count, dtype=np.uint32)) & 1).astype(np.uint8)
+
+
+Unpacked = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # q [b, elems], scale [b, subs], offset
+
+
+def _q8_0(raw: np.ndarray) -> Unpacked:
+    return raw[:, 2:34].copy().view(np.int8), _f16(raw, 0), None
+
+
+def _q4_0(raw: np.ndarray) -> Unpacked:
+    return _nibbles(raw[:, 2:18]).view(np.int8) - 8, _f16(raw, 0), None
+
+
+def _q4_1(raw: np.ndarray) -> Unpacked:
+    return _nibbles(raw[:, 4:20]).view(np.int8), _f16(raw, 0), _f16(raw, 2)
+
+
+def _q5_0(raw: np.ndarray) -> Unpacked:
+    qh = raw[:, 2:6].copy().view("<u4")
+    q = _nibbles(raw[:, 6:22]) | (_bits(qh, 0, 32) << 4)
+    return q.view(np.int8) - 16, _f16(raw, 0), None
+
+
+def _q5_1(raw: np.ndarray) -> Unpacked:
+    qh = raw[:, 4:8].copy().view("<u4")
+    q = _nibbles(raw[:, 8:24]) | (_bits(qh, 0, 32) << 4)
+    return q.view(np.int8), _f16(raw, 0), _f16(raw, 2)
+
+
+def _k_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 six-bit scales and mins packed in 12 bytes (ggml's get_scale_min_k4) -> uint8 [b, 8] each."""
+    lo, hi = sc[:, 0:4], sc[:, 4:8]
+    extra = sc[:, 8:12]
+    scales = np.concatenate([lo & 63, (extra & 0x0F) | ((lo >> 6) << 4)], axis=1)
+    mins = np.concatenate([hi & 63, (extra >> 4) | ((hi >> 6) << 4)], axis=1)
+    return scales, mins
+
+
+def _q4_k(raw: np.ndarray) -> Unpacked:
+    d, dmin = _f16(raw, 0), _f16(raw, 2)
+    sc, m = _k_scales(raw[:, 4:16])
+    qs = raw[:, 16:144].reshape(-1, 4, 1, 32)  # 4 chunks of 64 values: low nibbles, then high
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 256)
+    return q.view(np.int8), d * sc.astype(np.float32), -(dmin * m.astype(np.float32))
+
+
+def _q5_k(raw: np.ndarray) -> Unpacked:
+    d, dmin = _f16(raw, 0), _f16(raw, 2)
+    sc, m = _k_scales(raw[:, 4:16])
+    qh = raw[:, 16:48].reshape(-1, 1, 1, 32)
+    qs = raw[:, 48:176].reshape(-1, 4, 1, 32)
+    shift = np.arange(8, dtype=np.uint8).reshape(1, 4, 2, 1)  # sub-block j takes bit j of qh
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=2) | (((qh >> shift) & 1) << 4)
+    return q.reshape(-1, 256).view(np.int8), d * sc.astype(np.float32), -(dmin * m.astype(np.float32))
+
+
+def _q6_k(raw: np.ndarray) -> Unpacked:
+    ql = raw[:, 0:128].reshape(-1, 2, 2, 32)  # [half, l / 32, l % 32]
+    qh = raw[:, 128:192].reshape(-1, 2, 1, 32)
+    scales = raw[:, 192:208].copy().view(np.int8).astype(np.float32)  # [b, 16], one per 16 values
+    d = _f16(raw, 208)
+    # per half of 128 values: q1 = ql[l] low | qh bits 0-1, q2 = ql[l+32] low | bits 2-3,
+    # q3 = ql[l] high | bits 4-5, q4 = ql[l+32] high | bits 6-7
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=2)  # [b, 2, 4, 32]: q1, q2, q3, q4 low bits
+    shift = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    q = low | (((qh >> shift) & 3) << 4)
+    return q.reshape(-1, 256).view(np.int8) - 32, d * scales, None
+
+
+UNPACKERS: dict[GGMLQuantizationType, tuple[Callable[[np.ndarray], Unpacked], int]] = {
+    Q.Q8_0: (_q8_0, 32),
+    Q.Q4_0: (_q4_0, 32),
+    Q.Q4_1: (_q4_1, 32),
+    Q.Q5_0: (_q5_0, 32),
+    Q.Q5_1: (_q5_1, 32),
+    Q.Q4_K: (_q4_k, 32),
+    Q.Q5_K: (_q5_k, 32),
+    Q.Q6_K: (_q6_k, 16),
+}
+
+
+def to_blocks(tensor: TensorInfo) -> BlockWeight:
+    """Unpacks a quantized [rows, cols] tensor (a type in UNPACKERS) chunk by chunk."""
+    unpack, block = UNPACKERS[tensor.qtype]
+    rows = int(np.prod(tensor.shape[:-1]))
+    cols = tensor.shape[-1]
+    block_elems, block_bytes = GGML_QUANT_SIZES[tensor.qtype]
+    row_blocks = cols // block_elems
+    raw = tensor.data.reshape(rows, row_blocks * block_bytes)
+    q = np.empty((rows, cols), dtype=np.int8)
+    scale = np.empty((rows, cols // block), dtype=np.float32)
+    offset = None
+    step = max(1, UNPACK_CHUNK_BYTES // raw.shape[1])
+    with np.errstate(all="ignore"):  # garbage float16 scales are reported below, not as a warning
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            cq, cs, co = unpack(raw[r0:r1].reshape(-1, block_bytes))
+            q[r0:r1] = cq.reshape(r1 - r0, cols)
+            scale[r0:r1] = cs.reshape(r1 - r0, -1)
+            if co is not None:
+                if offset is None:
+                    offset = np.empty_like(scale)
+                offset[r0:r1] = co.reshape(r1 - r0, -1)
+    if not np.isfinite(scale).all() or (offset is not None and not np.isfinite(offset).all()):
+        raise ValueError(f"tensor {tensor.name} holds non-finite values (corrupt block scales?)")
+    return BlockWeight(q, scale, offset, block)
+
+
+def concat_blocks(weights: list[BlockWeight]) -> BlockWeight:
+    """Stacks rows of matrices that share their input: the smaller block size, an offset if any has one."""
+    block = min(w.block for w in weights)
+    affine = any(w.offset is not None for w in weights)
+
+    def widen(a: np.ndarray, w: BlockWeight) -> np.ndarray:
+        return np.repeat(a, w.block // block, axis=1) if w.block != block else a
+
+    scale = np.concatenate([widen(w.scale, w) for w in weights])
+    offset = None
+    if affine:
+        offset = np.concatenate(
+            [widen(w.offset, w) if w.offset is not None else np.zeros_like(widen(w.scale, w)) for w in weights]
+        )
+    return BlockWeight(np.concatenate([w.q for w in weights]), scale, offset, block)

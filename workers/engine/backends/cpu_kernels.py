@@ -1,0 +1,159 @@
+"""The CPU backend's C kernels (kernels/cpu_blocks.c): compiled at first use, called through ctypes.
+
+Like the CuPy backend's CUDA sources, the C source ships with the package and is compiled on the
+machine that runs it (`$CC`, else `cc`, with `-O3 -march=native`), once: the library is cached under
+`$XDG_CACHE_HOME/genie/kernels` keyed by a hash of the source, the flags and the compiler's version.
+Without a working compiler `load()` returns None and says why once in the log; the NumPy backend then
+keeps float32 weights (slower, four times the memory), so nothing else changes. `GENIE_CPU_KERNELS=0`
+forces that fallback.
+
+The kernels split their row loops over OpenMP threads (one per core the process may use, or
+`GENIE_CPU_THREADS`); the OpenMP threads sleep between calls rather than spin, so they leave the
+cores to NumPy's BLAS threads in between.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import subprocess
+import threading
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic_file import atomic_path
+from .block_weight import BlockWeight
+
+log = logging.getLogger("genie.cpu")
+
+SOURCE = "cpu_blocks.c"
+# the later ones for compilers without OpenMP or -march=native
+FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])
+COMPILE_TIMEOUT_S = 120
+DEQUANT_CHUNK_BYTES = 1 << 20  # float32 rows dequantized per GEMM call in the many-token path
+
+_i64 = ctypes.c_int64
+_ptr = ctypes.c_void_p
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "genie" / "kernels"
+
+
+def _compiler_id(cc: str) -> str:
+    out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=True)
+    return out.stdout.splitlines()[0] if out.stdout else cc
+
+
+def _build(cc: str, source: Path, target: Path, flags: list[str]) -> None:
+    with atomic_path(target) as tmp:
+        cmd = [cc, *flags, "-std=c11", "-shared", "-fPIC", "-o", str(tmp), str(source)]
+        subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=True)
+
+
+def _compile() -> ctypes.CDLL:
+    """The loaded library, compiled into the cache if it is not there yet; raises on any failure."""
+    cc = os.environ.get("CC", "cc")
+    ident = _compiler_id(cc)
+    with resources.as_file(resources.files(__package__) / "kernels" / SOURCE) as source:
+        text = source.read_bytes()
+        errors = []
+        for flags in FLAG_SETS:
+            key = hashlib.sha256(text + ident.encode() + " ".join(flags).encode()).hexdigest()[:16]
+            target = _cache_dir() / f"cpu_blocks-{key}.so"
+            try:
+                if not target.exists():
+                    _build(cc, source, target, flags)
+                return ctypes.CDLL(str(target))
+            except (OSError, subprocess.SubprocessError) as e:
+                detail = e.stderr.strip().splitlines()[-1] if isinstance(e, subprocess.CalledProcessError) else e
+                errors.append(f"{' '.join(flags)}: {detail}")
+    raise RuntimeError("; ".join(errors))
+
+
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+def default_threads() -> int:
+    env = os.environ.get("GENIE_CPU_THREADS")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def load() -> ctypes.CDLL | None:
+    """The kernel library, or None (logged once) when disabled or no compiler can build it."""
+    with _lock:
+        if "lib" not in _loaded:
+            lib = None
+            if os.environ.get("GENIE_CPU_KERNELS", "1") == "0":
+                log.info("CPU kernels disabled (GENIE_CPU_KERNELS=0): float32 weights")
+            else:
+                os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when libgomp starts
+                try:
+                    lib = _compile()
+                    _declare(lib)
+                except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
+                    log.warning("no C kernels for the CPU backend (%s): float32 weights, slower decode", e)
+            _loaded["lib"] = lib
+        return _loaded["lib"]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.genie_set_threads.argtypes = [ctypes.c_int]
+    lib.genie_set_threads.restype = ctypes.c_int
+    lib.genie_blk_gemv.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64]
+    lib.genie_blk_gemv.restype = None
+    lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64]
+    lib.genie_blk_dequant.restype = None
+
+
+def _addr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+class BlockKernels:
+    """Matrix products against BlockWeight matrices."""
+
+    def __init__(self, lib: ctypes.CDLL, threads: int | None = None) -> None:
+        self.lib = lib
+        self.threads = int(lib.genie_set_threads(threads or default_threads()))
+
+    def gemv(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:
+        """x [n, cols] float32 (small n) @ w.T -> [n, rows]: reads each weight row once for all n inputs."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        n, cols = x.shape
+        rows = w.q.shape[0]
+        xsum = None
+        if w.offset is not None:
+            xsum = np.ascontiguousarray(x.reshape(n, cols // w.block, w.block).sum(axis=-1, dtype=np.float32))
+        y = np.empty((n, rows), dtype=np.float32)
+        self.lib.genie_blk_gemv(
+            _addr(w.q), _addr(w.scale), _addr(w.offset), cols, w.block, _addr(x), _addr(xsum), n, _addr(y), rows
+        )
+        return y
+
+    def dequantize(self, w: BlockWeight, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
+        """float32 rows [r0, r1) of w into out[: r1 - r0] (C-contiguous)."""
+        cols = w.q.shape[1]
+        dst = out[: r1 - r0]
+        assert dst.flags.c_contiguous and dst.shape[1] == cols
+        self.lib.genie_blk_dequant(_addr(w.q), _addr(w.scale), _addr(w.offset), cols, w.block, _addr(dst), r0, r1)
+        return dst
+
+    def gemm(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:
+        """x [n, cols] (many rows) @ w.T: the weight dequantized a chunk of rows at a time, BLAS for the rest."""
+        rows, cols = w.q.shape
+        step = max(1, DEQUANT_CHUNK_BYTES // (cols * 4))
+        buf = np.empty((min(step, rows), cols), dtype=np.float32)
+        y = np.empty((x.shape[0], rows), dtype=np.float32)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            np.matmul(x, self.dequantize(w, r0, r1, buf).T, out=y[:, r0:r1])
+        return y

@@ -1,0 +1,115 @@
+// CPU kernels for weights held as int8 blocks: w[r, k] = scale[r, b] * q[r, k] + offset[r, b],
+// b = k / bs, bs = 16 or 32. Every GGUF quantization type this engine loads (Q4_0 ... Q6_K, Q8_0)
+// is exactly this with its own block size, so the CPU backend keeps one byte per weight (plus the
+// block scales) instead of four, and a decode step reads a quarter of the bytes.
+//
+// Compiled at first use with the system C compiler (cpu_kernels.py) and called through ctypes; the
+// row loops run on OpenMP threads when the compiler has OpenMP. The dot product has an AVX2 path
+// (x86-64 since 2013) and a plain C one the compiler vectorizes as it can (NEON on a Jetson).
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define PARALLEL_MIN_WORK (1 << 16)  // multiply-adds below which one thread is faster than waking others
+
+// Threads for the parallel loops (no-op without OpenMP); returns the number in effect.
+int genie_set_threads(int n) {
+#ifdef _OPENMP
+    if (n > 0) omp_set_num_threads(n);
+    return omp_get_max_threads();
+#else
+    (void)n;
+    return 1;
+#endif
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+static inline __m256 load_q8(const int8_t *p) {  // 8 int8 -> 8 float
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+// sum_k w[k] * x[k] over one row of K weights; BS is a constant, so the block index is a shift.
+// The products of a block are summed first, then scaled once.
+static inline float row_dot(const int8_t *qr, const float *sr, int64_t K, int64_t BS, const float *x) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 32) {  // 32 weights: one block of 32 or two of 16
+        __m256 lo = _mm256_mul_ps(load_q8(qr + k), _mm256_loadu_ps(x + k));
+        __m256 hi = _mm256_mul_ps(load_q8(qr + k + 16), _mm256_loadu_ps(x + k + 16));
+        lo = _mm256_fmadd_ps(load_q8(qr + k + 8), _mm256_loadu_ps(x + k + 8), lo);
+        hi = _mm256_fmadd_ps(load_q8(qr + k + 24), _mm256_loadu_ps(x + k + 24), hi);
+        if (BS == 32) {
+            acc0 = _mm256_fmadd_ps(_mm256_add_ps(lo, hi), _mm256_broadcast_ss(sr + k / 32), acc0);
+        } else {
+            acc0 = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(sr + k / 16), acc0);
+            acc1 = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(sr + k / 16 + 1), acc1);
+        }
+    }
+    const __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#else
+static inline float row_dot(const int8_t *qr, const float *sr, int64_t K, int64_t BS, const float *x) {
+    float sum = 0.0f;
+    for (int64_t b = 0; b < K / BS; b++) {
+        float t = 0.0f;
+        for (int64_t k = 0; k < BS; k++) t += (float)qr[b * BS + k] * x[b * BS + k];
+        sum += sr[b] * t;
+    }
+    return sum;
+}
+#endif
+
+// One weight row against the n inputs, plus the offsets' share: offset[b] * (sum of x over block b).
+static inline void row_gemv(const int8_t *qr, const float *sr, const float *orow, int64_t K, int64_t BS,
+                            const float *x, const float *xsum, int64_t n, float *y, int64_t ldy, int64_t r) {
+    const int64_t nb = K / BS;
+    for (int64_t i = 0; i < n; i++) {
+        float sum = row_dot(qr, sr, K, BS, x + i * K);
+        if (orow != NULL) {
+            const float *xs = xsum + i * nb;
+            for (int64_t b = 0; b < nb; b++) sum += orow[b] * xs[b];
+        }
+        y[i * ldy + r] = sum;
+    }
+}
+
+// y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0.
+// xsum[i * nb + b] = sum of x[i] over block b (only read when offset != NULL).
+void genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs,
+                    const float *x, const float *xsum, int64_t n, float *y, int64_t rows) {
+    const int64_t nb = K / bs;
+#pragma omp parallel for schedule(static) if (rows * K * n >= PARALLEL_MIN_WORK)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *orow = offset != NULL ? offset + r * nb : NULL;
+        if (bs == 32)
+            row_gemv(q + r * K, scale + r * nb, orow, K, 32, x, xsum, n, y, rows, r);
+        else
+            row_gemv(q + r * K, scale + r * nb, orow, K, 16, x, xsum, n, y, rows, r);
+    }
+}
+
+// out[(r - r0) * K + k] = w[r, k] for rows r in [r0, r1): float32 rows for a BLAS GEMM. Exact: every
+// scale * q product of a GGUF type fits a float32 significand, so this equals the reference dequant.
+void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs,
+                       float *out, int64_t r0, int64_t r1) {
+    const int64_t nb = K / bs;
+#pragma omp parallel for schedule(static) if ((r1 - r0) * K >= PARALLEL_MIN_WORK)
+    for (int64_t r = r0; r < r1; r++) {
+        const int8_t *qr = q + r * K;
+        float *o = out + (r - r0) * K;
+        for (int64_t b = 0; b < nb; b++) {
+            const float s = scale[r * nb + b];
+            const float m = offset != NULL ? offset[r * nb + b] : 0.0f;
+            for (int64_t k = 0; k < bs; k++) o[b * bs + k] = s * (float)qr[b * bs + k] + m;
+        }
+    }
+}
