@@ -7,6 +7,7 @@ token a client sees through genie-daemon (its worker process runs the same engin
 and taking medians, since a 2-core machine's speed drifts between runs. Then 10 s of idle:
 CPU seconds of the daemon and its worker from /proc. Default model: a tiny random llama written here,
 whose ~1 ms steps make the hop visible; -m gemma3-270m shows the same hop against a real step.
+`--stream-interval-ms 0` measures one DELTA per token (the daemon's default coalesces 5 ms of tokens).
 """
 
 from __future__ import annotations
@@ -44,15 +45,19 @@ def in_process(engine: Engine, n: int) -> float:
     raise AssertionError("no completion")
 
 
-async def through_daemon(endpoint: str, n: int) -> float:
+async def through_daemon(endpoint: str, n: int) -> tuple[float, float, int]:
+    """Per token: the client's time, the worker engine's own decode time; and the DELTAs received."""
     async with GenieClient(endpoint) as client:
         t_first = None
+        deltas = 0
         params = {"temperature": 0.0, "max_tokens": n, "ignore_eos": True}
         async for ev in client.generate(token_ids=PROMPT, params=params):
-            if isinstance(ev, Delta) and t_first is None:
-                t_first = time.perf_counter()
+            if isinstance(ev, Delta):
+                deltas += 1
+                t_first = t_first or time.perf_counter()
             elif isinstance(ev, Done) and t_first is not None:
-                return (time.perf_counter() - t_first) / (ev.usage["completion_tokens"] - 1)
+                wall = (time.perf_counter() - t_first) / (ev.usage["completion_tokens"] - 1)
+                return wall, 1 / ev.timings["decode_tok_s"], deltas
     raise AssertionError("no DONE from the daemon")
 
 
@@ -78,6 +83,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--idle-s", type=float, default=10.0)
     p.add_argument("--repeats", type=int, default=9, help="alternating runs of each (default: %(default)s)")
+    p.add_argument("--stream-interval-ms", type=float, default=5.0, help="the daemon's option (default: %(default)s)")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="genie-bench-"))
     model = args.model
@@ -101,6 +107,8 @@ def main() -> None:
             "512",
             "--socket-dir",
             str(sock_dir),
+            "--stream-interval-ms",
+            str(args.stream_interval_ms),
         ],
         cwd=ROOT,
         stderr=subprocess.DEVNULL,
@@ -110,11 +118,15 @@ def main() -> None:
     try:
         info = asyncio.run(wait_ready(endpoint))
         # alternate the two, so drift in the machine's speed hits both alike; medians of the runs
-        local_runs, remote_runs = [], []
+        local_runs, remote_runs, worker_runs, delta_counts = [], [], [], []
         for _ in range(args.repeats):
             local_runs.append(in_process(engine, args.tokens))
-            remote_runs.append(asyncio.run(through_daemon(endpoint, args.tokens)))
+            wall, worker_engine, deltas = asyncio.run(through_daemon(endpoint, args.tokens))
+            remote_runs.append(wall)
+            worker_runs.append(worker_engine)
+            delta_counts.append(deltas)
         local, remote = statistics.median(local_runs), statistics.median(remote_runs)
+        worker = statistics.median(worker_runs)
         pids = [daemon.pid, info["worker_pid"]]
         before = [cpu_seconds(pid) for pid in pids]
         time.sleep(args.idle_s)
@@ -127,7 +139,10 @@ def main() -> None:
     print("|---|---|---|")
     print(f"| decode per token, in process | {local * 1e6:.0f} µs | |")
     print(f"| decode per token, through the daemon | {remote * 1e6:.0f} µs | |")
-    print(f"| daemon hop per token | {(remote - local) * 1e6:.0f} µs | ≤ 100 µs |")
+    print(f"| … of which the worker's engine (its own timing) | {worker * 1e6:.0f} µs | |")
+    n_deltas = statistics.median(delta_counts)
+    print(f"| DELTAs per request (stream interval {args.stream_interval_ms:g} ms) | {n_deltas:.0f} | |")
+    print(f"| daemon hop per token (through the daemon − in process) | {(remote - local) * 1e6:.0f} µs | ≤ 100 µs |")
     print(f"| idle CPU, daemon + worker, {args.idle_s:.0f} s | {100 * used / args.idle_s:.2f} % of a core | ≤ 1 % |")
 
 

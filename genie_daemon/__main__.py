@@ -25,6 +25,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--socket-dir", help=f"directory of the ipc sockets (default: {d.socket_dir})")
     p.add_argument("--max-queue", type=int, help=f"waiting requests before 'overloaded' (default: {d.max_queue})")
     p.add_argument("--prefill-chunk", type=int, help=f"prompt tokens per forward pass (default: {d.prefill_chunk})")
+    p.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        help=f"send a request's text at most this often, ms (default: {d.stream_interval_ms})",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     try:
@@ -38,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "socket_dir": args.socket_dir,
                 "max_queue": args.max_queue,
                 "prefill_chunk": args.prefill_chunk,
+                "stream_interval_ms": args.stream_interval_ms,
             },
         )
     except (ValueError, OSError) as e:

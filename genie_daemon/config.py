@@ -24,6 +24,7 @@ class DaemonConfig:
     ctx: int = 4096  # context length in tokens
     fp16_kv: bool = False  # FP16 KV cache instead of INT8
     prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
+    stream_interval_ms: float = 5.0  # a request's DELTAs at most this often (first token, sentence ends at once)
     socket_dir: str = field(default_factory=lambda: str(_runtime_dir()))  # where the ipc:// sockets live
     client_endpoint: str = ""  # client socket; default ipc://<socket_dir>/genie.sock
     worker_endpoint: str = ""  # daemon <-> worker socket; default ipc://<socket_dir>/worker.sock
@@ -35,8 +36,8 @@ class DaemonConfig:
     drain_timeout_s: float = 25.0  # on SIGTERM, how long a running turn may finish before it is cancelled
 
     def __post_init__(self) -> None:
-        if self.max_queue < 0 or self.ctx < 0 or self.prefill_chunk < 1:
-            raise ValueError("max_queue and ctx must be >= 0, prefill_chunk >= 1")
+        if self.max_queue < 0 or self.ctx < 0 or self.prefill_chunk < 1 or not self.stream_interval_ms >= 0:
+            raise ValueError("max_queue, ctx and stream_interval_ms must be >= 0, prefill_chunk >= 1")
         if not self.client_endpoint:
             object.__setattr__(self, "client_endpoint", f"ipc://{self.socket_dir}/genie.sock")
         if not self.worker_endpoint:
@@ -56,6 +57,8 @@ class DaemonConfig:
             str(self.ctx),
             "--prefill-chunk",
             str(self.prefill_chunk),
+            "--stream-interval-ms",
+            str(self.stream_interval_ms),
         ]
         return args + (["--fp16-kv"] if self.fp16_kv else [])
 

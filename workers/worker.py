@@ -16,7 +16,6 @@ import argparse
 import ctypes
 import os
 import queue
-import re
 import signal
 import sys
 import threading
@@ -32,7 +31,6 @@ from protocol.errors import ProtocolError
 from protocol.messages import (
     Cancel,
     Dead,
-    Delta,
     Done,
     Error,
     Generate,
@@ -44,14 +42,12 @@ from protocol.messages import (
     worker_identities,
 )
 
+from .delta_stream import DeltaStream
 from .engine.backends import BACKEND_CHOICES
 from .engine.engine import Completion, Engine, EngineConfig
 from .engine.errors import GenieError
 from .engine.registry import DEFAULT_MODEL
 from .engine.sampling import SamplingParams
-
-# a piece of text that ends a sentence (for TTS): terminal punctuation, closing quotes/brackets, or a newline
-SENTENCE_END = re.compile(r"([.!?…。！？][\"'”’)\]]*|\n)\s*$")
 
 
 @dataclass(frozen=True)
@@ -59,6 +55,7 @@ class WorkerConfig:
     endpoint: str  # the daemon's worker-facing ROUTER socket
     engine: EngineConfig
     heartbeat_s: float = 1.0  # the daemon counts the worker dead after three missed beats
+    stream_interval_s: float = 0.005  # DELTAs of one request at most this often (delta_stream.py); 0: every token
 
 
 class _IoThread(threading.Thread):
@@ -168,11 +165,13 @@ class Worker:
     def handle(self, msg: Message) -> None:
         assert isinstance(msg, (Generate, Prewarm))
         rid = msg.request_id
+        stream = DeltaStream(rid, self.send, self.config.stream_interval_s)
         try:
             ids = self._prompt_ids(msg)
             params = SamplingParams(max_tokens=0) if isinstance(msg, Prewarm) else _sampling(msg.params)
             for ev in self.engine.generate(ids, params, cancel=lambda: rid in self.cancelled):
                 if isinstance(ev, Completion):
+                    stream.flush()
                     usage = {
                         "prompt_tokens": ev.prompt_tokens,
                         "cached_tokens": ev.cached_tokens,
@@ -182,9 +181,9 @@ class Worker:
                     timings = {"ttft_ms": t.ttft_ms, "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s}
                     self.send(Done(request_id=rid, finish_reason=ev.finish_reason, usage=usage, timings=timings))
                 elif isinstance(msg, Generate):
-                    end = bool(SENTENCE_END.search(ev.text))
-                    self.send(Delta(request_id=rid, text=ev.text, token_ids=ev.token_ids, sentence_end=end))
+                    stream.add(ev.text, ev.token_ids)
         except GenieError as e:  # the request's fault: reply and go on
+            stream.flush()
             self.send(Error(request_id=rid, code="bad_request", message=str(e)))
         finally:
             self.cancelled.discard(rid)
@@ -222,6 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ctx", type=int, default=EngineConfig.n_ctx, help="context length (default: %(default)s)")
     p.add_argument("--fp16-kv", action="store_true", help="FP16 KV cache instead of INT8 (default: INT8)")
     p.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=WorkerConfig.stream_interval_s * 1000,
+        help="send a request's text at most this often, first token and sentence ends at once (default: %(default)s)",
+    )
+    p.add_argument(
         "--prefill-chunk",
         type=int,
         default=EngineConfig.prefill_chunk,
@@ -237,7 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv_dtype="f16" if args.fp16_kv else "int8",
             prefill_chunk=args.prefill_chunk,
         )
-        worker = Worker(WorkerConfig(endpoint=args.endpoint, engine=engine_config), Engine(engine_config))
+        if args.stream_interval_ms < 0:
+            raise GenieError("--stream-interval-ms must be >= 0")
+        config = WorkerConfig(
+            endpoint=args.endpoint, engine=engine_config, stream_interval_s=args.stream_interval_ms / 1000
+        )
+        worker = Worker(config, Engine(engine_config))
     except GenieError as e:
         print(f"genie-worker: error: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ failure. Inputs are fresh random data every run; outputs are checked for NaN/inf
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,9 @@ SHAPES = [(1024, 640), (640, 2048), (1001, 512), (9001, 256), (1, 256)]
 def kernels() -> cpu_kernels.BlockKernels:
     lib = cpu_kernels.load()
     if lib is None:
-        pytest.fail("the C kernels did not build: this machine has a C compiler, so they must")
+        if shutil.which(os.environ.get("CC", "cc")) is None:
+            pytest.skip("no C compiler on this machine (the backend runs on float32 weights)")
+        pytest.fail("the C kernels did not build although this machine has a C compiler")
     return cpu_kernels.BlockKernels(lib)
 
 

@@ -1,0 +1,40 @@
+"""DaemonConfig: defaults < TOML < GENIE_* < flags; bad values are errors that name the option."""
+
+import pytest
+
+from genie_daemon.config import DaemonConfig, load_config
+
+
+def test_precedence_and_worker_args(tmp_path, monkeypatch):
+    toml = tmp_path / "genie.toml"
+    toml.write_text('ctx = 1024\nstream_interval_ms = 2.5\nmodel = "from-toml"\n')
+    monkeypatch.setenv("GENIE_CTX", "2048")
+    c = load_config(toml, {"model": "from-flag", "max_queue": None})
+    assert (c.model, c.ctx, c.stream_interval_ms, c.max_queue) == ("from-flag", 2048, 2.5, DaemonConfig.max_queue)
+    args = c.worker_args()
+    assert args[args.index("--stream-interval-ms") + 1] == "2.5" and args[args.index("--ctx") + 1] == "2048"
+
+
+@pytest.mark.parametrize(
+    ("source", "value", "message"),
+    [
+        ("env", "abc", "GENIE_CTX='abc' is not a valid int"),
+        ("flag", -1.0, "stream_interval_ms must be >= 0"),
+        ("flag", float("nan"), "stream_interval_ms must be >= 0"),
+    ],
+)
+def test_bad_values_name_the_option(tmp_path, monkeypatch, source, value, message):
+    if source == "env":
+        monkeypatch.setenv("GENIE_CTX", str(value))
+        overrides = {}
+    else:
+        overrides = {"stream_interval_ms": value}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(tmp_path / "none.toml", overrides)
+
+
+def test_unknown_toml_option_is_an_error(tmp_path):
+    toml = tmp_path / "genie.toml"
+    toml.write_text("strem_interval_ms = 1\n")
+    with pytest.raises(ValueError, match="unknown option"):
+        load_config(toml)

@@ -1,0 +1,74 @@
+"""DeltaStream: first piece and sentence ends at once, other text coalesced per interval, nothing lost."""
+
+from workers.delta_stream import DeltaStream
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(interval: float = 0.005):
+    sent, clock = [], Clock()
+    return DeltaStream("r1", sent.append, interval, clock), sent, clock
+
+
+def test_first_piece_at_once_then_coalesced_until_the_interval():
+    s, sent, clock = make()
+    s.add("Hello", [1])
+    assert [(d.text, d.token_ids) for d in sent] == [("Hello", [1])]
+    clock.t += 0.001
+    s.add(" there", [2])
+    clock.t += 0.001
+    s.add(" my", [3])
+    assert len(sent) == 1  # within 5 ms of the last send: held
+    clock.t += 0.004
+    s.add(" friend", [4])
+    assert [(d.text, d.token_ids) for d in sent[1:]] == [(" there my friend", [2, 3, 4])]
+    assert all(d.request_id == "r1" and not d.sentence_end for d in sent)
+
+
+def test_sentence_end_goes_at_once_and_is_marked():
+    s, sent, clock = make()
+    s.add("Hi", [1])
+    clock.t += 0.001
+    s.add(" you", [2])
+    s.add(".", [3])
+    assert [(d.text, d.sentence_end) for d in sent] == [("Hi", False), (" you.", True)]
+    s.add(" Next", [4])
+    s.add("\n", [5])
+    assert sent[-1].text == " Next\n" and sent[-1].sentence_end
+
+
+def test_flush_sends_the_rest_and_nothing_when_empty():
+    s, sent, clock = make()
+    s.add("a", [1])
+    s.add("b", [2])
+    s.flush()
+    s.flush()
+    assert "".join(d.text for d in sent) == "ab" and [i for d in sent for i in d.token_ids] == [1, 2]
+    assert len(sent) == 2
+
+
+def test_token_ids_without_text_are_kept():
+    """A token whose text is held back (half a UTF-8 character, a possible stop string) still has its id."""
+    s, sent, clock = make()
+    s.add("", [7])
+    assert [(d.text, d.token_ids) for d in sent] == [("", [7])]
+    s.add("", [8])
+    clock.t += 1
+    s.add("é", [9])
+    assert [(d.text, d.token_ids) for d in sent[1:]] == [("é", [8, 9])]
+    s.add("", [])
+    s.flush()
+    assert len(sent) == 2
+
+
+def test_interval_zero_sends_every_piece():
+    s, sent, clock = make(0.0)
+    for i, piece in enumerate(["a", "b", "c"]):
+        s.add(piece, [i])
+    assert [d.text for d in sent] == ["a", "b", "c"]
