@@ -8,6 +8,7 @@ truncated or hostile file is a `ModelFileError`, never an IndexError or a huge a
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -202,8 +203,16 @@ class GGUFFile:
         ):
             raise ModelFileError(self.path, f"corrupt header: alignment {alignment}")
         data_start = (cur.pos + alignment - 1) // alignment * alignment
+        self.data_start = data_start
         for name, dims, raw_type, offset in infos:
             self.tensors[name] = self._tensor(name, dims, raw_type, data_start + offset)
+
+    def fingerprint(self) -> bytes:
+        """sha256 of the file size, the header and the tensor table: another model or quantization never
+        shares it (the KV store keys saved KV by it)."""
+        h = hashlib.sha256(self.file_size.to_bytes(8, "little"))
+        h.update(self._buf[: self.data_start])
+        return h.digest()
 
     def _tensor(self, name: str, dims: list[int], raw_type: int, start: int) -> TensorInfo:
         try:

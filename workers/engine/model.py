@@ -28,6 +28,7 @@ class Model:
     weights: ModelWeights
     chat_template: str | None
     file_size: int
+    fingerprint: bytes  # GGUFFile.fingerprint(): saved KV is only ever hydrated into this exact model
     load_ms: float
     backend: Backend
 
@@ -48,6 +49,7 @@ class Model:
             name = str(gf.get("general.name") or path.stem)
             template = gf.get("tokenizer.chat_template")
             size = gf.file_size
+            fingerprint = gf.fingerprint()
         return cls(
             path,
             name,
@@ -56,6 +58,7 @@ class Model:
             weights,
             template if isinstance(template, str) else None,
             size,
+            fingerprint,
             (time.perf_counter() - t0) * 1000,
             backend,
         )

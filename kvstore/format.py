@@ -1,0 +1,275 @@
+"""KV entry files, format v3 (docs/kv-format.md): one conversation's KV for positions [0, n).
+
+    fixed header | per-layer windows | conv id | token ids | padding to 64 | body | scales | checksum
+
+Every field is checked before it is trusted: a file that is truncated, padded, bit-flipped, of another
+version, another model (fingerprint) or another KV layout raises EntryError with the reason, and is never
+served. Lengths are checked against limits and against the file's actual size before anything is
+allocated from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from workers.engine.atomic_file import atomic_path
+from workers.engine.kv_cache import KVCacheConfig, KVSnapshot
+
+MAGIC = b"GENIEKV\x00"
+VERSION = 3
+FIXED = struct.Struct("<8sIII32sBBHIIIIIQQ")  # see docs/kv-format.md for each field
+ALIGN = 64
+CHECKSUM_BYTES = 32  # blake2b-256 of every byte before it
+DTYPE_CODES = {"int8": 1, "f16": 2, "f32": 3}
+DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
+NUMPY_DTYPES = {"int8": np.int8, "f16": np.float16, "f32": np.float32}
+BASIS_PLAIN, BASIS_HADAMARD = 0, 1  # INT8 rows are stored in the kv_rotation basis (docs/kv-cache.md)
+MAX_LAYERS, MAX_KV_HEADS, MAX_HEAD_DIM = 1024, 1024, 4096
+MAX_TOKENS = 1 << 20
+MAX_CONV_ID_BYTES = 128
+READ_CHUNK_BYTES = 8 << 20
+
+
+class EntryError(Exception):
+    """An entry file that must not be served; the message says why, in a few words."""
+
+
+class ForeignEntryError(EntryError):
+    """A sound entry of another model or KV layout: never served here, but not ours to delete."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What KV a file holds must equal what the worker's cache holds, field by field."""
+
+    dtype: str  # int8 | f16 | f32
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    windows: tuple[int, ...]  # per layer: 0 = global attention, else the sliding window
+
+    @classmethod
+    def of(cls, kv: KVCacheConfig, windows: tuple[int, ...]) -> KVLayout:
+        """The layout of a worker's KV cache (windows: each layer's sliding window, 0 = global)."""
+        return cls(kv.dtype, kv.n_layers, kv.n_kv_heads, kv.head_dim, kv.v_head_dim, tuple(windows))
+
+    @property
+    def basis(self) -> int:
+        return BASIS_HADAMARD if self.dtype == "int8" else BASIS_PLAIN
+
+    def body_bytes(self, n_tokens: int) -> int:
+        item = np.dtype(NUMPY_DTYPES[self.dtype]).itemsize
+        kv = n_tokens * self.n_kv_heads * (self.head_dim + self.v_head_dim) * item
+        scales = 2 * n_tokens * self.n_kv_heads * 4 if self.dtype == "int8" else 0
+        return self.n_layers * (kv + scales)
+
+
+@dataclass(frozen=True)
+class EntryHeader:
+    path: Path
+    fingerprint: bytes
+    layout: KVLayout
+    conv_id: str  # "" when the entry was saved without one
+    token_ids: np.ndarray  # int32 [n_tokens]
+    created_ns: int  # first save of this conversation
+    last_used_ns: int  # this save
+    header_bytes: int
+    file_bytes: int
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+def _header_bytes(layout: KVLayout, conv_id: bytes, n_tokens: int) -> int:
+    raw = FIXED.size + 4 * layout.n_layers + len(conv_id) + 4 * n_tokens
+    return -(-raw // ALIGN) * ALIGN
+
+
+def write_entry(
+    path: Path,
+    fingerprint: bytes,
+    layout: KVLayout,
+    snapshot: KVSnapshot,
+    conv_id: str = "",
+    created_ns: int | None = None,
+) -> int:
+    """Writes `snapshot` durably (atomic_path): returns the file's size. The caller holds the layout."""
+    n = snapshot.n_tokens
+    cid = conv_id.encode()
+    if snapshot.dtype != layout.dtype or len(snapshot.k) != layout.n_layers:
+        raise ValueError("snapshot does not match the layout")
+    if len(fingerprint) != 32 or len(cid) > MAX_CONV_ID_BYTES or not 0 < n <= MAX_TOKENS:
+        raise ValueError("fingerprint, conv id or token count out of range")
+    now = time.time_ns()
+    header_bytes = _header_bytes(layout, cid, n)
+    fixed = FIXED.pack(
+        MAGIC,
+        VERSION,
+        header_bytes,
+        0,
+        fingerprint,
+        DTYPE_CODES[layout.dtype],
+        layout.basis,
+        len(cid),
+        layout.n_layers,
+        layout.n_kv_heads,
+        layout.head_dim,
+        layout.v_head_dim,
+        n,
+        created_ns or now,
+        now,
+    )
+    windows = np.asarray(layout.windows, dtype="<u4").tobytes()
+    ids = np.ascontiguousarray(snapshot.token_ids, dtype="<i4").tobytes()
+    pieces: list[bytes | memoryview] = [b"".join([fixed, windows, cid, ids]).ljust(header_bytes, b"\0")]
+    for k, v in zip(snapshot.k, snapshot.v, strict=True):
+        pieces += [np.ascontiguousarray(k).data.cast("B"), np.ascontiguousarray(v).data.cast("B")]
+    if layout.dtype == "int8":
+        assert snapshot.k_scale is not None and snapshot.v_scale is not None
+        for ks, vs in zip(snapshot.k_scale, snapshot.v_scale, strict=True):
+            pieces += [
+                np.ascontiguousarray(ks, dtype="<f4").data.cast("B"),
+                np.ascontiguousarray(vs, dtype="<f4").data.cast("B"),
+            ]
+    digest = hashlib.blake2b(digest_size=CHECKSUM_BYTES)
+    size = 0
+    with atomic_path(path, durable=True) as tmp, open(tmp, "wb") as f:
+        for piece in pieces:
+            digest.update(piece)
+            f.write(piece)
+            size += len(piece)
+        f.write(digest.digest())
+    expected = header_bytes + layout.body_bytes(n)
+    assert size == expected, (size, expected)
+    return size + CHECKSUM_BYTES
+
+
+def read_header(path: Path) -> EntryHeader:
+    """The header of an entry, every field range-checked against limits and the file's size (the body and
+    checksum are checked by read_entry)."""
+    try:
+        with open(path, "rb") as f:
+            file_bytes = os.fstat(f.fileno()).st_size
+            fixed = f.read(FIXED.size)
+            if len(fixed) < FIXED.size:
+                raise EntryError(f"truncated: {file_bytes} bytes, not even a header")
+            (
+                magic,
+                version,
+                header_bytes,
+                _flags,
+                fingerprint,
+                dtype_code,
+                basis,
+                cid_len,
+                n_layers,
+                n_kv_heads,
+                head_dim,
+                v_head_dim,
+                n_tokens,
+                created_ns,
+                last_used_ns,
+            ) = FIXED.unpack(fixed)
+            if magic != MAGIC:
+                raise EntryError("bad magic: not a genie KV file")
+            if version != VERSION:
+                raise EntryError(f"version {version} (this genie reads {VERSION})")
+            dtype = DTYPE_NAMES.get(dtype_code)
+            if dtype is None:
+                raise EntryError(f"unknown KV dtype code {dtype_code}")
+            if not (
+                0 < n_layers <= MAX_LAYERS
+                and 0 < n_kv_heads <= MAX_KV_HEADS
+                and 0 < head_dim <= MAX_HEAD_DIM
+                and 0 < v_head_dim <= MAX_HEAD_DIM
+                and 0 < n_tokens <= MAX_TOKENS
+                and cid_len <= MAX_CONV_ID_BYTES
+            ):
+                raise EntryError("a layout field is out of range")
+            windows_raw = f.read(4 * n_layers)
+            cid_raw = f.read(cid_len)
+            ids_raw = f.read(4 * n_tokens)
+        if len(windows_raw) < 4 * n_layers or len(cid_raw) < cid_len or len(ids_raw) < 4 * n_tokens:
+            raise EntryError(f"truncated: {file_bytes} bytes, the header does not fit")
+    except OSError as e:
+        raise EntryError(f"unreadable: {e.strerror}") from None
+    windows = tuple(int(w) for w in np.frombuffer(windows_raw, dtype="<u4"))
+    layout = KVLayout(dtype, n_layers, n_kv_heads, head_dim, v_head_dim, windows)
+    if basis != layout.basis:
+        raise EntryError(f"KV basis {basis} does not match {dtype}")
+    try:
+        conv_id = cid_raw.decode()
+    except UnicodeDecodeError:
+        raise EntryError("conv id is not UTF-8") from None
+    if header_bytes != _header_bytes(layout, cid_raw, n_tokens):
+        raise EntryError(f"header size {header_bytes} does not match its fields")
+    expected = header_bytes + layout.body_bytes(n_tokens) + CHECKSUM_BYTES
+    if file_bytes != expected:
+        raise EntryError(f"size {file_bytes} bytes, its header says {expected}")
+    token_ids = np.frombuffer(ids_raw, dtype="<i4").astype(np.int32)
+    return EntryHeader(
+        path, fingerprint, layout, conv_id, token_ids, created_ns, last_used_ns, header_bytes, file_bytes
+    )
+
+
+def check_compatible(header: EntryHeader, fingerprint: bytes, layout: KVLayout) -> None:
+    if header.fingerprint != fingerprint:
+        raise ForeignEntryError("saved by another model (fingerprint differs)")
+    if header.layout != layout:
+        raise ForeignEntryError(f"KV layout {header.layout} differs from {layout}")
+
+
+def read_entry(header: EntryHeader, n_tokens: int) -> KVSnapshot:
+    """Positions [0, n_tokens) of the entry, after checking the whole file's checksum."""
+    if not 0 < n_tokens <= header.n_tokens:
+        raise ValueError(f"asked for {n_tokens} of {header.n_tokens} tokens")
+    buf = bytearray(header.file_bytes)
+    try:
+        with open(header.path, "rb") as f:
+            view = memoryview(buf)
+            got = 0
+            while got < len(buf):
+                n = f.readinto(view[got : got + READ_CHUNK_BYTES])
+                if not n:
+                    break
+                got += n
+    except OSError as e:
+        raise EntryError(f"unreadable: {e.strerror}") from None
+    if got != header.file_bytes:
+        raise EntryError(f"truncated while reading: {got} of {header.file_bytes} bytes")
+    body_end = header.file_bytes - CHECKSUM_BYTES
+    if hashlib.blake2b(memoryview(buf)[:body_end], digest_size=CHECKSUM_BYTES).digest() != bytes(buf[body_end:]):
+        raise EntryError("checksum mismatch: the file is corrupt")
+    lay, n = header.layout, header.n_tokens
+    dt = np.dtype(NUMPY_DTYPES[lay.dtype]).newbyteorder("<")
+    at = header.header_bytes
+
+    def take(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        nonlocal at
+        count = int(np.prod(shape))
+        a = np.frombuffer(buf, dtype=dtype, count=count, offset=at).reshape(shape)
+        at += count * dtype.itemsize
+        return a[:n_tokens]
+
+    k, v = [], []
+    for _ in range(lay.n_layers):
+        k.append(take(dt, (n, lay.n_kv_heads, lay.head_dim)))
+        v.append(take(dt, (n, lay.n_kv_heads, lay.v_head_dim)))
+    k_scale = v_scale = None
+    if lay.dtype == "int8":
+        f4 = np.dtype("<f4")
+        k_scale, v_scale = [], []
+        for _ in range(lay.n_layers):
+            k_scale.append(take(f4, (n, lay.n_kv_heads)))
+            v_scale.append(take(f4, (n, lay.n_kv_heads)))
+    ids = header.token_ids[:n_tokens].copy()
+    return KVSnapshot(lay.dtype, ids, k, v, k_scale, v_scale)  # type: ignore[arg-type]

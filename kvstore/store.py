@@ -1,0 +1,346 @@
+"""The KV cache directory: save at turn end, find the longest saved prefix of a prompt, hydrate it, and
+keep the directory under its size cap — safely with several processes on one directory.
+
+Entries are files (format.py): `c-<conv id>.kv` for a conversation that has an id, `t-<hash>.kv` for one
+found from its tokens alone (Home Assistant sends no id). An in-memory index maps chained hashes of
+64-token chunks to entries, so a prompt finds every entry sharing at least its first chunk; the match is
+then verified token by token, and the file's checksum is verified before any of it is served.
+
+Recency is the file's mtime: a save writes it, a hydrate touches it. Eviction (least recently used first,
+down to `max_bytes`) and stale temp-file cleanup run under one `filelock` lock on the directory; saves
+themselves need no lock, since each writes its own temp file and renames it into place (atomic_path).
+Other processes' saves and evictions are picked up by rescanning when the directory's mtime changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from filelock import FileLock
+
+from workers.engine.kv_cache import KVSnapshot
+
+from .format import (
+    EntryError,
+    EntryHeader,
+    ForeignEntryError,
+    KVLayout,
+    check_compatible,
+    read_entry,
+    read_header,
+    write_entry,
+)
+
+log = logging.getLogger("genie.kvstore")
+
+CHUNK_TOKENS = 64
+CONV_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+LOCK_TIMEOUT_S = 30.0
+HYDRATE_ATTEMPTS = 3  # entries tried when the best match turns out corrupt on load
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    directory: Path
+    max_bytes: int = 1024 << 20  # total size of the entries; 0 = unlimited
+    stale_tmp_s: float = 60.0  # temp files older than this are a crashed writer's: removed
+    min_hydrate_tokens: int = CHUNK_TOKENS  # shorter common prefixes are not worth a disk read
+
+
+@dataclass(frozen=True)
+class Match:
+    header: EntryHeader
+    n_tokens: int  # verified common prefix with the prompt
+
+
+@dataclass
+class StoreMetrics:
+    hits: int = 0
+    misses: int = 0
+    hydrated_tokens: int = 0
+    saved_bytes: int = 0
+    saves: int = 0
+    evictions: int = 0
+    rejected: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+@dataclass
+class _Entry:
+    header: EntryHeader
+    inode: int  # a re-save renames a new file into place: a new inode
+    chain: list[bytes] = field(default_factory=list)  # chained chunk hashes of its tokens
+
+
+def check_conv_id(conv_id: str) -> str:
+    """A conversation id becomes a file name: letters, digits, '.', '_', '-'; 1-128 characters; no path."""
+    if not CONV_ID.fullmatch(conv_id) or ".." in conv_id:
+        raise ValueError(f"conv id {conv_id[:40]!r} is not 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    return conv_id
+
+
+def chunk_chain(token_ids: np.ndarray | list[int]) -> list[bytes]:
+    """h[i] = hash(h[i-1], tokens of chunk i) for every full chunk: equal h[i] means equal first i+1 chunks."""
+    ids = np.asarray(token_ids, dtype="<i4")
+    chain, prev = [], b""
+    for i in range(len(ids) // CHUNK_TOKENS):
+        prev = hashlib.blake2b(prev + ids[i * CHUNK_TOKENS : (i + 1) * CHUNK_TOKENS].tobytes(), digest_size=16).digest()
+        chain.append(prev)
+    return chain
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+class KVStore:
+    def __init__(self, config: StoreConfig, fingerprint: bytes, layout: KVLayout) -> None:
+        self.config = config
+        self.fingerprint = fingerprint
+        self.layout = layout
+        self.dir = config.directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.lock = FileLock(str(self.dir / ".lock"), timeout=LOCK_TIMEOUT_S)
+        self.metrics = StoreMetrics()
+        self._entries: dict[str, _Entry] = {}  # file name -> entry
+        self._by_chunk: dict[bytes, set[str]] = {}
+        self._dir_mtime_ns = -1
+        self._refresh()
+
+    # -- index ------------------------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """Re-reads the directory if it changed since the last look (another process saved or evicted)."""
+        mtime = self.dir.stat().st_mtime_ns
+        if mtime == self._dir_mtime_ns:
+            return
+        self._dir_mtime_ns = mtime
+        names = {p.name for p in self.dir.glob("*.kv")}
+        for gone in set(self._entries) - names:
+            self._forget(gone)
+        for name in names:
+            known = self._entries.get(name)
+            path = self.dir / name
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            if known and known.inode == st.st_ino:
+                continue
+            self._forget(name)
+            try:
+                header = read_header(path)
+                check_compatible(header, self.fingerprint, self.layout)
+            except ForeignEntryError:
+                continue  # another model's entry (two daemons may share the directory): not ours to serve or delete
+            except EntryError as e:
+                self._reject(path, str(e))
+                continue
+            self._add(name, header, st.st_ino)
+
+    def _add(self, name: str, header: EntryHeader, inode: int) -> None:
+        entry = _Entry(header, inode, chunk_chain(header.token_ids))
+        self._entries[name] = entry
+        for h in entry.chain:
+            self._by_chunk.setdefault(h, set()).add(name)
+
+    def _forget(self, name: str) -> None:
+        entry = self._entries.pop(name, None)
+        if entry:
+            for h in entry.chain:
+                names = self._by_chunk.get(h)
+                if names is not None:
+                    names.discard(name)
+                    if not names:
+                        del self._by_chunk[h]
+
+    def _reject(self, path: Path, reason: str) -> None:
+        """A bad file is never served: logged once and deleted."""
+        log.warning("event=kv_rejected file=%s reason=%r", path.name, reason)
+        self.metrics.rejected += 1
+        self._forget(path.name)
+        path.unlink(missing_ok=True)
+
+    # -- lookup and hydrate -----------------------------------------------------------------------------
+    def lookup(self, token_ids: list[int] | np.ndarray, conv_id: str = "") -> Match | None:
+        """The entry sharing the longest verified token prefix with `token_ids` (the conversation's own entry
+        when `conv_id` names one, or any entry found by its chunks), or None."""
+        self._refresh()
+        prompt = np.asarray(token_ids, dtype=np.int32)
+        candidates: list[EntryHeader] = []
+        if conv_id:
+            path = self.dir / f"c-{check_conv_id(conv_id)}.kv"
+            if path.exists():
+                try:
+                    header = read_header(path)
+                    check_compatible(header, self.fingerprint, self.layout)
+                    candidates.append(header)
+                except ForeignEntryError as e:  # a miss; the file stays for the model that wrote it
+                    log.warning("event=kv_rejected file=%s reason=%r", path.name, str(e))
+                    self.metrics.rejected += 1
+                except EntryError as e:
+                    self._reject(path, str(e))
+        chain = chunk_chain(prompt)
+        for h in reversed(chain):
+            names = self._by_chunk.get(h)
+            if names:
+                candidates += [self._entries[n].header for n in names]
+                break
+        best: Match | None = None
+        for header in candidates:
+            n = common_prefix(header.token_ids, prompt)
+            if n >= self.config.min_hydrate_tokens and (best is None or n > best.n_tokens):
+                best = Match(header, n)
+        return best
+
+    def load(self, match: Match) -> KVSnapshot | None:
+        """Positions [0, match.n_tokens) of the entry, or None (logged, file removed) if it fails any check;
+        counts as a use for eviction."""
+        try:
+            snapshot = read_entry(match.header, match.n_tokens)
+        except EntryError as e:
+            self._reject(match.header.path, str(e))
+            return None
+        try:
+            os.utime(match.header.path)
+        except FileNotFoundError:
+            pass  # evicted by another process after we read it: what we read was whole and checked
+        self.metrics.hits += 1
+        self.metrics.hydrated_tokens += match.n_tokens
+        return snapshot
+
+    def hydrate(self, token_ids: list[int] | np.ndarray, conv_id: str = "") -> KVSnapshot | None:
+        """lookup + load: the longest saved prefix of `token_ids` as a snapshot, or None (a miss). An entry
+        that fails its checks on load is removed, and the next best one tried."""
+        for _ in range(HYDRATE_ATTEMPTS):
+            match = self.lookup(token_ids, conv_id)
+            if match is None:
+                break
+            snapshot = self.load(match)
+            if snapshot is not None:
+                return snapshot
+        self.metrics.misses += 1
+        return None
+
+    # -- save -------------------------------------------------------------------------------------------
+    def save(self, snapshot: KVSnapshot, conv_id: str = "") -> Path:
+        """Writes the snapshot durably (returns once it is safe on disk), then applies the size cap."""
+        ids = np.asarray(snapshot.token_ids, dtype=np.int32)
+        if conv_id:
+            name = f"c-{check_conv_id(conv_id)}.kv"
+        else:
+            name = f"t-{hashlib.blake2b(ids.astype('<i4').tobytes(), digest_size=16).hexdigest()}.kv"
+        path = self.dir / name
+        created = None
+        previous = self._entries.get(name)
+        if previous is not None:
+            created = previous.header.created_ns
+        size = write_entry(path, self.fingerprint, self.layout, snapshot, conv_id, created)
+        self.metrics.saves += 1
+        self.metrics.saved_bytes += size
+        with self.lock:
+            if not conv_id:
+                self._drop_superseded(name, ids)
+            self._enforce_cap()
+            self._cleanup_stale_tmp()
+        return path
+
+    def _drop_superseded(self, name: str, ids: np.ndarray) -> None:
+        """An anonymous entry whose tokens all begin the new one is of no further use."""
+        self._refresh()
+        for other, entry in list(self._entries.items()):
+            h = entry.header
+            if other != name and other.startswith("t-") and h.n_tokens <= len(ids):
+                if common_prefix(h.token_ids, ids) == h.n_tokens:
+                    (self.dir / other).unlink(missing_ok=True)
+                    self._forget(other)
+
+    def _enforce_cap(self) -> None:
+        """Least recently used first until the entries fit max_bytes (caller holds the lock)."""
+        if self.config.max_bytes <= 0:
+            return
+        files = []
+        for p in self.dir.glob("*.kv"):
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            files.append((st.st_mtime_ns, st.st_size, p))
+        total = sum(size for _, size, _ in files)
+        for _, size, p in sorted(files, key=lambda f: (f[0], f[2].name)):
+            if total <= self.config.max_bytes:
+                break
+            p.unlink(missing_ok=True)
+            self._forget(p.name)
+            total -= size
+            self.metrics.evictions += 1
+            log.info("event=kv_evicted file=%s bytes=%d", p.name, size)
+
+    def _cleanup_stale_tmp(self) -> int:
+        """Removes temp files older than stale_tmp_s: a writer that died mid-save (caller holds the lock)."""
+        cutoff = time.time() - self.config.stale_tmp_s
+        removed = 0
+        for p in self.dir.glob(".*.tmp"):
+            try:
+                if p.stat().st_mtime < cutoff:
+                    p.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
+
+    # -- admin ------------------------------------------------------------------------------------------
+    def entries(self) -> list[dict[str, object]]:
+        self._refresh()
+        out = []
+        for name, e in sorted(self._entries.items()):
+            h = e.header
+            try:
+                used = h.path.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue
+            out.append(
+                {
+                    "id": name.removesuffix(".kv"),
+                    "conv_id": h.conv_id,
+                    "tokens": h.n_tokens,
+                    "bytes": h.file_bytes,
+                    "created_ns": h.created_ns,
+                    "last_used_ns": used,
+                }
+            )
+        return out
+
+    def evict(self, entry_id: str) -> bool:
+        name = f"{entry_id}.kv"
+        if not re.fullmatch(r"[ct]-[A-Za-z0-9._-]{1,128}", entry_id) or ".." in entry_id:
+            raise ValueError(f"no such entry id {entry_id[:40]!r}")
+        with self.lock:
+            path = self.dir / name
+            existed = path.exists()
+            path.unlink(missing_ok=True)
+            self._forget(name)
+        return existed
+
+    def clear(self) -> int:
+        with self.lock:
+            n = 0
+            for p in self.dir.glob("*.kv"):
+                p.unlink(missing_ok=True)
+                self._forget(p.name)
+                n += 1
+            self._cleanup_stale_tmp()
+        return n
+
+    def total_bytes(self) -> int:
+        return sum(e.header.file_bytes for e in self._entries.values())

@@ -1,0 +1,236 @@
+"""KVStore: save and hydrate by conversation id or by prompt, LRU size cap, stale temp files, bad files,
+and several processes on one directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvstore.format import read_entry, read_header, write_entry
+from kvstore.store import CHUNK_TOKENS, KVStore, StoreConfig
+from tests.kvstore.kv_data import FINGERPRINT, OTHER_MODEL, assert_same, layout, snapshot
+
+ROOT = Path(__file__).parents[2]
+
+
+def make_store(tmp_path: Path, **kw) -> KVStore:
+    return KVStore(StoreConfig(tmp_path / "kv", **kw), FINGERPRINT, layout())
+
+
+def ids(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.integers(0, 30_000, n).astype(np.int32)
+
+
+def test_conversation_id_round_trip_and_longest_prefix(tmp_path):
+    rng = np.random.default_rng()
+    store = make_store(tmp_path)
+    turn1 = ids(rng, 200)
+    snap = snapshot(store.layout, turn1, rng)
+    store.save(snap, conv_id="kitchen-1")
+    turn2 = np.concatenate([turn1, ids(rng, 30)])
+    got = store.hydrate(turn2, conv_id="kitchen-1")
+    assert got is not None
+    assert_same(snap, got)
+    edited = turn2.copy()
+    edited[150] += 1  # the history changed at 150: only [0, 150) is served
+    got = store.hydrate(edited, conv_id="kitchen-1")
+    assert got is not None and got.n_tokens == 150
+    assert store.metrics.hits == 2 and store.metrics.hydrated_tokens == 350
+
+
+def test_found_from_the_prompt_without_an_id(tmp_path):
+    rng = np.random.default_rng()
+    store = make_store(tmp_path)
+    history = ids(rng, 3 * CHUNK_TOKENS + 10)
+    snap = snapshot(store.layout, history, rng)
+    store.save(snap)
+    prompt = np.concatenate([history, ids(rng, 30)])
+    assert_same(snap, store.hydrate(prompt))
+    # chunk hashes match through chunk 2; the tokens differ after position 200: verified, not trusted
+    diverging = prompt.copy()
+    diverging[200] ^= 1
+    got = store.hydrate(diverging)
+    assert got is not None and got.n_tokens == 200
+    assert store.hydrate(ids(rng, 300)) is None  # nothing in common
+    assert store.hydrate(history[: CHUNK_TOKENS - 1]) is None  # shorter than one chunk: not worth a read
+    assert store.metrics.misses == 2
+
+
+def test_shared_system_prompt_is_reused_and_superseded_entries_dropped(tmp_path):
+    rng = np.random.default_rng()
+    store = make_store(tmp_path)
+    system = ids(rng, 2 * CHUNK_TOKENS)
+    a1 = np.concatenate([system, ids(rng, 40)])
+    store.save(snapshot(store.layout, a1, rng))
+    a2 = np.concatenate([a1, ids(rng, 50)])
+    store.save(snapshot(store.layout, a2, rng))
+    assert [e["tokens"] for e in store.entries()] == [len(a2)]  # a1 is a prefix of a2: dropped
+    other = np.concatenate([system, ids(rng, 60)])
+    got = store.hydrate(other)
+    assert got is not None and got.n_tokens == len(system)
+
+
+@pytest.mark.parametrize("bad", ["", "../etc/passwd", "a/b", "x" * 129, ".hidden", "a..b", "sp ace", "ü"])
+def test_conversation_ids_are_validated(tmp_path, bad):
+    rng = np.random.default_rng()
+    store = make_store(tmp_path)
+    snap = snapshot(store.layout, [1, 2, 3], rng)
+    with pytest.raises(ValueError, match="conv id"):
+        store.save(snap, conv_id=bad) if bad else store.lookup([1, 2, 3], conv_id="/" + bad)
+    assert list((tmp_path / "kv").glob("*.kv")) == []
+
+
+def test_lru_cap_counts_hydrating_as_use(tmp_path):
+    rng = np.random.default_rng()
+    store = make_store(tmp_path)
+    saved = {}
+    for name in "abc":
+        saved[name] = ids(rng, 100)
+        store.save(snapshot(store.layout, saved[name], rng), conv_id=name)
+        time.sleep(0.01)
+    entry_bytes = store.entries()[0]["bytes"]
+    assert store.hydrate(saved["a"], conv_id="a") is not None  # a is now the most recently used
+    store.config = StoreConfig(store.dir, max_bytes=3 * entry_bytes)
+    store.save(snapshot(store.layout, ids(rng, 100), rng), conv_id="d")
+    assert sorted(e["conv_id"] for e in store.entries()) == ["a", "c", "d"]  # b was least recently used
+    assert store.metrics.evictions == 1
+    assert sum(p.stat().st_size for p in store.dir.glob("*.kv")) <= 3 * entry_bytes
+
+
+def test_stale_temp_files_removed_exactly(tmp_path):
+    rng = np.random.default_rng()
+    store = make_store(tmp_path, stale_tmp_s=60)
+    old = store.dir / ".c-x.kv.999.tmp"
+    fresh = store.dir / ".c-y.kv.998.tmp"
+    for p in (old, fresh):
+        p.write_bytes(b"partial")
+    past = time.time() - 61
+    os.utime(old, (past, past))
+    store.save(snapshot(store.layout, [1, 2], rng), conv_id="z")
+    assert not old.exists() and fresh.exists()
+
+
+def test_bad_and_foreign_files_are_misses_never_served(tmp_path, caplog):
+    rng = np.random.default_rng()
+    store = make_store(tmp_path)
+    history = ids(rng, 100)
+    good_snap = snapshot(store.layout, history, rng)
+    good = store.save(good_snap, conv_id="good")
+    blob = bytearray(good.read_bytes())
+    blob[-100] ^= 1
+    (store.dir / "c-flipped.kv").write_bytes(bytes(blob))
+    (store.dir / "c-short.kv").write_bytes(good.read_bytes()[:500])
+    write_entry(store.dir / "c-other.kv", OTHER_MODEL, store.layout, snapshot(store.layout, history, rng), "other")
+    for conv in ("flipped", "short", "other"):  # the flipped header is fine: the checksum catches it
+        got = store.hydrate(history, conv_id=conv)
+        assert_same(good_snap, got)  # what is served is the sound entry of the same tokens, found by its chunks
+    reasons = " ".join(r.getMessage() for r in caplog.records)
+    assert "checksum" in reasons and "truncated" in reasons and "another model" in reasons
+    assert not (store.dir / "c-flipped.kv").exists() and not (store.dir / "c-short.kv").exists()
+    assert (store.dir / "c-other.kv").exists()  # the other model's, left to it
+    (store.dir / "c-good.kv").unlink()
+    (store.dir / "c-good2.kv").write_bytes(bytes(blob))
+    assert store.hydrate(history, conv_id="good2") is None  # with no sound copy: a miss
+    assert store.metrics.rejected == 4
+
+
+def test_index_rebuilt_at_start_and_other_processes_saves_seen(tmp_path):
+    rng = np.random.default_rng()
+    a, b = make_store(tmp_path), make_store(tmp_path)
+    history = ids(rng, 2 * CHUNK_TOKENS)
+    snap = snapshot(a.layout, history, rng)
+    a.save(snap)
+    assert_same(snap, b.hydrate(history))  # b learns of a's save by the directory's mtime
+    assert_same(snap, make_store(tmp_path).hydrate(history))  # a new store rebuilds from the headers
+
+
+def test_admin_list_evict_clear(tmp_path):
+    rng = np.random.default_rng()
+    store = make_store(tmp_path)
+    store.save(snapshot(store.layout, ids(rng, 70), rng), conv_id="one")
+    store.save(snapshot(store.layout, ids(rng, 70), rng))
+    listed = store.entries()
+    assert {e["id"][:2] for e in listed} == {"c-", "t-"}
+    assert store.evict("c-one") and not store.evict("c-one")
+    with pytest.raises(ValueError):
+        store.evict("../../x")
+    assert store.clear() == 1 and store.entries() == []
+
+
+WORKER = """
+import sys, numpy as np, random
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from kvstore.store import KVStore, StoreConfig
+from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
+directory, seed, n_ops, cap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rng = np.random.default_rng(seed)
+r = random.Random(seed)
+store = KVStore(StoreConfig(Path(directory), max_bytes=cap, stale_tmp_s=0.5), FINGERPRINT, layout())
+for i in range(n_ops):
+    op = r.random()
+    conv = f"p{{seed}}-{{r.randrange(20)}}"
+    if op < 0.6:
+        n = r.randrange(1, 300)
+        path = store.save(snapshot(store.layout, rng.integers(0, 1000, n), rng), conv_id=conv)
+    elif op < 0.9:
+        store.hydrate(rng.integers(0, 1000, 100), conv_id=conv)
+    elif op < 0.97:
+        store.evict("c-" + conv)
+    else:
+        store.entries()
+print("ok", store.metrics.saves, store.metrics.evictions)
+"""
+
+
+def run_writers(tmp_path: Path, n_procs: int, n_ops: int, cap: int) -> list[str]:
+    script = tmp_path / "writer.py"
+    script.write_text(WORKER.format(root=str(ROOT)))
+    directory = tmp_path / "shared"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(directory), str(seed), str(n_ops), str(cap)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in range(n_procs)
+    ]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(out)
+    return outs
+
+
+def check_directory(directory: Path, cap: int) -> None:
+    total = 0
+    for p in directory.glob("*.kv"):
+        h = read_header(p)  # every entry left is whole and valid
+        read_entry(h, h.n_tokens)
+        total += h.file_bytes
+    assert total <= cap, f"{total} bytes over the cap {cap}"
+
+
+@pytest.mark.parametrize("n_ops", [250])
+def test_four_processes_share_one_directory(tmp_path, n_ops):
+    """4 processes x 250 seeded operations (CI); the soak variant runs 10 000 in all."""
+    cap = 40 * layout().body_bytes(150)
+    outs = run_writers(tmp_path, 4, n_ops, cap)
+    assert all(o.startswith("ok") for o in outs)
+    check_directory(tmp_path / "shared", cap)
+    assert not list((tmp_path / "shared").glob(".*.tmp"))  # nobody crashed: no temp file left
+
+
+@pytest.mark.soak
+def test_four_processes_share_one_directory_long(tmp_path):
+    cap = 40 * layout().body_bytes(150)
+    run_writers(tmp_path, 4, 2500, cap)
+    check_directory(tmp_path / "shared", cap)
