@@ -109,6 +109,8 @@ def main() -> None:
             str(sock_dir),
             "--stream-interval-ms",
             str(args.stream_interval_ms),
+            "--kv-cache-dir",
+            str(tmp / "kv"),
         ],
         cwd=ROOT,
         stderr=subprocess.DEVNULL,

@@ -30,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         help=f"send a request's text at most this often, ms (default: {d.stream_interval_ms})",
     )
+    p.add_argument("--kv-cache-dir", help=f"where conversations' KV is saved (default: {d.kv_cache_dir})")
+    p.add_argument("--kv-cache-max-mb", type=int, help=f"size cap of the saved KV, MB (default: {d.kv_cache_max_mb})")
+    p.add_argument("--no-kv-store", dest="kv_store", action="store_false", default=None, help="no saved KV")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     try:
@@ -44,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "max_queue": args.max_queue,
                 "prefill_chunk": args.prefill_chunk,
                 "stream_interval_ms": args.stream_interval_ms,
+                "kv_cache_dir": args.kv_cache_dir,
+                "kv_cache_max_mb": args.kv_cache_max_mb,
+                "kv_store": args.kv_store,
             },
         )
     except (ValueError, OSError) as e:

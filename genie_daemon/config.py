@@ -12,6 +12,11 @@ from pathlib import Path
 from typing import Any
 
 
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "genie" / "kv"
+
+
 def _runtime_dir() -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR")
     return Path(base) / "genie" if base else Path("/run/genie")
@@ -29,6 +34,11 @@ class DaemonConfig:
     client_endpoint: str = ""  # client socket; default ipc://<socket_dir>/genie.sock
     worker_endpoint: str = ""  # daemon <-> worker socket; default ipc://<socket_dir>/worker.sock
     admin_endpoint: str = ""  # genie-ctl's socket (mode 0600 when ipc); default ipc://<socket_dir>/admin.sock
+    kv_store: bool = True  # run the KV-store process: conversations' KV saved at turn end, hydrated at turn start
+    kv_endpoint: str = ""  # worker/daemon <-> KV store; default ipc://<socket_dir>/kv.sock
+    kv_cache_dir: str = field(default_factory=lambda: str(_cache_dir()))  # where saved KV lives
+    kv_cache_max_mb: int = 1024  # size cap of the saved KV, least recently used evicted first; 0 = none
+    kv_cache_stale_tmp_s: float = 60.0  # temp files of a crashed save older than this are removed
     max_queue: int = 16  # requests waiting beyond the running one; more are refused as "overloaded"
     heartbeat_timeout_s: float = 3.0  # a worker silent this long is dead (three missed 1 s beats)
     restart_backoff_s: float = 0.5  # first restart delay; doubles up to restart_backoff_max_s
@@ -38,12 +48,16 @@ class DaemonConfig:
     def __post_init__(self) -> None:
         if self.max_queue < 0 or self.ctx < 0 or self.prefill_chunk < 1 or not self.stream_interval_ms >= 0:
             raise ValueError("max_queue, ctx and stream_interval_ms must be >= 0, prefill_chunk >= 1")
+        if self.kv_cache_max_mb < 0 or not self.kv_cache_stale_tmp_s >= 0:
+            raise ValueError("kv_cache_max_mb and kv_cache_stale_tmp_s must be >= 0")
         if not self.client_endpoint:
             object.__setattr__(self, "client_endpoint", f"ipc://{self.socket_dir}/genie.sock")
         if not self.worker_endpoint:
             object.__setattr__(self, "worker_endpoint", f"ipc://{self.socket_dir}/worker.sock")
         if not self.admin_endpoint:
             object.__setattr__(self, "admin_endpoint", f"ipc://{self.socket_dir}/admin.sock")
+        if not self.kv_endpoint:
+            object.__setattr__(self, "kv_endpoint", f"ipc://{self.socket_dir}/kv.sock")
 
     def worker_args(self) -> list[str]:
         args = [
@@ -60,7 +74,20 @@ class DaemonConfig:
             "--stream-interval-ms",
             str(self.stream_interval_ms),
         ]
+        args += ["--kv-endpoint", self.kv_endpoint] if self.kv_store else []
         return args + (["--fp16-kv"] if self.fp16_kv else [])
+
+    def kv_store_args(self) -> list[str]:
+        return [
+            "--endpoint",
+            self.kv_endpoint,
+            "--dir",
+            self.kv_cache_dir,
+            "--max-mb",
+            str(self.kv_cache_max_mb),
+            "--stale-tmp-s",
+            str(self.kv_cache_stale_tmp_s),
+        ]
 
 
 def default_config_path() -> Path:

@@ -16,7 +16,21 @@ import zmq
 from protocol.client import GenieClient
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
-from protocol.messages import Delta, Done, Error, Health, Load, Message, Metrics, Reply, Status, Unload
+from protocol.messages import (
+    Delta,
+    Done,
+    Error,
+    Health,
+    KvClear,
+    KvEvict,
+    KvList,
+    Load,
+    Message,
+    Metrics,
+    Reply,
+    Status,
+    Unload,
+)
 
 from .config import DaemonConfig
 
@@ -48,10 +62,35 @@ def _admin_call(endpoint: str, msg: Message) -> Message:
         ctx.term()
 
 
-def _print_table(data: dict[str, Any]) -> None:
-    width = max(len(k) for k in data)
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _print_table(data: dict[str, Any]) -> None:
+    flat = _flatten(data)
+    width = max(len(k) for k in flat)
+    for key, value in flat.items():
         print(f"{key.ljust(width)}  {value}")
+
+
+def _print_entries(entries: list[dict[str, Any]]) -> None:
+    if not entries:
+        print("no saved conversations")
+        return
+    now = time.time_ns()
+    print(f"{'id':<40} {'conv id':<24} {'tokens':>7} {'MB':>8} {'dtype':<5} {'model':<12} {'last used':>10}")
+    for e in entries:
+        age = max(0.0, (now - int(e["last_used_ns"])) / 1e9)
+        print(
+            f"{e['id']:<40} {e['conv_id'] or '-':<24} {e['tokens']:>7} {e['bytes'] / 1e6:>8.2f} "
+            f"{e['dtype']:<5} {e['model']:<12} {age:>8.0f} s"
+        )
 
 
 async def _generate(endpoint: str, prompt: str, max_tokens: int) -> tuple[str, Message]:
@@ -105,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = sub.add_parser("load", help="serve another model (waits until it is ready)")
     load.add_argument("model", help="GGUF path or installed model name")
     sub.add_parser("unload", help="stop serving; GENERATE is refused until the next load")
+    kv = sub.add_parser("kv", help="saved conversations: ls | evict ID | clear")
+    kv.add_argument("kv_command", choices=("ls", "evict", "clear"))
+    kv.add_argument("entry_id", nargs="?", help="for evict: an id as `kv ls` shows it (c-<conv id> or t-<hash>)")
     gen = sub.add_parser("generate", help="generate from a prompt through the daemon")
     gen.add_argument("prompt")
     gen.add_argument("-n", "--max-tokens", type=int, default=64, help="(default: %(default)s)")
@@ -137,6 +179,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _load(config, args.model, args.json)
         if args.command == "unload":
             reply = _admin_call(config.admin_endpoint, Unload(request_id="ctl"))
+        elif args.command == "kv":
+            if args.kv_command == "evict" and not args.entry_id:
+                print("genie-ctl: error: kv evict needs an entry id (see `genie-ctl kv ls`)", file=sys.stderr)
+                return 2
+            kv_call: Message = {
+                "ls": KvList(request_id="ctl"),
+                "evict": KvEvict(request_id="ctl", entry_id=args.entry_id or ""),
+                "clear": KvClear(request_id="ctl"),
+            }[args.kv_command]
+            reply = _admin_call(config.admin_endpoint, kv_call)
         else:
             call = {"status": Status, "health": Health, "metrics": Metrics}[args.command]
             reply = _admin_call(config.admin_endpoint, call(request_id="ctl"))
@@ -151,8 +203,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         healthy = bool(reply.data.get("ready"))
         print(json.dumps({"healthy": healthy}) if args.json else ("healthy" if healthy else "not ready"))
         return 0 if healthy else 1
-    print(json.dumps(reply.data) if args.json else "", end="\n" if args.json else "")
-    if not args.json:
+    if args.json:
+        print(json.dumps(reply.data))
+    elif args.command == "kv" and args.kv_command == "ls":
+        _print_entries(reply.data.get("entries", []))
+    elif args.command == "kv" and args.kv_command == "evict" and not reply.data.get("evicted"):
+        print(f"no entry {args.entry_id}")
+        return 1
+    else:
         _print_table(reply.data)
     return 0
 

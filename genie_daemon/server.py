@@ -27,6 +27,9 @@ from protocol.messages import (
     Generate,
     Health,
     Hello,
+    KvClear,
+    KvEvict,
+    KvList,
     Load,
     Message,
     Metrics,
@@ -38,6 +41,7 @@ from protocol.messages import (
 )
 
 from .config import DaemonConfig
+from .kv_store_handle import KvStoreHandle
 from .worker_handle import WorkerHandle
 
 log = logging.getLogger("genie.daemon")
@@ -64,6 +68,7 @@ class Daemon:
         if config.admin_endpoint.startswith("ipc://"):
             os.chmod(config.admin_endpoint[len("ipc://") :], 0o600)  # admin calls: the owner only
         self.worker = WorkerHandle(config)
+        self.kv = KvStoreHandle(config, self.ctx) if config.kv_store else None
         self.queues: dict[str, deque[Request]] = {"voice": deque(), "background": deque()}
         self.running: Request | None = None
         self.by_internal: dict[str, Request] = {}
@@ -75,6 +80,7 @@ class Daemon:
         self.load_error: str | None = None
         self.recent_tok_s = 0.0  # decode speed of the last finished request
         self._switch: asyncio.Task[None] | None = None
+        self._kv_restart: asyncio.Task[None] | None = None
 
     def _bind(self, endpoint: str) -> zmq.asyncio.Socket:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -111,13 +117,19 @@ class Daemon:
             except ProtocolError as e:
                 reply: Message = Error(request_id=e.request_id, code=e.code, message=e.message)
             else:
-                reply = self.on_admin(msg)
+                reply = await self.on_admin(msg)
             await self.admin.send_multipart([peer.bytes, *encode(reply)])
 
-    def on_admin(self, msg: Message) -> Message:
+    async def on_admin(self, msg: Message) -> Message:
         rid = getattr(msg, "request_id", None)
-        if isinstance(msg, (Status, Health, Metrics)):
+        if isinstance(msg, Health):
             return Reply(request_id=msg.request_id, data=self.status())
+        if isinstance(msg, (Status, Metrics)):
+            return Reply(request_id=msg.request_id, data={**self.status(), "kv": await self.kv_metrics()})
+        if isinstance(msg, (KvList, KvEvict, KvClear)):
+            if self.kv is None:
+                return Error(request_id=rid, code="kv_disabled", message="the KV store is off (kv_store = false)")
+            return await self.kv.call(msg)
         if isinstance(msg, Load):  # answered at once; `genie-ctl load` then watches STATUS until ready
             self.wanted = True
             self.load_error = None
@@ -129,6 +141,13 @@ class Daemon:
             self._switch = asyncio.create_task(self._unload())
             return Reply(request_id=msg.request_id, data={"unloading": self.config.model})
         return Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet")
+
+    async def kv_metrics(self) -> dict[str, Any]:
+        if self.kv is None:
+            return {"enabled": False}
+        reply = await self.kv.call(Metrics(request_id="kv"), timeout_s=0.5)
+        data = reply.data if isinstance(reply, Reply) else {"error": getattr(reply, "message", "no answer")}
+        return {"enabled": True, "pid": self.kv.pid, "restarts": self.kv.restarts, **data}
 
     async def _load(self) -> None:
         await self.worker.stop()
@@ -244,11 +263,15 @@ class Daemon:
             await self.dispatch()
 
     async def supervise_loop(self) -> None:
+        if self.kv:
+            await self.kv.start()
         await self.worker.start()
         while True:
             await asyncio.sleep(0.2)
             if self.stopping.is_set():
                 return
+            if self.kv and not self.kv.is_alive() and (self._kv_restart is None or self._kv_restart.done()):
+                self._kv_restart = asyncio.create_task(self.kv.restart())  # its backoff must not hold up the worker
             switching = self._switch is not None and not self._switch.done()
             if switching or not self.wanted or self.load_error or not self.worker.proc or self.worker.is_alive():
                 continue
@@ -277,6 +300,7 @@ class Daemon:
             "daemon_pid": os.getpid(),
             "worker_pid": self.worker.pid,
             "worker_restarts": self.worker.restarts,
+            "kv_store_pid": self.kv.pid if self.kv else None,
             "queue": sum(len(q) for q in self.queues.values()),
             "running": self.running is not None,
             "requests_served": self.served,
@@ -294,6 +318,8 @@ class Daemon:
         for t in tasks:
             t.cancel()
         await self.worker.stop()
+        if self.kv:
+            await self.kv.stop()
         for sock in (self.clients, self.workers, self.admin):
             sock.close()
         self.ctx.term()

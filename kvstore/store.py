@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock
 
+from protocol.schema import CONV_ID
 from workers.engine.kv_cache import KVSnapshot
 
 from .format import (
@@ -41,7 +42,6 @@ from .format import (
 log = logging.getLogger("genie.kvstore")
 
 CHUNK_TOKENS = 64
-CONV_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 LOCK_TIMEOUT_S = 30.0
 HYDRATE_ATTEMPTS = 3  # entries tried when the best match turns out corrupt on load
 
@@ -172,9 +172,10 @@ class KVStore:
         path.unlink(missing_ok=True)
 
     # -- lookup and hydrate -----------------------------------------------------------------------------
-    def lookup(self, token_ids: list[int] | np.ndarray, conv_id: str = "") -> Match | None:
+    def lookup(self, token_ids: list[int] | np.ndarray, conv_id: str = "", longer_than: int = 0) -> Match | None:
         """The entry sharing the longest verified token prefix with `token_ids` (the conversation's own entry
-        when `conv_id` names one, or any entry found by its chunks), or None."""
+        when `conv_id` names one, or any entry found by its chunks), or None when none shares more than
+        `longer_than` tokens (what the caller already holds) and at least min_hydrate_tokens."""
         self._refresh()
         prompt = np.asarray(token_ids, dtype=np.int32)
         candidates: list[EntryHeader] = []
@@ -199,7 +200,7 @@ class KVStore:
         best: Match | None = None
         for header in candidates:
             n = common_prefix(header.token_ids, prompt)
-            if n >= self.config.min_hydrate_tokens and (best is None or n > best.n_tokens):
+            if n >= self.config.min_hydrate_tokens and n > longer_than and (best is None or n > best.n_tokens):
                 best = Match(header, n)
         return best
 
@@ -219,11 +220,11 @@ class KVStore:
         self.metrics.hydrated_tokens += match.n_tokens
         return snapshot
 
-    def hydrate(self, token_ids: list[int] | np.ndarray, conv_id: str = "") -> KVSnapshot | None:
+    def hydrate(self, token_ids: list[int] | np.ndarray, conv_id: str = "", longer_than: int = 0) -> KVSnapshot | None:
         """lookup + load: the longest saved prefix of `token_ids` as a snapshot, or None (a miss). An entry
         that fails its checks on load is removed, and the next best one tried."""
         for _ in range(HYDRATE_ATTEMPTS):
-            match = self.lookup(token_ids, conv_id)
+            match = self.lookup(token_ids, conv_id, longer_than)
             if match is None:
                 break
             snapshot = self.load(match)
@@ -301,46 +302,65 @@ class KVStore:
 
     # -- admin ------------------------------------------------------------------------------------------
     def entries(self) -> list[dict[str, object]]:
-        self._refresh()
-        out = []
-        for name, e in sorted(self._entries.items()):
-            h = e.header
-            try:
-                used = h.path.stat().st_mtime_ns
-            except FileNotFoundError:
-                continue
-            out.append(
-                {
-                    "id": name.removesuffix(".kv"),
-                    "conv_id": h.conv_id,
-                    "tokens": h.n_tokens,
-                    "bytes": h.file_bytes,
-                    "created_ns": h.created_ns,
-                    "last_used_ns": used,
-                }
-            )
-        return out
+        return list_entries(self.dir)
 
     def evict(self, entry_id: str) -> bool:
-        name = f"{entry_id}.kv"
-        if not re.fullmatch(r"[ct]-[A-Za-z0-9._-]{1,128}", entry_id) or ".." in entry_id:
-            raise ValueError(f"no such entry id {entry_id[:40]!r}")
-        with self.lock:
-            path = self.dir / name
-            existed = path.exists()
-            path.unlink(missing_ok=True)
-            self._forget(name)
+        existed = evict_entry(self.dir, entry_id, self.lock)
+        self._forget(f"{entry_id}.kv")
         return existed
 
     def clear(self) -> int:
-        with self.lock:
-            n = 0
-            for p in self.dir.glob("*.kv"):
-                p.unlink(missing_ok=True)
-                self._forget(p.name)
-                n += 1
-            self._cleanup_stale_tmp()
+        n = clear_entries(self.dir, self.lock)
+        self._refresh()
         return n
 
     def total_bytes(self) -> int:
         return sum(e.header.file_bytes for e in self._entries.values())
+
+
+# -- the directory as a whole (any model's entries): what genie-ctl kv ls|evict|clear act on -----------------
+ENTRY_ID = re.compile(r"[ct]-[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def list_entries(directory: Path) -> list[dict[str, object]]:
+    """Every entry whose header reads, oldest use first; a bad file is left for the store to reject on use."""
+    out = []
+    for p in directory.glob("*.kv"):
+        try:
+            h = read_header(p)
+            used = p.stat().st_mtime_ns
+        except (EntryError, FileNotFoundError):
+            continue
+        out.append(
+            {
+                "id": p.stem,
+                "conv_id": h.conv_id,
+                "tokens": h.n_tokens,
+                "bytes": h.file_bytes,
+                "dtype": h.layout.dtype,
+                "model": h.fingerprint.hex()[:12],
+                "created_ns": h.created_ns,
+                "last_used_ns": used,
+            }
+        )
+    return sorted(out, key=lambda e: (e["last_used_ns"], e["id"]))
+
+
+def evict_entry(directory: Path, entry_id: str, lock: FileLock) -> bool:
+    """Removes one entry by its id (c-<conv id> or t-<hash>); False if there was none."""
+    if not ENTRY_ID.fullmatch(entry_id) or ".." in entry_id:
+        raise ValueError(f"{entry_id[:40]!r} is not an entry id (c-<conv id> or t-<hash>, as `kv ls` shows)")
+    with lock:
+        path = directory / f"{entry_id}.kv"
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+    return existed
+
+
+def clear_entries(directory: Path, lock: FileLock) -> int:
+    with lock:
+        n = 0
+        for p in directory.glob("*.kv"):
+            p.unlink(missing_ok=True)
+            n += 1
+    return n

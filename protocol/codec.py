@@ -10,7 +10,10 @@ from typing import Any
 import msgpack
 
 from .errors import BAD_FRAME, ProtocolError
+from .kv_messages import KvData, KvLookup, KvSave, KvSaved
 from .messages import MESSAGE_TYPES, Message
+
+MESSAGE_TYPES.update({cls.TYPE: cls for cls in (KvSave, KvLookup, KvData, KvSaved)})
 
 MAX_BODY_BYTES = 4 << 20  # a GENERATE with a long conversation fits; anything larger is refused unread
 MAX_SIDE_FRAMES = 64

@@ -55,7 +55,7 @@ class Generate(Message):
         "prompt": Field("str"),
         "token_ids": Field("token_ids"),
         "params": Field("dict"),
-        "conv_id": Field("id"),
+        "conv_id": Field("conv_id"),
         "stream": Field("bool"),
         "priority": Field("enum:voice|background"),
         "think": Field("bool"),
@@ -143,7 +143,7 @@ class Prewarm(Message):
         "request_id": Field("id", required=True),
         "messages": Field("messages"),
         "prompt": Field("str"),
-        "conv_id": Field("id"),
+        "conv_id": Field("conv_id"),
     }
     request_id: str
     messages: list[dict[str, Any]] | None = None
@@ -194,8 +194,8 @@ class KvList(AdminCall):
 @dataclass
 class KvEvict(AdminCall):
     TYPE = 0x16
-    FIELDS = {**AdminCall.FIELDS, "conv_id": Field("id", required=True)}
-    conv_id: str = ""
+    FIELDS = {**AdminCall.FIELDS, "entry_id": Field("id", required=True)}
+    entry_id: str = ""  # as KV_LIST names it: c-<conv id> or t-<hash>
 
 
 @dataclass

@@ -7,12 +7,14 @@ a list's length, or an integer's magnitude. Nothing from the wire reaches genie 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import BAD_MESSAGE, ProtocolError
 
 MAX_ID_LEN = 128
+CONV_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_TEXT_LEN = 1 << 20  # one prompt or message: 1 MiB of text
 MAX_MESSAGES = 1024
 MAX_TOKENS_IN = 1 << 17
@@ -57,6 +59,9 @@ def check(kind: str, value: Any, limit: int) -> str | None:
     if kind == "id":
         ok = isinstance(value, str) and 0 < len(value) <= MAX_ID_LEN and value.isprintable()
         return None if ok else f"must be a printable string of 1 to {MAX_ID_LEN} characters"
+    if kind == "conv_id":  # it names a file of the KV store: a strict charset, no path
+        ok = isinstance(value, str) and CONV_ID.fullmatch(value) is not None and ".." not in value
+        return None if ok else "must be 1 to 128 of A-Z a-z 0-9 . _ - starting with a letter or digit"
     if kind == "int":
         n = limit or (1 << 62)
         return None if _is_int(value) and abs(value) <= n else f"must be an integer within ±{n}"
@@ -72,6 +77,10 @@ def check(kind: str, value: Any, limit: int) -> str | None:
             and all(_is_int(t) and 0 <= t < 1 << 31 for t in value)
         )
         return None if ok else f"must be a list of at most {MAX_TOKENS_IN} non-negative token ids"
+    if kind == "int_list":
+        n = limit or 1024
+        ok = isinstance(value, list) and len(value) <= n and all(_is_int(v) and 0 <= v < 1 << 31 for v in value)
+        return None if ok else f"must be a list of at most {n} non-negative integers"
     if kind == "str_list":
         n = limit or MAX_STOP
         ok = (

@@ -7,13 +7,14 @@ import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from . import __version__
 from .engine.backends import BACKEND_CHOICES
 from .engine.engine import Completion, Delta, Engine, EngineConfig
-from .engine.errors import GenieError
+from .engine.errors import GenieError, RequestError
 from .engine.perplexity import perplexity
 from .engine.registry import DEFAULT_MODEL, MODELS
 from .engine.sampling import SamplingParams
@@ -48,6 +49,43 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--think", action="store_true", help="keep <think>…</think> reasoning (default: off)")
 
 
+def _add_conv_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--conv-id",
+        default=None,
+        help="persist this conversation's KV in the KV cache directory (the daemon's, see genie-daemon): a prompt "
+        "that begins like a saved one prefills only the rest (default: no persistence)",
+    )
+
+
+class _ConvCache:
+    """`--conv-id`: the daemon's KV cache directory used in this process, beside a running daemon or not."""
+
+    def __init__(self, engine: Engine, conv_id: str) -> None:
+        from genie_daemon.config import load_config
+        from kvstore.engine_kv import engine_layout
+        from kvstore.store import KVStore, StoreConfig, check_conv_id
+
+        try:
+            self.conv_id = check_conv_id(conv_id)
+            c = load_config()
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        config = StoreConfig(Path(c.kv_cache_dir), c.kv_cache_max_mb << 20, c.kv_cache_stale_tmp_s)
+        self.engine = engine
+        self.store = KVStore(config, engine.model.fingerprint, engine_layout(engine))
+
+    def before(self, ids: list[int]) -> None:
+        from kvstore.engine_kv import hydrate
+
+        hydrate(self.engine, self.store, ids, self.conv_id)
+
+    def after(self) -> None:
+        from kvstore.engine_kv import save
+
+        save(self.engine, self.store, self.conv_id)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="genie",
@@ -75,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt is a user message in the model's chat format (default with a chat template)",
     )
     _add_sampling_options(run)
+    _add_conv_option(run)
     run.add_argument(
         "--json", action="store_true", help="print one JSON object instead of streaming (default: stream text)"
     )
@@ -83,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(chat)
     chat.add_argument("-s", "--system", default=None, help="system prompt (default: none)")
     _add_sampling_options(chat)
+    _add_conv_option(chat)
 
     tok = sub.add_parser("tokenize", help="print token ids (no BOS)")
     tok.add_argument("-m", "--model", default=DEFAULT_MODEL, help="GGUF path or installed model (default: %(default)s)")
@@ -167,7 +207,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         ids = engine.chat_prompt([{"role": "user", "content": args.prompt}], think=args.think)
     else:
         ids = engine.text_prompt(args.prompt)
+    conv = _ConvCache(engine, args.conv_id) if args.conv_id else None
+    if conv:
+        conv.before(ids)
     c = _stream(engine, ids, _sampling(args), args.think, echo=not args.json)
+    if conv:
+        conv.after()
     if args.json:
         out: dict[str, Any] = {
             "text": c.text,
@@ -192,6 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     engine = _engine(args)
     params = _sampling(args)
+    conv = _ConvCache(engine, args.conv_id) if args.conv_id else None
     messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
     print(
         f"genie chat — {engine.model.name}. Ctrl-C stops an answer; Ctrl-D or Ctrl-C at the prompt quits.",
@@ -207,7 +253,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": line})
         try:
-            c = _stream(engine, engine.chat_prompt(messages, think=args.think), params, args.think, echo=True)
+            ids = engine.chat_prompt(messages, think=args.think)
+            if conv:
+                conv.before(ids)
+            c = _stream(engine, ids, params, args.think, echo=True)
+            if conv:
+                conv.after()
         except GenieError as e:
             messages.pop()
             print(f"\ngenie: error: {e}", file=sys.stderr)

@@ -13,7 +13,6 @@ to restart it.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import queue
 import signal
@@ -48,6 +47,8 @@ from .engine.engine import Completion, Engine, EngineConfig
 from .engine.errors import GenieError
 from .engine.registry import DEFAULT_MODEL
 from .engine.sampling import SamplingParams
+from .kv_link import KvLink
+from .lifetime import exit_with_parent
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class WorkerConfig:
     engine: EngineConfig
     heartbeat_s: float = 1.0  # the daemon counts the worker dead after three missed beats
     stream_interval_s: float = 0.005  # DELTAs of one request at most this often (delta_stream.py); 0: every token
+    kv_endpoint: str = ""  # the KV-store process (kv_link.py); empty: no persistent KV
 
 
 class _IoThread(threading.Thread):
@@ -122,6 +124,7 @@ class Worker:
         self.cancelled: set[str] = set()
         self.io = _IoThread(self.ctx, config, self.inbox, self.cancelled)
         self.out = _dealer(self.ctx, config.endpoint, worker_identities(os.getpid())[1])  # the engine thread's own
+        self.kv = KvLink(self.ctx, config.kv_endpoint, engine) if config.kv_endpoint else None
         self.stopping = False
 
     def send(self, msg: Message) -> None:
@@ -161,6 +164,8 @@ class Worker:
             self.io.stopped.set()
             self.io.join(timeout=3)
             self.out.close()
+            if self.kv:
+                self.kv.close()
 
     def handle(self, msg: Message) -> None:
         assert isinstance(msg, (Generate, Prewarm))
@@ -169,6 +174,8 @@ class Worker:
         try:
             ids = self._prompt_ids(msg)
             params = SamplingParams(max_tokens=0) if isinstance(msg, Prewarm) else _sampling(msg.params)
+            if self.kv:
+                self.kv.hydrate(ids, msg.conv_id)
             for ev in self.engine.generate(ids, params, cancel=lambda: rid in self.cancelled):
                 if isinstance(ev, Completion):
                     stream.flush()
@@ -182,6 +189,8 @@ class Worker:
                     self.send(Done(request_id=rid, finish_reason=ev.finish_reason, usage=usage, timings=timings))
                 elif isinstance(msg, Generate):
                     stream.add(ev.text, ev.token_ids)
+            if self.kv:  # after DONE went out: the client never waits for the save
+                self.kv.save(msg.conv_id)
         except GenieError as e:  # the request's fault: reply and go on
             stream.flush()
             self.send(Error(request_id=rid, code="bad_request", message=str(e)))
@@ -204,15 +213,6 @@ def _sampling(params: dict) -> SamplingParams:
     return SamplingParams(**p)
 
 
-def _exit_with_parent() -> None:
-    """Linux: SIGTERM when the daemon dies, so no worker outlives it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="genie-worker", description="genie's GPU worker process")
     p.add_argument("--endpoint", required=True, help="the daemon's worker socket, e.g. ipc:///run/genie/worker.sock")
@@ -226,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=WorkerConfig.stream_interval_s * 1000,
         help="send a request's text at most this often, first token and sentence ends at once (default: %(default)s)",
     )
+    p.add_argument("--kv-endpoint", default="", help="the KV-store process's socket (default: none, no saved KV)")
     p.add_argument(
         "--prefill-chunk",
         type=int,
@@ -233,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="prompt tokens per forward pass; cancel is checked between chunks (default: %(default)s)",
     )
     args = p.parse_args(argv)
-    _exit_with_parent()
+    exit_with_parent()
     try:
         engine_config = EngineConfig(
             model=args.model,
@@ -245,7 +246,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.stream_interval_ms < 0:
             raise GenieError("--stream-interval-ms must be >= 0")
         config = WorkerConfig(
-            endpoint=args.endpoint, engine=engine_config, stream_interval_s=args.stream_interval_ms / 1000
+            endpoint=args.endpoint,
+            engine=engine_config,
+            stream_interval_s=args.stream_interval_ms / 1000,
+            kv_endpoint=args.kv_endpoint,
         )
         worker = Worker(config, Engine(engine_config))
     except GenieError as e:

@@ -36,6 +36,8 @@ def start_daemon(tmp: Path, *extra: str) -> tuple[subprocess.Popen, str]:
         "512",
         "--socket-dir",
         str(sock_dir),
+        "--kv-cache-dir",
+        str(tmp / "kv"),
         *extra,
     ]
     proc = subprocess.Popen(
@@ -175,13 +177,14 @@ def test_killed_worker_fails_the_request_and_is_restarted(daemon):
 
 def test_sigterm_exits_zero_and_leaves_no_worker(tmp_path):
     proc, endpoint = start_daemon(tmp_path)
-    worker_pid = asyncio.run(status(endpoint)).data["worker_pid"]
+    data = asyncio.run(status(endpoint)).data
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):
-        os.kill(worker_pid, 0)
+    for pid in (data["worker_pid"], data["kv_store_pid"]):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def ctl(sock_dir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -341,18 +344,20 @@ def test_prewarm_then_generate_reuses_the_prefix(daemon):
 
 def test_daemon_killed_leaves_no_worker_behind(tmp_path):
     proc, endpoint = start_daemon(tmp_path)
-    worker_pid = asyncio.run(status(endpoint)).data["worker_pid"]
+    data = asyncio.run(status(endpoint)).data
     proc.kill()
     proc.communicate(timeout=10)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.kill(worker_pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.kill(worker_pid, signal.SIGKILL)
-    raise AssertionError("the worker outlived its daemon by more than 5 s")
+    for pid, name in ((data["worker_pid"], "worker"), (data["kv_store_pid"], "KV store")):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"the {name} outlived its daemon by more than 5 s")
 
 
 def test_unload_refuses_work_and_load_serves_a_model_again(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from protocol.codec import MAX_BODY_BYTES, decode, encode
 from protocol.errors import BAD_FRAME, BAD_MESSAGE, ProtocolError
+from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
 from protocol.messages import (
     MESSAGE_TYPES,
     Cancel,
@@ -34,6 +35,14 @@ from protocol.messages import (
     Unload,
 )
 
+LAYOUT_EXAMPLE = {
+    "dtype": "int8",
+    "n_layers": 2,
+    "n_kv_heads": 1,
+    "head_dim": 64,
+    "v_head_dim": 64,
+    "windows": [0, 512],
+}
 EXAMPLES = [
     Generate(
         request_id="r1",
@@ -62,13 +71,17 @@ EXAMPLES = [
     Unload(request_id="a4"),
     Metrics(request_id="a5"),
     KvList(request_id="a6"),
-    KvEvict(request_id="a7", conv_id="kitchen"),
+    KvEvict(request_id="a7", entry_id="c-kitchen"),
     KvClear(request_id="a8"),
     Reply(request_id="a1", data={"model": "gemma3-270m", "queue": 0}),
     Hello(protocol_version=1, pid=1234),
     Ready(model="gemma3-270m", n_ctx=4096, kv_capacity=1, backend="numpy", device="numpy", load_ms=5000.0),
     Heartbeat(seq=3, busy=True),
     Dead(reason="CUDA error: an illegal memory access"),
+    KvSave(request_id="k1", fingerprint="ab" * 32, layout=LAYOUT_EXAMPLE, token_ids=[1, 2, 3], conv_id="kitchen"),
+    KvLookup(request_id="k2", fingerprint="0f" * 32, layout=LAYOUT_EXAMPLE, token_ids=[1, 2], longer_than=1),
+    KvData(request_id="k2", n_tokens=2),
+    KvSaved(request_id="k1", bytes=12345),
 ]
 
 
@@ -103,6 +116,8 @@ def body(type_code: int, payload) -> list[bytes]:
         ({"request_id": "r", "prompt": "x", "params": {"max_tokens": True}}, "max_tokens"),
         ({"request_id": "r", "prompt": "x", "priority": "urgent"}, "priority"),
         ({"request_id": "r", "prompt": "x", "params": [1]}, "params"),
+        ({"request_id": "r", "prompt": "x", "conv_id": "../../etc/passwd"}, "conv_id"),
+        ({"request_id": "r", "prompt": "x", "conv_id": "a b"}, "conv_id"),
     ],
 )
 def test_bad_generate_names_the_problem_and_keeps_the_request_id(payload, fragment):
@@ -110,6 +125,29 @@ def test_bad_generate_names_the_problem_and_keeps_the_request_id(payload, fragme
         decode(body(Generate.TYPE, payload))
     assert e.value.code == BAD_MESSAGE and fragment in e.value.message
     assert e.value.request_id == payload.get("request_id")
+
+
+GOOD_KV = {"request_id": "k", "fingerprint": "ab" * 32, "token_ids": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        ({"fingerprint": "AB" * 32}, "fingerprint"),
+        ({"fingerprint": "ab" * 31}, "fingerprint"),
+        ({"layout": {**LAYOUT_EXAMPLE, "dtype": "int4"}}, "dtype"),
+        ({"layout": {**LAYOUT_EXAMPLE, "n_layers": 0}}, ">= 1"),
+        ({"layout": {**LAYOUT_EXAMPLE, "windows": [0]}}, "one window per layer"),
+        ({"layout": {**LAYOUT_EXAMPLE, "windows": [0, -1]}}, "windows"),
+        ({"layout": [1]}, "layout"),
+        ({"token_ids": "abc"}, "token_ids"),
+    ],
+)
+def test_bad_kv_requests_name_the_problem(change, fragment):
+    for cls in (KvSave, KvLookup):
+        with pytest.raises(ProtocolError) as e:
+            decode(body(cls.TYPE, {**GOOD_KV, "layout": LAYOUT_EXAMPLE, **change}))
+        assert e.value.code == BAD_MESSAGE and fragment in e.value.message and e.value.request_id == "k"
 
 
 def test_unknown_type_keeps_the_request_id():

@@ -1,0 +1,91 @@
+"""The supervised KV-store process, and the daemon's admin line to it.
+
+The store needs no handshake: it serves as soon as its socket is bound, and the daemon only asks it
+admin questions (KV_LIST, KV_EVICT, KV_CLEAR, METRICS) on behalf of `genie-ctl`. If it exits, it is
+restarted with backoff; the worker's lookups meanwhile time out and turns run cold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import sys
+
+import zmq
+import zmq.asyncio
+
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError
+from protocol.messages import Error, Message
+
+from .config import DaemonConfig
+
+log = logging.getLogger("genie.daemon")
+ADMIN_TIMEOUT_S = 2.0
+
+
+class KvStoreHandle:
+    def __init__(self, config: DaemonConfig, ctx: zmq.asyncio.Context) -> None:
+        self.config = config
+        self.proc: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+        self._backoff = config.restart_backoff_s
+        self._sock = ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
+        self._sock.connect(config.kv_endpoint)
+        self._ids = itertools.count(1)
+        self._lock = asyncio.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kvstore", *self.config.kv_store_args())
+        log.info("event=kv_store_start pid=%s dir=%s", self.proc.pid, self.config.kv_cache_dir)
+
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def restart(self) -> None:
+        code = self.proc.returncode if self.proc else None
+        delay = self._backoff
+        self._backoff = min(self._backoff * 2, self.config.restart_backoff_max_s)
+        self.restarts += 1
+        log.error("event=kv_store_lost returncode=%s restarts=%d delay_s=%.1f", code, self.restarts, delay)
+        await asyncio.sleep(delay)
+        await self.start()
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout_s)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self._sock.close()
+
+    async def call(self, msg: Message, timeout_s: float = ADMIN_TIMEOUT_S) -> Message:
+        """Forwards an admin call under a fresh request id; the answer, or an ERROR naming the problem."""
+        rid = getattr(msg, "request_id", None)
+        async with self._lock:  # one call at a time: answers arrive in order
+            body = msg.body()
+            inner = f"d{next(self._ids)}"
+            body["request_id"] = inner
+            await self._sock.send_multipart(encode(type(msg).from_body(body)))
+            try:
+                while True:
+                    frames = await asyncio.wait_for(self._sock.recv_multipart(), timeout_s)
+                    reply, _ = decode(frames)
+                    if getattr(reply, "request_id", None) == inner:
+                        break
+            except TimeoutError:
+                return Error(request_id=rid, code="kv_unavailable", message="the KV store did not answer")
+            except ProtocolError as e:
+                return Error(request_id=rid, code="internal", message=f"bad answer from the KV store: {e.message}")
+        out = reply.body()
+        out["request_id"] = rid
+        return type(reply).from_body(out)

@@ -1,0 +1,135 @@
+"""The KV-store process: one ROUTER socket, requests served one at a time.
+
+Workers send KV_SAVE at the end of a turn (KV in raw side frames; answered by KV_SAVED once the entry is
+durable) and KV_LOOKUP at the start of one (answered by KV_DATA, with the KV of the longest saved prefix
+or n_tokens 0). The daemon sends KV_LIST, KV_EVICT, KV_CLEAR and METRICS for `genie-ctl`. A bad request
+gets an ERROR and the loop goes on; so does a failed disk write (the save is lost, the store is not).
+
+    python -m kvstore --endpoint ipc:///run/genie/kv.sock --dir ~/.cache/genie/kv [--max-mb 1024]
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+from filelock import FileLock
+
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError
+from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
+from protocol.messages import Error, KvClear, KvEvict, KvList, Message, Metrics, Reply, Status
+
+from .format import KVLayout
+from .store import KVStore, StoreConfig, StoreMetrics, clear_entries, evict_entry, list_entries
+from .wire import layout_from_body, snapshot_frames, snapshot_from_frames
+
+log = logging.getLogger("genie.kvstore")
+
+POLL_MS = 200
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    endpoint: str
+    store: StoreConfig
+    max_message_bytes: int = 1 << 31  # one save's KV frames: Gemma 270M, 2 000 tokens INT8 = 19 MB
+
+
+class KVStoreServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        config.store.directory.mkdir(parents=True, exist_ok=True)
+        self.lock = FileLock(str(config.store.directory / ".lock"), timeout=30)
+        self.stores: dict[tuple[bytes, KVLayout], KVStore] = {}
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
+        self.sock.bind(config.endpoint)
+        self.stopping = False
+
+    def _store(self, fingerprint_hex: str, layout: KVLayout) -> KVStore:
+        key = (bytes.fromhex(fingerprint_hex), layout)
+        if key not in self.stores:
+            self.stores[key] = KVStore(self.config.store, key[0], layout)
+        return self.stores[key]
+
+    def serve(self) -> int:
+        log.info("event=kv_listening endpoint=%s dir=%s", self.config.endpoint, self.config.store.directory)
+        try:
+            while not self.stopping:
+                if self.sock.poll(POLL_MS):
+                    peer, *frames = self.sock.recv_multipart(copy=False)
+                    reply, side = self.handle([f.buffer for f in frames])
+                    self.sock.send_multipart([peer.bytes, *encode(reply, side)], copy=False)
+            return 0
+        finally:
+            self.sock.close()
+            self.ctx.term()
+
+    def handle(self, frames: list[memoryview]) -> tuple[Message, list[memoryview]]:
+        try:
+            msg, side = decode(frames)
+        except ProtocolError as e:
+            return Error(request_id=e.request_id, code=e.code, message=e.message), []
+        rid = getattr(msg, "request_id", None)
+        try:
+            return self._dispatch(msg, side)
+        except ValueError as e:  # the request's fault: a bad conv id, frames that do not fit the layout
+            return Error(request_id=rid, code="bad_request", message=str(e)), []
+        except OSError as e:  # the disk's: full, read-only, gone
+            log.error("event=kv_io_error request=%s error=%r", rid, e)
+            return Error(request_id=rid, code="kv_io", message=f"{type(e).__name__}: {e}"), []
+
+    def _dispatch(self, msg: Message, side: list) -> tuple[Message, list[memoryview]]:
+        directory = self.config.store.directory
+        if isinstance(msg, KvSave):
+            layout = layout_from_body(msg.layout)
+            snapshot = snapshot_from_frames(layout, msg.token_ids, side)
+            path = self._store(msg.fingerprint, layout).save(snapshot, msg.conv_id or "")
+            return KvSaved(request_id=msg.request_id, bytes=path.stat().st_size), []
+        if isinstance(msg, KvLookup):
+            layout = layout_from_body(msg.layout)
+            store = self._store(msg.fingerprint, layout)
+            snap = store.hydrate(msg.token_ids, msg.conv_id or "", longer_than=msg.longer_than)
+            if snap is None:
+                return KvData(request_id=msg.request_id, n_tokens=0), []
+            return KvData(request_id=msg.request_id, n_tokens=snap.n_tokens), snapshot_frames(snap)
+        if isinstance(msg, KvList):
+            return Reply(request_id=msg.request_id, data={"entries": list_entries(directory)}), []
+        if isinstance(msg, KvEvict):
+            return Reply(
+                request_id=msg.request_id, data={"evicted": evict_entry(directory, msg.entry_id, self.lock)}
+            ), []
+        if isinstance(msg, KvClear):
+            return Reply(request_id=msg.request_id, data={"cleared": clear_entries(directory, self.lock)}), []
+        if isinstance(msg, (Metrics, Status)):
+            return Reply(request_id=msg.request_id, data=self.metrics()), []
+        name = type(msg).__name__.upper()
+        return Error(
+            request_id=getattr(msg, "request_id", None), code="unsupported", message=f"{name} is not for the KV store"
+        ), []
+
+    def metrics(self) -> dict[str, int]:
+        total = StoreMetrics()
+        for store in self.stores.values():
+            for k, v in store.metrics.as_dict().items():
+                setattr(total, k, getattr(total, k) + v)
+        entries = list_entries(self.config.store.directory)
+        return {
+            **total.as_dict(),
+            "entries": len(entries),
+            "bytes": sum(int(e["bytes"]) for e in entries),  # type: ignore[call-overload]
+            "max_bytes": self.config.store.max_bytes,
+        }
+
+
+def serve(config: ServerConfig) -> int:
+    server = KVStoreServer(config)
+    return server.serve()
+
+
+__all__ = ["KVStoreServer", "ServerConfig", "Path"]

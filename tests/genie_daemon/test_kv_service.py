@@ -1,0 +1,128 @@
+"""Persistent KV through the real processes: daemon, worker, KV store. A conversation saved at turn end
+and hydrated after a daemon restart continues with exactly the tokens of an uninterrupted run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from protocol.client import GenieClient
+from protocol.messages import Done
+from tests.genie_daemon.test_daemon import collect, ctl, start_daemon
+
+PROMPT = [1] + [3 + (7 * i) % 290 for i in range(120)]
+FOLLOW_UP = [5 + i for i in range(12)]
+GREEDY = {"temperature": 0.0, "max_tokens": 20, "ignore_eos": True}
+
+
+def turn(endpoint: str, token_ids: list[int], conv_id: str | None) -> tuple[list[int], Done]:
+    async def go():
+        async with GenieClient(endpoint, timeout_s=60) as client:
+            return await collect(client, token_ids=token_ids, params=GREEDY, conv_id=conv_id)
+
+    deltas, end = asyncio.run(go())
+    assert isinstance(end, Done), end
+    return [t for d in deltas for t in d.token_ids], end
+
+
+def stop(proc) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+def wait_for_entries(sock_dir: Path, n: int) -> list[dict]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = ctl(sock_dir, "--json", "kv", "ls")
+        entries = json.loads(r.stdout)["entries"] if r.returncode == 0 else []
+        if len(entries) >= n:
+            return entries
+        time.sleep(0.1)
+    raise AssertionError(f"no saved entry appeared: {r.stdout} {r.stderr}")
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp16"])
+def test_conversation_continues_exactly_after_a_daemon_restart(tmp_path, kv):
+    extra = ("--fp16-kv",) if kv == "fp16" else ()
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    # uninterrupted: both turns on one daemon; the second reuses the KV the first left in the worker
+    proc, endpoint = start_daemon(tmp_path / "a", *extra)
+    try:
+        first, _ = turn(endpoint, PROMPT, "den")
+        history = PROMPT + first + FOLLOW_UP
+        want, done = turn(endpoint, history, "den")
+        assert done.usage["cached_tokens"] >= len(PROMPT)
+    finally:
+        stop(proc)
+    # interrupted: turn 1, the daemon stops, a new one (new worker, new KV store) hydrates from disk
+    proc, endpoint = start_daemon(tmp_path / "b", *extra)
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        assert turn(endpoint, PROMPT, "den")[0] == first
+        entries = wait_for_entries(sock_dir, 1)
+        assert entries[0]["id"] == "c-den" and entries[0]["tokens"] >= len(PROMPT)
+    finally:
+        stop(proc)
+    proc, endpoint = start_daemon(tmp_path / "b", *extra)
+    try:
+        got, done = turn(endpoint, history, "den")
+        assert got == want
+        assert done.usage["cached_tokens"] == entries[0]["tokens"]
+        status = json.loads(ctl(sock_dir, "--json", "status").stdout)
+        assert status["kv"]["hits"] == 1 and status["kv"]["hydrated_tokens"] == entries[0]["tokens"]
+        # without the id, the prompt alone finds it (Home Assistant sends no id)
+        got2, done2 = turn(endpoint, history, None)
+        assert got2 == want
+    finally:
+        stop(proc)
+
+
+def test_genie_ctl_kv_ls_evict_clear(tmp_path):
+    proc, endpoint = start_daemon(tmp_path)
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        turn(endpoint, PROMPT, "hall")
+        turn(endpoint, [2] + PROMPT[1:], None)
+        entries = wait_for_entries(sock_dir, 2)
+        assert {e["id"][:2] for e in entries} == {"c-", "t-"}
+        table = ctl(sock_dir, "kv", "ls")
+        assert table.returncode == 0 and "c-hall" in table.stdout and "hall" in table.stdout
+        assert ctl(sock_dir, "kv", "evict", "c-hall").returncode == 0
+        assert ctl(sock_dir, "kv", "evict", "c-hall").returncode == 1  # no longer there
+        bad = ctl(sock_dir, "kv", "evict", "../../etc/passwd")
+        assert bad.returncode == 1 and "not an entry id" in bad.stderr
+        cleared = json.loads(ctl(sock_dir, "--json", "kv", "clear").stdout)
+        assert cleared == {"cleared": 1}
+        assert "no saved conversations" in ctl(sock_dir, "kv", "ls").stdout
+    finally:
+        stop(proc)
+
+
+def test_killed_kv_store_is_restarted_and_turns_go_on(tmp_path):
+    import os
+
+    proc, endpoint = start_daemon(tmp_path)
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        pid = json.loads(ctl(sock_dir, "--json", "status").stdout)["kv_store_pid"]
+        os.kill(pid, signal.SIGKILL)
+        first, _ = turn(endpoint, PROMPT, "porch")  # served meanwhile (the save may be lost)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            status = json.loads(ctl(sock_dir, "--json", "status").stdout)
+            if status["kv_store_pid"] != pid and status["kv"].get("restarts") == 1 and "hits" in status["kv"]:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"the KV store was not restarted: {status}")
+        turn(endpoint, PROMPT, "porch")
+        assert wait_for_entries(sock_dir, 1)[0]["id"] == "c-porch"
+    finally:
+        stop(proc)

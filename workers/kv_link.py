@@ -1,0 +1,127 @@
+"""The worker's link to the KV-store process, used from the engine thread: at turn start a lookup (waits
+at most `timeout_s`, then the turn goes on cold), at turn end a save (sent, never waited for).
+
+KV travels on this socket only — worker and store, never through the daemon (../shared/DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+import zmq
+
+from kvstore.engine_kv import engine_layout
+from kvstore.store import CHUNK_TOKENS
+from kvstore.wire import layout_body, snapshot_frames, snapshot_from_frames
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError
+from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
+from protocol.messages import Error
+
+from .engine.engine import Engine, common_prefix_len
+
+log = logging.getLogger("genie.worker")
+
+SAVE_QUEUE = 4  # saves waiting to leave; beyond it a save is dropped (the store is gone or stuck)
+
+
+class KvLink:
+    def __init__(self, ctx: zmq.Context, endpoint: str, engine: Engine, timeout_s: float = 1.0) -> None:
+        self.engine = engine
+        self.timeout_s = timeout_s
+        self.fingerprint = engine.model.fingerprint.hex()
+        self.kv_layout = engine_layout(engine)
+        self.layout = layout_body(self.kv_layout)
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 2000)  # the last turn's save still leaves on exit
+        self.sock.setsockopt(zmq.SNDHWM, SAVE_QUEUE)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 1 << 31)
+        self.sock.connect(endpoint)
+        self._ids = itertools.count(1)
+        self.saves_acked = 0
+        self.saves_dropped = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def hydrate(self, prompt: list[int], conv_id: str | None, slot: int = 0) -> int:
+        """Loads the longest saved prefix of `prompt` into `slot` if it beats what the slot holds; returns the
+        tokens loaded (0: nothing better, the store did not answer in time, or the answer was unusable)."""
+        held = common_prefix_len(self.engine.kv.resident[slot], prompt)
+        if held >= len(prompt) - 1 or len(prompt) <= CHUNK_TOKENS:
+            return 0
+        rid = f"l{next(self._ids)}"
+        msg = KvLookup(
+            request_id=rid,
+            fingerprint=self.fingerprint,
+            layout=self.layout,
+            token_ids=list(prompt),
+            conv_id=conv_id,
+            longer_than=held,
+        )
+        try:
+            self.sock.send_multipart(encode(msg), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return 0
+        deadline = time.monotonic() + self.timeout_s
+        while (left := deadline - time.monotonic()) > 0 and self.sock.poll(int(left * 1000) + 1):
+            reply, side = self._receive()
+            if not isinstance(reply, (KvData, Error)) or reply.request_id != rid:
+                continue  # a save's ack, or the answer to a lookup that timed out earlier
+            if isinstance(reply, Error):
+                log.warning("event=kv_lookup_failed code=%s message=%r", reply.code, reply.message)
+                return 0
+            if reply.n_tokens == 0:
+                return 0
+            if not held < reply.n_tokens <= len(prompt):
+                log.warning("event=kv_lookup_bad_answer n_tokens=%d prompt=%d", reply.n_tokens, len(prompt))
+                return 0
+            try:
+                snapshot = snapshot_from_frames(self.kv_layout, prompt[: reply.n_tokens], side)
+                self.engine.import_kv(snapshot, slot)
+            except ValueError as e:
+                log.warning("event=kv_lookup_bad_answer error=%r", str(e))
+                return 0
+            return reply.n_tokens
+        log.warning("event=kv_lookup_timeout timeout_s=%s", self.timeout_s)
+        return 0
+
+    def save(self, conv_id: str | None, slot: int = 0) -> bool:
+        """Sends what `slot` holds to the store (when long enough to be worth hydrating); never blocks."""
+        self._drain()
+        if len(self.engine.kv.resident[slot]) < CHUNK_TOKENS:
+            return False
+        snapshot = self.engine.export_kv(slot)
+        msg = KvSave(
+            request_id=f"s{next(self._ids)}",
+            fingerprint=self.fingerprint,
+            layout=self.layout,
+            token_ids=[int(t) for t in snapshot.token_ids],
+            conv_id=conv_id,
+        )
+        try:
+            self.sock.send_multipart(encode(msg, snapshot_frames(snapshot)), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.saves_dropped += 1
+            log.warning("event=kv_save_dropped reason='the KV store is not taking saves'")
+            return False
+        return True
+
+    def _drain(self) -> None:
+        while self.sock.poll(0):
+            self._receive()
+
+    def _receive(self) -> tuple[object, list]:
+        frames = self.sock.recv_multipart(copy=False)
+        try:
+            msg, side = decode([f.buffer for f in frames])
+        except ProtocolError as e:
+            log.warning("event=kv_bad_reply error=%r", e.message)
+            return None, []
+        if isinstance(msg, KvSaved):
+            self.saves_acked += 1
+        elif isinstance(msg, Error) and msg.request_id and msg.request_id.startswith("s"):
+            log.warning("event=kv_save_failed code=%s message=%r", msg.code, msg.message)
+        return msg, side
