@@ -43,7 +43,6 @@ log = logging.getLogger("genie.kvstore")
 
 CHUNK_TOKENS = 64
 LOCK_TIMEOUT_S = 30.0
-HYDRATE_ATTEMPTS = 3  # entries tried when the best match turns out corrupt on load
 
 
 @dataclass(frozen=True)
@@ -223,13 +222,15 @@ class KVStore:
     def hydrate(self, token_ids: list[int] | np.ndarray, conv_id: str = "", longer_than: int = 0) -> KVSnapshot | None:
         """lookup + load: the longest saved prefix of `token_ids` as a snapshot, or None (a miss). An entry
         that fails its checks on load is removed, and the next best one tried."""
-        for _ in range(HYDRATE_ATTEMPTS):
+        failed = 0
+        while failed <= len(self._entries):  # each failed load removes its entry, so this ends
             match = self.lookup(token_ids, conv_id, longer_than)
             if match is None:
                 break
             snapshot = self.load(match)
             if snapshot is not None:
                 return snapshot
+            failed += 1
         self.metrics.misses += 1
         return None
 

@@ -9,7 +9,6 @@ import pytest
 
 from kvstore.format import (
     CHECKSUM_BYTES,
-    FIXED,
     EntryError,
     ForeignEntryError,
     check_compatible,
@@ -54,7 +53,8 @@ def corrupt(data: bytes, kind: int, rng: np.random.Generator) -> tuple[bytes, st
     if kind == 0:
         return bytes(b[: rng.integers(0, len(b))]), "truncated|size"
     if kind == 1:
-        i = int(rng.integers(FIXED.size + 200, len(b)))  # past the header: only the checksum can tell
+        header_bytes = struct.unpack_from("<I", b, 12)[0]
+        i = int(rng.integers(header_bytes, len(b)))  # in the body or the checksum: only the checksum can tell
         b[i] ^= 1 << int(rng.integers(0, 8))
         return bytes(b), "checksum"
     if kind == 2:  # a length field at 0xFFFFFFF0

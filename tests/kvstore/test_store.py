@@ -140,6 +140,29 @@ def test_bad_and_foreign_files_are_misses_never_served(tmp_path, caplog):
     assert store.metrics.rejected == 4
 
 
+def test_thousand_corrupted_entries_each_a_miss_with_its_reason(tmp_path, caplog):
+    """1 000 bad files named as conversations: each is rejected with a log line naming why and removed,
+    never served; every request is answered from the sound entry of the same tokens."""
+    from tests.kvstore.test_format import corrupt
+
+    rng = np.random.default_rng(11)
+    store = make_store(tmp_path)
+    history = ids(rng, 100)
+    good_snap = snapshot(store.layout, history, rng)
+    good = store.save(good_snap, conv_id="good").read_bytes()
+    for i in range(1000):
+        blob, _ = corrupt(good, i % 6, rng)
+        (store.dir / f"c-bad{i}.kv").write_bytes(blob)
+    caplog.clear()
+    for i in range(1000):  # the same tokens as the good entry: whatever is served must be the good one
+        assert_same(good_snap, store.hydrate(history, conv_id=f"bad{i}"))
+    rejected = [r.getMessage() for r in caplog.records if "kv_rejected" in r.getMessage()]
+    assert len(rejected) == 1000 and all("reason=" in m for m in rejected)
+    assert store.metrics.rejected == 1000
+    assert [p.name for p in store.dir.glob("*.kv")] == ["c-good.kv"]
+    assert_same(good_snap, store.hydrate(history, conv_id="good"))
+
+
 def test_index_rebuilt_at_start_and_other_processes_saves_seen(tmp_path):
     rng = np.random.default_rng()
     a, b = make_store(tmp_path), make_store(tmp_path)
@@ -189,10 +212,25 @@ print("ok", store.metrics.saves, store.metrics.evictions)
 """
 
 
+def plant_temp_files(directory: Path) -> tuple[list[Path], list[Path]]:
+    """Temp files of crashed saves (an hour old) and of saves in flight (mtime an hour ahead, so they never
+    age past stale_tmp_s during the run), plus a stranger's file that is no temp file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    old = [directory / f".c-crashed{i}.kv.{900 + i}.tmp" for i in range(5)]
+    live = [directory / f".c-writing{i}.kv.{800 + i}.tmp" for i in range(5)]
+    for p, t in [(p, now - 3600) for p in old] + [(p, now + 3600) for p in live]:
+        p.write_bytes(b"partial")
+        os.utime(p, (t, t))
+    (directory / "notes.txt").write_text("not ours")
+    return old, live
+
+
 def run_writers(tmp_path: Path, n_procs: int, n_ops: int, cap: int) -> list[str]:
     script = tmp_path / "writer.py"
     script.write_text(WORKER.format(root=str(ROOT)))
     directory = tmp_path / "shared"
+    old, live = plant_temp_files(directory)
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(directory), str(seed), str(n_ops), str(cap)],
@@ -207,6 +245,10 @@ def run_writers(tmp_path: Path, n_procs: int, n_ops: int, cap: int) -> list[str]
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
         outs.append(out)
+    assert not any(p.exists() for p in old) and all(p.exists() for p in live)  # exactly the old ones went
+    assert (directory / "notes.txt").exists()
+    for p in live:
+        p.unlink()
     return outs
 
 
