@@ -11,9 +11,12 @@ allocated from them.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import struct
 import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +29,8 @@ MAGIC = b"GENIEKV\x00"
 VERSION = 3
 FIXED = struct.Struct("<8sIII32sBBHIIIIIQQ")  # see docs/kv-format.md for each field
 ALIGN = 64
-CHECKSUM_BYTES = 32  # blake2b-256 of every byte before it
+CHECKSUM_BYTES = 32  # sha256 of the CRC-32s of every CHECKSUM_CHUNK bytes before it
+CHECKSUM_CHUNK = 4 << 20  # chunks checked in parallel on read: a hydrate is not bound by one core's CRC speed
 DTYPE_CODES = {"int8": 1, "f16": 2, "f32": 3}
 DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
 NUMPY_DTYPES = {"int8": np.int8, "f16": np.float16, "f32": np.float32}
@@ -34,7 +38,6 @@ BASIS_PLAIN, BASIS_HADAMARD = 0, 1  # INT8 rows are stored in the kv_rotation ba
 MAX_LAYERS, MAX_KV_HEADS, MAX_HEAD_DIM = 1024, 1024, 4096
 MAX_TOKENS = 1 << 20
 MAX_CONV_ID_BYTES = 128
-READ_CHUNK_BYTES = 8 << 20
 
 
 class EntryError(Exception):
@@ -94,6 +97,47 @@ def _header_bytes(layout: KVLayout, conv_id: bytes, n_tokens: int) -> int:
     return -(-raw // ALIGN) * ALIGN
 
 
+class _ChunkCrcs:
+    """The checksum of a byte stream fed in pieces of any size (what checksum() gives for the whole)."""
+
+    def __init__(self) -> None:
+        self.crcs: list[int] = []
+        self.crc = 0
+        self.filled = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            take = min(len(view), CHECKSUM_CHUNK - self.filled)
+            self.crc = zlib.crc32(view[:take], self.crc)
+            self.filled += take
+            view = view[take:]
+            if self.filled == CHECKSUM_CHUNK:
+                self.crcs.append(self.crc)
+                self.crc, self.filled = 0, 0
+
+    def digest(self) -> bytes:
+        tail = [self.crc] if self.filled else []
+        return hashlib.sha256(struct.pack(f"<{len(self.crcs) + len(tail)}I", *self.crcs, *tail)).digest()
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def checksum(data: memoryview) -> bytes:
+    """sha256 over the little-endian CRC-32 of each CHECKSUM_CHUNK bytes (the last chunk may be shorter);
+    the chunks' CRCs run on a thread pool (zlib releases the GIL)."""
+    global _pool
+    chunks = [data[i : i + CHECKSUM_CHUNK] for i in range(0, len(data), CHECKSUM_CHUNK)]
+    if len(chunks) > 1:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="kv-crc")
+        crcs = list(_pool.map(zlib.crc32, chunks))
+    else:
+        crcs = [zlib.crc32(c) for c in chunks]
+    return hashlib.sha256(struct.pack(f"<{len(crcs)}I", *crcs)).digest()
+
+
 def write_entry(
     path: Path,
     fingerprint: bytes,
@@ -140,14 +184,14 @@ def write_entry(
                 np.ascontiguousarray(ks, dtype="<f4").data.cast("B"),
                 np.ascontiguousarray(vs, dtype="<f4").data.cast("B"),
             ]
-    digest = hashlib.blake2b(digest_size=CHECKSUM_BYTES)
+    crcs = _ChunkCrcs()
     size = 0
     with atomic_path(path, durable=True) as tmp, open(tmp, "wb") as f:
         for piece in pieces:
-            digest.update(piece)
+            crcs.update(piece)
             f.write(piece)
             size += len(piece)
-        f.write(digest.digest())
+        f.write(crcs.digest())
     expected = header_bytes + layout.body_bytes(n)
     assert size == expected, (size, expected)
     return size + CHECKSUM_BYTES
@@ -232,22 +276,17 @@ def read_entry(header: EntryHeader, n_tokens: int) -> KVSnapshot:
     """Positions [0, n_tokens) of the entry, after checking the whole file's checksum."""
     if not 0 < n_tokens <= header.n_tokens:
         raise ValueError(f"asked for {n_tokens} of {header.n_tokens} tokens")
-    buf = bytearray(header.file_bytes)
+    # mapped, not read: the arrays view the page cache and the KV cache copies from there in one pass.
+    # Entries are replaced by rename, never rewritten, so the mapping stays whole even if evicted meanwhile.
     try:
         with open(header.path, "rb") as f:
-            view = memoryview(buf)
-            got = 0
-            while got < len(buf):
-                n = f.readinto(view[got : got + READ_CHUNK_BYTES])
-                if not n:
-                    break
-                got += n
+            if os.fstat(f.fileno()).st_size != header.file_bytes:
+                raise EntryError("changed size since its header was read")
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as e:
         raise EntryError(f"unreadable: {e.strerror}") from None
-    if got != header.file_bytes:
-        raise EntryError(f"truncated while reading: {got} of {header.file_bytes} bytes")
     body_end = header.file_bytes - CHECKSUM_BYTES
-    if hashlib.blake2b(memoryview(buf)[:body_end], digest_size=CHECKSUM_BYTES).digest() != bytes(buf[body_end:]):
+    if checksum(memoryview(buf)[:body_end]) != buf[body_end:]:
         raise EntryError("checksum mismatch: the file is corrupt")
     lay, n = header.layout, header.n_tokens
     dt = np.dtype(NUMPY_DTYPES[lay.dtype]).newbyteorder("<")

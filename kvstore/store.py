@@ -222,15 +222,10 @@ class KVStore:
     def hydrate(self, token_ids: list[int] | np.ndarray, conv_id: str = "", longer_than: int = 0) -> KVSnapshot | None:
         """lookup + load: the longest saved prefix of `token_ids` as a snapshot, or None (a miss). An entry
         that fails its checks on load is removed, and the next best one tried."""
-        failed = 0
-        while failed <= len(self._entries):  # each failed load removes its entry, so this ends
-            match = self.lookup(token_ids, conv_id, longer_than)
-            if match is None:
-                break
-            snapshot = self.load(match)
+        while (match := self.lookup(token_ids, conv_id, longer_than)) is not None:
+            snapshot = self.load(match)  # a failed load removes the entry from disk and index: this ends
             if snapshot is not None:
                 return snapshot
-            failed += 1
         self.metrics.misses += 1
         return None
 

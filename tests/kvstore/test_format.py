@@ -105,3 +105,23 @@ def test_checksum_covers_the_last_byte_before_it(tmp_path):
     path.write_bytes(bytes(b))
     with pytest.raises(EntryError, match="checksum"):
         read_entry(read_header(path), 2)
+
+
+def test_streamed_checksum_equals_the_parallel_one(monkeypatch):
+    """The writer feeds pieces of any size; the reader checks chunks in parallel: the same digest."""
+    import os
+
+    import kvstore.format as fmt
+
+    monkeypatch.setattr(fmt, "CHECKSUM_CHUNK", 1000)
+    data = os.urandom(10_500)
+    streamed = fmt._ChunkCrcs()
+    at = 0
+    for size in (1, 999, 1, 2500, 7, 6992):  # pieces across chunk boundaries, ending mid-chunk
+        streamed.update(data[at : at + size])
+        at += size
+    assert at == len(data)
+    assert streamed.digest() == fmt.checksum(memoryview(data))
+    flipped = bytearray(data)
+    flipped[5000] ^= 4
+    assert fmt.checksum(memoryview(bytes(flipped))) != streamed.digest()
