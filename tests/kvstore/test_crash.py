@@ -63,7 +63,9 @@ def crash_saves(tmp_path: Path, n_saves: int) -> int:
             i = acked[-1] + 1 if acked else 0
             while proc.poll() is None and len(acked) < n_saves:
                 sock.send_multipart(save_message(i))
-                if not sock.poll(10_000):
+                while not sock.poll(50) and proc.poll() is None:
+                    pass
+                if not sock.poll(0):
                     break  # killed before it answered: this save was never acknowledged
                 reply, _ = decode(sock.recv_multipart())
                 assert isinstance(reply, KvSaved) and reply.request_id == f"s{i}", reply

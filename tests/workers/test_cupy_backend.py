@@ -175,7 +175,9 @@ def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd, hdv):
             continue
         a, b = a[1, :pos].astype(np.float64), cp.asnumpy(b[1, :pos]).astype(np.float64)
         if name in ("k", "v") and kv_dtype == "int8":
-            assert np.mean(a != b) < 1e-3 and np.abs(a - b).max() <= 1  # only ties may round apart
+            # only values within float rounding of a .5 boundary may round apart: after a 256-point
+            # Walsh-Hadamard (GPU butterflies vs NumPy's matrix product) that is a few per thousand
+            assert np.mean(a != b) < 5e-3 and np.abs(a - b).max() <= 1
         else:
             assert rel_err(b, a) < 1e-6
     for n, pos0 in ((1, 529), (3, 527), (64, 466)):
