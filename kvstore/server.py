@@ -28,7 +28,7 @@ from .wire import layout_from_body, snapshot_frames, snapshot_from_frames
 
 log = logging.getLogger("genie.kvstore")
 
-POLL_MS = 200
+POLL_MS = 1000  # only for noticing SIGTERM: idle, the store wakes once a second
 
 
 @dataclass(frozen=True)
