@@ -146,7 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("unload", help="stop serving; GENERATE is refused until the next load")
     kv = sub.add_parser("kv", help="saved conversations: ls | evict ID | clear")
     kv.add_argument("kv_command", choices=("ls", "evict", "clear"))
-    kv.add_argument("entry_id", nargs="?", help="for evict: an id as `kv ls` shows it (c-<conv id> or t-<hash>)")
+    kv.add_argument(
+        "entry_id", nargs="?", help="for evict: an id as `kv ls` shows it (c-<conv id>.<tag> or t-<hash>.<tag>)"
+    )
     gen = sub.add_parser("generate", help="generate from a prompt through the daemon")
     gen.add_argument("prompt")
     gen.add_argument("-n", "--max-tokens", type=int, default=64, help="(default: %(default)s)")

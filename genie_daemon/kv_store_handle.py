@@ -34,6 +34,7 @@ class KvStoreHandle:
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
+        self._sock.setsockopt(zmq.IMMEDIATE, 1)  # a call the store is not there to take fails now, not later
         self._sock.connect(config.kv_endpoint)
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
@@ -75,7 +76,10 @@ class KvStoreHandle:
             body = msg.body()
             inner = f"d{next(self._ids)}"
             body["request_id"] = inner
-            await self._sock.send_multipart(encode(type(msg).from_body(body)))
+            try:
+                await self._sock.send_multipart(encode(type(msg).from_body(body)), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return Error(request_id=rid, code="kv_unavailable", message="the KV store is not running")
             try:
                 while True:
                     frames = await asyncio.wait_for(self._sock.recv_multipart(), timeout_s)

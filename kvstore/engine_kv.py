@@ -3,12 +3,10 @@ without) a daemon. The worker process does the same through the KV-store process
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from workers.engine.engine import Engine, common_prefix_len
 
 from .format import KVLayout
-from .store import KVStore
+from .store import KVStore, Saved
 
 
 def engine_layout(engine: Engine) -> KVLayout:
@@ -28,7 +26,7 @@ def hydrate(engine: Engine, store: KVStore, prompt_ids: list[int], conv_id: str 
     return snapshot.n_tokens
 
 
-def save(engine: Engine, store: KVStore, conv_id: str = "", slot: int = 0) -> Path | None:
+def save(engine: Engine, store: KVStore, conv_id: str = "", slot: int = 0) -> Saved | None:
     """Saves what `slot` holds (prompt + generated tokens), when it is long enough to be worth hydrating."""
     if len(engine.kv.resident[slot]) < store.config.min_hydrate_tokens:
         return None

@@ -48,6 +48,11 @@ class ForeignEntryError(EntryError):
     """A sound entry of another model or KV layout: never served here, but not ours to delete."""
 
 
+class EntryUnavailable(EntryError):
+    """The file could not be read now (I/O error, too many open files) or was replaced since its header
+    was read: a miss, but nothing says the file is bad, so it is kept."""
+
+
 @dataclass(frozen=True)
 class KVLayout:
     """What KV a file holds must equal what the worker's cache holds, field by field."""
@@ -86,10 +91,16 @@ class EntryHeader:
     last_used_ns: int  # this save
     header_bytes: int
     file_bytes: int
+    raw: bytes = b""  # the header's bytes as read: read_entry checks the file it maps still has them
 
     @property
     def n_tokens(self) -> int:
         return int(self.token_ids.shape[0])
+
+
+def entry_bytes(layout: KVLayout, conv_id: str, n_tokens: int) -> int:
+    """The size of the file write_entry makes for these."""
+    return _header_bytes(layout, conv_id.encode(), n_tokens) + layout.body_bytes(n_tokens) + CHECKSUM_BYTES
 
 
 def _header_bytes(layout: KVLayout, conv_id: bytes, n_tokens: int) -> int:
@@ -186,7 +197,7 @@ def write_entry(
             ]
     crcs = _ChunkCrcs()
     size = 0
-    with atomic_path(path, durable=True) as tmp, open(tmp, "wb") as f:
+    with atomic_path(path, durable=True, mode=0o600) as tmp, open(tmp, "wb") as f:
         for piece in pieces:
             crcs.update(piece)
             f.write(piece)
@@ -245,7 +256,7 @@ def read_header(path: Path) -> EntryHeader:
         if len(windows_raw) < 4 * n_layers or len(cid_raw) < cid_len or len(ids_raw) < 4 * n_tokens:
             raise EntryError(f"truncated: {file_bytes} bytes, the header does not fit")
     except OSError as e:
-        raise EntryError(f"unreadable: {e.strerror}") from None
+        raise EntryUnavailable(f"unreadable: {e.strerror}") from None
     windows = tuple(int(w) for w in np.frombuffer(windows_raw, dtype="<u4"))
     layout = KVLayout(dtype, n_layers, n_kv_heads, head_dim, v_head_dim, windows)
     if basis != layout.basis:
@@ -260,8 +271,9 @@ def read_header(path: Path) -> EntryHeader:
     if file_bytes != expected:
         raise EntryError(f"size {file_bytes} bytes, its header says {expected}")
     token_ids = np.frombuffer(ids_raw, dtype="<i4").astype(np.int32)
+    raw = (fixed + windows_raw + cid_raw + ids_raw).ljust(header_bytes, b"\0")
     return EntryHeader(
-        path, fingerprint, layout, conv_id, token_ids, created_ns, last_used_ns, header_bytes, file_bytes
+        path, fingerprint, layout, conv_id, token_ids, created_ns, last_used_ns, header_bytes, file_bytes, raw
     )
 
 
@@ -278,13 +290,19 @@ def read_entry(header: EntryHeader, n_tokens: int) -> KVSnapshot:
         raise ValueError(f"asked for {n_tokens} of {header.n_tokens} tokens")
     # mapped, not read: the arrays view the page cache and the KV cache copies from there in one pass.
     # Entries are replaced by rename, never rewritten, so the mapping stays whole even if evicted meanwhile.
+    # (A read error in a mapped page is SIGBUS, not an exception: the store process dies and the daemon
+    # restarts it. Files here are only ever renamed into place, never truncated, so that needs a failing disk.)
     try:
         with open(header.path, "rb") as f:
             if os.fstat(f.fileno()).st_size != header.file_bytes:
-                raise EntryError("changed size since its header was read")
+                raise EntryUnavailable("replaced since its header was read")
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as e:
-        raise EntryError(f"unreadable: {e.strerror}") from None
+        raise EntryUnavailable(f"unreadable: {e.strerror}") from None
+    # the path may now name another file than the header was read from (replaced, or evicted and saved
+    # again): serve it only if its own header is the one the caller matched the prompt against
+    if buf[: header.header_bytes] != header.raw:
+        raise EntryUnavailable("replaced since its header was read")
     body_end = header.file_bytes - CHECKSUM_BYTES
     if checksum(memoryview(buf)[:body_end]) != buf[body_end:]:
         raise EntryError("checksum mismatch: the file is corrupt")

@@ -89,8 +89,11 @@ class KVStoreServer:
         if isinstance(msg, KvSave):
             layout = layout_from_body(msg.layout)
             snapshot = snapshot_from_frames(layout, msg.token_ids, side)
-            path = self._store(msg.fingerprint, layout).save(snapshot, msg.conv_id or "")
-            return KvSaved(request_id=msg.request_id, bytes=path.stat().st_size), []
+            saved = self._store(msg.fingerprint, layout).save(snapshot, msg.conv_id or "")
+            if saved is None:
+                cap = self.config.store.max_bytes
+                return Error(request_id=msg.request_id, code="kv_too_large", message=f"larger than the cap {cap}"), []
+            return KvSaved(request_id=msg.request_id, bytes=saved.bytes), []
         if isinstance(msg, KvLookup):
             layout = layout_from_body(msg.layout)
             store = self._store(msg.fingerprint, layout)
@@ -118,13 +121,13 @@ class KVStoreServer:
         for store in self.stores.values():
             for k, v in store.metrics.as_dict().items():
                 setattr(total, k, getattr(total, k) + v)
-        entries = list_entries(self.config.store.directory)
-        return {
-            **total.as_dict(),
-            "entries": len(entries),
-            "bytes": sum(int(e["bytes"]) for e in entries),  # type: ignore[call-overload]
-            "max_bytes": self.config.store.max_bytes,
-        }
+        sizes = []  # stat only: STATUS is polled, and reading every header would hold up the worker's lookups
+        for p in self.config.store.directory.glob("*.kv"):
+            try:
+                sizes.append(p.stat().st_size)
+            except FileNotFoundError:
+                continue
+        return {**total.as_dict(), "entries": len(sizes), "bytes": sum(sizes), "max_bytes": self.config.store.max_bytes}
 
 
 def serve(config: ServerConfig) -> int:

@@ -31,9 +31,11 @@ from workers.engine.kv_cache import KVSnapshot
 from .format import (
     EntryError,
     EntryHeader,
+    EntryUnavailable,
     ForeignEntryError,
     KVLayout,
     check_compatible,
+    entry_bytes,
     read_entry,
     read_header,
     write_entry,
@@ -43,6 +45,7 @@ log = logging.getLogger("genie.kvstore")
 
 CHUNK_TOKENS = 64
 LOCK_TIMEOUT_S = 30.0
+HYDRATE_UNAVAILABLE_TRIES = 3  # an entry that is kept but cannot be read now: tries before a miss
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,12 @@ class Match:
     n_tokens: int  # verified common prefix with the prompt
 
 
+@dataclass(frozen=True)
+class Saved:
+    path: Path
+    bytes: int
+
+
 @dataclass
 class StoreMetrics:
     hits: int = 0
@@ -68,6 +77,7 @@ class StoreMetrics:
     saves: int = 0
     evictions: int = 0
     rejected: int = 0
+    skipped: int = 0  # saves larger than the whole cap
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -109,7 +119,10 @@ class KVStore:
         self.fingerprint = fingerprint
         self.layout = layout
         self.dir = config.directory
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # token ids are the conversations' text
+        # this model's and layout's entries carry its tag: daemons of other models (or the same model with
+        # the other KV dtype) sharing the directory never write the same names
+        self.tag = hashlib.sha256(fingerprint + repr(layout).encode()).hexdigest()[:8]
         self.lock = FileLock(str(self.dir / ".lock"), timeout=LOCK_TIMEOUT_S)
         self.metrics = StoreMetrics()
         self._entries: dict[str, _Entry] = {}  # file name -> entry
@@ -143,7 +156,7 @@ class KVStore:
             except ForeignEntryError:
                 continue  # another model's entry (two daemons may share the directory): not ours to serve or delete
             except EntryError as e:
-                self._reject(path, str(e))
+                self._reject(path, e)
                 continue
             self._add(name, header, st.st_ino)
 
@@ -163,12 +176,20 @@ class KVStore:
                     if not names:
                         del self._by_chunk[h]
 
-    def _reject(self, path: Path, reason: str) -> None:
-        """A bad file is never served: logged once and deleted."""
-        log.warning("event=kv_rejected file=%s reason=%r", path.name, reason)
-        self.metrics.rejected += 1
+    def _reject(self, path: Path, error: EntryError) -> None:
+        """A bad file is never served: logged once and deleted. One that could not be read now, or was
+        replaced since its header was read, is only forgotten (the next look reads it again)."""
         self._forget(path.name)
-        path.unlink(missing_ok=True)
+        if isinstance(error, EntryUnavailable):
+            log.warning("event=kv_unavailable file=%s reason=%r", path.name, str(error))
+            self._dir_mtime_ns = -1
+            return
+        log.warning("event=kv_rejected file=%s reason=%r", path.name, str(error))
+        self.metrics.rejected += 1
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:  # not ours to remove (permissions, a directory of that name): never served anyway
+            log.error("event=kv_reject_unlink_failed file=%s error=%r", path.name, e)
 
     # -- lookup and hydrate -----------------------------------------------------------------------------
     def lookup(self, token_ids: list[int] | np.ndarray, conv_id: str = "", longer_than: int = 0) -> Match | None:
@@ -179,7 +200,7 @@ class KVStore:
         prompt = np.asarray(token_ids, dtype=np.int32)
         candidates: list[EntryHeader] = []
         if conv_id:
-            path = self.dir / f"c-{check_conv_id(conv_id)}.kv"
+            path = self.dir / self._name("c", check_conv_id(conv_id))
             if path.exists():
                 try:
                     header = read_header(path)
@@ -189,7 +210,7 @@ class KVStore:
                     log.warning("event=kv_rejected file=%s reason=%r", path.name, str(e))
                     self.metrics.rejected += 1
                 except EntryError as e:
-                    self._reject(path, str(e))
+                    self._reject(path, e)
         chain = chunk_chain(prompt)
         for h in reversed(chain):
             names = self._by_chunk.get(h)
@@ -209,7 +230,7 @@ class KVStore:
         try:
             snapshot = read_entry(match.header, match.n_tokens)
         except EntryError as e:
-            self._reject(match.header.path, str(e))
+            self._reject(match.header.path, e)
             return None
         try:
             os.utime(match.header.path)
@@ -222,21 +243,33 @@ class KVStore:
     def hydrate(self, token_ids: list[int] | np.ndarray, conv_id: str = "", longer_than: int = 0) -> KVSnapshot | None:
         """lookup + load: the longest saved prefix of `token_ids` as a snapshot, or None (a miss). An entry
         that fails its checks on load is removed, and the next best one tried."""
+        unavailable = 0
         while (match := self.lookup(token_ids, conv_id, longer_than)) is not None:
-            snapshot = self.load(match)  # a failed load removes the entry from disk and index: this ends
+            snapshot = self.load(match)  # a bad entry is removed from disk and index: this ends
             if snapshot is not None:
                 return snapshot
+            if match.header.path.exists() and (unavailable := unavailable + 1) >= HYDRATE_UNAVAILABLE_TRIES:
+                break  # kept (unreadable now, or replaced under us) and still failing: a miss this time
         self.metrics.misses += 1
         return None
 
+    def _name(self, kind: str, key: str) -> str:
+        return f"{kind}-{key}.{self.tag}.kv"
+
     # -- save -------------------------------------------------------------------------------------------
-    def save(self, snapshot: KVSnapshot, conv_id: str = "") -> Path:
-        """Writes the snapshot durably (returns once it is safe on disk), then applies the size cap."""
+    def save(self, snapshot: KVSnapshot, conv_id: str = "") -> Saved | None:
+        """Writes the snapshot durably (returns once it is safe on disk), then applies the size cap; None
+        when the entry alone would exceed the cap (saving it would only evict everything else)."""
         ids = np.asarray(snapshot.token_ids, dtype=np.int32)
         if conv_id:
-            name = f"c-{check_conv_id(conv_id)}.kv"
+            name = self._name("c", check_conv_id(conv_id))
         else:
-            name = f"t-{hashlib.blake2b(ids.astype('<i4').tobytes(), digest_size=16).hexdigest()}.kv"
+            name = self._name("t", hashlib.blake2b(ids.astype("<i4").tobytes(), digest_size=16).hexdigest())
+        size = entry_bytes(self.layout, conv_id, len(ids))
+        if 0 < self.config.max_bytes < size:
+            log.warning("event=kv_save_skipped bytes=%d max_bytes=%d", size, self.config.max_bytes)
+            self.metrics.skipped += 1
+            return None
         path = self.dir / name
         created = None
         previous = self._entries.get(name)
@@ -248,22 +281,23 @@ class KVStore:
         with self.lock:
             if not conv_id:
                 self._drop_superseded(name, ids)
-            self._enforce_cap()
+            self._enforce_cap(keep=path)
             self._cleanup_stale_tmp()
-        return path
+        return Saved(path, size)
 
     def _drop_superseded(self, name: str, ids: np.ndarray) -> None:
         """An anonymous entry whose tokens all begin the new one is of no further use."""
         self._refresh()
         for other, entry in list(self._entries.items()):
             h = entry.header
-            if other != name and other.startswith("t-") and h.n_tokens <= len(ids):
+            if other != name and other.startswith("t-") and h.n_tokens <= len(ids):  # (the index: this tag only)
                 if common_prefix(h.token_ids, ids) == h.n_tokens:
                     (self.dir / other).unlink(missing_ok=True)
                     self._forget(other)
 
-    def _enforce_cap(self) -> None:
-        """Least recently used first until the entries fit max_bytes (caller holds the lock)."""
+    def _enforce_cap(self, keep: Path) -> None:
+        """Least recently used first until the entries fit max_bytes, `keep` (the save just made) last of
+        all (caller holds the lock)."""
         if self.config.max_bytes <= 0:
             return
         files = []
@@ -274,7 +308,7 @@ class KVStore:
                 continue
             files.append((st.st_mtime_ns, st.st_size, p))
         total = sum(size for _, size, _ in files)
-        for _, size, p in sorted(files, key=lambda f: (f[0], f[2].name)):
+        for _, size, p in sorted(files, key=lambda f: (f[2] == keep, f[0], f[2].name)):
             if total <= self.config.max_bytes:
                 break
             p.unlink(missing_ok=True)
@@ -315,7 +349,7 @@ class KVStore:
 
 
 # -- the directory as a whole (any model's entries): what genie-ctl kv ls|evict|clear act on -----------------
-ENTRY_ID = re.compile(r"[ct]-[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+ENTRY_ID = re.compile(r"[ct]-[A-Za-z0-9][A-Za-z0-9._-]{0,160}")
 
 
 def list_entries(directory: Path) -> list[dict[str, object]]:
@@ -343,9 +377,9 @@ def list_entries(directory: Path) -> list[dict[str, object]]:
 
 
 def evict_entry(directory: Path, entry_id: str, lock: FileLock) -> bool:
-    """Removes one entry by its id (c-<conv id> or t-<hash>); False if there was none."""
+    """Removes one entry by its id (its file name without .kv); False if there was none."""
     if not ENTRY_ID.fullmatch(entry_id) or ".." in entry_id:
-        raise ValueError(f"{entry_id[:40]!r} is not an entry id (c-<conv id> or t-<hash>, as `kv ls` shows)")
+        raise ValueError(f"{entry_id[:40]!r} is not an entry id (as `kv ls` shows: c-<conv id>.<tag>, t-<hash>.<tag>)")
     with lock:
         path = directory / f"{entry_id}.kv"
         existed = path.exists()

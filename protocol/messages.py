@@ -195,7 +195,7 @@ class KvList(AdminCall):
 class KvEvict(AdminCall):
     TYPE = 0x16
     FIELDS = {**AdminCall.FIELDS, "entry_id": Field("id", required=True)}
-    entry_id: str = ""  # as KV_LIST names it: c-<conv id> or t-<hash>
+    entry_id: str = ""  # as KV_LIST names it: c-<conv id>.<tag> or t-<hash>.<tag>
 
 
 @dataclass

@@ -37,11 +37,15 @@ class KvLink:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 2000)  # the last turn's save still leaves on exit
         self.sock.setsockopt(zmq.SNDHWM, SAVE_QUEUE)
+        # no queueing for a store that is not there (not started yet, restarting): a lookup then costs
+        # nothing instead of its full timeout, and a save is dropped at once
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)
         self.sock.setsockopt(zmq.MAXMSGSIZE, 1 << 31)
         self.sock.connect(endpoint)
         self._ids = itertools.count(1)
         self.saves_acked = 0
         self.saves_dropped = 0
+        self._saved: tuple[str | None, list[int]] = (None, [])  # (conv id, tokens) of this worker's last save
 
     def close(self) -> None:
         self.sock.close()
@@ -52,6 +56,9 @@ class KvLink:
         held = common_prefix_len(self.engine.kv.resident[slot], prompt)
         if held >= len(prompt) - 1 or len(prompt) <= CHUNK_TOKENS:
             return 0
+        saved_conv, saved = self._saved
+        if conv_id == saved_conv and held >= len(saved) and common_prefix_len(saved, prompt) == len(saved):
+            return 0  # the next turn of what this worker saved last: the store has nothing longer to give
         rid = f"l{next(self._ids)}"
         msg = KvLookup(
             request_id=rid,
@@ -107,6 +114,7 @@ class KvLink:
             self.saves_dropped += 1
             log.warning("event=kv_save_dropped reason='the KV store is not taking saves'")
             return False
+        self._saved = (conv_id, msg.token_ids)
         return True
 
     def _drain(self) -> None:

@@ -67,7 +67,7 @@ def test_conversation_continues_exactly_after_a_daemon_restart(tmp_path, kv):
     try:
         assert turn(endpoint, PROMPT, "den")[0] == first
         entries = wait_for_entries(sock_dir, 1)
-        assert entries[0]["id"] == "c-den" and entries[0]["tokens"] >= len(PROMPT)
+        assert entries[0]["id"].startswith("c-den.") and entries[0]["tokens"] >= len(PROMPT)
     finally:
         stop(proc)
     proc, endpoint = start_daemon(tmp_path / "b", *extra)
@@ -93,9 +93,10 @@ def test_genie_ctl_kv_ls_evict_clear(tmp_path):
         entries = wait_for_entries(sock_dir, 2)
         assert {e["id"][:2] for e in entries} == {"c-", "t-"}
         table = ctl(sock_dir, "kv", "ls")
-        assert table.returncode == 0 and "c-hall" in table.stdout and "hall" in table.stdout
-        assert ctl(sock_dir, "kv", "evict", "c-hall").returncode == 0
-        assert ctl(sock_dir, "kv", "evict", "c-hall").returncode == 1  # no longer there
+        hall = next(e["id"] for e in entries if e["conv_id"] == "hall")
+        assert table.returncode == 0 and hall in table.stdout
+        assert ctl(sock_dir, "kv", "evict", hall).returncode == 0
+        assert ctl(sock_dir, "kv", "evict", hall).returncode == 1  # no longer there
         bad = ctl(sock_dir, "kv", "evict", "../../etc/passwd")
         assert bad.returncode == 1 and "not an entry id" in bad.stderr
         cleared = json.loads(ctl(sock_dir, "--json", "kv", "clear").stdout)
@@ -123,6 +124,6 @@ def test_killed_kv_store_is_restarted_and_turns_go_on(tmp_path):
         else:
             raise AssertionError(f"the KV store was not restarted: {status}")
         turn(endpoint, PROMPT, "porch")
-        assert wait_for_entries(sock_dir, 1)[0]["id"] == "c-porch"
+        assert wait_for_entries(sock_dir, 1)[0]["id"].startswith("c-porch.")
     finally:
         stop(proc)

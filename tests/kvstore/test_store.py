@@ -121,21 +121,25 @@ def test_bad_and_foreign_files_are_misses_never_served(tmp_path, caplog):
     store = make_store(tmp_path)
     history = ids(rng, 100)
     good_snap = snapshot(store.layout, history, rng)
-    good = store.save(good_snap, conv_id="good")
+    good = store.save(good_snap, conv_id="good").path
     blob = bytearray(good.read_bytes())
     blob[-100] ^= 1
-    (store.dir / "c-flipped.kv").write_bytes(bytes(blob))
-    (store.dir / "c-short.kv").write_bytes(good.read_bytes()[:500])
-    write_entry(store.dir / "c-other.kv", OTHER_MODEL, store.layout, snapshot(store.layout, history, rng), "other")
+    def named(conv: str) -> Path:
+        return store.dir / store._name("c", conv)
+
+    named("flipped").write_bytes(bytes(blob))
+    named("short").write_bytes(good.read_bytes()[:500])
+    # another model's sound file under this model's name (planted: real ones carry their own tag)
+    write_entry(named("other"), OTHER_MODEL, store.layout, snapshot(store.layout, history, rng), "other")
     for conv in ("flipped", "short", "other"):  # the flipped header is fine: the checksum catches it
         got = store.hydrate(history, conv_id=conv)
         assert_same(good_snap, got)  # what is served is the sound entry of the same tokens, found by its chunks
     reasons = " ".join(r.getMessage() for r in caplog.records)
     assert "checksum" in reasons and "truncated" in reasons and "another model" in reasons
-    assert not (store.dir / "c-flipped.kv").exists() and not (store.dir / "c-short.kv").exists()
-    assert (store.dir / "c-other.kv").exists()  # the other model's, left to it
-    (store.dir / "c-good.kv").unlink()
-    (store.dir / "c-good2.kv").write_bytes(bytes(blob))
+    assert not named("flipped").exists() and not named("short").exists()
+    assert named("other").exists()  # the other model's, left to it
+    named("good").unlink()
+    named("good2").write_bytes(bytes(blob))
     assert store.hydrate(history, conv_id="good2") is None  # with no sound copy: a miss
     assert store.metrics.rejected == 4
 
@@ -149,17 +153,17 @@ def test_thousand_corrupted_entries_each_a_miss_with_its_reason(tmp_path, caplog
     store = make_store(tmp_path)
     history = ids(rng, 100)
     good_snap = snapshot(store.layout, history, rng)
-    good = store.save(good_snap, conv_id="good").read_bytes()
+    good = store.save(good_snap, conv_id="good").path.read_bytes()
     for i in range(1000):
         blob, _ = corrupt(good, i % 6, rng)
-        (store.dir / f"c-bad{i}.kv").write_bytes(blob)
+        (store.dir / store._name("c", f"bad{i}")).write_bytes(blob)
     caplog.clear()
     for i in range(1000):  # the same tokens as the good entry: whatever is served must be the good one
         assert_same(good_snap, store.hydrate(history, conv_id=f"bad{i}"))
     rejected = [r.getMessage() for r in caplog.records if "kv_rejected" in r.getMessage()]
     assert len(rejected) == 1000 and all("reason=" in m for m in rejected)
     assert store.metrics.rejected == 1000
-    assert [p.name for p in store.dir.glob("*.kv")] == ["c-good.kv"]
+    assert [p.name for p in store.dir.glob("*.kv")] == [store._name("c", "good")]
     assert_same(good_snap, store.hydrate(history, conv_id="good"))
 
 
@@ -180,7 +184,9 @@ def test_admin_list_evict_clear(tmp_path):
     store.save(snapshot(store.layout, ids(rng, 70), rng))
     listed = store.entries()
     assert {e["id"][:2] for e in listed} == {"c-", "t-"}
-    assert store.evict("c-one") and not store.evict("c-one")
+    one = next(e["id"] for e in listed if e["conv_id"] == "one")
+    assert one == f"c-one.{store.tag}"
+    assert store.evict(one) and not store.evict(one)
     with pytest.raises(ValueError):
         store.evict("../../x")
     assert store.clear() == 1 and store.entries() == []
@@ -205,7 +211,7 @@ for i in range(n_ops):
     elif op < 0.9:
         store.hydrate(rng.integers(0, 1000, 100), conv_id=conv)
     elif op < 0.97:
-        store.evict("c-" + conv)
+        store.evict(f"c-{{conv}}.{{store.tag}}")
     else:
         store.entries()
 print("ok", store.metrics.saves, store.metrics.evictions)
@@ -276,3 +282,43 @@ def test_four_processes_share_one_directory_long(tmp_path):
     cap = 40 * layout().body_bytes(150)
     run_writers(tmp_path, 4, 2500, cap)
     check_directory(tmp_path / "shared", cap)
+
+
+def test_an_entry_larger_than_the_cap_is_not_saved_and_evicts_nothing(tmp_path):
+    rng = np.random.default_rng()
+    store = make_store(tmp_path)
+    small = store.save(snapshot(store.layout, ids(rng, 70), rng), conv_id="small")
+    assert small is not None
+    store.config = StoreConfig(store.dir, max_bytes=small.bytes + 1000)
+    assert store.save(snapshot(store.layout, ids(rng, 700), rng), conv_id="big") is None
+    assert [e["conv_id"] for e in store.entries()] == ["small"] and store.metrics.skipped == 1
+
+
+def test_entry_replaced_after_lookup_is_a_miss_not_a_deletion(tmp_path):
+    """Another process saves the same conversation again between our lookup and our read: the new file
+    is neither served against the old header nor deleted as corrupt."""
+    rng = np.random.default_rng()
+    a, b = make_store(tmp_path), make_store(tmp_path)
+    first = ids(rng, 100)
+    a.save(snapshot(a.layout, first, rng), conv_id="x")
+    match = a.lookup(first, conv_id="x")
+    assert match is not None
+    second = snapshot(b.layout, ids(rng, 100), rng)  # same size, other tokens
+    b.save(second, conv_id="x")
+    assert a.load(match) is None
+    assert match.header.path.exists() and a.metrics.rejected == 0
+    assert_same(second, a.hydrate(second.token_ids, conv_id="x"))
+
+
+def test_files_are_private_and_models_do_not_share_names(tmp_path):
+    rng = np.random.default_rng()
+    int8 = make_store(tmp_path)
+    f16 = KVStore(StoreConfig(tmp_path / "kv"), FINGERPRINT, layout("f16"))
+    history = ids(rng, 100)
+    p8 = int8.save(snapshot(int8.layout, history, rng), conv_id="same").path
+    p16 = f16.save(snapshot(f16.layout, history, rng), conv_id="same").path
+    assert p8 != p16 and p8.exists() and p16.exists()
+    assert (p8.stat().st_mode & 0o777) == 0o600 and (int8.dir.stat().st_mode & 0o777) == 0o700
+    assert int8.hydrate(history, conv_id="same").dtype == "int8"
+    assert f16.hydrate(history, conv_id="same").dtype == "f16"
+    assert int8.metrics.rejected == f16.metrics.rejected == 0

@@ -18,6 +18,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import subprocess
 import threading
 from importlib import resources
@@ -50,6 +51,16 @@ def _compiler_id(cc: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else cc
 
 
+def _cpu_id() -> str:
+    """What -march=native compiled for: a cache shared with (or moved to) another CPU must not load it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features", "CPU part"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.machine() + platform.processor()
+
+
 def _build(cc: str, source: Path, target: Path, flags: list[str]) -> None:
     with atomic_path(target) as tmp:
         cmd = [cc, *flags, "-std=c11", "-shared", "-fPIC", "-o", str(tmp), str(source)]
@@ -59,7 +70,7 @@ def _build(cc: str, source: Path, target: Path, flags: list[str]) -> None:
 def _compile() -> ctypes.CDLL:
     """The loaded library, compiled into the cache if it is not there yet; raises on any failure."""
     cc = os.environ.get("CC", "cc")
-    ident = _compiler_id(cc)
+    ident = _compiler_id(cc) + _cpu_id()
     with resources.as_file(resources.files(__package__) / "kernels" / SOURCE) as source:
         text = source.read_bytes()
         errors = []
@@ -130,6 +141,8 @@ class BlockKernels:
         x = np.ascontiguousarray(x, dtype=np.float32)
         n, cols = x.shape
         rows = w.q.shape[0]
+        if cols != w.q.shape[1] or cols % 32:  # the C code reads cols values of x for every row
+            raise ValueError(f"x has {cols} columns, the weight {w.q.shape[1]}")
         xsum = None
         if w.offset is not None:
             xsum = np.ascontiguousarray(x.reshape(n, cols // w.block, w.block).sum(axis=-1, dtype=np.float32))
@@ -143,7 +156,10 @@ class BlockKernels:
         """float32 rows [r0, r1) of w into out[: r1 - r0] (C-contiguous)."""
         cols = w.q.shape[1]
         dst = out[: r1 - r0]
-        assert dst.flags.c_contiguous and dst.shape[1] == cols
+        # the C code trusts these: checked here, where a wrong call would otherwise write past a buffer
+        if not (0 <= r0 <= r1 <= w.q.shape[0] and dst.shape == (r1 - r0, cols) and dst.dtype == np.float32):
+            raise ValueError(f"dequantize rows [{r0}, {r1}) of {w.q.shape} into {out.shape} {out.dtype}")
+        assert dst.flags.c_contiguous
         self.lib.genie_blk_dequant(_addr(w.q), _addr(w.scale), _addr(w.offset), cols, w.block, _addr(dst), r0, r1)
         return dst
 
