@@ -52,7 +52,15 @@ class KvLink:
 
     def hydrate(self, prompt: list[int], conv_id: str | None, slot: int = 0) -> int:
         """Loads the longest saved prefix of `prompt` into `slot` if it beats what the slot holds; returns the
-        tokens loaded (0: nothing better, the store did not answer in time, or the answer was unusable)."""
+        tokens loaded (0: nothing better, the store did not answer in time, or the answer was unusable).
+        Never raises for the store's sake: the turn then simply runs cold."""
+        try:
+            return self._hydrate(prompt, conv_id, slot)
+        except zmq.ZMQError as e:
+            log.warning("event=kv_lookup_failed error=%r", str(e))
+            return 0
+
+    def _hydrate(self, prompt: list[int], conv_id: str | None, slot: int) -> int:
         held = common_prefix_len(self.engine.kv.resident[slot], prompt)
         if held >= len(prompt) - 1 or len(prompt) <= CHUNK_TOKENS:
             return 0
@@ -96,7 +104,16 @@ class KvLink:
         return 0
 
     def save(self, conv_id: str | None, slot: int = 0) -> bool:
-        """Sends what `slot` holds to the store (when long enough to be worth hydrating); never blocks."""
+        """Sends what `slot` holds to the store (when long enough to be worth hydrating); never blocks, and
+        never raises for the store's sake (the save is then lost, with a log line)."""
+        try:
+            return self._save(conv_id, slot)
+        except zmq.ZMQError as e:
+            self.saves_dropped += 1
+            log.warning("event=kv_save_dropped error=%r", str(e))
+            return False
+
+    def _save(self, conv_id: str | None, slot: int) -> bool:
         self._drain()
         if len(self.engine.kv.resident[slot]) < CHUNK_TOKENS:
             return False

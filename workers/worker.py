@@ -1,11 +1,12 @@
-"""The GPU worker process: owns the engine and serves the daemon over one DEALER socket.
+"""The GPU worker process: owns the engine and serves the daemon over two DEALER sockets.
 
 Socket input stays out of the compute loop (as vLLM's engine core does): an I/O thread owns the inbound
 socket, decodes what arrives (acting on CANCEL at once, queueing everything else) and beats the heartbeat;
 the main thread runs the engine and sends its answers on a second DEALER socket of its own — handing every
-token to the I/O thread cost ~100 µs a token in GIL hand-offs on a 2-core machine. A bad request
-gets an ERROR reply and the loop goes on; a fatal error sends DEAD and the process exits, for the daemon
-to restart it.
+token to the I/O thread cost ~100 µs a token in GIL hand-offs on a 2-core machine. With a KV store
+(`--kv-endpoint`), a third socket (kv_link.py) looks up a saved prefix before a turn and saves after it.
+A bad request gets an ERROR reply and the loop goes on; a fatal error sends DEAD and the process exits,
+for the daemon to restart it. A failing KV store is never fatal: the turn runs cold, the save is lost.
 
     python -m workers.worker --endpoint ipc:///run/genie/worker.sock [-m MODEL] [engine options]
 """
