@@ -21,8 +21,22 @@ LAYOUT = {
 }
 
 
+@dataclass
 class _KvRequest(Message):
-    """A save or lookup: names the model (fingerprint, 64 hex digits) and the KV layout."""
+    """A save or lookup: names the model (fingerprint, 64 hex digits), the KV layout and the tokens."""
+
+    FIELDS = {
+        "request_id": Field("id", required=True),
+        "fingerprint": Field("str", required=True, limit=64),
+        "layout": Field("dict", required=True),
+        "token_ids": Field("token_ids", required=True),
+        "conv_id": Field("conv_id"),
+    }
+    request_id: str
+    fingerprint: str
+    layout: dict[str, Any]
+    token_ids: list[int]
+    conv_id: str | None = None
 
     @classmethod
     def from_body(cls, body: Any) -> Message:
@@ -47,18 +61,6 @@ class KvSave(_KvRequest):
     """Worker -> store at turn end: positions [0, len(token_ids)) of a conversation; answered by KV_SAVED."""
 
     TYPE = 0x30
-    FIELDS = {
-        "request_id": Field("id", required=True),
-        "fingerprint": Field("str", required=True, limit=64),
-        "layout": Field("dict", required=True),
-        "token_ids": Field("token_ids", required=True),
-        "conv_id": Field("conv_id"),
-    }
-    request_id: str
-    fingerprint: str
-    layout: dict[str, Any]
-    token_ids: list[int]
-    conv_id: str | None = None
 
 
 @dataclass
@@ -67,19 +69,7 @@ class KvLookup(_KvRequest):
     (what the worker already holds); answered by KV_DATA."""
 
     TYPE = 0x31
-    FIELDS = {
-        "request_id": Field("id", required=True),
-        "fingerprint": Field("str", required=True, limit=64),
-        "layout": Field("dict", required=True),
-        "token_ids": Field("token_ids", required=True),
-        "conv_id": Field("conv_id"),
-        "longer_than": Field("int", limit=1 << 31),
-    }
-    request_id: str
-    fingerprint: str
-    layout: dict[str, Any]
-    token_ids: list[int]
-    conv_id: str | None = None
+    FIELDS = {**_KvRequest.FIELDS, "longer_than": Field("int", limit=1 << 31)}
     longer_than: int = 0
 
 
