@@ -227,14 +227,65 @@ __device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols,
     }
 }
 
-// Q4_K, one token: the bulk of a Q4_K_M model, so its own layout of the work. A half-warp takes a whole
-// 144-byte super-block, each lane 8 contiguous quant bytes (16 values: 8 of sub-block 2i in the low
-// nibbles, 8 of sub-block 2i+1 in the high), so a half-warp reads its block's 128 quant bytes in one
-// coalesced 128-byte access and the two halves take neighbouring blocks. The generic kernel gave each lane
-// one 32-value sub-block: lanes 2i and 2i+1 loaded the same 32 bytes, and neighbouring lanes read bytes
-// 144 apart. Dynamic shared memory: cols floats (x).
-template <>
-__device__ void gemv1<12>(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes, int rpw) {
+// Q4_K and Q6_K, one token: the bulk of a Q4_K_M model (Q6_K: output layers and the more-bits layers),
+// so their own layout of the work. A half-warp takes a whole 256-value super-block and each of its 16 lanes
+// a contiguous run of its quant bytes, so a half-warp reads its block in one coalesced pass and the two
+// halves take neighbouring blocks. The generic kernel gave each lane one 32-value sub-block: Q4_K lanes 2i
+// and 2i+1 loaded the same 32 bytes, and neighbouring lanes read bytes a block apart.
+// half_warp_dot<T>(blk, xb, l): lane l's share of block blk against its 256 activations xb.
+template <int T> __device__ __forceinline__ float half_warp_dot(const u8* blk, const float* xb, int l);
+
+// Q4_K: 8 contiguous quant bytes = 8 values of sub-block 2c (low nibbles) and 8 of sub-block 2c + 1 (high).
+template <> __device__ __forceinline__ float half_warp_dot<12>(const u8* blk, const float* xb, int l) {
+    const int chunk = l >> 2;     // which 64 values of the block: sub-blocks 2 * chunk and 2 * chunk + 1
+    const int pos = (l & 3) * 8;  // first of this lane's 8 positions within those sub-blocks
+    // rows are whole 144-byte blocks on a 256-byte aligned allocation: this 8-byte load is aligned
+    const uint2 q = *reinterpret_cast<const uint2*>(blk + 16 + 32 * chunk + pos);
+    const float* xl = xb + 64 * chunk + pos;  // low nibbles' activations
+    const float* xh = xl + 32;                // high nibbles'
+    const float4 l0 = *reinterpret_cast<const float4*>(xl), l1 = *reinterpret_cast<const float4*>(xl + 4);
+    const float4 h0 = *reinterpret_cast<const float4*>(xh), h1 = *reinterpret_cast<const float4*>(xh + 4);
+    const float xlo[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+    const float xhi[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    float qlo = 0.f, qhi = 0.f, slo = 0.f, shi = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const unsigned byte = ((j < 4 ? q.x : q.y) >> (8 * (j & 3))) & 0xFF;
+        qlo += (float)(byte & 0xF) * xlo[j];
+        qhi += (float)(byte >> 4) * xhi[j];
+        slo += xlo[j];
+        shi += xhi[j];
+    }
+    float sc0, m0, sc1, m1;
+    scale_min_k4(2 * chunk, blk + 4, sc0, m0);
+    scale_min_k4(2 * chunk + 1, blk + 4, sc1, m1);
+    return f16(blk) * (sc0 * qlo + sc1 * qhi) - f16(blk + 2) * (m0 * slo + m1 * shi);
+}
+
+// Q6_K: 4 consecutive bytes of each of the lane's half's two ql runs and of its qh run = 16 values in four
+// 32-apart groups. Blocks are 210 bytes, so only byte loads are safely aligned.
+template <> __device__ __forceinline__ float half_warp_dot<14>(const u8* blk, const float* xb, int l) {
+    const int h = l >> 3;       // which 128 values of the block
+    const int k = (l & 7) * 4;  // first of this lane's 4 positions in that half
+    const u8* ql = blk + 64 * h + k;
+    const u8* qh = blk + 128 + 32 * h + k;
+    const float* x = xb + 128 * h + k;
+    float s[4] = {0.f, 0.f, 0.f, 0.f};  // the four groups: values k + j, + 32, + 64, + 96
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int lo = ql[j], hi = ql[j + 32], top = qh[j];
+        s[0] += (float)(((lo & 0xF) | ((top & 3) << 4)) - 32) * x[j];
+        s[1] += (float)(((hi & 0xF) | (((top >> 2) & 3) << 4)) - 32) * x[j + 32];
+        s[2] += (float)(((lo >> 4) | (((top >> 4) & 3) << 4)) - 32) * x[j + 64];
+        s[3] += (float)(((hi >> 4) | (((top >> 6) & 3) << 4)) - 32) * x[j + 96];
+    }
+    const signed char* sc = reinterpret_cast<const signed char*>(blk + 192) + 8 * h + (k >> 4);
+    return f16(blk + 208) * (sc[0] * s[0] + sc[2] * s[1] + sc[4] * s[2] + sc[6] * s[3]);
+}
+
+// The one-token product for those types; same grid, rows per warp and shared x as the generic gemv1.
+template <int T>
+__device__ void gemv1_half_warps(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes, int rpw) {
     extern __shared__ float xs[];
     for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i];
     __syncthreads();
@@ -243,81 +294,22 @@ __device__ void gemv1<12>(const u8* W, const float* x, float* y, int rows, int c
     if (r0 >= rows) return;
     const int n_rows = min(rpw, rows - r0);
     const int half = lane >> 4, l = lane & 15;
-    const int chunk = l >> 2;       // which 64 values of the block: sub-blocks 2 * chunk and 2 * chunk + 1
-    const int pos = (l & 3) * 8;    // first of this lane's 8 positions within those sub-blocks
     const int n_blocks = cols >> 8;
     for (int r = 0; r < n_rows; ++r) {
         const u8* row = W + (long long)(r0 + r) * row_bytes;
         float acc = 0.f;
-        for (int b = half; b < n_blocks; b += 2) {
-            const u8* blk = row + b * 144;
-            // rows are whole 144-byte blocks on a 256-byte aligned allocation: this 8-byte load is aligned
-            const uint2 q = *reinterpret_cast<const uint2*>(blk + 16 + 32 * chunk + pos);
-            const float* xl = xs + (b << 8) + 64 * chunk + pos;  // low nibbles' activations
-            const float* xh = xl + 32;                           // high nibbles'
-            const float4 l0 = *reinterpret_cast<const float4*>(xl), l1 = *reinterpret_cast<const float4*>(xl + 4);
-            const float4 h0 = *reinterpret_cast<const float4*>(xh), h1 = *reinterpret_cast<const float4*>(xh + 4);
-            const float xlo[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-            const float xhi[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-            float qlo = 0.f, qhi = 0.f, slo = 0.f, shi = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const unsigned byte = ((j < 4 ? q.x : q.y) >> (8 * (j & 3))) & 0xFF;
-                qlo += (float)(byte & 0xF) * xlo[j];
-                qhi += (float)(byte >> 4) * xhi[j];
-                slo += xlo[j];
-                shi += xhi[j];
-            }
-            float sc0, m0, sc1, m1;
-            scale_min_k4(2 * chunk, blk + 4, sc0, m0);
-            scale_min_k4(2 * chunk + 1, blk + 4, sc1, m1);
-            acc += f16(blk) * (sc0 * qlo + sc1 * qhi) - f16(blk + 2) * (m0 * slo + m1 * shi);
-        }
+        for (int b = half; b < n_blocks; b += 2) acc += half_warp_dot<T>(row + b * Blk<T>::bytes, xs + (b << 8), l);
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, o);
         if (lane == 0) y[r0 + r] = acc;
     }
 }
-
-// Q6_K, one token (output layers and the more-bits layers of Q4_K_M), laid out like Q4_K above: a
-// half-warp per 210-byte super-block, each lane 4 consecutive bytes of each of its half's two ql runs and
-// of its qh run, i.e. 16 values in four 32-apart groups. Blocks are 210 bytes, so only byte loads are
-// safely aligned; neighbouring lanes still read neighbouring bytes.
+template <>
+__device__ void gemv1<12>(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes, int rpw) {
+    gemv1_half_warps<12>(W, x, y, rows, cols, row_bytes, rpw);
+}
 template <>
 __device__ void gemv1<14>(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes, int rpw) {
-    extern __shared__ float xs[];
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i];
-    __syncthreads();
-    const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
-    const int lane = threadIdx.x & 31;
-    if (r0 >= rows) return;
-    const int n_rows = min(rpw, rows - r0);
-    const int half_warp = lane >> 4, l = lane & 15;
-    const int h = l >> 3;          // which 128 values of the block
-    const int k = (l & 7) * 4;     // first of this lane's 4 positions l in that half
-    const int n_blocks = cols >> 8;
-    for (int r = 0; r < n_rows; ++r) {
-        const u8* row = W + (long long)(r0 + r) * row_bytes;
-        float acc = 0.f;
-        for (int b = half_warp; b < n_blocks; b += 2) {
-            const u8* blk = row + b * 210;
-            const u8* ql = blk + 64 * h + k;
-            const u8* qh = blk + 128 + 32 * h + k;
-            const float* xb = xs + (b << 8) + 128 * h + k;
-            float s[4] = {0.f, 0.f, 0.f, 0.f};  // the four groups: values l, l + 32, l + 64, l + 96
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int lo = ql[j], hi = ql[j + 32], top = qh[j];
-                s[0] += (float)(((lo & 0xF) | ((top & 3) << 4)) - 32) * xb[j];
-                s[1] += (float)(((hi & 0xF) | (((top >> 2) & 3) << 4)) - 32) * xb[j + 32];
-                s[2] += (float)(((lo >> 4) | (((top >> 4) & 3) << 4)) - 32) * xb[j + 64];
-                s[3] += (float)(((hi >> 4) | (((top >> 6) & 3) << 4)) - 32) * xb[j + 96];
-            }
-            const signed char* sc = reinterpret_cast<const signed char*>(blk + 192) + 8 * h + (k >> 4);
-            acc += f16(blk + 208) * (sc[0] * s[0] + sc[2] * s[1] + sc[4] * s[2] + sc[6] * s[3]);
-        }
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, o);
-        if (lane == 0) y[r0 + r] = acc;
-    }
+    gemv1_half_warps<14>(W, x, y, rows, cols, row_bytes, rpw);
 }
 
 // out[r, c] for the rows listed in `ids` (embedding lookup) or every row (ids == NULL): one thread per
