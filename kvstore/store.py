@@ -344,9 +344,6 @@ class KVStore:
         self._refresh()
         return n
 
-    def total_bytes(self) -> int:
-        return sum(e.header.file_bytes for e in self._entries.values())
-
 
 # -- the directory as a whole (any model's entries): what genie-ctl kv ls|evict|clear act on -----------------
 ENTRY_ID = re.compile(r"[ct]-[A-Za-z0-9][A-Za-z0-9._-]{0,160}")
