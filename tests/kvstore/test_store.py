@@ -124,6 +124,7 @@ def test_bad_and_foreign_files_are_misses_never_served(tmp_path, caplog):
     good = store.save(good_snap, conv_id="good").path
     blob = bytearray(good.read_bytes())
     blob[-100] ^= 1
+
     def named(conv: str) -> Path:
         return store.dir / store._name("c", conv)
 

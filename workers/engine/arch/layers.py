@@ -55,9 +55,9 @@ def forward(
     positions = np.arange(pos0, pos0 + n)
     n_qk = (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim
     x = b.embed(weights.embed, b.stage_inputs(ids, pos0), cfg.embed_scale)  # [n, d]
+    h = b.rms_norm(x, weights.layers[0].attn_norm, cfg.rms_eps)
     for i, (lw, lc) in enumerate(zip(weights.layers, cfg.layers, strict=True)):
         opt = lw.optional
-        h = b.rms_norm(x, lw.attn_norm, cfg.rms_eps)
         qkv = b.matmul(h, lw.qkv)  # [n, (H + Hkv) * hd + Hkv * hdv]
         if "bqkv" in opt:
             qkv += opt["bqkv"]
@@ -73,13 +73,15 @@ def forward(
         o = b.matmul(attn, lw.wo)
         if "post_attn_norm" in opt:
             o = b.rms_norm(o, opt["post_attn_norm"], cfg.rms_eps)
-        x = x + o
-        h = b.rms_norm(x, lw.ffn_norm, cfg.rms_eps)
+        x, h = b.add_rms_norm(x, o, lw.ffn_norm, cfg.rms_eps)
         gate_up = b.matmul(h, lw.gate_up)  # [n, 2 * ffn]
         f = b.matmul(b.gated_act(gate_up, cfg.activation), lw.w_down)
         if "post_ffn_norm" in opt:
             f = b.rms_norm(f, opt["post_ffn_norm"], cfg.rms_eps)
-        x = x + f
+        if i + 1 < len(weights.layers):  # the next layer's input norm, with this residual add
+            x, h = b.add_rms_norm(x, f, weights.layers[i + 1].attn_norm, cfg.rms_eps)
+        else:
+            x = x + f
     if logit_rows is None:
         return None
     h = b.rms_norm(x[logit_rows], weights.output_norm, cfg.rms_eps)

@@ -77,6 +77,11 @@ class Backend(ABC):
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
         """RMSNorm over the last axis, times weight (broadcast from the right)."""
 
+    def add_rms_norm(self, x: Array, r: Array, weight: Array, eps: float) -> tuple[Array, Array]:
+        """The residual add and the next RMSNorm: (x + r, rms_norm(x + r)); x may be updated in place."""
+        x = x + r
+        return x, self.rms_norm(x, weight, eps)
+
     @abstractmethod
     def rope(self, x: Array, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode) -> Array:
         """Rotary embedding of x [n, heads, head_dim] at `positions` [n]; use the returned array (in place

@@ -1,10 +1,12 @@
 """The GPU backend on CuPy: weights stay in GGUF block layout on the device.
 
 Matrix products with up to `GEMV_MAX_TOKENS` rows (decode) run a quantized matrix-vector kernel that
-dequantizes in registers (kernels/quant.cu); longer ones (prefill) dequantize the weight to float32
-scratch and use cuBLAS. RMSNorm, RoPE, the gated activation, the KV write and attention are one fused
-kernel each (kernels/ops.cu); what is left (residual adds, the float32 KV used by tests) is the NumPy
-backend's code run on CuPy arrays.
+dequantizes in registers (kernels/quant.cu; for Q4_K and Q6_K, int8 activations and dp4a); longer ones
+(prefill) dequantize tiles of the weight to float32 scratch and multiply on the tensor cores through
+cuBLAS in TF32: float32's range (float16 inputs overflowed to inf on the synthetic Qwen3 bench models),
+inputs rounded to 10 mantissa bits, float32 accumulation. RMSNorm, RoPE, the gated activation, the KV
+write and attention are one fused kernel each (kernels/ops.cu); what is left (residual adds, the float32
+KV used by tests) is the NumPy backend's code run on CuPy arrays.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from .numpy_backend import NumpyBackend, dequantize_tensor
 
 GEMV_MAX_TOKENS = 8  # MAX_TOK in quant.cu
 GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
-PREFILL_SCRATCH_BYTES = 32 << 20  # float32 scratch of the prefill path: the GPU memory bound allows no more
+PREFILL_SCRATCH_BYTES = 32 << 20  # float32 weight scratch of the prefill path: the GPU memory bound allows no more
+OCTET_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})  # int8-activation one-token kernels
 THREADS = 256
 
 # GGML type -> kernel name suffix in quant.cu
@@ -138,8 +141,17 @@ class CupyBackend(NumpyBackend):
     def load_vector(self, tensor: TensorInfo) -> Any:
         return self.xp.asarray(dequantize_tensor(tensor).reshape(-1))
 
-    def group(self, weights: list[QuantWeight]) -> GroupWeight:
-        return GroupWeight(list(weights))
+    def group(self, weights: list[QuantWeight]) -> QuantWeight | GroupWeight:
+        """Neighbours of one type become one matrix (one launch instead of two: gate and up, Q and K)."""
+        merged: list[QuantWeight] = []
+        for w in weights:
+            prev = merged[-1] if merged else None
+            if prev is not None and prev.qtype == w.qtype and prev.cols == w.cols:
+                data = self.xp.concatenate([prev.data, w.data])
+                merged[-1] = QuantWeight(data, w.qtype, prev.rows + w.rows, w.cols)
+            else:
+                merged.append(w)
+        return merged[0] if len(merged) == 1 else GroupWeight(merged)
 
     # -- kernels -------------------------------------------------------------------------------------
     def dequant_into(self, w: QuantWeight, out: Any, ids: Any = None, scale: float = 1.0) -> Any:
@@ -171,7 +183,8 @@ class CupyBackend(NumpyBackend):
         """out[r] = (x @ w.T)[0, r] for one token, x staged in shared memory (decode)."""
         assert x.shape == (1, w.cols) and x.flags.c_contiguous
         kernel = self._kernel("gemv1", w.qtype)
-        smem = w.cols * 4
+        # x as float32 in shared memory, or (Q4_K, Q6_K) as int8 plus a scale and a sum per 32 values
+        smem = w.cols + w.cols // 4 if w.qtype in OCTET_TYPES else w.cols * 4
         if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
             kernel.max_dynamic_shared_size_bytes = smem  # opt in past the default 48 KiB (Hopper: 227 KiB)
         # several rows per warp share the x registers, but only where the grid still gives every SM two
@@ -187,20 +200,54 @@ class CupyBackend(NumpyBackend):
         return out
 
     def _matmul_part(self, x: Any, w: QuantWeight, out: Any, col0: int) -> None:
-        cp = self.xp
         if x.shape[0] == 1:
             self.gemv1_into(x, w, out[0, col0:])
         elif x.shape[0] <= GEMV_MAX_TOKENS:
             # writes out[t, col0 + r]: the kernel's y starts at that column, rows of length out.shape[1]
             self.gemv_into(x, w, out[:, col0:], ldy=out.shape[1])
-        else:  # prefill: dequantize a tile of rows at a time into bounded float32 scratch, then cuBLAS
-            tile = max(256, PREFILL_SCRATCH_BYTES // (w.cols * 4))
-            scratch = cp.empty((min(tile, w.rows), w.cols), dtype=cp.float32)
-            for r0 in range(0, w.rows, tile):
-                n = min(tile, w.rows - r0)
-                part = QuantWeight(w.data[r0 * w.row_bytes : (r0 + n) * w.row_bytes], w.qtype, n, w.cols)
-                dense = self.dequant_into(part, scratch[:n])
-                out[:, col0 + r0 : col0 + r0 + n] = x @ dense.T
+        else:
+            self._prefill_matmul(x, w, out, col0)
+
+    def _prefill_matmul(self, x: Any, w: QuantWeight, out: Any, col0: int) -> None:
+        """out[:, col0:col0 + w.rows] = x @ w.T on the tensor cores: a tile of rows at a time is
+        dequantized to bounded float32 scratch, then one cuBLAS TF32 GEMM writes the tile's columns of
+        `out` in place."""
+        cp = self.xp
+        from cupy_backends.cuda.libs import cublas
+
+        n, k = x.shape
+        tile = max(256, PREFILL_SCRATCH_BYTES // (w.cols * 4))
+        scratch = cp.empty((min(tile, w.rows), w.cols), dtype=cp.float32)
+        handle = cp.cuda.device.get_cublas_handle()
+        cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+        one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+        ldo = out.shape[1]
+        for r0 in range(0, w.rows, tile):
+            rows = min(tile, w.rows - r0)
+            part = QuantWeight(w.data[r0 * w.row_bytes : (r0 + rows) * w.row_bytes], w.qtype, rows, w.cols)
+            dense = self.dequant_into(part, scratch[:rows])
+            # column-major view: out^T [rows, n] (ld = ldo) = dense [rows, k] (stored k-major) @ x^T
+            cublas.gemmEx(
+                handle,
+                cublas.CUBLAS_OP_T,
+                cublas.CUBLAS_OP_N,
+                rows,
+                n,
+                k,
+                one.ctypes.data,
+                dense.data.ptr,
+                _CUDA_R_32F,
+                k,
+                x.data.ptr,
+                _CUDA_R_32F,
+                k,
+                zero.ctypes.data,
+                out.data.ptr + (col0 + r0) * 4,
+                _CUDA_R_32F,
+                ldo,
+                _CUBLAS_COMPUTE_32F_FAST_TF32,
+                _CUBLAS_GEMM_DEFAULT,
+            )
 
     def matmul(self, x: Any, weight: QuantWeight | GroupWeight) -> Any:
         cp = self.xp
@@ -294,6 +341,18 @@ class CupyBackend(NumpyBackend):
         )
         return y
 
+    def add_rms_norm(self, x: Any, r: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+        cp = self.xp
+        if not (x.flags.c_contiguous and x.dtype == cp.float32):
+            x = cp.ascontiguousarray(x, dtype=cp.float32)
+        r = cp.ascontiguousarray(r, dtype=cp.float32)
+        d = x.shape[-1]
+        y = cp.empty_like(x)
+        self._op("add_rms_norm")(
+            (x.size // d,), (_threads(d),), (x, r, cp.ascontiguousarray(weight), y, np.int32(d), np.float32(eps))
+        )
+        return x, y
+
     def rope(self, x: Any, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode) -> Any:
         cp = self.xp
         x = cp.ascontiguousarray(x)
@@ -333,23 +392,30 @@ class CupyBackend(NumpyBackend):
         cp = self.xp
         if kv.k.dtype == cp.float32:
             return super().kv_write(kv, slot, pos0, k, v)
-        for src, pool, scales in ((k, kv.k, kv.k_scale), (v, kv.v, kv.v_scale)):
-            src = cp.ascontiguousarray(src, dtype=cp.float32)
-            n, heads, hd = src.shape
-            self._op("kv_write")(
-                (n * heads,),
-                (_threads(hd),),
-                (
-                    src,
-                    pool[slot],
-                    scales[slot] if scales is not None else np.uint64(0),
-                    np.int32(heads),
-                    np.int32(hd),
-                    np.int32(hd & -hd),
-                    self._pos,
-                ),
-                shared_mem=hd * 4,
-            )
+        k = cp.ascontiguousarray(k, dtype=cp.float32)
+        v = cp.ascontiguousarray(v, dtype=cp.float32)
+        n, heads, hd = k.shape
+        hdv = v.shape[2]
+        null = np.uint64(0)
+        self._op("kv_write")(
+            (n * heads, 2),  # y: K, then V
+            (_threads(max(hd, hdv)),),
+            (
+                k,
+                v,
+                kv.k[slot],
+                kv.v[slot],
+                kv.k_scale[slot] if kv.k_scale is not None else null,
+                kv.v_scale[slot] if kv.v_scale is not None else null,
+                np.int32(heads),
+                np.int32(hd),
+                np.int32(hdv),
+                np.int32(hd & -hd),
+                np.int32(hdv & -hdv),
+                self._pos,
+            ),
+            shared_mem=max(hd, hdv) * 4,
+        )
 
     def attention(self, q: Any, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float) -> Any:
         cp = self.xp
@@ -358,12 +424,43 @@ class CupyBackend(NumpyBackend):
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         n, heads, hd = q.shape
         n_kv, hdv = kv.k.shape[2], kv.v.shape[3]
-        if max(hd, hdv) > ATTENTION_MAX_HEAD_DIM:
-            raise ValueError(f"head dim {max(hd, hdv)} is above the attention kernel's {ATTENTION_MAX_HEAD_DIM}")
+        if max(hd, hdv) > ATTENTION_MAX_HEAD_DIM or hd % 16 or hdv % 4:
+            raise ValueError(
+                f"head dims {hd}/{hdv}: the GPU attention kernel takes K head dims that are multiples of 16 and"
+                f" V head dims that are multiples of 4, up to {ATTENTION_MAX_HEAD_DIM}"
+            )
         out = cp.empty((n, heads * hdv), dtype=cp.float32)
         null = np.uint64(0)
         k_scale = null if kv.k_scale is None else kv.k_scale[slot]
         v_scale = null if kv.v_scale is None else kv.v_scale[slot]
+        group = heads // n_kv
+        if n >= PREFILL_ATTENTION_MIN_TOKENS and hd == hdv and hd in PF_HEAD_DIMS and PF_ROWS % group == 0:
+            kernel = self._op(f"attention_prefill_{hd}")
+            smem = _prefill_attention_smem(hd)
+            if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
+                kernel.max_dynamic_shared_size_bytes = smem
+            kernel(
+                (-(-n // (PF_ROWS // group)), n_kv),
+                (32 * PF_WARPS,),
+                (
+                    q,
+                    kv.k[slot],
+                    kv.v[slot],
+                    k_scale,
+                    v_scale,
+                    out,
+                    np.int32(n),
+                    np.int32(heads),
+                    np.int32(n_kv),
+                    np.int32(hd & -hd),
+                    self._pos,
+                    np.int32(window),
+                    np.float32(scale),
+                    np.float32(softcap),
+                ),
+                shared_mem=smem,
+            )
+            return out
         rows = n * heads
         # split-K when the rows alone cannot fill the GPU (decode): each split takes a share of the keys
         n_splits = 1 if rows >= 2 * self._n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self._n_sm // rows))
@@ -418,9 +515,22 @@ class CupyBackend(NumpyBackend):
 
 
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+# cuBLAS / CUDA enums (cublas_api.h, library_types.h): gemmEx's data and compute types
+_CUDA_R_32F = 0
+_CUBLAS_COMPUTE_32F_FAST_TF32 = 77
+_CUBLAS_GEMM_DEFAULT = -1
 ATTENTION_WARPS = 8  # ATT_WARPS in ops.cu
 ATTENTION_MAX_HEAD_DIM = 512  # MAX_HD in ops.cu
 ATTENTION_MAX_SPLITS = 32
+# the tensor-core prefill kernel (attention_prefill in ops.cu): from this many tokens a pass
+PREFILL_ATTENTION_MIN_TOKENS = 16
+PF_WARPS, PF_ROWS, PF_KEYS = 4, 64, 64  # as in ops.cu
+PF_HEAD_DIMS = frozenset({16, 32, 64, 128, 256})  # its instantiations (K and V head dims equal)
+
+
+def _prefill_attention_smem(hd: int) -> int:
+    """attention_prefill's dynamic shared memory: Q, the K tile and the transposed V tile in FP16, scales."""
+    return 2 * PF_ROWS * (hd + 8) + 2 * PF_KEYS * (hd + 8) + 2 * hd * (PF_KEYS + 8) + 4 * 2 * PF_KEYS
 
 
 def _threads(d: int) -> int:

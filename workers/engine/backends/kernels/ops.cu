@@ -58,6 +58,23 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, in
     for (int i = threadIdx.x; i < d; i += blockDim.x) y[r * d + i] = xr[i] * inv * wr[i];
 }
 
+// x[r, :] += res[r, :] in place, then y[r, :] = rms_norm(x[r, :]) * w: the residual add fused with the
+// next norm. One block per row; each thread reads back only the elements it wrote.
+extern "C" __global__ void add_rms_norm(float* x, const float* res, const float* w, float* y, int d, float eps) {
+    __shared__ float red[32];
+    const long long r = blockIdx.x;
+    float* xr = x + r * d;
+    const float* rr = res + r * d;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = xr[i] + rr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_reduce<false>(ss, red) / d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) y[r * d + i] = xr[i] * inv * w[i];
+}
+
 // The position of a batch's first token is read from device memory (pos0p), so a captured CUDA graph
 // replays a decode step at any position.
 
@@ -93,46 +110,78 @@ extern "C" __global__ void gated_act(const float* gu, float* out, int n_tok, int
     out[i] = a * u;
 }
 
-// Store rows src [n_tok, n_heads, hd] at positions pos0 + t of one slot: dst [n_ctx, n_heads, hd].
-// INT8 (scales != NULL): rotate (fwht), scale = absmax / 127, round half to even, clamp; else FP16.
-// One block per (token, head), blockDim.x >= 32; dynamic shared memory hd floats.
-extern "C" __global__ void kv_write(const float* src, void* dst, float* scales, int n_heads, int hd, int blk,
-                                    const int* pos0p) {
+// Store K rows [n_tok, n_heads, hd] and V rows [n_tok, n_heads, hdv] at positions pos0 + t of one slot's
+// pools [n_ctx, n_heads, hd(v)]: blockIdx.y 0 writes K, 1 writes V (one launch for both). INT8 (scales !=
+// NULL): rotate (fwht), scale = absmax / 127, round half to even, clamp; else FP16. One block per (token,
+// head), blockDim.x >= 32; dynamic shared memory max(hd, hdv) floats.
+extern "C" __global__ void kv_write(const float* k_src, const float* v_src, void* k_dst, void* v_dst, float* k_scales,
+                                    float* v_scales, int n_heads, int hd, int hdv, int blk, int blk_v, const int* pos0p) {
     extern __shared__ float buf[];
-    const int pos0 = *pos0p;
     __shared__ float red[32];
+    const bool is_v = blockIdx.y == 1;
+    const float* src = is_v ? v_src : k_src;
+    void* dst = is_v ? v_dst : k_dst;
+    float* scales = is_v ? v_scales : k_scales;
+    const int d = is_v ? hdv : hd;
     const long long row = blockIdx.x;  // t * n_heads + h
-    const long long out_row = (long long)pos0 * n_heads + row;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = src[row * hd + i];
+    const long long out_row = (long long)(*pos0p) * n_heads + row;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] = src[row * d + i];
     if (scales == nullptr) {
-        __half* d = reinterpret_cast<__half*>(dst) + out_row * hd;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) d[i] = __float2half_rn(buf[i]);
+        __half* o = reinterpret_cast<__half*>(dst) + out_row * d;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = __float2half_rn(buf[i]);
         return;
     }
-    fwht(buf, hd, blk);
+    fwht(buf, d, is_v ? blk_v : blk);
     float m = 0.f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) m = fmaxf(m, fabsf(buf[i]));
+    for (int i = threadIdx.x; i < d; i += blockDim.x) m = fmaxf(m, fabsf(buf[i]));
     const float scale = block_reduce<true>(m, red) / 127.f;
     const float inv = scale > 0.f ? 1.f / scale : 0.f;
-    signed char* d = reinterpret_cast<signed char*>(dst) + out_row * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) d[i] = (signed char)fminf(fmaxf(rintf(buf[i] * inv), -127.f), 127.f);
+    signed char* o = reinterpret_cast<signed char*>(dst) + out_row * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = (signed char)fminf(fmaxf(rintf(buf[i] * inv), -127.f), 127.f);
     if (threadIdx.x == 0) scales[out_row] = scale;
 }
 
 // Causal attention of q [n_tok, n_heads, hd] (positions pos0 + t) over the slot's keys [lo, pos0 + t],
 // lo = pos0 + t - window + 1 when window > 0. K/V pools [n_ctx, n_kv, hd(v)], INT8 with scales (rotated:
 // q is rotated alike and the output rotated back) or FP16. Grid (n_tok * n_heads, n_splits): each block
-// takes one contiguous share of its query's keys (split-K, "flash decoding"), its 8 warps every 8th key
-// of that share with an online softmax, then the warps merge. With one split the block writes the output
-// [n_tok, n_heads, hdv]; with more it writes its partial max, sum and (unnormalized) accumulator to
-// part_m / part_l [rows, n_splits] and part_acc [rows, n_splits, hdv] for attention_merge.
+// takes one contiguous share of its query's keys (split-K, "flash decoding"); its 8 warps take tiles of
+// 32 keys in turn. In a tile every lane scores one key (its whole K row in 16-byte loads against q in
+// shared memory), the warp updates its online softmax once per tile, then accumulates the tile's V rows,
+// each lane owning 4 adjacent output dims, so one V row is one coalesced load. The warps then merge. With
+// one split the block writes the output [n_tok, n_heads, hdv]; with more it writes its partial max, sum
+// and (unnormalized) accumulator to part_m / part_l [rows, n_splits] and part_acc [rows, n_splits, hdv]
+// for attention_merge. Needs hd % 16 == 0 and hdv % 4 == 0.
 #define ATT_WARPS 8
 #define MAX_HD 512
+#define TILE 32
+
+__device__ __forceinline__ float dot16_i8(const int4 w, const float* q) {  // 16 int8 against q[0, 16)
+    const int v[4] = {w.x, w.y, w.z, w.w};
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float4 qq = *reinterpret_cast<const float4*>(q + 4 * i);
+        s += qq.x * (float)(signed char)(v[i]) + qq.y * (float)(signed char)(v[i] >> 8) +
+             qq.z * (float)(signed char)(v[i] >> 16) + qq.w * (float)(signed char)(v[i] >> 24);
+    }
+    return s;
+}
+__device__ __forceinline__ float dot8_f16(const uint4 w, const float* q) {  // 8 halves against q[0, 8)
+    const unsigned v[4] = {w.x, w.y, w.z, w.w};
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&v[i]));
+        s += q[2 * i] * f.x + q[2 * i + 1] * f.y;
+    }
+    return s;
+}
+
 extern "C" __global__ void attention(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
                                      const float* v_scale, float* out, float* part_m, float* part_l, float* part_acc,
                                      int n_heads, int n_kv, int hd, int hdv, int blk, int blk_v, const int* pos0p, int window,
                                      float scale, float softcap) {
-    __shared__ float qs[MAX_HD];
+    __shared__ __align__(16) float qs[MAX_HD];
     __shared__ float accs[ATT_WARPS][MAX_HD];
     __shared__ float ms[ATT_WARPS], ls[ATT_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -147,39 +196,60 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(long long)row * hd + i];
     if (int8) fwht(qs, hd, blk);
     __syncthreads();
-    const int per_lane = (hdv + 31) / 32;
-    float acc[MAX_HD / 32];
-    for (int i = 0; i < per_lane; ++i) acc[i] = 0.f;
+    const int n_v4 = (hdv / 4 + 31) / 32;  // groups of 4 dims per lane: dims 4 * lane + 128 * i + e
+    float acc[MAX_HD / 128][4];
+#pragma unroll
+    for (int i = 0; i < MAX_HD / 128; ++i)
+        for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
     float m = NEG_INF, l = 0.f;
-    for (int j = j0 + warp; j <= j1; j += ATT_WARPS) {
-        const long long krow = ((long long)j * n_kv + kvh);
-        float s = 0.f;
-        if (int8) {
-            const signed char* kr = reinterpret_cast<const signed char*>(k_pool) + krow * hd;
-            for (int i = lane; i < hd; i += 32) s += qs[i] * (float)kr[i];
-            s = warp_sum(s) * scale * k_scale[krow];
-        } else {
-            const __half* kr = reinterpret_cast<const __half*>(k_pool) + krow * hd;
-            for (int i = lane; i < hd; i += 32) s += qs[i] * __half2float(kr[i]);
-            s = warp_sum(s) * scale;
-        }
-        if (softcap > 0.f) s = softcap * tanhf(s / softcap);
-        const float m_new = fmaxf(m, s);
-        const float corr = __expf(m - m_new), p = __expf(s - m_new);
-        l = l * corr + p;
-        m = m_new;
-        const float pv = int8 ? p * v_scale[krow] : p;
-        if (int8) {
-            const signed char* vr = reinterpret_cast<const signed char*>(v_pool) + krow * hdv;
-            for (int i = 0; i < per_lane; ++i) {
-                const int c = lane + 32 * i;
-                acc[i] = acc[i] * corr + (c < hdv ? pv * (float)vr[c] : 0.f);
+    for (int base = j0 + warp * TILE; base <= j1; base += ATT_WARPS * TILE) {
+        const int j = base + lane;
+        const bool live = j <= j1;
+        const long long krow = (long long)j * n_kv + kvh;
+        float s = NEG_INF;
+        if (live) {
+            float d = 0.f;
+            if (int8) {
+                const int4* kr = reinterpret_cast<const int4*>(reinterpret_cast<const signed char*>(k_pool) + krow * hd);
+                for (int c = 0; c < hd / 16; ++c) d += dot16_i8(kr[c], qs + 16 * c);
+                s = d * scale * k_scale[krow];
+            } else {
+                const uint4* kr = reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(k_pool) + krow * hd);
+                for (int c = 0; c < hd / 8; ++c) d += dot8_f16(kr[c], qs + 8 * c);
+                s = d * scale;
             }
-        } else {
-            const __half* vr = reinterpret_cast<const __half*>(v_pool) + krow * hdv;
-            for (int i = 0; i < per_lane; ++i) {
-                const int c = lane + 32 * i;
-                acc[i] = acc[i] * corr + (c < hdv ? pv * __half2float(vr[c]) : 0.f);
+            if (softcap > 0.f) s = softcap * tanhf(s / softcap);
+        }
+        const float m_new = fmaxf(m, warp_max(s));  // lane 0's key is live: finite
+        const float corr = __expf(m - m_new);
+        float p = live ? __expf(s - m_new) : 0.f;
+        l = l * corr + warp_sum(p);
+        m = m_new;
+        if (int8 && live) p *= v_scale[krow];
+#pragma unroll
+        for (int i = 0; i < MAX_HD / 128; ++i)
+            for (int e = 0; e < 4; ++e) acc[i][e] *= corr;
+        const int n_keys = min(TILE, j1 - base + 1);
+#pragma unroll 16
+        for (int jj = 0; jj < n_keys; ++jj) {
+            const float pj = __shfl_sync(FULL, p, jj);
+            const long long vrow = (long long)(base + jj) * n_kv + kvh;
+#pragma unroll
+            for (int i = 0; i < MAX_HD / 128; ++i) {
+                const int c = 4 * lane + 128 * i;
+                if (i < n_v4 && c < hdv) {
+                    float v[4];
+                    if (int8) {
+                        const int w = *reinterpret_cast<const int*>(reinterpret_cast<const signed char*>(v_pool) + vrow * hdv + c);
+                        for (int e = 0; e < 4; ++e) v[e] = (float)(signed char)(w >> (8 * e));
+                    } else {
+                        const uint2 w = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(v_pool) + vrow * hdv + c);
+                        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&w.x));
+                        const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&w.y));
+                        v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+                    }
+                    for (int e = 0; e < 4; ++e) acc[i][e] += pj * v[e];
+                }
             }
         }
     }
@@ -191,9 +261,11 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
     float m_all = NEG_INF;
     for (int w = 0; w < ATT_WARPS; ++w) m_all = fmaxf(m_all, ms[w]);
     const float f = (m == NEG_INF) ? 0.f : __expf(m - m_all);
-    for (int i = 0; i < per_lane; ++i) {
-        const int c = lane + 32 * i;
-        if (c < hdv) accs[warp][c] = acc[i] * f;
+#pragma unroll
+    for (int i = 0; i < MAX_HD / 128; ++i) {
+        const int c = 4 * lane + 128 * i;
+        if (i < n_v4 && c < hdv)
+            for (int e = 0; e < 4; ++e) accs[warp][c + e] = acc[i][e] * f;
     }
     __syncthreads();
     float l_all = 0.f;
@@ -221,6 +293,240 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
     __syncthreads();
     for (int c = threadIdx.x; c < hdv; c += blockDim.x) out[(long long)row * hdv + c] = qs[c];
 }
+
+// Prefill attention on the tensor cores (FlashAttention-2's scheme with mma.sync): the queries of a prompt
+// chunk against its keys and those before it. A block of PF_WARPS warps takes PF_ROWS query rows, the
+// (token, head) pairs of PF_ROWS / G consecutive tokens and the G query heads of one KV head, so each K/V
+// tile it stages serves all of them; each warp owns 16 rows. Per tile of PF_KEYS keys: K and V are staged
+// in shared memory as FP16 (INT8 codes are exact in FP16; their scales are applied to the scores and
+// folded into P; V transposed, so its B fragments are pairs of adjacent halves), S = Q K^T comes from
+// m16n8k16 MMAs (FP16 in, FP32 accumulate) into registers, the online softmax runs on those registers (a
+// row's values sit in the four lanes of a quad), and P V accumulates into O, also in registers. Q is
+// rotated (INT8) and pre-scaled in FP32 before its conversion to FP16; O is normalized, rotated back (INT8)
+// and written as [n_tok, n_heads, HD]. Instantiated for HD == HDV in {16, 32, 64, 128, 256} and G dividing
+// PF_ROWS; dynamic shared memory as in pf_smem (the backend computes the same).
+#define PF_WARPS 4
+#define PF_ROWS (16 * PF_WARPS)
+#define PF_KEYS 64
+
+// In-place normalized Walsh-Hadamard transform of one row by one warp (same arithmetic as fwht).
+__device__ void fwht_warp(float* row, int d, int blk) {
+    const int lane = threadIdx.x & 31;
+    for (int h = 1; h < blk; h <<= 1) {
+        __syncwarp();
+        for (int i = lane; i < d / 2; i += 32) {
+            const int base = (i / h) * 2 * h + (i % h);
+            const float a = row[base], b = row[base + h];
+            row[base] = a + b;
+            row[base + h] = a - b;
+        }
+    }
+    __syncwarp();
+    const float norm = rsqrtf((float)blk);
+    for (int i = lane; i < d; i += 32) row[i] *= norm;
+    __syncwarp();
+}
+
+__device__ __forceinline__ void mma16816(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+__device__ __forceinline__ unsigned lds32(const __half* p) { return *reinterpret_cast<const unsigned*>(p); }
+
+// 8 K/V values at p (INT8 codes or FP16) as 8 halves
+__device__ __forceinline__ uint4 load8_half(const void* pool, long long off, bool int8) {
+    if (!int8) return *reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(pool) + off);
+    const uint2 b = *reinterpret_cast<const uint2*>(reinterpret_cast<const signed char*>(pool) + off);
+    uint4 r;
+    unsigned* o = reinterpret_cast<unsigned*>(&r);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const unsigned w = e < 2 ? b.x : b.y;
+        const int sh = 16 * (e & 1);
+        const __half2 h = __halves2half2(__int2half_rn((signed char)(w >> sh)), __int2half_rn((signed char)(w >> (sh + 8))));
+        o[e] = *reinterpret_cast<const unsigned*>(&h);
+    }
+    return r;
+}
+
+template <int HD>
+__device__ void attention_prefill(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
+                                  const float* v_scale, float* out, int n_tok, int n_heads, int n_kv, int blk,
+                                  const int* pos0p, int window, float scale, float softcap) {
+    constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = PF_KEYS + 8, LDO = HD + 4;
+    extern __shared__ __align__(16) unsigned char sm[];
+    __half* Qs = reinterpret_cast<__half*>(sm);  // [PF_ROWS][LDQ]
+    __half* Ks = Qs + PF_ROWS * LDQ;             // [PF_KEYS][LDK]
+    __half* Vt = Ks + PF_KEYS * LDK;             // [HD][LDV]: V transposed
+    float* ksc = reinterpret_cast<float*>(Vt + HD * LDV);  // [PF_KEYS]
+    float* vsc = ksc + PF_KEYS;                            // [PF_KEYS]
+    float* Of = reinterpret_cast<float*>(Ks);  // [PF_ROWS][LDO] FP32 rows, over the K/V area when it is idle
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const int G = n_heads / n_kv, tok_per_block = PF_ROWS / G;
+    const int kvh = blockIdx.y, t0 = blockIdx.x * tok_per_block;
+    const int pos0 = *pos0p;
+    const bool int8 = k_scale != nullptr;
+
+    // Q: each warp its 16 rows, rotated (INT8) and scaled in FP32, then FP16; rows past the chunk are 0
+    for (int rr = 0; rr < 16; ++rr) {
+        const int row = 16 * warp + rr, t = t0 + row / G, h = kvh * G + row % G;
+        float* qr = Of + row * LDO;
+        for (int i = lane; i < HD; i += 32) qr[i] = t < n_tok ? q[((long long)t * n_heads + h) * HD + i] : 0.f;
+        if (int8) fwht_warp(qr, HD, blk);
+        __syncwarp();
+        for (int i = lane; i < HD; i += 32) Qs[row * LDQ + i] = __float2half_rn(qr[i] * scale);
+    }
+    // this lane's two rows: 16 * warp + g and + 8
+    int qpos[2], lo[2];
+    bool live[2];
+    for (int i = 0; i < 2; ++i) {
+        const int t = t0 + (16 * warp + g + 8 * i) / G;
+        live[i] = t < n_tok;
+        qpos[i] = pos0 + t;
+        lo[i] = window > 0 ? max(0, qpos[i] - window + 1) : 0;
+    }
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    float o[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+
+    const int kv_hi = pos0 + min(t0 + tok_per_block, n_tok) - 1;
+    const int kv_lo = window > 0 ? max(0, pos0 + t0 - window + 1) : 0;
+    for (int k0 = kv_lo; k0 <= kv_hi; k0 += PF_KEYS) {
+        __syncthreads();  // every warp is done with the previous tile (and with Q's FP32 staging)
+        for (int c = threadIdx.x; c < PF_KEYS * (HD / 8); c += blockDim.x) {
+            const int jj = c / (HD / 8), i = (c % (HD / 8)) * 8, j = k0 + jj;
+            const long long off = ((long long)j * n_kv + kvh) * HD + i;
+            const uint4 kk = j <= kv_hi ? load8_half(k_pool, off, int8) : make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(Ks + jj * LDK + i) = kk;
+            const uint4 vv = j <= kv_hi ? load8_half(v_pool, off, int8) : make_uint4(0, 0, 0, 0);
+            const __half* vh = reinterpret_cast<const __half*>(&vv);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) Vt[(i + e) * LDV + jj] = vh[e];
+        }
+        for (int jj = threadIdx.x; jj < PF_KEYS; jj += blockDim.x) {
+            const int j = k0 + jj;
+            const bool in = j <= kv_hi && int8;
+            ksc[jj] = in ? k_scale[(long long)j * n_kv + kvh] : 1.f;
+            vsc[jj] = in ? v_scale[(long long)j * n_kv + kvh] : 1.f;
+        }
+        __syncthreads();
+
+        // S = Q K^T: 8 n-tiles of 8 keys, k-steps of 16 dims
+        float s[PF_KEYS / 8][4];
+#pragma unroll
+        for (int n = 0; n < PF_KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        const __half* qa = Qs + (16 * warp + g) * LDQ + 2 * tq;
+#pragma unroll
+        for (int kt = 0; kt < HD / 16; ++kt) {
+            const unsigned a[4] = {lds32(qa + 16 * kt), lds32(qa + 8 * LDQ + 16 * kt), lds32(qa + 16 * kt + 8),
+                                   lds32(qa + 8 * LDQ + 16 * kt + 8)};
+#pragma unroll
+            for (int n = 0; n < PF_KEYS / 8; ++n) {
+                const __half* kb = Ks + (8 * n + g) * LDK + 16 * kt + 2 * tq;
+                mma16816(s[n], a, lds32(kb), lds32(kb + 8));
+            }
+        }
+        // online softmax on the registers: s[n][0..1] row g, keys 8n + 2tq + {0, 1}; s[n][2..3] row g + 8
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int n = 0; n < PF_KEYS / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = e >> 1, jj = 8 * n + 2 * tq + (e & 1), j = k0 + jj;
+                float v = NEG_INF;
+                if (live[i] && j >= lo[i] && j <= qpos[i]) {
+                    v = s[n][e] * ksc[jj];
+                    if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+                }
+                s[n][e] = v;
+                mx[i] = fmaxf(mx[i], v);
+            }
+        float corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(FULL, mx[i], 2));
+            const float m_new = fmaxf(m[i], mx[i]);
+            corr[i] = m_new == NEG_INF ? 1.f : __expf(m[i] - m_new);
+            m[i] = m_new;
+        }
+        float sum[2] = {0.f, 0.f};
+        unsigned pa[PF_KEYS / 8][2];  // P as FP16 pairs: [n][row g, row g + 8]
+#pragma unroll
+        for (int n = 0; n < PF_KEYS / 8; ++n) {
+            float p[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = e >> 1;
+                p[e] = s[n][e] == NEG_INF ? 0.f : __expf(s[n][e] - m[i]);
+                sum[i] += p[e];
+                p[e] *= vsc[8 * n + 2 * tq + (e & 1)];
+            }
+            pa[n][0] = pack_half2(p[0], p[1]);
+            pa[n][1] = pack_half2(p[2], p[3]);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            sum[i] += __shfl_xor_sync(FULL, sum[i], 1);
+            sum[i] += __shfl_xor_sync(FULL, sum[i], 2);
+            l[i] = l[i] * corr[i] + sum[i];
+        }
+#pragma unroll
+        for (int d = 0; d < HD / 8; ++d) {
+            o[d][0] *= corr[0];
+            o[d][1] *= corr[0];
+            o[d][2] *= corr[1];
+            o[d][3] *= corr[1];
+        }
+        // O += P V: k-steps of 16 keys (P's n-tiles 2kt and 2kt + 1 are the A fragment), n-tiles of 8 dims
+#pragma unroll
+        for (int kt = 0; kt < PF_KEYS / 16; ++kt) {
+            const unsigned a[4] = {pa[2 * kt][0], pa[2 * kt][1], pa[2 * kt + 1][0], pa[2 * kt + 1][1]};
+#pragma unroll
+            for (int d = 0; d < HD / 8; ++d) {
+                const __half* vb = Vt + (8 * d + g) * LDV + 16 * kt + 2 * tq;
+                mma16816(o[d], a, lds32(vb), lds32(vb + 8));
+            }
+        }
+    }
+    __syncthreads();  // the K/V area becomes the FP32 output rows
+    const float inv[2] = {l[0] > 0.f ? 1.f / l[0] : 0.f, l[1] > 0.f ? 1.f / l[1] : 0.f};
+#pragma unroll
+    for (int d = 0; d < HD / 8; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) Of[(16 * warp + g + 8 * (e >> 1)) * LDO + 8 * d + 2 * tq + (e & 1)] = o[d][e] * inv[e >> 1];
+    __syncwarp();
+    for (int rr = 0; rr < 16; ++rr) {
+        const int row = 16 * warp + rr, t = t0 + row / G, h = kvh * G + row % G;
+        if (t >= n_tok) break;  // rows are token-major: the warp's later rows are past the chunk too
+        float* orow = Of + row * LDO;
+        if (int8) fwht_warp(orow, HD, blk);
+        for (int c = lane; c < HD; c += 32) out[((long long)t * n_heads + h) * HD + c] = orow[c];
+    }
+}
+
+#define PF_INSTANTIATE(HD)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * PF_WARPS) attention_prefill_##HD(                      \
+        const float* q, const void* k_pool, const void* v_pool, const float* k_scale, const float* v_scale,  \
+        float* out, int n_tok, int n_heads, int n_kv, int blk, const int* pos0p, int window, float scale,    \
+        float softcap) {                                                                                     \
+        attention_prefill<HD>(q, k_pool, v_pool, k_scale, v_scale, out, n_tok, n_heads, n_kv, blk, pos0p,  \
+                              window, scale, softcap);                                                       \
+    }
+PF_INSTANTIATE(16)
+PF_INSTANTIATE(32)
+PF_INSTANTIATE(64)
+PF_INSTANTIATE(128)
+PF_INSTANTIATE(256)
 
 // Merges the n_splits partial results of each (token, head) row: one block per row, dynamic shared
 // memory hdv floats.
