@@ -59,7 +59,8 @@ def main() -> None:
     import cupy as cp
     from gguf import GGMLQuantizationType as Q
 
-    src = resources.files("workers.engine.backends").joinpath("kernels/quant.cu").read_text("utf-8")
+    kernels = resources.files("workers.engine.backends").joinpath("kernels")
+    src = kernels.joinpath("common.cuh").read_text("utf-8") + kernels.joinpath("quant.cu").read_text("utf-8")
     n_sm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     read = cp.RawModule(code=READ).get_function("read_all")
     rng = np.random.default_rng(0)

@@ -119,8 +119,8 @@ def test_tiny_model_nll_matches_numpy(gpu, tmp_path, arch, kv_dtype):
             nll[name, rows] = engine.token_nll([1, *ids], rows_per_pass=rows)
     # INT8 KV: a last-bit difference before rounding can move one code by 1/127, so single tokens
     # may differ by a few hundredths of a nat; FP16 KV has no such steps, but the 32-row passes' TF32
-    # GEMM and FP16 attention inputs (10 mantissa bits) move single tokens by up to ~2e-3 (H200)
-    max_delta = 0.03 if kv_dtype == "int8" else 5e-3
+    # GEMM and FP16 attention inputs (10 mantissa bits) move single tokens by up to ~5e-3 (H200)
+    max_delta = 0.03 if kv_dtype == "int8" else 1e-2
     for rows in (5, 32):
         delta = np.abs(nll["cupy", rows] - nll["numpy", rows])
         assert delta.mean() <= 0.05 and delta.max() < max_delta, (rows, float(delta.mean()), float(delta.max()))
@@ -262,3 +262,118 @@ def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
         assert len(engine._steps) == (2 if use_graphs else 0)  # one captured step per slot
     gpu.use_graphs = True
     assert tokens[True, 0] == tokens[False, 0] and tokens[True, 1] == tokens[False, 1]
+
+
+def _quant_weight(qtype, rows: int, cols: int, rng: np.random.Generator) -> tuple[QuantWeight, np.ndarray]:
+    import cupy as cp
+
+    blocks = random_blocks(qtype, rows, cols, rng)
+    return QuantWeight(cp.asarray(blocks.reshape(-1)), qtype, rows, cols), dequantize(blocks, qtype).astype(np.float64)
+
+
+def _rms_norm64(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_norm_matmul_fused_into_the_decode_gemv(gpu, with_residual):
+    """One token: the residual add and RMSNorm run inside each part's GEMV (dp4a types); the first part
+    alone writes x + r. Equal to the unfused composition up to the int8 activations."""
+    import cupy as cp
+
+    rng = np.random.default_rng()
+    d = 2560
+    parts = [_quant_weight(qtype, rows, d, rng) for qtype, rows in ((Q.Q4_K, 3000), (Q.Q4_K, 1000), (Q.Q6_K, 520))]
+    w = gpu.group([p for p, _ in parts])  # the two Q4_K parts merge: two launches
+    dense = np.concatenate([dn for _, dn in parts])
+    x, r = rng.standard_normal((2, 1, d), dtype=np.float32) * 20
+    nw = rng.standard_normal(d, dtype=np.float32)
+    s = x.astype(np.float64) + r if with_residual else x.astype(np.float64)
+    h = _rms_norm64(s, nw, 1e-6)
+    x_new, out = gpu.add_norm_matmul(cp.asarray(x), cp.asarray(r) if with_residual else None, cp.asarray(nw), 1e-6, w)
+    assert rel_err(cp.asnumpy(x_new), s) < 1e-7
+    out = cp.asnumpy(out)
+    assert rel_err(out, q8_activations(h) @ dense.T) < 1e-4  # float32 h may round one code apart, rarely
+    assert rel_err(out, h @ dense.T) < 2e-2
+    # three tokens take the unfused path (multi-token GEMV, float32 activations): the same product
+    x3 = np.repeat(x, 3, axis=0)
+    r3 = cp.asarray(np.repeat(r, 3, axis=0)) if with_residual else None
+    x3_new, out3 = gpu.add_norm_matmul(cp.asarray(x3), r3, cp.asarray(nw), 1e-6, w)
+    assert rel_err(cp.asnumpy(x3_new)[:1], s) < 1e-7 and rel_err(cp.asnumpy(out3)[:1], h @ dense.T) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_gated_matmul_fused_into_the_decode_gemv(gpu, cpu, kind, qtype):
+    import cupy as cp
+
+    rng = np.random.default_rng()
+    ffn, d = 2048, 640
+    w, dense = _quant_weight(qtype, d, ffn, rng)
+    gate_up = rng.standard_normal((1, 2 * ffn), dtype=np.float32) * 3
+    act = cpu.gated_act(gate_up, kind).astype(np.float64)
+    out = cp.asnumpy(gpu.gated_matmul(cp.asarray(gate_up), kind, w))
+    assert rel_err(out, q8_activations(act) @ dense.T) < 1e-4
+    assert rel_err(out, act @ dense.T) < 2e-2
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize("n", [1, 5])
+def test_prepare_qkv_is_the_unfused_sequence(gpu, cpu, kv_dtype, qk_norm, n):
+    """qkv_post (norm, RoPE, K/V store in one launch) against the NumPy backend's composition."""
+    import cupy as cp
+
+    from workers.engine.kv_cache import KVCache, KVCacheConfig
+    from workers.engine.model_config import LayerConfig, ModelConfig
+
+    rng = np.random.default_rng()
+    H, Hkv, hd = 8, 2, 128
+    lc = LayerConfig(rope_base=1e6, rope_scale=1.0, sliding_window=0)
+    cfg = ModelConfig(
+        "qwen3", 1, 1024, H, Hkv, hd, hd, 3072, 1000, 4096, 1e-6, "neox", hd, "silu", hd**-0.5, 1.0, 0.0, 0.0, (lc,)
+    )
+    config = KVCacheConfig(1, Hkv, hd, hd, 64, n_slots=2, dtype=kv_dtype)
+    host, dev = KVCache(config, np), KVCache(config, cp)
+    qkv = rng.standard_normal((n, (H + 2 * Hkv) * hd), dtype=np.float32)
+    norm = rng.standard_normal((H + Hkv, hd), dtype=np.float32) if qk_norm else None
+    pos0 = 37
+    positions = np.arange(pos0, pos0 + n)
+    q_ref = cpu.prepare_qkv(qkv.copy(), cfg, lc, norm, positions, host.layers[0], 1, pos0)
+    gpu.stage_inputs(np.zeros(n, np.int64), pos0)
+    q = gpu.prepare_qkv(
+        cp.asarray(qkv), cfg, lc, None if norm is None else cp.asarray(norm), positions, dev.layers[0], 1, pos0
+    )
+    assert rel_err(cp.asnumpy(q), q_ref) < 1e-6
+    for name in ("k", "v", "k_scale", "v_scale"):
+        a = getattr(host.layers[0], name)
+        if a is None:
+            continue
+        a = a[1, pos0 : pos0 + n].astype(np.float64)
+        b = cp.asnumpy(getattr(dev.layers[0], name)[1, pos0 : pos0 + n]).astype(np.float64)
+        if name in ("k", "v") and kv_dtype == "int8":  # codes may round apart at a .5 boundary, rarely
+            assert np.mean(a != b) < 5e-3 and np.abs(a - b).max() <= 1
+        else:
+            assert rel_err(b, a) < 1e-6
+
+
+def test_greedy_token_on_the_device(gpu):
+    """argmax_row: numpy.argmax of the last row (the first of equal maxima), -1 for any non-finite value."""
+    import cupy as cp
+
+    rng = np.random.default_rng()
+    for n in (151936, 262144, 1000, 7):
+        logits = rng.standard_normal((2, n), dtype=np.float32)
+        assert gpu.greedy_token(cp.asarray(logits)) == int(np.argmax(logits[-1]))
+        tied = logits.copy()
+        first, second = sorted(rng.choice(n, 2, replace=False))
+        tied[-1, first] = tied[-1, second] = tied[-1].max() + 1  # equal maxima: the first one
+        assert gpu.greedy_token(cp.asarray(tied)) == first
+        for bad in (np.nan, np.inf, -np.inf):
+            poisoned = logits.copy()
+            poisoned[-1, rng.integers(n)] = bad
+            assert gpu.greedy_token(cp.asarray(poisoned)) == -1
+        poisoned = logits.copy()
+        poisoned[0, 0] = np.nan  # only the last row counts
+        assert gpu.greedy_token(cp.asarray(poisoned)) == int(np.argmax(logits[-1]))

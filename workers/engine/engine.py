@@ -182,11 +182,15 @@ class Engine:
         t_first = t_prefill
         finish: FinishReason = "length"
         stop_hit = False  # a stop string matched: what follows it is dropped, not flushed
+        on_device = params.is_greedy and params.repeat_penalty == 1.0  # argmax where the logits are
         while len(generated) < params.max_tokens:
-            row = self.backend.to_host(logits)[-1]
-            if not np.isfinite(row).all():
+            if on_device:
+                token = self.backend.greedy_token(logits)
+            else:
+                row = self.backend.to_host(logits)[-1]
+                token = sampler.sample(row, history) if np.isfinite(row).all() else -1
+            if token < 0:
                 raise ModelError("the model produced non-finite logits (corrupt weights?)")
-            token = sampler.sample(row, history)
             if not generated:
                 t_first = time.perf_counter()
             generated.append(token)

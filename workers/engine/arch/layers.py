@@ -51,37 +51,24 @@ def forward(
     Returns logits [rows, vocab] for `ids[logit_rows]` (None: no logits, e.g. a prefill chunk that
     is not the last)."""
     b = backend
-    n = len(ids)
-    positions = np.arange(pos0, pos0 + n)
-    n_qk = (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim
+    positions = np.arange(pos0, pos0 + len(ids))
     x = b.embed(weights.embed, b.stage_inputs(ids, pos0), cfg.embed_scale)  # [n, d]
-    h = b.rms_norm(x, weights.layers[0].attn_norm, cfg.rms_eps)
+    pending = None  # the previous layer's FFN output, added to x together with this layer's input norm
     for i, (lw, lc) in enumerate(zip(weights.layers, cfg.layers, strict=True)):
         opt = lw.optional
-        qkv = b.matmul(h, lw.qkv)  # [n, (H + Hkv) * hd + Hkv * hdv]
+        x, qkv = b.add_norm_matmul(x, pending, lw.attn_norm, cfg.rms_eps, lw.qkv)  # [n, (H + Hkv) * hd + Hkv * hdv]
         if "bqkv" in opt:
             qkv += opt["bqkv"]
-        # q and k heads side by side, so the norm and RoPE run once for both: [n, H + Hkv, hd]
-        qk = qkv[:, :n_qk].reshape(n, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)
-        v = qkv[:, n_qk:].reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
-        if "qk_norm" in opt:
-            qk = b.rms_norm(qk, opt["qk_norm"], cfg.rms_eps)
-        qk = b.rope(qk, positions, lc.rope_base, lc.rope_scale, cfg.rope_dim, cfg.rope_mode)
-        q, k = qk[:, : cfg.n_heads], qk[:, cfg.n_heads :]
-        b.kv_write(kv.layers[i], slot, pos0, k, v)
+        q = b.prepare_qkv(qkv, cfg, lc, opt.get("qk_norm"), positions, kv.layers[i], slot, pos0)
         attn = b.attention(q, kv.layers[i], slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
         o = b.matmul(attn, lw.wo)
         if "post_attn_norm" in opt:
             o = b.rms_norm(o, opt["post_attn_norm"], cfg.rms_eps)
-        x, h = b.add_rms_norm(x, o, lw.ffn_norm, cfg.rms_eps)
-        gate_up = b.matmul(h, lw.gate_up)  # [n, 2 * ffn]
-        f = b.matmul(b.gated_act(gate_up, cfg.activation), lw.w_down)
+        x, gate_up = b.add_norm_matmul(x, o, lw.ffn_norm, cfg.rms_eps, lw.gate_up)  # [n, 2 * ffn]
+        pending = b.gated_matmul(gate_up, cfg.activation, lw.w_down)
         if "post_ffn_norm" in opt:
-            f = b.rms_norm(f, opt["post_ffn_norm"], cfg.rms_eps)
-        if i + 1 < len(weights.layers):  # the next layer's input norm, with this residual add
-            x, h = b.add_rms_norm(x, f, weights.layers[i + 1].attn_norm, cfg.rms_eps)
-        else:
-            x = x + f
+            pending = b.rms_norm(pending, opt["post_ffn_norm"], cfg.rms_eps)
+    x = x + pending
     if logit_rows is None:
         return None
     h = b.rms_norm(x[logit_rows], weights.output_norm, cfg.rms_eps)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..gguf_file import TensorInfo
 from ..kv_cache import LayerKV
-from ..model_config import RopeMode
+from ..model_config import LayerConfig, ModelConfig, RopeMode
 
 Array = Any
 Weight = Any
@@ -77,10 +77,47 @@ class Backend(ABC):
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
         """RMSNorm over the last axis, times weight (broadcast from the right)."""
 
+    # -- fused compositions: a backend may run each as fewer launches; these defaults define the result
     def add_rms_norm(self, x: Array, r: Array, weight: Array, eps: float) -> tuple[Array, Array]:
         """The residual add and the next RMSNorm: (x + r, rms_norm(x + r)); x may be updated in place."""
         x = x + r
         return x, self.rms_norm(x, weight, eps)
+
+    def add_norm_matmul(self, x: Array, r: Array | None, norm: Array, eps: float, w: Weight) -> tuple[Array, Array]:
+        """(x + r, rms_norm(x + r) @ w.T): a layer's input add, norm and first product (no add when r is None)."""
+        if r is None:
+            return x, self.matmul(self.rms_norm(x, norm, eps), w)
+        x, h = self.add_rms_norm(x, r, norm, eps)
+        return x, self.matmul(h, w)
+
+    def gated_matmul(self, gate_up: Array, kind: str, w: Weight) -> Array:
+        """gated_act(gate_up, kind) @ w.T: the FFN's activation and down projection."""
+        return self.matmul(self.gated_act(gate_up, kind), w)
+
+    def prepare_qkv(
+        self,
+        qkv: Array,
+        cfg: ModelConfig,
+        lc: LayerConfig,
+        qk_norm: Array | None,
+        positions: np.ndarray,
+        kv: LayerKV,
+        slot: int,
+        pos0: int,
+    ) -> Array:
+        """From a layer's QKV product [n, (H + Hkv) * hd + Hkv * hdv]: q and k normed (when the model has
+        q/k norms, rows [H + Hkv, hd]) and rotated, k and v stored at positions pos0.. of `slot`; returns
+        q [n, H, hd]."""
+        n = qkv.shape[0]
+        n_qk = (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim
+        # q and k heads side by side, so the norm and RoPE run once for both: [n, H + Hkv, hd]
+        qk = qkv[:, :n_qk].reshape(n, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)
+        v = qkv[:, n_qk:].reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
+        if qk_norm is not None:
+            qk = self.rms_norm(qk, qk_norm, cfg.rms_eps)
+        qk = self.rope(qk, positions, lc.rope_base, lc.rope_scale, cfg.rope_dim, cfg.rope_mode)
+        self.kv_write(kv, slot, pos0, qk[:, cfg.n_heads :], v)
+        return qk[:, : cfg.n_heads]
 
     @abstractmethod
     def rope(self, x: Array, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode) -> Array:
@@ -105,6 +142,12 @@ class Backend(ABC):
     @abstractmethod
     def softcap(self, x: Array, cap: float) -> Array:
         """cap * tanh(x / cap)."""
+
+    def greedy_token(self, logits: Array) -> int:
+        """The index of the largest value in the last row of `logits` (the first of equals), or -1 when any
+        value of that row is not finite. A device backend computes it there and copies back one int."""
+        row = self.to_host(logits)[-1]
+        return int(np.argmax(row)) if np.isfinite(row).all() else -1
 
     @abstractmethod
     def to_host(self, x: Array) -> np.ndarray:

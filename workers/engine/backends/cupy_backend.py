@@ -21,7 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..gguf_file import TensorInfo
 from ..kv_cache import LayerKV
-from ..model_config import RopeMode
+from ..model_config import LayerConfig, ModelConfig, RopeMode
 from .numpy_backend import NumpyBackend, dequantize_tensor
 
 GEMV_MAX_TOKENS = 8  # MAX_TOK in quant.cu
@@ -98,13 +98,18 @@ class CupyBackend(NumpyBackend):
         super().__init__(block_kernels=False)  # its own kernels; the CPU ones are never built here
         kernels = resources.files(__package__).joinpath("kernels")
         # CuPy caches compiled modules on disk (~/.cupy/kernel_cache): a second start compiles nothing
-        self._module = cupy.RawModule(code=kernels.joinpath("quant.cu").read_text("utf-8"), options=("-std=c++17",))
-        self._ops = cupy.RawModule(code=kernels.joinpath("ops.cu").read_text("utf-8"), options=("-std=c++17",))
+        common = kernels.joinpath("common.cuh").read_text("utf-8")
+        self._module, self._ops = (
+            cupy.RawModule(code=common + kernels.joinpath(name).read_text("utf-8"), options=("-std=c++17",))
+            for name in ("quant.cu", "ops.cu")
+        )
         for module in (self._module, self._ops):
             module.compile()  # now, not mid-generation: a compile failure is a start-up error
         self._kernels: dict[str, Any] = {}
         self._ids = cupy.zeros(1, dtype=cupy.int64)  # staged token ids of the current step
         self._pos = cupy.zeros(1, dtype=cupy.int32)  # staged first position (the kernels read it here)
+        self._done = cupy.zeros(1024, dtype=cupy.int32)  # split-K attention's per-row merge counters
+        self._argmax_buf: tuple[Any, ...] | None = None
         self._capturing = False
         self._version = 0  # bumped whenever a buffer captured steps read (ids, RoPE tables) is replaced
         self.use_graphs = True
@@ -118,6 +123,11 @@ class CupyBackend(NumpyBackend):
 
     def _kernel(self, op: str, qtype: GGMLQuantizationType) -> Any:
         name = f"{op}_{KERNEL_TYPES[qtype]}"
+        if name not in self._kernels:
+            self._kernels[name] = self._module.get_function(name)
+        return self._kernels[name]
+
+    def _kernel_named(self, name: str) -> Any:
         if name not in self._kernels:
             self._kernels[name] = self._module.get_function(name)
         return self._kernels[name]
@@ -180,22 +190,69 @@ class CupyBackend(NumpyBackend):
         return out
 
     def gemv1_into(self, x: Any, w: QuantWeight, out: Any) -> Any:
-        """out[r] = (x @ w.T)[0, r] for one token, x staged in shared memory (decode)."""
+        """out[r] = (x @ w.T)[0, r] for one token (decode): dp4a on int8 activations for Q4_K/Q6_K, else x
+        staged in shared memory as float32."""
         assert x.shape == (1, w.cols) and x.flags.c_contiguous
+        if w.qtype in OCTET_TYPES and w.cols <= Q8_MAX_COLS:
+            return self._gemv1q(w, self._q8_input(x, w.cols), out)
         kernel = self._kernel("gemv1", w.qtype)
-        # x as float32 in shared memory, or (Q4_K, Q6_K) as int8 plus a scale and a sum per 32 values
-        smem = w.cols + w.cols // 4 if w.qtype in OCTET_TYPES else w.cols * 4
+        smem = w.cols * 4
         if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
             kernel.max_dynamic_shared_size_bytes = smem  # opt in past the default 48 KiB (Hopper: 227 KiB)
-        # several rows per warp share the x registers, but only where the grid still gives every SM two
-        # blocks: measured on the H200, 4 rows per warp everywhere lifted 4B decode 14 % and cost 0.6B 15 %
-        rows_per_warp = max(1, min(GEMV1_ROWS, w.rows // (THREADS // 32 * 2 * self._n_sm)))
+        rows_per_warp = self._rows_per_warp(w)
         rows_per_block = THREADS // 32 * rows_per_warp
         kernel(
             ((w.rows + rows_per_block - 1) // rows_per_block,),
             (THREADS,),
             (w.data, x, out, np.int32(w.rows), np.int32(w.cols), np.int64(w.row_bytes), np.int32(rows_per_warp)),
             shared_mem=smem,
+        )
+        return out
+
+    def _rows_per_warp(self, w: QuantWeight) -> int:
+        # several rows per warp share the x registers, but only where the grid still gives every SM two
+        # blocks: measured on the H200, 4 rows per warp everywhere lifted 4B decode 14 % and cost 0.6B 15 %
+        return max(1, min(GEMV1_ROWS, w.rows // (THREADS // 32 * 2 * self._n_sm)))
+
+    def _q8_input(
+        self,
+        x: Any,
+        cols: int,
+        r: Any = None,
+        nw: Any = None,
+        x_new: Any = None,
+        eps: float = 0.0,
+        mode: int = 0,
+        act: int = 0,
+    ) -> Any:
+        """The dp4a kernels' input (q8_input in quant.cu): x, act(gate) * up (_X_GATED) or rms_norm(x + r)
+        (_X_NORM, writing x + r to x_new) quantized to int8 per 32 values, with scales and sums."""
+        x8 = self.xp.empty(cols + cols // 4, dtype=self.xp.int8)
+        null = np.uint64(0)
+        self._kernel_named("q8_input")(
+            (1,),
+            (Q8_THREADS,),
+            (
+                x,
+                null if r is None else r,
+                null if nw is None else nw,
+                null if x_new is None else x_new,
+                np.float32(eps),
+                np.int32(mode),
+                np.int32(act),
+                np.int32(cols),
+                x8,
+            ),
+        )
+        return x8
+
+    def _gemv1q(self, w: QuantWeight, x8: Any, out: Any) -> Any:
+        rows_per_warp = self._rows_per_warp(w)
+        rows_per_block = THREADS // 32 * rows_per_warp
+        self._kernel("gemv1q", w.qtype)(
+            ((w.rows + rows_per_block - 1) // rows_per_block,),
+            (THREADS,),
+            (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int64(w.row_bytes), np.int32(rows_per_warp)),
         )
         return out
 
@@ -253,12 +310,94 @@ class CupyBackend(NumpyBackend):
         cp = self.xp
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         parts = weight.parts if isinstance(weight, GroupWeight) else [weight]
+        if self._fusable(x, weight):  # one token, dp4a types: x quantized once for every part
+            return self._matmul_q8(self._q8_input(x, x.shape[1]), parts)
         out = cp.empty((x.shape[0], sum(p.rows for p in parts)), dtype=cp.float32)
         col0 = 0
         for part in parts:
             self._matmul_part(x, part, out, col0)
             col0 += part.rows
         return out
+
+    def _matmul_q8(self, x8: Any, parts: list[QuantWeight]) -> Any:
+        out = self.xp.empty((1, sum(p.rows for p in parts)), dtype=self.xp.float32)
+        col0 = 0
+        for part in parts:
+            self._gemv1q(part, x8, out[0, col0:])
+            col0 += part.rows
+        return out
+
+    # -- fused compositions (decode: one token, dp4a weights) ---------------------------------------------
+    def _fusable(self, x: Any, weight: QuantWeight | GroupWeight) -> bool:
+        """One token through the dp4a kernels (q8_input takes rows of up to Q8_MAX_COLS values)."""
+        parts = weight.parts if isinstance(weight, GroupWeight) else [weight]
+        return x.shape[0] == 1 and all(p.qtype in OCTET_TYPES and p.cols <= Q8_MAX_COLS for p in parts)
+
+    def add_norm_matmul(self, x: Any, r: Any, norm: Any, eps: float, w: QuantWeight | GroupWeight) -> tuple[Any, Any]:
+        cp = self.xp
+        if not self._fusable(x, w):
+            return super().add_norm_matmul(x, r, norm, eps, w)
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        if r is not None:
+            r = cp.ascontiguousarray(r, dtype=cp.float32)
+        x_new = x if r is None else cp.empty_like(x)
+        x8 = self._q8_input(x, x.shape[1], r, norm, None if r is None else x_new, eps, _X_NORM)
+        return x_new, self._matmul_q8(x8, w.parts if isinstance(w, GroupWeight) else [w])
+
+    def gated_matmul(self, gate_up: Any, kind: str, w: QuantWeight | GroupWeight) -> Any:
+        cp = self.xp
+        if not self._fusable(gate_up, w):
+            return super().gated_matmul(gate_up, kind, w)
+        gate_up = cp.ascontiguousarray(gate_up, dtype=cp.float32)
+        cols = gate_up.shape[1] // 2
+        x8 = self._q8_input(gate_up, cols, mode=_X_GATED, act=_ACTIVATIONS[kind])
+        return self._matmul_q8(x8, w.parts if isinstance(w, GroupWeight) else [w])
+
+    def prepare_qkv(
+        self,
+        qkv: Any,
+        cfg: ModelConfig,
+        lc: LayerConfig,
+        qk_norm: Any,
+        positions: np.ndarray,
+        kv: LayerKV,
+        slot: int,
+        pos0: int,
+    ) -> Any:
+        cp = self.xp
+        if kv.k.dtype == cp.float32:
+            return super().prepare_qkv(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+        qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
+        n = qkv.shape[0]
+        H, Hkv, hd, hdv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim
+        table = self._rope_table(lc.rope_base, lc.rope_scale, cfg.rope_dim, int(positions[-1]) + 1)
+        null = np.uint64(0)
+        self._op("qkv_post")(
+            (n, H + 2 * Hkv),
+            (_threads(max(hd, hdv)),),
+            (
+                qkv,
+                np.int32(H),
+                np.int32(Hkv),
+                np.int32(hd),
+                np.int32(hdv),
+                null if qk_norm is None else cp.ascontiguousarray(qk_norm),
+                np.float32(cfg.rms_eps),
+                table.cos,
+                table.sin,
+                np.int32(cfg.rope_dim),
+                np.int32(cfg.rope_mode == "neox"),
+                self._pos,
+                kv.k[slot],
+                kv.v[slot],
+                null if kv.k_scale is None else kv.k_scale[slot],
+                null if kv.v_scale is None else kv.v_scale[slot],
+                np.int32(hd & -hd),
+                np.int32(hdv & -hdv),
+            ),
+            shared_mem=max(hd, hdv) * 4,
+        )
+        return qkv[:, : (H + Hkv) * hd].reshape(n, H + Hkv, hd)[:, :H]
 
     def embed(self, weight: QuantWeight, ids: Any, scale: float) -> Any:
         cp = self.xp
@@ -327,6 +466,23 @@ class CupyBackend(NumpyBackend):
 
     def to_host(self, x: Any) -> np.ndarray:
         return self.xp.asnumpy(x)
+
+    def greedy_token(self, logits: Any) -> int:
+        cp = self.xp
+        row = cp.ascontiguousarray(logits[-1], dtype=cp.float32)
+        if self._argmax_buf is None:  # per-block partials, the last-block counter (zero between launches), the result
+            self._argmax_buf = (
+                cp.empty(ARGMAX_BLOCKS, dtype=cp.float32),
+                cp.empty(ARGMAX_BLOCKS, dtype=cp.int32),
+                cp.empty(ARGMAX_BLOCKS, dtype=cp.int32),
+                cp.zeros(1, dtype=cp.int32),
+                cp.empty(1, dtype=cp.int32),
+            )
+        part_v, part_i, part_bad, done, out = self._argmax_buf
+        self._op("argmax_row")(
+            (ARGMAX_BLOCKS,), (ARGMAX_THREADS,), (row, np.int32(row.size), part_v, part_i, part_bad, done, out)
+        )
+        return int(cp.asnumpy(out)[0])
 
     # -- fused layer operations (kernels/ops.cu) ----------------------------------------------------------
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
@@ -469,6 +625,9 @@ class CupyBackend(NumpyBackend):
             part_m = cp.empty(rows * n_splits, dtype=cp.float32)
             part_l = cp.empty(rows * n_splits, dtype=cp.float32)
             part_acc = cp.empty(rows * n_splits * hdv, dtype=cp.float32)
+            if self._done.size < rows:  # the merge counters: zero between launches (the kernel resets them)
+                self._done = cp.zeros(rows, dtype=cp.int32)
+                self._version += 1  # captured steps hold the old counters
         blk = hd & -hd
         self._op("attention")(
             (rows, n_splits),
@@ -483,6 +642,7 @@ class CupyBackend(NumpyBackend):
                 part_m,
                 part_l,
                 part_acc,
+                self._done,
                 np.int32(heads),
                 np.int32(n_kv),
                 np.int32(hd),
@@ -495,26 +655,14 @@ class CupyBackend(NumpyBackend):
                 np.float32(softcap),
             ),
         )
-        if n_splits > 1:
-            self._op("attention_merge")(
-                (rows,),
-                (_threads(hdv),),
-                (
-                    part_m,
-                    part_l,
-                    part_acc,
-                    out,
-                    np.int32(n_splits),
-                    np.int32(hdv),
-                    np.int32(hdv & -hdv),
-                    np.int32(kv.k_scale is not None),
-                ),
-                shared_mem=hdv * 4,
-            )
         return out
 
 
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+_X_GATED, _X_NORM = 1, 2  # q8_input's modes in quant.cu
+Q8_THREADS = 1024  # q8_input's block (one block per input vector)
+Q8_MAX_COLS = 16 * Q8_THREADS  # Q8_MAX values per thread
+ARGMAX_BLOCKS, ARGMAX_THREADS = 64, 1024  # argmax_row's grid: the last block reduces one partial per thread
 # cuBLAS / CUDA enums (cublas_api.h, library_types.h): gemmEx's data and compute types
 _CUDA_R_32F = 0
 _CUBLAS_COMPUTE_32F_FAST_TF32 = 77

@@ -1,32 +1,7 @@
 // Fused per-layer operations of the CuPy backend: RMSNorm, RoPE, gated activation, KV write (INT8 with
 // the Hadamard rotation of docs/kv-cache.md, or FP16), and attention over the KV pool. Each replaces a
 // chain of CuPy array operations with one launch; numerics follow the NumPy backend.
-#include <cuda_fp16.h>
-
-#define FULL 0xffffffffu
-#define NEG_INF __int_as_float(0xff800000)  // NVRTC has no math.h INFINITY
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
-    return v;
-}
-
-// Sum or max over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-template <bool IS_MAX>
-__device__ float block_reduce(float v, float* red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    v = IS_MAX ? warp_max(v) : warp_sum(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float r = red[0];
-    for (int i = 1; i < n_warps; ++i) r = IS_MAX ? fmaxf(r, red[i]) : r + red[i];
-    return r;
-}
+// common.cuh (FULL, NEG_INF, warp_sum, warp_max, block_reduce, gated) is prepended by the backend.
 
 // In-place normalized Walsh-Hadamard transform of buf[0, d) in blocks of `blk` (a power of two dividing
 // d): the kv_rotation matrix of docs/kv-cache.md. Called by every thread of the block.
@@ -100,38 +75,19 @@ extern "C" __global__ void gated_act(const float* gu, float* out, int n_tok, int
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)n_tok * ffn) return;
     const long long t = i / ffn, j = i % ffn;
-    const float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
-    float a;
-    if (kind == 0) {
-        a = g * (0.5f + 0.5f * tanhf(0.5f * g));
-    } else {
-        a = 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-    }
-    out[i] = a * u;
+    out[i] = gated(gu[t * 2 * ffn + j], gu[t * 2 * ffn + ffn + j], kind);
 }
 
-// Store K rows [n_tok, n_heads, hd] and V rows [n_tok, n_heads, hdv] at positions pos0 + t of one slot's
-// pools [n_ctx, n_heads, hd(v)]: blockIdx.y 0 writes K, 1 writes V (one launch for both). INT8 (scales !=
-// NULL): rotate (fwht), scale = absmax / 127, round half to even, clamp; else FP16. One block per (token,
-// head), blockDim.x >= 32; dynamic shared memory max(hd, hdv) floats.
-extern "C" __global__ void kv_write(const float* k_src, const float* v_src, void* k_dst, void* v_dst, float* k_scales,
-                                    float* v_scales, int n_heads, int hd, int hdv, int blk, int blk_v, const int* pos0p) {
-    extern __shared__ float buf[];
-    __shared__ float red[32];
-    const bool is_v = blockIdx.y == 1;
-    const float* src = is_v ? v_src : k_src;
-    void* dst = is_v ? v_dst : k_dst;
-    float* scales = is_v ? v_scales : k_scales;
-    const int d = is_v ? hdv : hd;
-    const long long row = blockIdx.x;  // t * n_heads + h
-    const long long out_row = (long long)(*pos0p) * n_heads + row;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] = src[row * d + i];
+// Store one row buf[0, d) (in shared memory, read by all of the block's threads) at row `out_row` of a
+// pool: INT8 when scales != NULL (rotate with fwht, scale = absmax / 127, round half to even, clamp; the
+// scale to scales[out_row]), else FP16. Called by every thread of the block.
+__device__ void store_kv_row(float* buf, int d, int blk, void* dst, float* scales, long long out_row, float* red) {
     if (scales == nullptr) {
         __half* o = reinterpret_cast<__half*>(dst) + out_row * d;
         for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = __float2half_rn(buf[i]);
         return;
     }
-    fwht(buf, d, is_v ? blk_v : blk);
+    fwht(buf, d, blk);
     float m = 0.f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) m = fmaxf(m, fabsf(buf[i]));
     const float scale = block_reduce<true>(m, red) / 127.f;
@@ -139,6 +95,63 @@ extern "C" __global__ void kv_write(const float* k_src, const float* v_src, void
     signed char* o = reinterpret_cast<signed char*>(dst) + out_row * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = (signed char)fminf(fmaxf(rintf(buf[i] * inv), -127.f), 127.f);
     if (threadIdx.x == 0) scales[out_row] = scale;
+}
+
+// Store K rows [n_tok, n_heads, hd] and V rows [n_tok, n_heads, hdv] at positions pos0 + t of one slot's
+// pools [n_ctx, n_heads, hd(v)]: blockIdx.y 0 writes K, 1 writes V (one launch for both). One block per
+// (token, head), blockDim.x >= 32; dynamic shared memory max(hd, hdv) floats.
+extern "C" __global__ void kv_write(const float* k_src, const float* v_src, void* k_dst, void* v_dst, float* k_scales,
+                                    float* v_scales, int n_heads, int hd, int hdv, int blk, int blk_v, const int* pos0p) {
+    extern __shared__ float buf[];
+    __shared__ float red[32];
+    const bool is_v = blockIdx.y == 1;
+    const int d = is_v ? hdv : hd;
+    const long long row = blockIdx.x;  // t * n_heads + h
+    const float* src = (is_v ? v_src : k_src) + row * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] = src[i];
+    store_kv_row(buf, d, is_v ? blk_v : blk, is_v ? v_dst : k_dst, is_v ? v_scales : k_scales,
+                 (long long)(*pos0p) * n_heads + row, red);
+}
+
+// After a layer's QKV product, in one launch: q and k heads normed (qk_norm rows [H + Hkv, hd], or none)
+// and rotated in place (RoPE at pos0 + t, tables [n_pos, rope_dim / 2]), k and v heads stored in the
+// slot's pools as kv_write does. qkv [n_tok, (H + Hkv) * hd + Hkv * hdv]; grid (n_tok, H + 2 Hkv): block
+// y < H a q head, then the k heads, then the v heads; dynamic shared memory max(hd, hdv) floats.
+extern "C" __global__ void qkv_post(float* qkv, int n_heads, int n_kv, int hd, int hdv, const float* qk_norm, float eps,
+                                    const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* pos0p,
+                                    void* k_dst, void* v_dst, float* k_scales, float* v_scales, int blk, int blk_v) {
+    extern __shared__ float buf[];
+    __shared__ float red[32];
+    const int t = blockIdx.x, head = blockIdx.y, pos0 = *pos0p;
+    const long long row_len = (long long)(n_heads + n_kv) * hd + (long long)n_kv * hdv;
+    if (head >= n_heads + n_kv) {  // a v head: store it
+        const int vh = head - n_heads - n_kv;
+        const float* src = qkv + t * row_len + (long long)(n_heads + n_kv) * hd + (long long)vh * hdv;
+        for (int i = threadIdx.x; i < hdv; i += blockDim.x) buf[i] = src[i];
+        store_kv_row(buf, hdv, blk_v, v_dst, v_scales, (long long)(pos0 + t) * n_kv + vh, red);
+        return;
+    }
+    float* x = qkv + t * row_len + (long long)head * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = x[i];
+    if (qk_norm != nullptr) {  // as rms_norm: x * rsqrt(mean(x^2) + eps) * w
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += buf[i] * buf[i];
+        const float inv = rsqrtf(block_reduce<false>(ss, red) / hd + eps);
+        __syncthreads();
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = buf[i] * inv * qk_norm[(long long)head * hd + i];
+    }
+    __syncthreads();
+    const int half = rope_dim / 2;  // as rope
+    for (int p = threadIdx.x; p < half; p += blockDim.x) {
+        const float c = cos_t[(long long)(pos0 + t) * half + p], s = sin_t[(long long)(pos0 + t) * half + p];
+        const int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+        const float x0 = buf[a], x1 = buf[b];
+        buf[a] = x0 * c - x1 * s;
+        buf[b] = x0 * s + x1 * c;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) x[i] = buf[i];
+    if (head >= n_heads) store_kv_row(buf, hd, blk, k_dst, k_scales, (long long)(pos0 + t) * n_kv + head - n_heads, red);
 }
 
 // Causal attention of q [n_tok, n_heads, hd] (positions pos0 + t) over the slot's keys [lo, pos0 + t],
@@ -149,8 +162,9 @@ extern "C" __global__ void kv_write(const float* k_src, const float* v_src, void
 // shared memory), the warp updates its online softmax once per tile, then accumulates the tile's V rows,
 // each lane owning 4 adjacent output dims, so one V row is one coalesced load. The warps then merge. With
 // one split the block writes the output [n_tok, n_heads, hdv]; with more it writes its partial max, sum
-// and (unnormalized) accumulator to part_m / part_l [rows, n_splits] and part_acc [rows, n_splits, hdv]
-// for attention_merge. Needs hd % 16 == 0 and hdv % 4 == 0.
+// and (unnormalized) accumulator to part_m / part_l [rows, n_splits] and part_acc [rows, n_splits, hdv],
+// and the row's last block to finish (counted in done[row], zero between launches) merges them and
+// writes the output. Needs hd % 16 == 0 and hdv % 4 == 0.
 #define ATT_WARPS 8
 #define MAX_HD 512
 #define TILE 32
@@ -179,7 +193,7 @@ __device__ __forceinline__ float dot8_f16(const uint4 w, const float* q) {  // 8
 
 extern "C" __global__ void attention(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
                                      const float* v_scale, float* out, float* part_m, float* part_l, float* part_acc,
-                                     int n_heads, int n_kv, int hd, int hdv, int blk, int blk_v, const int* pos0p, int window,
+                                     int* done, int n_heads, int n_kv, int hd, int hdv, int blk, int blk_v, const int* pos0p, int window,
                                      float scale, float softcap) {
     __shared__ __align__(16) float qs[MAX_HD];
     __shared__ float accs[ATT_WARPS][MAX_HD];
@@ -209,12 +223,15 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
         float s = NEG_INF;
         if (live) {
             float d = 0.f;
+            // unrolled so that a lane's loads of its key row are in flight together (hd is a runtime value)
             if (int8) {
                 const int4* kr = reinterpret_cast<const int4*>(reinterpret_cast<const signed char*>(k_pool) + krow * hd);
+#pragma unroll 8
                 for (int c = 0; c < hd / 16; ++c) d += dot16_i8(kr[c], qs + 16 * c);
                 s = d * scale * k_scale[krow];
             } else {
                 const uint4* kr = reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(k_pool) + krow * hd);
+#pragma unroll 8
                 for (int c = 0; c < hd / 8; ++c) d += dot8_f16(kr[c], qs + 8 * c);
                 s = d * scale;
             }
@@ -281,13 +298,53 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
             part_m[p] = m_all;
             part_l[p] = l_all;
         }
-        return;
-    }
-    // reuse qs as the merged output row
-    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
-        float s = 0.f;
-        for (int w = 0; w < ATT_WARPS; ++w) s += accs[w][c];
-        qs[c] = s / l_all;
+        // the row's last block to finish merges every split's partials (threadFenceReduction's pattern)
+        __shared__ bool last;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            last = atomicAdd(&done[row], 1) == n_splits - 1;
+            if (last) done[row] = 0;  // ready for the next launch (a graph replays this one)
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        // every split's max and sum at once into shared memory (accs is free now), then each split's weight
+        float* wsp = &accs[0][0];  // [0, 64) maxes then weights exp(m_sp - m_all), [64, 128) sums, [128] l_all
+        const long long p0 = (long long)row * n_splits;
+        if (threadIdx.x < n_splits) {
+            wsp[threadIdx.x] = __ldcg(part_m + p0 + threadIdx.x);
+            wsp[64 + threadIdx.x] = __ldcg(part_l + p0 + threadIdx.x);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            float mx = NEG_INF;
+            for (int sp = threadIdx.x; sp < n_splits; sp += 32) mx = fmaxf(mx, wsp[sp]);
+            mx = warp_max(mx);
+            float lsum = 0.f;
+            for (int sp = threadIdx.x; sp < n_splits; sp += 32) {
+                const float w = wsp[sp] == NEG_INF ? 0.f : __expf(wsp[sp] - mx);
+                wsp[sp] = w;
+                lsum += wsp[64 + sp] * w;
+            }
+            lsum = warp_sum(lsum);
+            if (threadIdx.x == 0) wsp[128] = lsum;
+        }
+        __syncthreads();
+        l_all = wsp[128];
+        for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
+            float acc_c = 0.f;
+#pragma unroll 8
+            for (int sp = 0; sp < n_splits; ++sp) acc_c += __ldcg(part_acc + (p0 + sp) * hdv + c) * wsp[sp];
+            qs[c] = acc_c / l_all;
+        }
+    } else {
+        // reuse qs as the merged output row
+        for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
+            float s = 0.f;
+            for (int w = 0; w < ATT_WARPS; ++w) s += accs[w][c];
+            qs[c] = s / l_all;
+        }
     }
     if (int8) fwht(qs, hdv, blk_v);
     __syncthreads();
@@ -528,28 +585,62 @@ PF_INSTANTIATE(64)
 PF_INSTANTIATE(128)
 PF_INSTANTIATE(256)
 
-// Merges the n_splits partial results of each (token, head) row: one block per row, dynamic shared
-// memory hdv floats.
-extern "C" __global__ void attention_merge(const float* part_m, const float* part_l, const float* part_acc,
-                                           float* out, int n_splits, int hdv, int blk, int rotated) {
-    extern __shared__ float row_out[];
-    const long long row = blockIdx.x;
-    float m_all = NEG_INF;
-    for (int s = 0; s < n_splits; ++s) m_all = fmaxf(m_all, part_m[row * n_splits + s]);
-    float l_all = 0.f;
-    for (int s = 0; s < n_splits; ++s) {
-        const float ms = part_m[row * n_splits + s];
-        if (ms != NEG_INF) l_all += part_l[row * n_splits + s] * __expf(ms - m_all);
+
+// Greedy sampling on the device: out[0] = the index of the largest of x[0, n) (the first on ties, as
+// numpy.argmax), or -1 when any value is not finite, so only that int crosses to the host. Each block
+// reduces a strided share into part_v / part_i (part_bad: a non-finite value seen); the last block to
+// finish (counted in done[0], zero between launches) reduces those, one per thread (gridDim.x <= blockDim.x).
+__device__ __forceinline__ bool argmax_better(float v, int i, float best, int idx) {
+    return v > best || (v == best && i < idx);  // larger value wins, then the smaller index
+}
+// (best, idx, bad) over the block; thread 0 gets the result
+__device__ void argmax_block(float& best, int& idx, int& bad) {
+    __shared__ float sv[32];
+    __shared__ int si[32], sbad[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL, best, o);
+        const int oi = __shfl_xor_sync(FULL, idx, o);
+        if (argmax_better(ov, oi, best, idx)) best = ov, idx = oi;
+        bad |= __shfl_xor_sync(FULL, bad, o);
     }
-    for (int c = threadIdx.x; c < hdv; c += blockDim.x) {
-        float acc = 0.f;
-        for (int s = 0; s < n_splits; ++s) {
-            const float ms = part_m[row * n_splits + s];
-            if (ms != NEG_INF) acc += part_acc[(row * n_splits + s) * hdv + c] * __expf(ms - m_all);
-        }
-        row_out[c] = acc / l_all;
-    }
-    if (rotated) fwht(row_out, hdv, blk);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __syncthreads();
-    for (int c = threadIdx.x; c < hdv; c += blockDim.x) out[row * hdv + c] = row_out[c];
+    if (lane == 0) sv[warp] = best, si[warp] = idx, sbad[warp] = bad;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
+            if (argmax_better(sv[w], si[w], best, idx)) best = sv[w], idx = si[w];
+            bad |= sbad[w];
+        }
+}
+
+extern "C" __global__ void argmax_row(const float* x, int n, float* part_v, int* part_i, int* part_bad, int* done, int* out) {
+    __shared__ bool last;
+    float best = NEG_INF;
+    int idx = 0x7fffffff, bad = 0;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float v = x[i];
+        if (!isfinite(v)) bad = 1;
+        if (v > best) best = v, idx = i;  // i increases within a thread: the first of equals stays
+    }
+    argmax_block(best, idx, bad);
+    if (threadIdx.x == 0) {
+        part_v[blockIdx.x] = best, part_i[blockIdx.x] = idx, part_bad[blockIdx.x] = bad;
+        __threadfence();
+        last = atomicAdd(done, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    best = NEG_INF, idx = 0x7fffffff, bad = 0;
+    if (threadIdx.x < gridDim.x) {
+        best = __ldcg(part_v + threadIdx.x);
+        idx = __ldcg(part_i + threadIdx.x);
+        bad = __ldcg(part_bad + threadIdx.x);
+    }
+    argmax_block(best, idx, bad);
+    if (threadIdx.x == 0) {
+        out[0] = (bad || idx == 0x7fffffff) ? -1 : idx;
+        done[0] = 0;
+    }
 }

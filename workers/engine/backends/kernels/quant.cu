@@ -4,7 +4,7 @@
 // 32-value types, one eighth of a super-block for the K-quants), so one loop serves all of them:
 // `deq32<TYPE>(row, sb, v)` writes the 32 floats of sub-block `sb` of `row`. Layouts follow ggml
 // (ggml-common.h); the type numbers are GGML's.
-#include <cuda_fp16.h>
+// common.cuh (FULL, NEG_INF, warp_sum, block_reduce, gated) is prepended by the backend.
 #include <cuda_bf16.h>
 
 typedef unsigned char u8;
@@ -235,36 +235,67 @@ __device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols,
 // four blocks at a time; a warp's rows and their blocks are one flattened loop, so short rows (4B: 10
 // blocks) keep all four octets busy.
 
-// x [cols] -> xq [cols] int8, xd [cols / 32] scales, xs [cols / 32] sums of the dequantized values. Warp w
-// takes sub-blocks w, w + 8, ...; each lane first loads its value of up to Q8_ROUND of them, so that many
-// loads are in flight at once (one at a time, a 4B model's GEMV spent most of its time here).
-#define Q8_ROUND 8
-__device__ __forceinline__ void stage_q8(const float* __restrict__ x, int cols, signed char* xq, float* xd, float* xs) {
+// The dp4a kernels' input: x quantized to int8 in sub-blocks of 32 with a float scale and the sub-block's
+// sum (llama.cpp's q8_1), computed once per product by q8_input and read by every GEMV block from global
+// memory (through L1), so the GEMV starts loading weights at once. Layout of an x8 buffer for `cols`
+// values: xq [cols] int8, then xd [cols / 32] float scales, then xs [cols / 32] float sums.
+// q8_input also takes over the operation that produced x: X_PLAIN x itself; X_GATED act(x[i]) *
+// x[cols + i] (x = [gate | up]: the FFN's activation); X_NORM rms_norm(x + r) * w (r may be NULL), writing
+// x + r to x_new when that is not NULL (the residual add and the next layer's input norm). One block of
+// up to 1024 threads.
+#define X_PLAIN 0
+#define X_GATED 1
+#define X_NORM 2
+#define Q8_MAX 16  // values per thread: cols <= Q8_MAX * blockDim.x (the backend checks)
+extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ w,
+                                    float* x_new, float eps, int mode, int act, int cols, signed char* x8) {
+    __shared__ float red[32];
+    signed char* xq = x8;
+    float* xd = reinterpret_cast<float*>(x8 + cols);
+    float* xs = xd + cols / 32;
+    // thread t holds values t + k * blockDim.x: sub-block (t >> 5) + k * n_warps, lane t & 31 of it, so a warp
+    // quantizes whole sub-blocks; every load is issued before any is used
     const int lane = threadIdx.x & 31, n_warps = blockDim.x >> 5, n_sb = cols / 32;
-    for (int sb0 = threadIdx.x >> 5; sb0 < n_sb; sb0 += Q8_ROUND * n_warps) {
-        float v[Q8_ROUND];
+    float v[Q8_MAX], wv[Q8_MAX];
+    float ss = 0.f;
 #pragma unroll
-        for (int i = 0; i < Q8_ROUND; ++i) {
-            const int sb = sb0 + i * n_warps;
-            v[i] = sb < n_sb ? x[sb * 32 + lane] : 0.f;
-        }
-#pragma unroll
-        for (int i = 0; i < Q8_ROUND; ++i) {
-            const int sb = sb0 + i * n_warps;
-            if (sb >= n_sb) break;
-            // |v| as bits orders like |v| itself: one integer max reduction instead of five shuffles
-            const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v[i]))));
-            const float d = amax / 127.f;
-            const int q = amax > 0.f ? __float2int_rn(v[i] / d) : 0;
-            xq[sb * 32 + lane] = (signed char)q;
-            const int sum = __reduce_add_sync(0xffffffffu, q);
-            if (lane == 0) {
-                xd[sb] = d;
-                xs[sb] = d * (float)sum;
+    for (int k = 0; k < Q8_MAX; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        v[k] = 0.f;
+        if (i < cols) {
+            if (mode == X_GATED) {
+                v[k] = gated(x[i], x[cols + i], act);
+            } else {
+                v[k] = x[i];
+                if (mode == X_NORM) {
+                    if (r) v[k] += r[i];
+                    wv[k] = w[i];
+                    if (x_new) x_new[i] = v[k];
+                    ss += v[k] * v[k];
+                }
             }
         }
     }
-    __syncthreads();
+    if (mode == X_NORM) {  // as the rms_norm kernel: (x + r) * rsqrt(mean((x + r)^2) + eps) * w
+        const float inv = rsqrtf(block_reduce<false>(ss, red) / cols + eps);
+#pragma unroll
+        for (int k = 0; k < Q8_MAX; ++k) v[k] = v[k] * inv * wv[k];
+    }
+#pragma unroll
+    for (int k = 0; k < Q8_MAX; ++k) {
+        const int sb = (threadIdx.x >> 5) + k * n_warps;
+        if (sb >= n_sb) break;
+        // |v| as bits orders like |v| itself: one integer max reduction instead of five shuffles
+        const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v[k]))));
+        const float d = amax / 127.f;
+        const int q = amax > 0.f ? __float2int_rn(v[k] / d) : 0;
+        xq[sb * 32 + lane] = (signed char)q;
+        const int sum = __reduce_add_sync(0xffffffffu, q);
+        if (lane == 0) {
+            xd[sb] = d;
+            xs[sb] = d * (float)sum;
+        }
+    }
 }
 
 __device__ __forceinline__ unsigned ld_u16x2(const u8* p) {  // 4 bytes at a 2-byte aligned address
@@ -379,8 +410,8 @@ template <> __device__ __forceinline__ float octet_dot<14>(const OctetRaw<14>& r
                 sc3 * xd[sb + 3] * (float)s[3]);
 }
 
-// The one-token product for those types; same grid and rows per warp as the generic gemv1. Dynamic shared
-// memory: cols bytes + cols / 4 bytes (stage_q8's output).
+// The one-token product for those types; same grid and rows per warp as the generic gemv1; no shared
+// memory: x8 (a few KiB) is read through L1.
 #ifndef OCTET_UNITS
 #define OCTET_UNITS 2  // blocks a lane loads before using any (bench/gpu_gemv.py: 2 beat 4 and 8)
 #endif
@@ -391,12 +422,10 @@ __device__ __forceinline__ void next_unit(int& r, int& b, int nb, int n_rows) {
     }
 }
 template <int T>
-__device__ void gemv1_octets(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes, int rpw) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    signed char* xq = reinterpret_cast<signed char*>(smem);
-    float* xd = reinterpret_cast<float*>(smem + cols);
-    float* xs = xd + cols / 32;
-    stage_q8(x, cols, xq, xd, xs);
+__device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int rows, int cols, long long row_bytes, int rpw) {
+    const signed char* xq = x8;
+    const float* xd = reinterpret_cast<const float*>(x8 + cols);
+    const float* xs = xd + cols / 32;
     const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
     const int lane = threadIdx.x & 31;
     if (r0 >= rows) return;
@@ -434,14 +463,14 @@ __device__ void gemv1_octets(const u8* W, const float* x, float* y, int rows, in
         if (lane == 0 && i < n_rows) y[r0 + i] = s;
     }
 }
-template <>
-__device__ void gemv1<12>(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes, int rpw) {
-    gemv1_octets<12>(W, x, y, rows, cols, row_bytes, rpw);
-}
-template <>
-__device__ void gemv1<14>(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes, int rpw) {
-    gemv1_octets<14>(W, x, y, rows, cols, row_bytes, rpw);
-}
+// The one-token products of the dp4a types, on an x8 buffer from q8_input: gemv1q_q4_k, gemv1q_q6_k.
+#define INSTANTIATE_Q(T, NAME)                                                                              \
+    extern "C" __global__ void gemv1q_##NAME(const u8* W, const signed char* x8, float* y, int rows,       \
+                                             int cols, long long row_bytes, int rpw) {                      \
+        gemv1_octets<T>(W, x8, y, rows, cols, row_bytes, rpw);                                              \
+    }
+INSTANTIATE_Q(12, q4_k)
+INSTANTIATE_Q(14, q6_k)
 
 // out[r, c] for the rows listed in `ids` (embedding lookup) or every row (ids == NULL), times `scale`: one
 // thread per 32-value sub-block. Consecutive threads' sub-blocks are consecutive in `out`, so the block
