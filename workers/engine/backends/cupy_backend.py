@@ -353,6 +353,49 @@ class CupyBackend(NumpyBackend):
         x8 = self._q8_input(gate_up, cols, mode=_X_GATED, act=_ACTIVATIONS[kind])
         return self._matmul_q8(x8, w.parts if isinstance(w, GroupWeight) else [w])
 
+    def _attention_gqa(
+        self, q: Any, kv: LayerKV, slot: int, window: int, scale: float, softcap: float, out: Any, group: int, dpl: int
+    ) -> Any:
+        """Decode attention, a block per (token, KV head) and split: attention_gqa_{group}_{dpl} in ops.cu."""
+        cp = self.xp
+        n, heads, hd = q.shape
+        n_kv = heads // group
+        blocks = n * n_kv
+        n_splits = 1 if blocks >= 2 * self._n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self._n_sm // blocks))
+        null = np.uint64(0)
+        part_m = part_l = part_acc = null
+        if n_splits > 1:
+            part_m = cp.empty(n * heads * n_splits, dtype=cp.float32)
+            part_l = cp.empty(n * heads * n_splits, dtype=cp.float32)
+            part_acc = cp.empty(n * heads * n_splits * hd, dtype=cp.float32)
+            if self._done.size < blocks:
+                self._done = cp.zeros(blocks, dtype=cp.int32)
+                self._version += 1
+        self._op(f"attention_gqa_{group}_{dpl}")(
+            (blocks, n_splits),
+            (32 * ATTENTION_WARPS,),
+            (
+                q,
+                kv.k[slot],
+                kv.v[slot],
+                null if kv.k_scale is None else kv.k_scale[slot],
+                null if kv.v_scale is None else kv.v_scale[slot],
+                out,
+                part_m,
+                part_l,
+                part_acc,
+                self._done,
+                np.int32(heads),
+                np.int32(n_kv),
+                np.int32(hd & -hd),
+                self._pos,
+                np.int32(window),
+                np.float32(scale),
+                np.float32(softcap),
+            ),
+        )
+        return out
+
     def prepare_qkv(
         self,
         qkv: Any,
@@ -617,6 +660,9 @@ class CupyBackend(NumpyBackend):
                 shared_mem=smem,
             )
             return out
+        dpl = hd // 32
+        if n <= GEMV_MAX_TOKENS and hd == hdv and hd % 32 == 0 and (group, dpl) in GQA_KERNELS:
+            return self._attention_gqa(q, kv, slot, window, scale, softcap, out, group, dpl)
         rows = n * heads
         # split-K when the rows alone cannot fill the GPU (decode): each split takes a share of the keys
         n_splits = 1 if rows >= 2 * self._n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self._n_sm // rows))
@@ -670,6 +716,8 @@ _CUBLAS_GEMM_DEFAULT = -1
 ATTENTION_WARPS = 8  # ATT_WARPS in ops.cu
 ATTENTION_MAX_HEAD_DIM = 512  # MAX_HD in ops.cu
 ATTENTION_MAX_SPLITS = 32
+# the GQA decode kernels (attention_gqa_G_DPL in ops.cu): (query heads per KV head, head dim / 32)
+GQA_KERNELS = frozenset({(g, d) for g in (1, 2, 4, 8) for d in (2, 4, 8)} - {(8, 8)})
 # the tensor-core prefill kernel (attention_prefill in ops.cu): from this many tokens a pass
 PREFILL_ATTENTION_MIN_TOKENS = 16
 PF_WARPS, PF_ROWS, PF_KEYS = 4, 64, 64  # as in ops.cu

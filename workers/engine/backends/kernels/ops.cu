@@ -351,6 +351,234 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
     for (int c = threadIdx.x; c < hdv; c += blockDim.x) out[(long long)row * hdv + c] = qs[c];
 }
 
+// Decode attention with the query heads of a KV head together (GQA): grid (n_tok * n_kv, n_splits), block
+// 8 warps. Each K and V row is loaded once for the G = n_heads / n_kv heads that read it (the per-head
+// kernel above loads it G times). In a tile of 32 keys every lane scores one key for all G heads (its K
+// row in 16-byte loads against the G rotated queries in shared memory), each head keeps its own online
+// softmax, and each lane accumulates DPL adjacent output dims of every head from the tile's V rows. The
+// warps merge in shared memory; with several splits every block writes per-head partials and the last
+// block of its (token, KV head) (counted in done[t * n_kv + kvh]) merges them. Needs hd == hdv == 32 DPL,
+// hd % 16 == 0 and G * hd <= 1024; the output is [n_tok, n_heads, hd] as attention's.
+template <int G, int DPL>
+__device__ void attention_gqa(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
+                              const float* v_scale, float* out, float* part_m, float* part_l, float* part_acc,
+                              int* done, int n_heads, int n_kv, int blk, const int* pos0p, int window, float scale,
+                              float softcap) {
+    constexpr int HD = 32 * DPL;
+    __shared__ __align__(16) float qs[G * HD];
+    __shared__ float accs[ATT_WARPS][G * HD];
+    __shared__ float ms[ATT_WARPS][G], ls[ATT_WARPS][G];
+    __shared__ float wsp[G][2 * 32 + 1];  // the last block's merge: per split max then weight, sum; l_all
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, h0 = kvh * G;
+    const int split = blockIdx.y, n_splits = gridDim.y;
+    const int qpos = *pos0p + t;
+    const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
+    const int share = (qpos - lo + n_splits) / n_splits;  // ceil((qpos - lo + 1) / n_splits)
+    const int j0 = lo + split * share, j1 = min(qpos, j0 + share - 1);
+    const bool int8 = k_scale != nullptr;
+    const long long q_row0 = (long long)t * n_heads + h0;  // the group's heads are adjacent rows
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) qs[i] = q[q_row0 * HD + i];
+    if (int8) fwht(qs, G * HD, blk);  // blk divides HD: the G rows rotate independently
+    __syncthreads();
+    float acc[G][DPL], m[G], l[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        m[g] = NEG_INF, l[g] = 0.f;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) acc[g][e] = 0.f;
+    }
+    for (int base = j0 + warp * TILE; base <= j1; base += ATT_WARPS * TILE) {
+        const int j = base + lane;
+        const bool live = j <= j1;
+        const long long krow = (long long)j * n_kv + kvh;
+        float ks = 1.f, vs = 1.f;
+        if (int8 && live) ks = k_scale[krow], vs = v_scale[krow];  // issued before the K loads
+        float s[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) s[g] = 0.f;
+        if (live) {
+            if (int8) {
+                const int4* kr = reinterpret_cast<const int4*>(reinterpret_cast<const signed char*>(k_pool) + krow * HD);
+#pragma unroll
+                for (int c = 0; c < HD / 16; ++c) {
+                    const int4 w = kr[c];
+#pragma unroll
+                    for (int g = 0; g < G; ++g) s[g] += dot16_i8(w, qs + g * HD + 16 * c);
+                }
+            } else {
+                const uint4* kr = reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(k_pool) + krow * HD);
+#pragma unroll
+                for (int c = 0; c < HD / 8; ++c) {
+                    const uint4 w = kr[c];
+#pragma unroll
+                    for (int g = 0; g < G; ++g) s[g] += dot8_f16(w, qs + g * HD + 8 * c);
+                }
+            }
+        }
+        float p[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            float v = NEG_INF;
+            if (live) {
+                v = s[g] * scale * ks;
+                if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+            }
+            const float m_new = fmaxf(m[g], warp_max(v));  // lane 0's key is live: finite
+            const float corr = __expf(m[g] - m_new);
+            p[g] = live ? __expf(v - m_new) : 0.f;
+            l[g] = l[g] * corr + warp_sum(p[g]);
+            m[g] = m_new;
+            p[g] *= vs;
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) acc[g][e] *= corr;
+        }
+        const int n_keys = min(TILE, j1 - base + 1);
+#pragma unroll 8
+        for (int jj = 0; jj < n_keys; ++jj) {
+            const long long vrow = (long long)(base + jj) * n_kv + kvh;
+            float v[DPL];
+            if (int8) {
+                const signed char* vr = reinterpret_cast<const signed char*>(v_pool) + vrow * HD + lane * DPL;
+                if (DPL == 8) {
+                    const int2 w = *reinterpret_cast<const int2*>(vr);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) v[e] = (float)(signed char)(w.x >> (8 * e)), v[4 + e] = (float)(signed char)(w.y >> (8 * e));
+                } else if (DPL == 4) {
+                    const int w = *reinterpret_cast<const int*>(vr);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) v[e] = (float)(signed char)(w >> (8 * e));
+                } else {
+#pragma unroll
+                    for (int e = 0; e < DPL; ++e) v[e] = (float)vr[e];
+                }
+            } else {
+                const __half2* vr = reinterpret_cast<const __half2*>(reinterpret_cast<const __half*>(v_pool) + vrow * HD + lane * DPL);
+#pragma unroll
+                for (int e = 0; e < DPL / 2; ++e) {
+                    const float2 f = __half22float2(vr[e]);
+                    v[2 * e] = f.x, v[2 * e + 1] = f.y;
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float pj = __shfl_sync(FULL, p[g], jj);
+#pragma unroll
+                for (int e = 0; e < DPL; ++e) acc[g][e] += pj * v[e];
+            }
+        }
+    }
+    // merge the warps
+    if (lane == 0)
+#pragma unroll
+        for (int g = 0; g < G; ++g) ms[warp][g] = m[g], ls[warp][g] = l[g];
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        float m_all = NEG_INF;
+        for (int w = 0; w < ATT_WARPS; ++w) m_all = fmaxf(m_all, ms[w][g]);
+        const float f = m[g] == NEG_INF ? 0.f : __expf(m[g] - m_all);
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) accs[warp][g * HD + lane * DPL + e] = acc[g][e] * f;
+    }
+    __syncthreads();
+    // per head: the merged max and sum over the warps (every thread computes them; G * 8 values)
+    float m_all[G], l_all[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        m_all[g] = NEG_INF, l_all[g] = 0.f;
+        for (int w = 0; w < ATT_WARPS; ++w) m_all[g] = fmaxf(m_all[g], ms[w][g]);
+        for (int w = 0; w < ATT_WARPS; ++w)
+            if (ms[w][g] != NEG_INF) l_all[g] += ls[w][g] * __expf(ms[w][g] - m_all[g]);
+    }
+    if (n_splits > 1) {
+        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+            float sum = 0.f;
+            for (int w = 0; w < ATT_WARPS; ++w) sum += accs[w][i];
+            part_acc[((q_row0 + i / HD) * n_splits + split) * HD + i % HD] = sum;
+        }
+        if (threadIdx.x < G) {
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+                if (g == threadIdx.x) {
+                    part_m[(q_row0 + g) * n_splits + split] = m_all[g];
+                    part_l[(q_row0 + g) * n_splits + split] = l_all[g];
+                }
+        }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            last = atomicAdd(&done[blockIdx.x], 1) == n_splits - 1;
+            if (last) done[blockIdx.x] = 0;  // ready for the next launch (a graph replays this one)
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        // every split's max and sum at once into shared memory, then per head the split weights
+        for (int i = threadIdx.x; i < G * n_splits; i += blockDim.x) {
+            const int g = i / n_splits, sp = i % n_splits;
+            wsp[g][sp] = __ldcg(part_m + (q_row0 + g) * n_splits + sp);
+            wsp[g][32 + sp] = __ldcg(part_l + (q_row0 + g) * n_splits + sp);
+        }
+        __syncthreads();
+        if (warp < G) {
+            float mx = NEG_INF;
+            for (int sp = lane; sp < n_splits; sp += 32) mx = fmaxf(mx, wsp[warp][sp]);
+            mx = warp_max(mx);
+            float lsum = 0.f;
+            for (int sp = lane; sp < n_splits; sp += 32) {
+                const float w = wsp[warp][sp] == NEG_INF ? 0.f : __expf(wsp[warp][sp] - mx);
+                wsp[warp][sp] = w;
+                lsum += wsp[warp][32 + sp] * w;
+            }
+            lsum = warp_sum(lsum);
+            if (lane == 0) wsp[warp][64] = lsum;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+            const int g = i / HD, c = i % HD;
+            float sum = 0.f;
+#pragma unroll 8
+            for (int sp = 0; sp < n_splits; ++sp) sum += __ldcg(part_acc + ((q_row0 + g) * n_splits + sp) * HD + c) * wsp[g][sp];
+            qs[i] = sum / wsp[g][64];
+        }
+    } else {
+        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+            float sum = 0.f;
+            for (int w = 0; w < ATT_WARPS; ++w) sum += accs[w][i];
+            float la = 0.f;
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+                if (g == i / HD) la = l_all[g];
+            qs[i] = sum / la;
+        }
+    }
+    if (int8) fwht(qs, G * HD, blk);  // back from the rotation (V's blk equals K's: hd == hdv)
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) out[q_row0 * HD + i] = qs[i];
+}
+
+#define GQA_INSTANTIATE(G, DPL)                                                                               \
+    extern "C" __global__ void attention_gqa_##G##_##DPL(                                                     \
+        const float* q, const void* k_pool, const void* v_pool, const float* k_scale, const float* v_scale,    \
+        float* out, float* part_m, float* part_l, float* part_acc, int* done, int n_heads, int n_kv, int blk,  \
+        const int* pos0p, int window, float scale, float softcap) {                                            \
+        attention_gqa<G, DPL>(q, k_pool, v_pool, k_scale, v_scale, out, part_m, part_l, part_acc, done,     \
+                              n_heads, n_kv, blk, pos0p, window, scale, softcap);                              \
+    }
+GQA_INSTANTIATE(1, 2)
+GQA_INSTANTIATE(1, 4)
+GQA_INSTANTIATE(1, 8)
+GQA_INSTANTIATE(2, 2)
+GQA_INSTANTIATE(2, 4)
+GQA_INSTANTIATE(2, 8)
+GQA_INSTANTIATE(4, 2)
+GQA_INSTANTIATE(4, 4)
+GQA_INSTANTIATE(4, 8)
+GQA_INSTANTIATE(8, 2)
+GQA_INSTANTIATE(8, 4)
+
 // Prefill attention on the tensor cores (FlashAttention-2's scheme with mma.sync): the queries of a prompt
 // chunk against its keys and those before it. A block of PF_WARPS warps takes PF_ROWS query rows, the
 // (token, head) pairs of PF_ROWS / G consecutive tokens and the G query heads of one KV head, so each K/V
