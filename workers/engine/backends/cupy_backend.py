@@ -226,8 +226,8 @@ class CupyBackend(NumpyBackend):
         act: int = 0,
     ) -> Any:
         """The dp4a kernels' input (q8_input in quant.cu): x, act(gate) * up (_X_GATED) or rms_norm(x + r)
-        (_X_NORM, writing x + r to x_new) quantized to int8 per 32 values, with scales and sums."""
-        x8 = self.xp.empty(cols + cols // 4, dtype=self.xp.int8)
+        (_X_NORM, writing x + r to x_new) as two int8 codes a value per 32 values, with scales and sums."""
+        x8 = self.xp.empty(2 * cols + cols // 4, dtype=self.xp.int8)  # two codes a value, scales, sums
         null = np.uint64(0)
         self._kernel_named("q8_input")(
             (1,),

@@ -235,10 +235,13 @@ __device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols,
 // four blocks at a time; a warp's rows and their blocks are one flattened loop, so short rows (4B: 10
 // blocks) keep all four octets busy.
 
-// The dp4a kernels' input: x quantized to int8 in sub-blocks of 32 with a float scale and the sub-block's
-// sum (llama.cpp's q8_1), computed once per product by q8_input and read by every GEMV block from global
-// memory (through L1), so the GEMV starts loading weights at once. Layout of an x8 buffer for `cols`
-// values: xq [cols] int8, then xd [cols / 32] float scales, then xs [cols / 32] float sums.
+// The dp4a kernels' input: x in sub-blocks of 32 with a float scale d each, as two int8 codes per value,
+// x ~ d * (q + q2 / 254): q as llama.cpp's q8_1, q2 the rounding error of q requantized (|x - d q| <= d / 2),
+// so a product is two dp4a chains and the activations carry ~15 bits instead of 8 (with q alone a tiny
+// Q4_K_M model's decode NLL moved 0.04-0.06 nat from NumPy's). Computed once per product by q8_input and
+// read by every GEMV block from global memory (through L1), so the GEMV starts loading weights at once.
+// Layout of an x8 buffer for `cols` values: xq [cols] int8, xr [cols] int8 (q2), xd [cols / 32] float
+// scales, xs [cols / 32] float sums of the values as coded.
 // q8_input also takes over the operation that produced x: X_PLAIN x itself; X_GATED act(x[i]) *
 // x[cols + i] (x = [gate | up]: the FFN's activation); X_NORM rms_norm(x + r) * w (r may be NULL), writing
 // x + r to x_new when that is not NULL (the residual add and the next layer's input norm). One block of
@@ -251,7 +254,8 @@ extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __
                                     float* x_new, float eps, int mode, int act, int cols, signed char* x8) {
     __shared__ float red[32];
     signed char* xq = x8;
-    float* xd = reinterpret_cast<float*>(x8 + cols);
+    signed char* xr = x8 + cols;
+    float* xd = reinterpret_cast<float*>(x8 + 2 * cols);
     float* xs = xd + cols / 32;
     // thread t holds values t + k * blockDim.x: sub-block (t >> 5) + k * n_warps, lane t & 31 of it, so a warp
     // quantizes whole sub-blocks; every load is issued before any is used
@@ -289,11 +293,13 @@ extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __
         const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v[k]))));
         const float d = amax / 127.f;
         const int q = amax > 0.f ? __float2int_rn(v[k] / d) : 0;
+        const int q2 = amax > 0.f ? max(-127, min(127, __float2int_rn((v[k] - q * d) * 254.f / d))) : 0;
         xq[sb * 32 + lane] = (signed char)q;
-        const int sum = __reduce_add_sync(0xffffffffu, q);
+        xr[sb * 32 + lane] = (signed char)q2;
+        const int sum = __reduce_add_sync(0xffffffffu, q), sum2 = __reduce_add_sync(0xffffffffu, q2);
         if (lane == 0) {
             xd[sb] = d;
-            xs[sb] = d * (float)sum;
+            xs[sb] = d * ((float)sum + (float)sum2 * (1.f / 254.f));
         }
     }
 }
@@ -309,7 +315,7 @@ __device__ __forceinline__ unsigned ld_u16x2(const u8* p) {  // 4 bytes at a 2-b
 template <int T> struct OctetRaw;
 template <int T> __device__ __forceinline__ OctetRaw<T> octet_load(const u8* blk, int l);
 template <int T> __device__ __forceinline__ float octet_dot(const OctetRaw<T>& r, int b, int l, const signed char* xq,
-                                                            const float* xd, const float* xs);
+                                                            const signed char* xr, const float* xd, const float* xs);
 
 __device__ __forceinline__ int byte_of(const uint4& v, int k) {  // byte k (< 16) of v, k known per lane
     const unsigned w = k < 4 ? v.x : k < 8 ? v.y : k < 12 ? v.z : v.w;
@@ -327,19 +333,24 @@ template <> __device__ __forceinline__ OctetRaw<12> octet_load<12>(const u8* blk
     return {*reinterpret_cast<const uint4*>(blk), *reinterpret_cast<const uint4*>(blk + 16 + 32 * (l >> 1) + (l & 1) * 16)};
 }
 template <> __device__ __forceinline__ float octet_dot<12>(const OctetRaw<12>& r, int b, int l, const signed char* xq,
-                                                           const float* xd, const float* xs) {
+                                                           const signed char* xr, const float* xd, const float* xs) {
     const int c = l >> 1, pos = (l & 1) * 16;
     const uint4 q = r.q;
     const int xo = b * 256 + 64 * c + pos;
-    const int4 xl = *reinterpret_cast<const int4*>(xq + xo), xh = *reinterpret_cast<const int4*>(xq + xo + 32);
-    int sl = __dp4a((int)(q.x & 0x0F0F0F0F), xl.x, 0);
-    sl = __dp4a((int)(q.y & 0x0F0F0F0F), xl.y, sl);
-    sl = __dp4a((int)(q.z & 0x0F0F0F0F), xl.z, sl);
-    sl = __dp4a((int)(q.w & 0x0F0F0F0F), xl.w, sl);
-    int sh = __dp4a((int)((q.x >> 4) & 0x0F0F0F0F), xh.x, 0);
-    sh = __dp4a((int)((q.y >> 4) & 0x0F0F0F0F), xh.y, sh);
-    sh = __dp4a((int)((q.z >> 4) & 0x0F0F0F0F), xh.z, sh);
-    sh = __dp4a((int)((q.w >> 4) & 0x0F0F0F0F), xh.w, sh);
+    const unsigned lo[4] = {q.x & 0x0F0F0F0F, q.y & 0x0F0F0F0F, q.z & 0x0F0F0F0F, q.w & 0x0F0F0F0F};
+    const unsigned hi[4] = {(q.x >> 4) & 0x0F0F0F0F, (q.y >> 4) & 0x0F0F0F0F, (q.z >> 4) & 0x0F0F0F0F,
+                            (q.w >> 4) & 0x0F0F0F0F};
+    float sl, sh;  // sum(q x) over this lane's 16 low-nibble and 16 high-nibble values, in units of d
+    {
+        const int4 a = *reinterpret_cast<const int4*>(xq + xo), a2 = *reinterpret_cast<const int4*>(xr + xo);
+        const int4 h = *reinterpret_cast<const int4*>(xq + xo + 32), h2 = *reinterpret_cast<const int4*>(xr + xo + 32);
+        const int s1 = __dp4a((int)lo[3], a.w, __dp4a((int)lo[2], a.z, __dp4a((int)lo[1], a.y, __dp4a((int)lo[0], a.x, 0))));
+        const int s2 = __dp4a((int)lo[3], a2.w, __dp4a((int)lo[2], a2.z, __dp4a((int)lo[1], a2.y, __dp4a((int)lo[0], a2.x, 0))));
+        const int t1 = __dp4a((int)hi[3], h.w, __dp4a((int)hi[2], h.z, __dp4a((int)hi[1], h.y, __dp4a((int)hi[0], h.x, 0))));
+        const int t2 = __dp4a((int)hi[3], h2.w, __dp4a((int)hi[2], h2.z, __dp4a((int)hi[1], h2.y, __dp4a((int)hi[0], h2.x, 0))));
+        sl = (float)s1 + (float)s2 * (1.f / 254.f);
+        sh = (float)t1 + (float)t2 * (1.f / 254.f);
+    }
     // scale_min_k4 on the head's bytes 4..15 for sub-blocks 2c and 2c + 1
     float sc[2], mn[2];
 #pragma unroll
@@ -355,8 +366,7 @@ template <> __device__ __forceinline__ float octet_dot<12>(const OctetRaw<12>& r
     }
     const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&r.head.x));
     const int sb = b * 8 + 2 * c;
-    return dm.x * (sc[0] * xd[sb] * (float)sl + sc[1] * xd[sb + 1] * (float)sh) -
-           dm.y * 0.5f * (mn[0] * xs[sb] + mn[1] * xs[sb + 1]);
+    return dm.x * (sc[0] * xd[sb] * sl + sc[1] * xd[sb + 1] * sh) - dm.y * 0.5f * (mn[0] * xs[sb] + mn[1] * xs[sb + 1]);
 }
 
 // Q6_K: lane l takes half h = l / 4 (128 values) and 8 positions k of each of its four 32-value groups:
@@ -384,21 +394,22 @@ template <> __device__ __forceinline__ OctetRaw<14> octet_load<14>(const u8* blk
     return r;
 }
 template <> __device__ __forceinline__ float octet_dot<14>(const OctetRaw<14>& r, int b, int l, const signed char* xq,
-                                                           const float* xd, const float* xs) {
+                                                           const signed char* xr, const float* xd, const float* xs) {
     const int h = l >> 2, k = (l & 3) * 8;
     const int xo = b * 256 + 128 * h + k;
-    int s[4] = {0, 0, 0, 0};
+    int s[4] = {0, 0, 0, 0}, s2[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
         const unsigned a = r.a[w], c = r.c[w], t = r.t[w];
-        const int g0 = __vsubss4((a & 0x0F0F0F0F) | ((t << 4) & 0x30303030), 0x20202020);
-        const int g1 = __vsubss4((c & 0x0F0F0F0F) | ((t << 2) & 0x30303030), 0x20202020);
-        const int g2 = __vsubss4(((a >> 4) & 0x0F0F0F0F) | (t & 0x30303030), 0x20202020);
-        const int g3 = __vsubss4(((c >> 4) & 0x0F0F0F0F) | ((t >> 2) & 0x30303030), 0x20202020);
-        s[0] = __dp4a(g0, *reinterpret_cast<const int*>(xq + xo + 4 * w), s[0]);
-        s[1] = __dp4a(g1, *reinterpret_cast<const int*>(xq + xo + 32 + 4 * w), s[1]);
-        s[2] = __dp4a(g2, *reinterpret_cast<const int*>(xq + xo + 64 + 4 * w), s[2]);
-        s[3] = __dp4a(g3, *reinterpret_cast<const int*>(xq + xo + 96 + 4 * w), s[3]);
+        const int g[4] = {__vsubss4((a & 0x0F0F0F0F) | ((t << 4) & 0x30303030), 0x20202020),
+                          __vsubss4((c & 0x0F0F0F0F) | ((t << 2) & 0x30303030), 0x20202020),
+                          __vsubss4(((a >> 4) & 0x0F0F0F0F) | (t & 0x30303030), 0x20202020),
+                          __vsubss4(((c >> 4) & 0x0F0F0F0F) | ((t >> 2) & 0x30303030), 0x20202020)};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            s[i] = __dp4a(g[i], *reinterpret_cast<const int*>(xq + xo + 32 * i + 4 * w), s[i]);
+            s2[i] = __dp4a(g[i], *reinterpret_cast<const int*>(xr + xo + 32 * i + 4 * w), s2[i]);
+        }
     }
     // scale of group g: byte 2g + k / 16 of the half's 8; pair g' = 2g + k/16 >> 1... bytes 0,2,4,6 (+1)
     const int sh = 8 * (k >> 4);
@@ -406,8 +417,9 @@ template <> __device__ __forceinline__ float octet_dot<14>(const OctetRaw<14>& r
     const float sc2 = (float)(signed char)(r.s[1] >> sh), sc3 = (float)(signed char)(r.s[1] >> (16 + sh));
     const int sb = b * 8 + 4 * h;
     const float d = __half2float(__ushort_as_half(r.d));
-    return d * (sc0 * xd[sb] * (float)s[0] + sc1 * xd[sb + 1] * (float)s[1] + sc2 * xd[sb + 2] * (float)s[2] +
-                sc3 * xd[sb + 3] * (float)s[3]);
+    const float f[4] = {(float)s[0] + (float)s2[0] * (1.f / 254.f), (float)s[1] + (float)s2[1] * (1.f / 254.f),
+                        (float)s[2] + (float)s2[2] * (1.f / 254.f), (float)s[3] + (float)s2[3] * (1.f / 254.f)};
+    return d * (sc0 * xd[sb] * f[0] + sc1 * xd[sb + 1] * f[1] + sc2 * xd[sb + 2] * f[2] + sc3 * xd[sb + 3] * f[3]);
 }
 
 // The one-token product for those types; same grid and rows per warp as the generic gemv1; no shared
@@ -424,7 +436,8 @@ __device__ __forceinline__ void next_unit(int& r, int& b, int nb, int n_rows) {
 template <int T>
 __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int rows, int cols, long long row_bytes, int rpw) {
     const signed char* xq = x8;
-    const float* xd = reinterpret_cast<const float*>(x8 + cols);
+    const signed char* xr = x8 + cols;
+    const float* xd = reinterpret_cast<const float*>(x8 + 2 * cols);
     const float* xs = xd + cols / 32;
     const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
     const int lane = threadIdx.x & 31;
@@ -450,7 +463,7 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
 #pragma unroll
         for (int i = 0; i < OCTET_UNITS; ++i) {
             if (rs[i] >= n_rows) break;
-            const float v = octet_dot<T>(raw[i], bs[i], l, xq, xd, xs);
+            const float v = octet_dot<T>(raw[i], bs[i], l, xq, xr, xd, xs);
 #pragma unroll
             for (int j = 0; j < GEMV1_ROWS; ++j)
                 if (j == rs[i]) acc[j] += v;
