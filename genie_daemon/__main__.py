@@ -33,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kv-cache-dir", help=f"where conversations' KV is saved (default: {d.kv_cache_dir})")
     p.add_argument("--kv-cache-max-mb", type=int, help=f"size cap of the saved KV, MB (default: {d.kv_cache_max_mb})")
     p.add_argument("--no-kv-store", dest="kv_store", action="store_false", default=None, help="no saved KV")
+    p.add_argument("--http-host", help=f"bind address of the HTTP API (default: {d.http_host})")
+    p.add_argument("--http-port", type=int, help=f"port of the HTTP API, 0 for any free one (default: {d.http_port})")
+    p.add_argument("--no-http", dest="http", action="store_false", default=None, help="no HTTP API")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     try:
@@ -50,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "kv_cache_dir": args.kv_cache_dir,
                 "kv_cache_max_mb": args.kv_cache_max_mb,
                 "kv_store": args.kv_store,
+                "http_host": args.http_host,
+                "http_port": args.http_port,
+                "http": args.http,
             },
         )
     except (ValueError, OSError) as e:
@@ -74,7 +80,12 @@ async def _serve(config: DaemonConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stopping.set)  # the handler only sets a flag
     logging.getLogger("genie.daemon").info("event=listening endpoint=%s", config.client_endpoint)
-    await daemon.run()
+    try:
+        await daemon.run()
+    except OSError as e:  # the HTTP port is taken or not ours to bind
+        print(f"genie-daemon: error: HTTP on {config.http_host}:{config.http_port}: {e}", file=sys.stderr)
+        await daemon.shutdown()
+        return 2
     return 0
 
 

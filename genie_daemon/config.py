@@ -44,12 +44,19 @@ class DaemonConfig:
     restart_backoff_s: float = 0.5  # first restart delay; doubles up to restart_backoff_max_s
     restart_backoff_max_s: float = 10.0
     drain_timeout_s: float = 25.0  # on SIGTERM, how long a running turn may finish before it is cancelled
+    http: bool = True  # serve the Ollama- and OpenAI-compatible HTTP API (Home Assistant's way in)
+    http_host: str = "127.0.0.1"  # bind address of the HTTP API; 0.0.0.0 to reach it from the network
+    http_port: int = 11434  # Ollama's port, where Home Assistant looks first
+    api_key: str = ""  # when set, HTTP clients must send "Authorization: Bearer <api_key>"
+    http_max_body_mb: float = 8.0  # larger request bodies are refused (413)
 
     def __post_init__(self) -> None:
         if self.max_queue < 0 or self.ctx < 0 or self.prefill_chunk < 1 or not self.stream_interval_ms >= 0:
             raise ValueError("max_queue, ctx and stream_interval_ms must be >= 0, prefill_chunk >= 1")
         if self.kv_cache_max_mb < 0 or not self.kv_cache_stale_tmp_s >= 0:
             raise ValueError("kv_cache_max_mb and kv_cache_stale_tmp_s must be >= 0")
+        if not 0 <= self.http_port <= 65535 or not self.http_max_body_mb > 0:
+            raise ValueError("http_port must be in 0..65535 (0: any free port) and http_max_body_mb > 0")
         if not self.client_endpoint:
             object.__setattr__(self, "client_endpoint", f"ipc://{self.socket_dir}/genie.sock")
         if not self.worker_endpoint:

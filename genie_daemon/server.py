@@ -9,7 +9,9 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import zmq
@@ -41,16 +43,23 @@ from protocol.messages import (
 )
 
 from .config import DaemonConfig
+from .http_server import HttpFront
 from .kv_store_handle import KvStoreHandle
+from .metrics import DaemonMetrics
+from .model_info import ModelInfo, describe
 from .worker_handle import WorkerHandle
 
 log = logging.getLogger("genie.daemon")
 MAX_CLIENT_MSG_BYTES = 8 << 20
 
 
+ReplyFn = Callable[[Message], Awaitable[None]]
+
+
 @dataclass
 class Request:
-    client: bytes  # the client's ROUTER identity
+    owner: Hashable  # who asked: a ZMQ client's ROUTER identity, or an HTTP request's token
+    reply: ReplyFn  # sends this request's DELTA / DONE / ERROR to its owner
     client_rid: str
     msg: Generate | Prewarm
     internal_id: str  # what the worker sees: unique across clients
@@ -81,6 +90,10 @@ class Daemon:
         self.recent_tok_s = 0.0  # decode speed of the last finished request
         self._switch: asyncio.Task[None] | None = None
         self._kv_restart: asyncio.Task[None] | None = None
+        self.metrics = DaemonMetrics()
+        self._model_info = ModelInfo.named(config.model)  # read from the file in a thread (model_info.py)
+        self._info_task: asyncio.Task[None] | None = None
+        self.http: HttpFront | None = None
 
     def _bind(self, endpoint: str) -> zmq.asyncio.Socket:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -95,7 +108,7 @@ class Daemon:
         await self.clients.send_multipart([client, *encode(msg)])
 
     async def fail(self, req: Request, code: str, message: str) -> None:
-        await self.to_client(req.client, Error(request_id=req.client_rid, code=code, message=message))
+        await req.reply(Error(request_id=req.client_rid, code=code, message=message))
 
     # -- clients ------------------------------------------------------------------------------------------
     async def client_loop(self) -> None:
@@ -131,14 +144,10 @@ class Daemon:
                 return Error(request_id=rid, code="kv_disabled", message="the KV store is off (kv_store = false)")
             return await self.kv.call(msg)
         if isinstance(msg, Load):  # answered at once; `genie-ctl load` then watches STATUS until ready
-            self.wanted = True
-            self.load_error = None
-            self.worker.config = self.config = replace(self.config, model=msg.model)
-            self._switch = asyncio.create_task(self._load())
+            self.load(msg.model)
             return Reply(request_id=msg.request_id, data={"loading": msg.model})
         if isinstance(msg, Unload):
-            self.wanted = False
-            self._switch = asyncio.create_task(self._unload())
+            await self.unload()
             return Reply(request_id=msg.request_id, data={"unloading": self.config.model})
         return Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet")
 
@@ -148,6 +157,49 @@ class Daemon:
         reply = await self.kv.call(Metrics(request_id="kv"), timeout_s=0.5)
         data = reply.data if isinstance(reply, Reply) else {"error": getattr(reply, "message", "no answer")}
         return {"enabled": True, "pid": self.kv.pid, "restarts": self.kv.restarts, **data}
+
+    def load(self, model: str) -> None:
+        """Switches to `model` (or loads it again after an unload); STATUS shows when it is ready."""
+        self.wanted = True
+        self.load_error = None
+        self.worker.config = self.config = replace(self.config, model=model)
+        self._model_info = ModelInfo.named(model)
+        self._switch = asyncio.create_task(self._load())
+        self._refresh_model_info()
+
+    async def unload(self) -> None:
+        if self.wanted:
+            self.wanted = False
+            self._switch = asyncio.create_task(self._unload())
+
+    async def ensure_loaded(self, timeout_s: float) -> str | None:
+        """Loads the model if it was unloaded (an Ollama request does) and waits until it serves; None
+        when ready, else why not."""
+        if not self.wanted:
+            self.load(self.config.model)
+        deadline = time.monotonic() + timeout_s
+        while not self.worker.ready:
+            if self.load_error:
+                return self.load_error
+            if self.stopping.is_set():
+                return "genie is stopping"
+            if time.monotonic() > deadline:
+                return f"the model did not become ready within {timeout_s:.0f} s"
+            await asyncio.sleep(0.05)
+        return None
+
+    def model_info(self) -> ModelInfo:
+        return self._model_info
+
+    def _refresh_model_info(self) -> None:
+        """Describes the served model from its file, in a thread (it reads the GGUF header)."""
+
+        async def refresh(model: str) -> None:
+            info = await asyncio.to_thread(describe, model)
+            if model == self.config.model:
+                self._model_info = info
+
+        self._info_task = asyncio.create_task(refresh(self.config.model))
 
     async def _load(self) -> None:
         await self.worker.stop()
@@ -163,30 +215,7 @@ class Daemon:
 
     async def on_client(self, client: bytes, msg: Message) -> None:
         if isinstance(msg, (Generate, Prewarm)):
-            if not self.wanted:
-                await self.to_client(
-                    client,
-                    Error(
-                        request_id=msg.request_id, code="unloaded", message="no model is loaded (genie-ctl load MODEL)"
-                    ),
-                )
-            elif self.stopping.is_set():
-                await self.to_client(
-                    client, Error(request_id=msg.request_id, code="shutting_down", message="genie is stopping")
-                )
-            elif sum(len(q) for q in self.queues.values()) >= self.config.max_queue:
-                await self.to_client(
-                    client,
-                    Error(
-                        request_id=msg.request_id,
-                        code="overloaded",
-                        message=f"{self.config.max_queue} requests are already waiting",
-                    ),
-                )
-            else:
-                priority = msg.priority if isinstance(msg, Generate) else "voice"
-                self.queues[priority].append(Request(client, msg.request_id, msg, f"q{next(self._ids)}"))
-                await self.dispatch()
+            await self.submit(client, partial(self.to_client, client), msg)
         elif isinstance(msg, Cancel):
             await self.cancel(client, msg.request_id)
         elif isinstance(msg, (Status, Health)):
@@ -198,16 +227,33 @@ class Daemon:
                 Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet"),
             )
 
-    async def cancel(self, client: bytes, rid: str) -> None:
+    async def submit(self, owner: Hashable, reply: ReplyFn, msg: Generate | Prewarm) -> None:
+        """Queues a request from any front (ZMQ or HTTP), or refuses it through `reply`. Its answers go
+        to `reply`; `cancel(owner, msg.request_id)` ends it."""
+        refusal: tuple[str, str] | None = None
+        if not self.wanted:
+            refusal = ("unloaded", "no model is loaded (genie-ctl load MODEL)")
+        elif self.stopping.is_set():
+            refusal = ("shutting_down", "genie is stopping")
+        elif sum(len(q) for q in self.queues.values()) >= self.config.max_queue:
+            refusal = ("overloaded", f"{self.config.max_queue} requests are already waiting")
+        if refusal:
+            await reply(Error(request_id=msg.request_id, code=refusal[0], message=refusal[1]))
+            return
+        priority = msg.priority if isinstance(msg, Generate) else "voice"
+        self.queues[priority].append(Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}"))
+        await self.dispatch()
+
+    async def cancel(self, owner: Hashable, rid: str) -> None:
         """Idempotent: a queued request ends at once, the running one at its next chunk or step."""
         for q in self.queues.values():
             for req in list(q):
-                if req.client == client and req.client_rid == rid:
+                if req.owner == owner and req.client_rid == rid:
                     q.remove(req)
-                    await self.to_client(client, Done(request_id=rid, finish_reason="cancelled"))
+                    await req.reply(Done(request_id=rid, finish_reason="cancelled"))
                     return
         run = self.running
-        if run and run.client == client and run.client_rid == rid and self.worker.identity:
+        if run and run.owner == owner and run.client_rid == rid and self.worker.identity:
             await self.workers.send_multipart([self.worker.identity, *encode(Cancel(request_id=run.internal_id))])
 
     async def dispatch(self) -> None:
@@ -243,6 +289,8 @@ class Daemon:
             self.worker.seen()
             if isinstance(msg, Ready):
                 self.worker.on_ready(msg.body())
+                if not self._model_info.digest:  # first start: the worker has just assembled the file
+                    self._refresh_model_info()
                 await self.dispatch()
             elif isinstance(msg, Dead):
                 log.error("event=worker_dead reason=%r", msg.reason)
@@ -253,9 +301,13 @@ class Daemon:
         req = self.by_internal[internal_id]
         body = msg.body()
         body["request_id"] = req.client_rid
-        await self.to_client(req.client, type(msg)(**body))  # checked when it arrived: not again
-        if isinstance(msg, Done) and msg.timings.get("decode_tok_s"):
-            self.recent_tok_s = float(msg.timings["decode_tok_s"])
+        await req.reply(type(msg)(**body))  # checked when it arrived: not again
+        if isinstance(msg, Done):
+            self.metrics.observe_done(msg.finish_reason, msg.usage, msg.timings)
+            if msg.timings.get("decode_tok_s"):
+                self.recent_tok_s = float(msg.timings["decode_tok_s"])
+        elif isinstance(msg, Error):
+            self.metrics.observe_error(msg.code)
         if isinstance(msg, (Done, Error)):
             del self.by_internal[internal_id]
             self.running = None
@@ -311,12 +363,23 @@ class Daemon:
 
     # -- lifetime -----------------------------------------------------------------------------------------
     async def run(self) -> None:
+        """Serves until `stopping` is set. Raises OSError when the HTTP port cannot be bound."""
+        if self.config.http:
+            self.http = HttpFront(self)
+            await self.http.start()
         loops = (self.client_loop(), self.admin_loop(), self.worker_loop(), self.supervise_loop())
         tasks = [asyncio.create_task(t) for t in loops]
+        self._refresh_model_info()
         await self.stopping.wait()
         await self.drain()
         for t in tasks:
             t.cancel()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stops the HTTP server, the worker and the KV store and closes the sockets."""
+        if self.http:
+            await self.http.stop()
         await self.worker.stop()
         if self.kv:
             await self.kv.stop()
@@ -329,12 +392,12 @@ class Daemon:
         for q in self.queues.values():
             while q:
                 req = q.popleft()
-                await self.to_client(req.client, Done(request_id=req.client_rid, finish_reason="cancelled"))
+                await req.reply(Done(request_id=req.client_rid, finish_reason="cancelled"))
         deadline = time.monotonic() + self.config.drain_timeout_s
         while self.running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.running:
-            await self.cancel(self.running.client, self.running.client_rid)
+            await self.cancel(self.running.owner, self.running.client_rid)
             end = time.monotonic() + 3
             while self.running and time.monotonic() < end:
                 await asyncio.sleep(0.05)

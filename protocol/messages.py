@@ -59,6 +59,7 @@ class Generate(Message):
         "stream": Field("bool"),
         "priority": Field("enum:voice|background"),
         "think": Field("bool"),
+        "tools": Field("tools"),
     }
     request_id: str
     messages: list[dict[str, Any]] | None = None
@@ -69,6 +70,7 @@ class Generate(Message):
     stream: bool = True
     priority: str = "voice"
     think: bool = False
+    tools: list[dict[str, Any]] | None = None  # tool definitions the chat template renders (messages only)
 
     @classmethod
     def from_body(cls, body: Any) -> Message:
@@ -113,7 +115,7 @@ class Done(Message):
     request_id: str
     finish_reason: str
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, cached_tokens, completion_tokens
-    timings: dict[str, float] = field(default_factory=dict)  # ttft_ms, prefill_tok_s, decode_tok_s
+    timings: dict[str, float] = field(default_factory=dict)  # ttft_ms, prefill_ms, decode_ms, prefill/decode_tok_s
 
 
 @dataclass

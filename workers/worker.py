@@ -186,7 +186,13 @@ class Worker:
                         "completion_tokens": ev.completion_tokens,
                     }
                     t = ev.timings
-                    timings = {"ttft_ms": t.ttft_ms, "prefill_tok_s": t.prefill_tok_s, "decode_tok_s": t.decode_tok_s}
+                    timings = {
+                        "ttft_ms": t.ttft_ms,
+                        "prefill_ms": t.prefill_ms,
+                        "decode_ms": t.decode_ms,
+                        "prefill_tok_s": t.prefill_tok_s,
+                        "decode_tok_s": t.decode_tok_s,
+                    }
                     self.send(Done(request_id=rid, finish_reason=ev.finish_reason, usage=usage, timings=timings))
                 elif isinstance(msg, Generate):
                     stream.add(ev.text, ev.token_ids)
@@ -200,7 +206,8 @@ class Worker:
 
     def _prompt_ids(self, msg: Generate | Prewarm) -> list[int]:
         if msg.messages is not None:
-            return self.engine.chat_prompt(msg.messages, think=getattr(msg, "think", False))
+            tools = msg.tools if isinstance(msg, Generate) else None
+            return self.engine.chat_prompt(msg.messages, think=getattr(msg, "think", False), tools=tools)
         if msg.prompt is not None:
             return self.engine.text_prompt(msg.prompt)
         assert isinstance(msg, Generate) and msg.token_ids is not None

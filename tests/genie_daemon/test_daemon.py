@@ -38,6 +38,8 @@ def start_daemon(tmp: Path, *extra: str) -> tuple[subprocess.Popen, str]:
         str(sock_dir),
         "--kv-cache-dir",
         str(tmp / "kv"),
+        "--http-port",
+        "0",  # any free port: test daemons never fight over 11434
         *extra,
     ]
     proc = subprocess.Popen(

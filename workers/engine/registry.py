@@ -50,6 +50,22 @@ def resolve_model(name: str, progress: Callable[[str], None] = _progress) -> Pat
     raise ModelNotFoundError(f"model {name!r} is neither a file nor an installed model ({known})")
 
 
+def installed_path(name: str) -> Path | None:
+    """The GGUF path for `name` if it is already on disk (a packaged model is never assembled here)."""
+    m = MODELS.get(name)
+    if m is None:
+        path = Path(name).expanduser()
+        return path if path.is_file() else None
+    spec = importlib.util.find_spec(m.package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    if not m.assembled:
+        path = Path(list(spec.submodule_search_locations)[0]) / m.filename
+    else:
+        path = Path(importlib.import_module(m.package).default_output_path())
+    return path if path.is_file() and path.stat().st_size == m.size_bytes else None
+
+
 def _packaged_path(short: str, m: PackagedModel, progress: Callable[[str], None]) -> Path:
     spec = importlib.util.find_spec(m.package)
     if spec is None or not spec.submodule_search_locations:

@@ -1,0 +1,110 @@
+"""The daemon's HTTP server (aiohttp): the Ollama API (ollama_api.py) and the OpenAI API (openai_api.py) on
+one port, /health and /metrics; an optional API key; every refusal a 4xx in the API's own error shape.
+
+A client that disconnects cancels its request (aiohttp's handler cancellation), during prefill too.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from . import ollama_api, openai_api
+from .http_turn import SERVICE, HttpError, Service
+from .metrics import CONTENT_TYPE
+
+log = logging.getLogger("genie.http")
+MAX_BODY: web.AppKey[int] = web.AppKey("max_body")
+OPEN_PATHS = frozenset({"/", "/health", "/api/version"})  # answered without the API key (liveness probes)
+
+
+def error_response(path: str, status: int, message: str, code: str = "invalid_request_error") -> web.Response:
+    if path.startswith("/v1/"):
+        body: dict[str, Any] = {"error": {"message": message, "type": code, "code": code}}
+    else:
+        body = {"error": message}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    service: Service = request.app[SERVICE]
+    key = service.config.api_key
+    if key and request.path not in OPEN_PATHS:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            message = "missing or wrong API key (Authorization: Bearer ...)"
+            return error_response(request.path, 401, message, "unauthorized")
+    limit = request.app[MAX_BODY]
+    if request.content_length is not None and request.content_length > limit:
+        # refused before reading it; the connection closes so the client stops sending
+        resp = error_response(request.path, 413, f"the body exceeds {limit} bytes", "too_large")
+        resp.force_close()
+        return resp
+    try:
+        return await handler(request)
+    except HttpError as e:
+        return error_response(request.path, e.status, e.message, e.code)
+    except web.HTTPException as e:  # aiohttp's own: 404, 405, 413
+        if e.status < 400:
+            raise
+        code = "not_found" if e.status == 404 else "invalid_request_error"
+        return error_response(request.path, e.status, e.reason, code)
+
+
+async def health(request: web.Request) -> web.Response:
+    s = request.app[SERVICE].status()
+    if s["ready"]:
+        state = "ready"
+    elif s.get("load_error"):
+        state = "load_failed"
+    elif not s.get("loaded_model"):
+        state = "unloaded"
+    else:
+        state = "loading"
+    body = {"status": state, "model": s.get("loaded_model"), "worker_pid": s.get("worker_pid")}
+    return web.json_response(body, status=200 if state == "ready" else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    service: Service = request.app[SERVICE]
+    state = {**service.status(), "kv": await service.kv_metrics()}
+    text = service.metrics.render(state)
+    return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
+
+
+def make_app(service: Service) -> web.Application:
+    limit = int(service.config.http_max_body_mb * 1024 * 1024)
+    app = web.Application(middlewares=[guard], client_max_size=limit)
+    app[SERVICE] = service
+    app[MAX_BODY] = limit
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    ollama_api.add_routes(app)
+    openai_api.add_routes(app)
+    return app
+
+
+class HttpFront:
+    """Binds the app to config.http_host:http_port (port 0: any free one, see `port`)."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.runner = web.AppRunner(make_app(service), handler_cancellation=True, access_log=None)
+        self.port = 0
+
+    async def start(self) -> None:
+        cfg = self.service.config
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, cfg.http_host, cfg.http_port, reuse_address=True)
+        await site.start()
+        server = site._server  # the bound socket: the real port when 0 was asked for
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else cfg.http_port
+        log.info("event=http_listening host=%s port=%d auth=%s", cfg.http_host, self.port, bool(cfg.api_key))
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()

@@ -1,0 +1,244 @@
+"""What the HTTP fronts share: the service they call, typed reading of request bodies, their errors, and
+one generation (`Turn`) submitted like any ZMQ client's and cancelled when its HTTP client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from protocol.errors import ProtocolError
+from protocol.messages import Delta, Done, Error, Generate, Message
+
+from .config import DaemonConfig
+from .metrics import DaemonMetrics
+from .model_info import ModelInfo
+from .output_parser import Event, OutputParser, ToolCall
+
+
+class Service(Protocol):
+    """What the HTTP fronts need from the daemon (tests serve them from a scripted stand-in)."""
+
+    config: DaemonConfig
+    metrics: DaemonMetrics
+
+    async def submit(self, owner: Any, reply: Any, msg: Generate) -> None: ...
+    async def cancel(self, owner: Any, rid: str) -> None: ...
+    def status(self) -> dict[str, Any]: ...
+    async def kv_metrics(self) -> dict[str, Any]: ...
+    def model_info(self) -> ModelInfo: ...
+    async def ensure_loaded(self, timeout_s: float) -> str | None: ...
+    async def unload(self) -> None: ...
+
+
+SERVICE: web.AppKey[Any] = web.AppKey("genie_service")
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON bytes (one NDJSON line or SSE payload)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class HttpError(Exception):
+    """A request the API refuses: its HTTP status and a message for the client."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+# daemon ERROR codes -> HTTP status (anything else: 500)
+ERROR_STATUS = {
+    "bad_request": 400,
+    "bad_message": 400,
+    "too_large": 413,
+    "overloaded": 503,
+    "unloaded": 503,
+    "shutting_down": 503,
+    "worker_died": 503,
+    "model_changed": 503,
+    "not_ready": 503,
+}
+
+
+def error_status(err: Error) -> int:
+    return ERROR_STATUS.get(err.code, 500)
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 saying what is wrong with it (413 comes from aiohttp)."""
+    raw = await request.read()
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HttpError(400, f"the body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise HttpError(400, "the body's JSON is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    return body
+
+
+def get(body: dict[str, Any], key: str, kind: str, default: Any = None, where: str = "") -> Any:
+    """body[key] checked against `kind` (str, bool, int, number, list, dict); absent or null: default."""
+    value = body.get(key)
+    if value is None:
+        return default
+    name = f"{where}{key}"
+    if kind == "str" and isinstance(value, str):
+        return value
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind == "number" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    if kind == "list" and isinstance(value, list):
+        return value
+    if kind == "dict" and isinstance(value, dict):
+        return value
+    article = "an" if kind[0] in "aeiou" else "a"
+    raise HttpError(400, f"{name} must be {article} {kind}")
+
+
+def stop_list(value: Any, name: str) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value] if value else None
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return [s for s in value if s] or None
+    raise HttpError(400, f"{name} must be a string or a list of strings")
+
+
+def check_model(service: Service, name: Any) -> ModelInfo:
+    """The served model when `name` addresses it (with or without an Ollama tag), else 404."""
+    info = service.model_info()
+    if not isinstance(name, str) or not name:
+        raise HttpError(400, "model is required and must be a string")
+    base = name.removesuffix(":latest")
+    if base != info.name and name != info.name:
+        raise HttpError(404, f"model {name!r} not found (genie serves {info.name!r})", "model_not_found")
+    return info
+
+
+def build_generate(fields: dict[str, Any]) -> Generate:
+    """A GENERATE checked by the same rules as one from the ZMQ socket; their failure is a 400."""
+    try:
+        msg = Generate.from_body({"request_id": f"http-{next(_ids)}", **fields})
+    except ProtocolError as e:
+        raise HttpError(400, e.message) from None
+    assert isinstance(msg, Generate)
+    return msg
+
+
+_ids = itertools.count(1)
+LOAD_TIMEOUT_S = 300.0  # how long a request waits for the model to (re)load
+
+
+async def ensure_ready(service: Service) -> None:
+    """Loads the model if it was unloaded and waits until it serves, or a 503 saying why not."""
+    problem = await service.ensure_loaded(LOAD_TIMEOUT_S)
+    if problem:
+        raise HttpError(503, problem, "not_ready")
+
+
+class Turn:
+    """One generation for an HTTP request. Leaving the `async with` before DONE or ERROR (the client went
+    away, or the handler failed) cancels it: a queued request ends at once, a running one at its next
+    prefill chunk or decode step."""
+
+    def __init__(self, service: Service, msg: Generate) -> None:
+        self.service = service
+        self.msg = msg
+        self.owner = object()
+        self.events: asyncio.Queue[Message] = asyncio.Queue()
+        self.ended = False
+
+    async def __aenter__(self) -> Turn:
+        await self.service.submit(self.owner, self.events.put, self.msg)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self.ended:
+            await asyncio.shield(self.service.cancel(self.owner, self.msg.request_id))
+
+    async def stream(self) -> AsyncIterator[Delta | Done | Error]:
+        while not self.ended:
+            ev = await self.events.get()
+            if isinstance(ev, (Done, Error)):
+                self.ended = True
+            if isinstance(ev, (Delta, Done, Error)):
+                yield ev
+
+    async def parsed(self, tools_offered: bool) -> AsyncIterator[Event | Done | Error]:
+        """The stream with the text split into content, reasoning and tool calls (output_parser)."""
+        parser = OutputParser(tools_offered)
+        async for ev in self.stream():
+            if isinstance(ev, Delta):
+                for piece in parser.feed(ev.text):
+                    yield piece
+            else:
+                for piece in parser.finish():
+                    yield piece
+                yield ev
+
+
+async def first_then_rest(events: AsyncIterator[Any]) -> tuple[Any, AsyncIterator[Any]]:
+    """The first event (to answer an immediate ERROR with its HTTP status) and an iterator over all."""
+    it = aiter(events)
+    first = await anext(it)
+
+    async def chain() -> AsyncIterator[Any]:
+        yield first
+        async for ev in it:
+            yield ev
+
+    return first, chain()
+
+
+@dataclass
+class Answer:
+    """A whole (not streamed) answer: its text, reasoning and tool calls, and the DONE that ended it."""
+
+    content: str
+    thinking: str
+    calls: list[ToolCall]
+    done: Done
+
+
+async def gather(events: AsyncIterator[Any]) -> Answer:
+    """Collects a parsed stream; an ERROR becomes the HttpError of its code."""
+    content: list[str] = []
+    thinking: list[str] = []
+    calls: list[ToolCall] = []
+    async for ev in events:
+        if isinstance(ev, Error):
+            raise HttpError(error_status(ev), ev.message, ev.code)
+        if isinstance(ev, Done):
+            return Answer("".join(content), "".join(thinking), calls, ev)
+        if isinstance(ev, ToolCall):
+            calls.append(ev)
+        elif ev.kind == "thinking":
+            thinking.append(ev.text)
+        else:
+            content.append(ev.text)
+    raise HttpError(503, "the request ended without an answer", "not_ready")
+
+
+def check_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The request's tool definitions ({type: function, function: {name, ...}}), None when it has none."""
+    tools = get(body, "tools", "list")
+    if not tools:
+        return None
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise HttpError(400, f"tools[{i}] must be {{type: function, function: {{name, ...}}}}")
+    return tools

@@ -1,0 +1,92 @@
+"""The daemon's Prometheus metrics (GET /metrics): per-request figures observed as each request ends,
+whichever front it came through, and gauges read from the daemon's state when scraped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class DaemonMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "genie_time_to_first_token_seconds",
+            "Time from a request reaching the worker to its first token",
+            buckets=(0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.decode = Histogram(
+            "genie_decode_tokens_per_second",
+            "Decode speed of each finished request",
+            buckets=(5, 10, 20, 40, 60, 80, 100, 150, 200, 300, 500, 800),
+            registry=r,
+        )
+        self.prompt_tokens = Counter("genie_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.cached_tokens = Counter(
+            "genie_cached_tokens", "Prompt tokens served from KV (resident or hydrated), not prefilled", registry=r
+        )
+        self.generated_tokens = Counter("genie_generated_tokens", "Tokens generated", registry=r)
+        self.requests = Counter("genie_requests", "Finished requests by how they ended", ["finish"], registry=r)
+        self.requests_running = Gauge("genie_requests_running", "Requests generating now", registry=r)
+        self.requests_waiting = Gauge("genie_requests_waiting", "Requests queued", registry=r)
+        self._state = _StateCollector()
+        r.register(self._state)
+
+    def observe_done(self, finish_reason: str, usage: dict[str, Any], timings: dict[str, Any]) -> None:
+        self.requests.labels(finish_reason).inc()
+        self.prompt_tokens.inc(max(0, int(usage.get("prompt_tokens", 0))))
+        self.cached_tokens.inc(max(0, int(usage.get("cached_tokens", 0))))
+        self.generated_tokens.inc(max(0, int(usage.get("completion_tokens", 0))))
+        if timings.get("ttft_ms"):
+            self.ttft.observe(float(timings["ttft_ms"]) / 1000)
+        if timings.get("decode_tok_s"):
+            self.decode.observe(float(timings["decode_tok_s"]))
+
+    def observe_error(self, code: str) -> None:
+        self.requests.labels(f"error:{code}").inc()
+
+    def render(self, state: dict[str, Any]) -> bytes:
+        """The text exposition, with gauges from `state`: the daemon's status with its `kv` section."""
+        self.requests_running.set(1 if state.get("running") else 0)
+        self.requests_waiting.set(int(state.get("queue", 0)))
+        self._state.snapshot = state
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    """Gauges from the daemon's status at scrape time: readiness, restarts, the KV store's figures."""
+
+    snapshot: dict[str, Any] = {}
+
+    def collect(self) -> Any:
+        s = self.snapshot
+        kv = s.get("kv") or {}
+        yield _gauge("genie_ready", "1 when the model is loaded and serving", 1.0 if s.get("ready") else 0.0)
+        yield _gauge("genie_worker_restarts", "Worker restarts since the daemon started", s.get("worker_restarts", 0))
+        figures = {
+            "entries": "Saved conversations in the KV store",
+            "bytes": "Bytes of saved KV",
+            "max_bytes": "Size cap of the saved KV (0: none)",
+            "hits": "KV lookups that found a saved prefix",
+            "misses": "KV lookups that found nothing",
+            "saves": "KV saves written",
+            "evictions": "Saved KV entries evicted by the size cap",
+            "rejected": "Saved KV entries rejected on read (corrupt or foreign)",
+        }
+        for key, help_text in figures.items():
+            value = kv.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                yield _gauge(f"genie_kv_store_{key}", help_text, value)
+
+
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, help_text)
+    g.add_metric([], float(value))
+    return g

@@ -1,0 +1,113 @@
+"""What the HTTP APIs say about the served model (Ollama's /api/tags and /api/show, OpenAI's /v1/models),
+read from the GGUF file's header by the daemon itself, so it can answer while the worker still loads.
+
+Reading a header is cheap (the tensor data is never touched) and runs in a thread; a packaged model that
+has not been assembled yet (first start) is described from the registry until the file exists.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gguf import LlamaFileType
+
+from workers.engine.errors import GenieError
+from workers.engine.gguf_file import GGUFFile
+from workers.engine.registry import MODELS, installed_path
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str  # as clients address it (config.model)
+    size: int  # file bytes
+    digest: str  # hex: the GGUF fingerprint (sha256 of its size, header and tensor table); "" when unknown
+    family: str  # the GGUF architecture, e.g. qwen3, gemma3
+    parameter_size: str  # e.g. "268.1M"
+    quantization: str  # e.g. "Q4_K_M"
+    modified_at: float  # the file's mtime (0 when unknown)
+    context_length: int = 0
+    chat_template: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)  # scalar general.* and <arch>.* keys
+
+    @classmethod
+    def named(cls, name: str, size: int = 0) -> ModelInfo:
+        """What is known of a model before its file is read: its name (and a packaged model's size)."""
+        return cls(name=name, size=size, digest="", family="", parameter_size="", quantization="", modified_at=0.0)
+
+    @property
+    def capabilities(self) -> list[str]:
+        caps = ["completion"]
+        if "tools" in self.chat_template:
+            caps.append("tools")
+        if "<think>" in self.chat_template or "enable_thinking" in self.chat_template:
+            caps.append("thinking")
+        return caps
+
+
+def describe(model: str) -> ModelInfo:
+    """The served model as the HTTP APIs report it; never raises for a missing or unreadable file."""
+    path = installed_path(model)
+    if path is not None:
+        try:
+            return _from_file(model, path)
+        except (GenieError, OSError, ValueError):
+            pass
+    packaged = MODELS.get(model)
+    return ModelInfo.named(model, packaged.size_bytes if packaged else 0)
+
+
+def _from_file(name: str, path: Any) -> ModelInfo:
+    with GGUFFile(path) as gf:
+        arch = gf.architecture
+        n_params = sum(_elements(t.shape) for t in gf.tensors.values())
+        size_label = gf.get("general.size_label")
+        file_type = gf.get("general.file_type")
+        template = gf.get("tokenizer.chat_template")
+        ctx = gf.get(f"{arch}.context_length")
+        meta = {
+            k: v
+            for k, v in gf.metadata.items()
+            if (k.startswith("general.") or k.startswith(f"{arch}.")) and isinstance(v, (str, int, float, bool))
+        }
+        meta["general.parameter_count"] = n_params
+        return ModelInfo(
+            name=name,
+            size=gf.file_size,
+            digest=gf.fingerprint().hex(),
+            family=arch,
+            parameter_size=size_label if isinstance(size_label, str) and size_label else _human(n_params),
+            quantization=_quantization(file_type),
+            modified_at=path.stat().st_mtime,
+            context_length=int(ctx) if isinstance(ctx, int) else 0,
+            chat_template=template if isinstance(template, str) else "",
+            metadata=meta,
+        )
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _quantization(file_type: Any) -> str:
+    try:
+        return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+    except (TypeError, ValueError):
+        return "unknown"
+
+
+def iso_time(t: float | None = None) -> str:
+    """RFC 3339 with nanosecond-style fraction and Z, as Ollama writes times."""
+    t = time.time() if t is None else t
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e9):09d}Z"

@@ -1,0 +1,360 @@
+"""Ollama's HTTP API, as Home Assistant's Ollama integration and the `ollama` client library use it.
+
+Streams are NDJSON, one object a line: `message.content` (chat) or `response` (generate) deltas,
+`message.thinking` for reasoning, each tool call whole in one line with `arguments` as an object, and a
+last line with `done: true`, `done_reason`, the token counts and the durations in nanoseconds. As in
+Ollama, `prompt_eval_count` counts the prompt tokens evaluated; genie adds `cached_tokens`, the prompt
+tokens its KV already held (resident or hydrated from the KV store).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from protocol.messages import Done, Error
+
+from .http_turn import (
+    SERVICE,
+    HttpError,
+    Service,
+    Turn,
+    build_generate,
+    check_model,
+    check_tools,
+    dumps,
+    ensure_ready,
+    error_status,
+    first_then_rest,
+    gather,
+    get,
+    read_json,
+    stop_list,
+)
+from .model_info import ModelInfo, iso_time
+from .output_parser import Piece, ToolCall
+
+VERSION = "0.12.0"  # the Ollama API version whose endpoints and fields genie implements
+NS = 1_000_000  # ms -> ns
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", root)
+    app.router.add_get("/api/version", version)
+    app.router.add_get("/api/tags", tags)
+    app.router.add_get("/api/ps", ps)
+    app.router.add_post("/api/show", show)
+    app.router.add_post("/api/chat", chat)
+    app.router.add_post("/api/generate", generate)
+    app.router.add_post("/api/pull", pull)
+
+
+async def root(request: web.Request) -> web.Response:
+    return web.Response(text="Ollama is running (genie)")
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": VERSION})
+
+
+def _details(info: ModelInfo) -> dict[str, Any]:
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": info.family,
+        "families": [info.family] if info.family else [],
+        "parameter_size": info.parameter_size,
+        "quantization_level": info.quantization,
+    }
+
+
+def _entry(info: ModelInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "model": info.name,
+        "modified_at": iso_time(info.modified_at or None),
+        "size": info.size,
+        "digest": info.digest,
+        "details": _details(info),
+    }
+
+
+async def tags(request: web.Request) -> web.Response:
+    """The served model, at once: also while it loads (Home Assistant polls this every 30 s)."""
+    return web.json_response({"models": [_entry(request.app[SERVICE].model_info())]})
+
+
+async def ps(request: web.Request) -> web.Response:
+    service: Service = request.app[SERVICE]
+    if not service.status()["ready"]:
+        return web.json_response({"models": []})
+    info = service.model_info()
+    loaded = {
+        **_entry(info),
+        "expires_at": "2318-08-21T00:00:00Z",  # genie keeps its model loaded until told otherwise
+        "size_vram": info.size if str(service.status().get("backend")) == "cupy" else 0,
+        "context_length": service.config.ctx,
+    }
+    return web.json_response({"models": [loaded]})
+
+
+async def show(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    info = check_model(request.app[SERVICE], body.get("model", body.get("name")))
+    return web.json_response(
+        {
+            "modelfile": "",
+            "parameters": "",
+            "template": info.chat_template,
+            "details": _details(info),
+            "model_info": info.metadata,
+            "capabilities": info.capabilities,
+            "modified_at": iso_time(info.modified_at or None),
+        }
+    )
+
+
+async def pull(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request)
+    check_model(request.app[SERVICE], body.get("model", body.get("name")))  # 404 for anything else
+    if get(body, "stream", "bool", True):
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        await resp.write(dumps({"status": "success"}) + b"\n")
+        await resp.write_eof()
+        return resp
+    return web.json_response({"status": "success"})
+
+
+# -- generation ---------------------------------------------------------------------------------------
+OPTIONS = {  # Ollama option -> (GENERATE param, kind)
+    "temperature": ("temperature", "number"),
+    "top_p": ("top_p", "number"),
+    "top_k": ("top_k", "int"),
+    "min_p": ("min_p", "number"),
+    "seed": ("seed", "int"),
+    "repeat_penalty": ("repeat_penalty", "number"),
+}
+
+
+def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
+    options = get(body, "options", "dict", {})
+    params: dict[str, Any] = {}
+    for name, (param, kind) in OPTIONS.items():
+        value = get(options, name, kind, where="options.")
+        if value is not None:
+            params[param] = value
+    n = get(options, "num_predict", "int", -1, where="options.")
+    params["max_tokens"] = ctx if n < 0 else n  # -1 (and -2): until a stop or the context is full
+    get(options, "num_ctx", "int", where="options.")  # the context is the daemon's (config ctx): checked only
+    stop = stop_list(options.get("stop"), "options.stop")
+    if stop:
+        params["stop"] = stop
+    if get(options, "ignore_eos", "bool", False, where="options."):  # genie's extension (benchmarks, tests)
+        params["ignore_eos"] = True
+    return params
+
+
+def _think(body: dict[str, Any]) -> bool:
+    value = body.get("think")
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if value in ("low", "medium", "high"):
+        return True
+    raise HttpError(400, "think must be a boolean or one of low, medium, high")
+
+
+def _keep_alive_zero(body: dict[str, Any]) -> bool:
+    value = body.get("keep_alive")
+    if value is None:
+        return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value == 0
+    if isinstance(value, str):
+        return value.strip() in ("0", "0s", "0m", "0h")
+    raise HttpError(400, "keep_alive must be a number of seconds or a duration such as 5m")
+
+
+def _no_format(body: dict[str, Any]) -> None:
+    if body.get("format") not in (None, ""):
+        raise HttpError(400, "format (output constrained to JSON) is not supported by genie yet")
+
+
+def _messages(raw: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]."
+        if not isinstance(m, dict):
+            raise HttpError(400, f"messages[{i}] must be an object")
+        role = get(m, "role", "str", where=where)
+        if role not in ("system", "user", "assistant", "tool"):
+            raise HttpError(400, f"{where}role must be system, user, assistant or tool")
+        if m.get("images"):
+            raise HttpError(400, f"{where}images: genie serves text models only")
+        msg: dict[str, Any] = {"role": role, "content": get(m, "content", "str", "", where=where)}
+        calls = get(m, "tool_calls", "list", where=where)
+        if calls:
+            msg["tool_calls"] = [_tool_call_in(c, f"{where}tool_calls[{j}]") for j, c in enumerate(calls)]
+        name = get(m, "tool_name", "str", where=where)
+        if name:
+            msg["name"] = name
+        out.append(msg)
+    return out
+
+
+def _tool_call_in(call: Any, where: str) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise HttpError(400, f"{where} must be {{function: {{name, arguments}}}}")
+    args = fn.get("arguments", {})
+    if not isinstance(args, dict):
+        raise HttpError(400, f"{where}.function.arguments must be an object")
+    return {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    service: Service = request.app[SERVICE]
+    body = await read_json(request)
+    info = check_model(service, body.get("model"))
+    raw = get(body, "messages", "list", [])
+    if not raw:  # Ollama's load (and, with keep_alive 0, unload) request
+        return await _load_or_unload(service, body, info, {"message": {"role": "assistant", "content": ""}})
+    _no_format(body)
+    tools = check_tools(body)
+    fields = {
+        "messages": _messages(raw),
+        "params": _params(body, service.config.ctx),
+        "think": _think(body),
+        "tools": tools,
+    }
+    stream = get(body, "stream", "bool", True)
+    return await _run(request, service, info, fields, tools is not None, stream, "chat", _keep_alive_zero(body))
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    service: Service = request.app[SERVICE]
+    body = await read_json(request)
+    info = check_model(service, body.get("model"))
+    prompt = get(body, "prompt", "str", "")
+    if not prompt:
+        return await _load_or_unload(service, body, info, {"response": ""})
+    _no_format(body)
+    if body.get("images"):
+        raise HttpError(400, "images: genie serves text models only")
+    if get(body, "suffix", "str"):
+        raise HttpError(400, "suffix (fill-in-the-middle) is not supported")
+    if get(body, "template", "str"):
+        raise HttpError(400, "template overrides are not supported: the model's own chat template is used")
+    fields: dict[str, Any] = {"params": _params(body, service.config.ctx), "think": _think(body)}
+    if get(body, "raw", "bool", False):
+        fields["prompt"] = prompt
+    else:
+        system = get(body, "system", "str")
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        fields["messages"] = msgs
+    stream = get(body, "stream", "bool", True)
+    return await _run(request, service, info, fields, False, stream, "generate", _keep_alive_zero(body))
+
+
+async def _load_or_unload(
+    service: Service, body: dict[str, Any], info: ModelInfo, empty: dict[str, Any]
+) -> web.Response:
+    if _keep_alive_zero(body):
+        await service.unload()
+        reason = "unload"
+    else:
+        await ensure_ready(service)
+        reason = "load"
+    head = {"model": info.name, "created_at": iso_time()}
+    return web.json_response({**head, **empty, "done_reason": reason, "done": True})
+
+
+async def _run(
+    request: web.Request,
+    service: Service,
+    info: ModelInfo,
+    fields: dict[str, Any],
+    tools_offered: bool,
+    stream: bool,
+    kind: str,
+    unload_after: bool,
+) -> web.StreamResponse:
+    msg = build_generate(fields)
+    await ensure_ready(service)
+    t0 = time.monotonic()
+    async with Turn(service, msg) as turn:
+        first, events = await first_then_rest(turn.parsed(tools_offered))
+        if isinstance(first, Error):
+            raise HttpError(error_status(first), first.message, first.code)
+        if stream:
+            resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+            await resp.prepare(request)
+            async for ev in events:
+                line = _line(ev, info, kind, t0)
+                if line is not None:
+                    await resp.write(dumps(line) + b"\n")
+            await resp.write_eof()
+            result: web.StreamResponse = resp
+        else:
+            result = web.json_response(await _collect(events, info, kind, t0))
+    if unload_after:
+        await service.unload()
+    return result
+
+
+def _line(ev: Any, info: ModelInfo, kind: str, t0: float) -> dict[str, Any] | None:
+    head = {"model": info.name, "created_at": iso_time()}
+    if isinstance(ev, Error):
+        return {"error": ev.message}
+    if isinstance(ev, Done):
+        return {**head, **_empty(kind), **_final(ev, t0)}
+    if kind == "generate":
+        if isinstance(ev, Piece):
+            return {**head, "response": ev.text if ev.kind == "content" else "", "done": False} | (
+                {"thinking": ev.text} if ev.kind == "thinking" else {}
+            )
+        return None  # no tools offered: never a call
+    message: dict[str, Any] = {"role": "assistant", "content": ""}
+    if isinstance(ev, ToolCall):
+        message["tool_calls"] = [{"function": {"name": ev.name, "arguments": ev.arguments}}]
+    elif ev.kind == "thinking":
+        message["thinking"] = ev.text
+    else:
+        message["content"] = ev.text
+    return {**head, "message": message, "done": False}
+
+
+def _empty(kind: str) -> dict[str, Any]:
+    return {"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""}
+
+
+def _final(done: Done, t0: float) -> dict[str, Any]:
+    usage, t = done.usage, done.timings
+    prompt, cached = int(usage.get("prompt_tokens", 0)), int(usage.get("cached_tokens", 0))
+    return {
+        "done": True,
+        "done_reason": done.finish_reason,
+        "total_duration": int((time.monotonic() - t0) * 1e9),
+        "load_duration": 0,
+        "prompt_eval_count": prompt - cached,
+        "prompt_eval_duration": int(float(t.get("prefill_ms", 0.0)) * NS),
+        "eval_count": int(usage.get("completion_tokens", 0)),
+        "eval_duration": int(float(t.get("decode_ms", 0.0)) * NS),
+        "cached_tokens": cached,
+    }
+
+
+async def _collect(events: Any, info: ModelInfo, kind: str, t0: float) -> dict[str, Any]:
+    r = await gather(events)
+    head: dict[str, Any] = {"model": info.name, "created_at": iso_time()}
+    if kind == "generate":
+        out = {**head, "response": r.content} | ({"thinking": r.thinking} if r.thinking else {})
+        return {**out, **_final(r.done, t0)}
+    message: dict[str, Any] = {"role": "assistant", "content": r.content}
+    if r.thinking:
+        message["thinking"] = r.thinking
+    if r.calls:
+        message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in r.calls]
+    return {**head, "message": message, **_final(r.done, t0)}

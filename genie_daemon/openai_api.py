@@ -1,0 +1,299 @@
+"""OpenAI's HTTP API (chat completions, completions, models), as the `openai` client library and Home
+Assistant's OpenAI-compatible integrations use it.
+
+Streams are server-sent events: a first chunk with the role, then content (or `reasoning_content`)
+deltas, each tool call whole in one delta (its `arguments` a JSON string, as OpenAI sends them), a last
+chunk with `finish_reason` (stop | length | tool_calls), with `stream_options.include_usage` a chunk with
+`usage`, then `data: [DONE]`. `usage.prompt_tokens_details.cached_tokens` counts the prompt tokens genie's
+KV already held.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from protocol.messages import Done, Error
+
+from .http_turn import (
+    SERVICE,
+    HttpError,
+    Service,
+    Turn,
+    build_generate,
+    check_model,
+    check_tools,
+    dumps,
+    ensure_ready,
+    error_status,
+    first_then_rest,
+    gather,
+    get,
+    read_json,
+    stop_list,
+)
+from .model_info import ModelInfo
+from .output_parser import Piece, ToolCall
+
+_ids = itertools.count(1)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{name}", model)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+
+
+def _model_obj(info: ModelInfo) -> dict[str, Any]:
+    return {"id": info.name, "object": "model", "created": int(info.modified_at), "owned_by": "genie"}
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [_model_obj(request.app[SERVICE].model_info())]})
+
+
+async def model(request: web.Request) -> web.Response:
+    info = check_model(request.app[SERVICE], request.match_info["name"])
+    return web.json_response(_model_obj(info))
+
+
+def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
+    if get(body, "n", "int", 1) != 1:
+        raise HttpError(400, "n must be 1: genie generates one choice")
+    if get(body, "logprobs", "bool", False) or body.get("top_logprobs") is not None:
+        raise HttpError(400, "logprobs are not supported")
+    params: dict[str, Any] = {}
+    for name, kind in (("temperature", "number"), ("top_p", "number"), ("seed", "int")):
+        value = get(body, name, kind)
+        if value is not None:
+            params[name] = value
+    limit = get(body, "max_completion_tokens", "int", get(body, "max_tokens", "int"))
+    if limit is not None and limit < 0:
+        raise HttpError(400, "max_tokens must be >= 0")
+    params["max_tokens"] = ctx if limit is None else limit
+    for name in ("frequency_penalty", "presence_penalty"):  # accepted for compatibility, not applied
+        get(body, name, "number")
+    stop = stop_list(body.get("stop"), "stop")
+    if stop:
+        params["stop"] = stop
+    if get(body, "ignore_eos", "bool", False):  # genie's extension, as llama.cpp's server has it
+        params["ignore_eos"] = True
+    fmt = get(body, "response_format", "dict")
+    if fmt is not None and fmt.get("type") not in (None, "text"):
+        raise HttpError(400, "response_format json_object / json_schema (constrained JSON) is not supported yet")
+    return params
+
+
+def _content(value: Any, where: str) -> str:
+    """A message's content: a string, or a list of text parts (images are refused)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for j, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise HttpError(400, f"{where}content[{j}] must be a text part: genie serves text models only")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise HttpError(400, f"{where}content must be a string or a list of text parts")
+
+
+def _messages(raw: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]."
+        if not isinstance(m, dict):
+            raise HttpError(400, f"messages[{i}] must be an object")
+        role = get(m, "role", "str", where=where)
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant", "tool"):
+            raise HttpError(400, f"{where}role must be system, developer, user, assistant or tool")
+        msg: dict[str, Any] = {"role": role, "content": _content(m.get("content"), where)}
+        calls = get(m, "tool_calls", "list", where=where)
+        if calls:
+            msg["tool_calls"] = [_tool_call_in(c, f"{where}tool_calls[{j}]") for j, c in enumerate(calls)]
+        for key in ("tool_call_id", "name"):
+            value = get(m, key, "str", where=where)
+            if value:
+                msg[key] = value
+        out.append(msg)
+    return out
+
+
+def _tool_call_in(call: Any, where: str) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise HttpError(400, f"{where} must be {{type: function, function: {{name, arguments}}}}")
+    args = fn.get("arguments", "{}")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise HttpError(400, f"{where}.function.arguments must be a JSON object string") from None
+    if not isinstance(args, dict):
+        raise HttpError(400, f"{where}.function.arguments must be a JSON object")
+    out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
+
+
+def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = check_tools(body)
+    choice = body.get("tool_choice")
+    if choice not in (None, "none", "auto", "required") and not (
+        isinstance(choice, dict) and isinstance(choice.get("function"), dict)
+    ):
+        raise HttpError(400, "tool_choice must be none, auto, required or {type: function, function: {name}}")
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):  # one named function: offer only that one
+        named = [t for t in tools if t["function"]["name"] == choice["function"].get("name")]
+        if not named:
+            raise HttpError(400, "tool_choice names a function that is not in tools")
+        return named
+    return tools
+
+
+def _usage(done: Done) -> dict[str, Any]:
+    u = done.usage
+    prompt, completion = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": int(u.get("cached_tokens", 0))},
+    }
+
+
+def _finish(done: Done, n_calls: int) -> str:
+    if n_calls:
+        return "tool_calls"
+    return "length" if done.finish_reason == "length" else "stop"
+
+
+def _call_out(call: ToolCall, index: int, rid: str) -> dict[str, Any]:
+    return {
+        "index": index,
+        "id": f"call_{rid}_{index}",
+        "type": "function",
+        "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+    }
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    service: Service = request.app[SERVICE]
+    body = await read_json(request)
+    info = check_model(service, body.get("model"))
+    raw = get(body, "messages", "list")
+    if not raw:
+        raise HttpError(400, "messages is required: a non-empty list")
+    tools = _tools(body)
+    think = get(body, "reasoning_effort", "str") not in (None, "none", "minimal")
+    fields = {"messages": _messages(raw), "params": _params(body, service.config.ctx), "tools": tools, "think": think}
+    return await _run(request, service, info, body, fields, tools is not None, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    service: Service = request.app[SERVICE]
+    body = await read_json(request)
+    info = check_model(service, body.get("model"))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise HttpError(400, "prompt must be a non-empty string")
+    if get(body, "echo", "bool", False) or get(body, "suffix", "str"):
+        raise HttpError(400, "echo and suffix are not supported")
+    fields = {"prompt": prompt, "params": _params(body, service.config.ctx)}
+    return await _run(request, service, info, body, fields, False, "text")
+
+
+async def _run(
+    request: web.Request,
+    service: Service,
+    info: ModelInfo,
+    body: dict[str, Any],
+    fields: dict[str, Any],
+    tools_offered: bool,
+    kind: str,
+) -> web.StreamResponse:
+    stream = get(body, "stream", "bool", False)
+    options = get(body, "stream_options", "dict", {})
+    include_usage = get(options, "include_usage", "bool", False, where="stream_options.")
+    msg = build_generate(fields)
+    await ensure_ready(service)
+    rid = f"{next(_ids)}{int(time.time() * 1000) % 100000}"
+    head = {
+        "id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{rid}",
+        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": info.name,
+    }
+    async with Turn(service, msg) as turn:
+        first, events = await first_then_rest(turn.parsed(tools_offered))
+        if isinstance(first, Error):
+            raise HttpError(error_status(first), first.message, first.code)
+        if not stream:
+            return web.json_response(await _collect(events, head, kind, rid))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+        async def send(obj: dict[str, Any]) -> None:
+            await resp.write(b"data: " + dumps(obj) + b"\n\n")
+
+        if kind == "chat":
+            role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            await send({**head, "choices": [role]})
+        n_calls = 0
+        async for ev in events:
+            if isinstance(ev, Error):
+                await send({"error": {"message": ev.message, "type": ev.code, "code": ev.code}})
+                break
+            if isinstance(ev, Done):
+                finish = _finish(ev, n_calls)
+                last: dict[str, Any] = {"delta": {}} if kind == "chat" else {"text": ""}
+                await send({**head, "choices": [{"index": 0, **last, "finish_reason": finish}]})
+                if include_usage:
+                    await send({**head, "choices": [], "usage": _usage(ev)})
+                break
+            if kind == "text":
+                if isinstance(ev, Piece) and ev.kind == "content":
+                    await send({**head, "choices": [{"index": 0, "text": ev.text, "finish_reason": None}]})
+                continue
+            if isinstance(ev, ToolCall):
+                delta: dict[str, Any] = {"tool_calls": [_call_out(ev, n_calls, rid)]}
+                n_calls += 1
+            elif ev.kind == "thinking":
+                delta = {"reasoning_content": ev.text}
+            else:
+                delta = {"content": ev.text}
+            await send({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+async def _collect(events: Any, head: dict[str, Any], kind: str, rid: str) -> dict[str, Any]:
+    r = await gather(events)
+    obj = {**head, "object": "chat.completion" if kind == "chat" else "text_completion"}
+    if kind == "text":
+        choice: dict[str, Any] = {"index": 0, "text": r.content, "finish_reason": _finish(r.done, 0)}
+        return {**obj, "choices": [choice], "usage": _usage(r.done)}
+    message: dict[str, Any] = {"role": "assistant", "content": r.content if r.content or not r.calls else None}
+    if r.thinking:
+        message["reasoning_content"] = r.thinking
+    if r.calls:
+        message["tool_calls"] = [_call_out(c, i, rid) for i, c in enumerate(r.calls)]
+        for c in message["tool_calls"]:
+            del c["index"]
+    choice = {"index": 0, "message": message, "finish_reason": _finish(r.done, len(r.calls))}
+    return {**obj, "choices": [choice], "usage": _usage(r.done)}

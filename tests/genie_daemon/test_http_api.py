@@ -1,0 +1,384 @@
+"""The HTTP fronts driven by the real `ollama` and `openai` client libraries, over a real socket, against a
+scripted stand-in for the daemon that answers with recorded model outputs (Qwen-style tool calls and
+reasoning, a bare JSON call), so every shape is checked exactly. tests/genie_daemon/test_http_live.py
+drives the real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import ollama
+import openai
+import pytest
+
+from genie_daemon.config import DaemonConfig
+from genie_daemon.http_server import HttpFront
+from genie_daemon.metrics import DaemonMetrics
+from genie_daemon.model_info import ModelInfo
+from protocol.messages import Delta, Done, Error, Generate
+
+QWEN_CALLS = [
+    "<think>\nThe user wants the kitchen light on.\n</think>\n\n<tool",
+    '_call>\n{"name": "HassTurnOn", "arguments": {"name": "Kitchen Light"}}\n</tool_call>',
+]
+JSON_CALL = ['{"name": "HassTurnOff", ', '"arguments": {"area": "Kitchen"}}']
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "HassTurnOn",
+            "description": "Turns on a device",
+            "parameters": {"type": "object", "properties": {"name": {"type": "string"}}},
+        },
+    }
+]
+USAGE = {"prompt_tokens": 120, "cached_tokens": 100, "completion_tokens": 7}
+TIMINGS = {"ttft_ms": 30.0, "prefill_ms": 12.5, "decode_ms": 70.0, "prefill_tok_s": 1600.0, "decode_tok_s": 100.0}
+
+
+class ScriptedService:
+    """Answers every GENERATE with `script` (DELTA texts), then DONE; or with `error`."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.metrics = DaemonMetrics()
+        self.ready = True
+        self.script: list[str] = ["Hel", "lo!"]
+        self.finish = "stop"
+        self.error: Error | None = None
+        self.delay_s = 0.0
+        self.submitted: list[Generate] = []
+        self.cancelled: list[str] = []
+        self.unloads = 0
+
+    async def submit(self, owner: Any, reply: Any, msg: Generate) -> None:
+        self.submitted.append(msg)
+        asyncio.get_running_loop().create_task(self._play(reply, msg))
+
+    async def _play(self, reply: Any, msg: Generate) -> None:
+        rid = msg.request_id
+        if self.error:
+            await reply(Error(request_id=rid, code=self.error.code, message=self.error.message))
+            return
+        for text in self.script:
+            if rid in self.cancelled:
+                await reply(Done(request_id=rid, finish_reason="cancelled"))
+                return
+            await reply(Delta(request_id=rid, text=text))
+            await asyncio.sleep(self.delay_s)
+        done = Done(request_id=rid, finish_reason=self.finish, usage=USAGE, timings=TIMINGS)
+        self.metrics.observe_done(done.finish_reason, done.usage, done.timings)
+        await reply(done)
+
+    async def cancel(self, owner: Any, rid: str) -> None:
+        self.cancelled.append(rid)
+
+    def status(self) -> dict[str, Any]:
+        return {"ready": self.ready, "loaded_model": "tiny", "worker_pid": 1, "queue": 0, "running": False}
+
+    async def kv_metrics(self) -> dict[str, Any]:
+        return {"enabled": True, "hits": 3, "misses": 1, "evictions": 2, "bytes": 4096, "entries": 2}
+
+    def model_info(self) -> ModelInfo:
+        return ModelInfo("tiny", 123_456, "ab" * 32, "qwen3", "0.6B", "Q4_K_M", 1.7e9, 4096, "{{ tools }}", {})
+
+    async def ensure_loaded(self, timeout_s: float) -> str | None:
+        return None if self.ready else "the model is loading"
+
+    async def unload(self) -> None:
+        self.unloads += 1
+
+
+@pytest.fixture
+def served(request) -> Iterator[tuple[ScriptedService, str]]:
+    key = getattr(request, "param", "")
+    service = ScriptedService(DaemonConfig(http_port=0, api_key=key, ctx=4096))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    front = HttpFront(service)
+    asyncio.run_coroutine_threadsafe(front.start(), loop).result(10)
+    yield service, f"http://127.0.0.1:{front.port}"
+    asyncio.run_coroutine_threadsafe(front.stop(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def http(url: str, body: Any = None, method: str | None = None, headers: dict | None = None) -> tuple[int, bytes]:
+    data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"))
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+_open_clients: list[Any] = []
+
+
+def ollama_client(url: str, headers: dict | None = None) -> ollama.Client:
+    client = ollama.Client(host=url, headers=headers)
+    _open_clients.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _open_clients:
+        _open_clients.pop().close()
+
+
+# -- Ollama ---------------------------------------------------------------------------------------------
+def test_ollama_chat_not_streamed(served):
+    service, url = served
+    r = ollama_client(url).chat(model="tiny", messages=[{"role": "user", "content": "hi"}], options={"seed": 3})
+    assert r.message.content == "Hello!" and r.done and r.done_reason == "stop"
+    assert r.eval_count == 7 and r.prompt_eval_count == 20  # 120 prompt tokens, 100 of them cached
+    assert r.prompt_eval_duration == 12_500_000 and r.eval_duration == 70_000_000
+    msg = service.submitted[-1]
+    assert msg.messages == [{"role": "user", "content": "hi"}] and msg.params["seed"] == 3
+    assert msg.params["max_tokens"] == 4096  # num_predict absent: until a stop or the context is full
+
+
+def test_ollama_chat_streamed(served):
+    _, url = served
+    chunks = list(
+        ollama_client(url).chat(model="tiny:latest", messages=[{"role": "user", "content": "hi"}], stream=True)
+    )
+    assert "".join(c.message.content for c in chunks) == "Hello!"
+    assert [c.done for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1].eval_count == 7
+
+
+def test_ollama_qwen_tool_call_and_thinking(served):
+    service, url = served
+    service.script = QWEN_CALLS
+    client = ollama_client(url)
+    r = client.chat(model="tiny", messages=[{"role": "user", "content": "light on"}], tools=TOOLS, think=True)
+    assert r.message.content == "" and r.message.thinking.strip() == "The user wants the kitchen light on."
+    (call,) = r.message.tool_calls
+    assert call.function.name == "HassTurnOn" and call.function.arguments == {"name": "Kitchen Light"}
+    assert service.submitted[-1].tools == TOOLS and service.submitted[-1].think
+    chunks = list(client.chat(model="tiny", messages=[{"role": "user", "content": "x"}], tools=TOOLS, stream=True))
+    with_calls = [c for c in chunks if c.message.tool_calls]
+    assert len(with_calls) == 1 and with_calls[0].message.tool_calls[0].function.arguments == {"name": "Kitchen Light"}
+    assert all("<tool_call>" not in (c.message.content or "") for c in chunks)
+
+
+def test_ollama_json_tool_call_and_tool_results(served):
+    service, url = served
+    service.script = JSON_CALL
+    history = [
+        {"role": "user", "content": "kitchen off"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "HassTurnOff", "arguments": {}}}]},
+        {"role": "tool", "content": '{"success": true}'},
+    ]
+    r = ollama_client(url).chat(model="tiny", messages=history, tools=TOOLS)
+    assert r.message.tool_calls[0].function.name == "HassTurnOff"
+    assert r.message.tool_calls[0].function.arguments == {"area": "Kitchen"}
+    sent = service.submitted[-1].messages
+    assert (
+        sent[1]["tool_calls"][0]["function"] == {"name": "HassTurnOff", "arguments": {}} and sent[2]["role"] == "tool"
+    )
+
+
+def test_ollama_tags_show_ps_version_pull(served):
+    service, url = served
+    service.ready = False  # loading: tags still answers at once with the served model
+    client = ollama_client(url)
+    (m,) = client.list().models
+    assert m.model == "tiny" and m.size == 123_456 and m.digest == "ab" * 32
+    assert (
+        m.details.family == "qwen3" and m.details.parameter_size == "0.6B" and m.details.quantization_level == "Q4_K_M"
+    )
+    assert client.ps().models == []
+    assert http(url + "/health")[0] == 503
+    service.ready = True
+    assert http(url + "/health")[0] == 200
+    assert client.ps().models[0].context_length == 4096
+    shown = client.show("tiny")
+    assert "tools" in shown.capabilities and shown.details.format == "gguf"
+    assert json.loads(http(url + "/api/version")[1])["version"]
+    assert client.pull("tiny").status == "success"
+    with pytest.raises(ollama.ResponseError) as e:
+        client.pull("llama3:70b")
+    assert e.value.status_code == 404
+
+
+def test_ollama_generate_raw_and_templated(served):
+    service, url = served
+    client = ollama_client(url)
+    assert client.generate(model="tiny", prompt="Once", raw=True).response == "Hello!"
+    assert service.submitted[-1].prompt == "Once"
+    client.generate(model="tiny", prompt="Once", system="Be brief")
+    assert service.submitted[-1].messages == [
+        {"role": "system", "content": "Be brief"},
+        {"role": "user", "content": "Once"},
+    ]
+
+
+def test_ollama_keep_alive_zero_unloads(served):
+    service, url = served
+    r = ollama_client(url).chat(model="tiny", messages=[], keep_alive=0)
+    assert r.done_reason == "unload" and service.unloads == 1
+
+
+def test_ollama_errors(served):
+    service, url = served
+    client = ollama_client(url)
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="other", messages=[{"role": "user", "content": "x"}])
+    assert e.value.status_code == 404
+    service.error = Error(request_id="x", code="overloaded", message="16 requests are already waiting")
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="tiny", messages=[{"role": "user", "content": "x"}])
+    assert e.value.status_code == 503 and "waiting" in str(e.value)
+    status, body = http(
+        url + "/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "format": "json"}
+    )
+    assert status == 400 and "format" in json.loads(body)["error"]
+
+
+def test_ollama_cached_tokens_in_the_raw_reply(served):
+    _, url = served
+    status, body = http(
+        url + "/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": False}
+    )
+    reply = json.loads(body)
+    assert status == 200 and reply["cached_tokens"] == 100 and reply["prompt_eval_count"] == 20
+
+
+# -- OpenAI ---------------------------------------------------------------------------------------------
+def openai_client(url: str, key: str = "unused") -> openai.OpenAI:
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=10)
+    _open_clients.append(client)
+    return client
+
+
+def test_openai_chat_not_streamed_with_usage(served):
+    _, url = served
+    r = openai_client(url).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=9
+    )
+    assert r.choices[0].message.content == "Hello!" and r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens == 120 and r.usage.completion_tokens == 7 and r.usage.total_tokens == 127
+    assert r.usage.prompt_tokens_details.cached_tokens == 100
+
+
+def test_openai_chat_streamed_role_first_and_usage(served):
+    service, url = served
+    stream = openai_client(url).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello!"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens_details.cached_tokens == 100
+    assert service.submitted[-1].messages[1] == {"role": "user", "content": "hi"}
+
+
+def test_openai_tool_calls_and_reasoning(served):
+    service, url = served
+    service.script = QWEN_CALLS
+    client = openai_client(url)
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "on"}], tools=TOOLS)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "HassTurnOn" and json.loads(call.function.arguments) == {"name": "Kitchen Light"}
+    assert choice.message.model_extra["reasoning_content"].strip() == "The user wants the kitchen light on."
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "on"}], tools=TOOLS, stream=True
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert len(deltas) == 1 and json.loads(deltas[0].tool_calls[0].function.arguments) == {"name": "Kitchen Light"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    service.script = JSON_CALL
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "off"}], tools=TOOLS)
+    assert r.choices[0].message.tool_calls[0].function.name == "HassTurnOff"
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "off"}], tools=TOOLS, tool_choice="none"
+    )
+    assert r.choices[0].message.content == "".join(JSON_CALL) and service.submitted[-1].tools is None
+
+
+def test_openai_completions_models_and_errors(served):
+    service, url = served
+    client = openai_client(url)
+    assert client.completions.create(model="tiny", prompt="Once", max_tokens=5).choices[0].text == "Hello!"
+    assert service.submitted[-1].prompt == "Once" and service.submitted[-1].params["max_tokens"] == 5
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], response_format={"type": "json_object"}
+        )
+    service.finish = "length"
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+    assert r.choices[0].finish_reason == "length"
+
+
+# -- both -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("served", ["s3cret"], indirect=True)
+def test_api_key(served):
+    _, url = served
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama_client(url).list()
+    assert e.value.status_code == 401
+    assert ollama_client(url, headers={"Authorization": "Bearer s3cret"}).list().models[0].model == "tiny"
+    with pytest.raises(openai.AuthenticationError):
+        openai_client(url, "wrong").models.list()
+    assert openai_client(url, "s3cret").models.list().data[0].id == "tiny"
+    assert http(url + "/health")[0] == 200  # liveness probes need no key
+
+
+def test_metrics_after_a_request(served):
+    _, url = served
+    ollama_client(url).chat(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    status, body = http(url + "/metrics")
+    text = body.decode()
+    assert status == 200
+    for line in (
+        "genie_generated_tokens_total 7.0",
+        "genie_cached_tokens_total 100.0",
+        "genie_kv_store_hits 3.0",
+        "genie_ready 1.0",
+    ):
+        assert line in text, line
+    assert 'genie_requests_total{finish="stop"} 1.0' in text and "genie_time_to_first_token_seconds_bucket" in text
+
+
+def test_client_disconnect_cancels(served):
+    service, url = served
+    service.script = [f"w{i} " for i in range(200)]
+    service.delay_s = 0.02
+    req = urllib.request.Request(
+        url + "/api/chat", data=json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x"}]}).encode()
+    )
+    r = urllib.request.urlopen(req, timeout=10)
+    assert json.loads(r.readline())["done"] is False
+    r.close()  # the client goes away mid-stream
+    deadline = time.monotonic() + 5
+    while not service.cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert service.cancelled == [service.submitted[-1].request_id]

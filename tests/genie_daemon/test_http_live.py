@@ -1,0 +1,294 @@
+"""The HTTP fronts of a real daemon (worker process, KV store, tiny model), through the `ollama` and
+`openai` client libraries: answers while loading, streamed and whole replies, a Home Assistant-shaped
+conversation whose cached tokens rise turn after turn, and a disconnect that cancels."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import ollama
+import openai
+import pytest
+
+from tests.tiny_models import write_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def post_json(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{e.code}: {e.read().decode()}") from None
+
+
+def served_name(url: str) -> str:
+    with ollama.Client(host=url) as client:
+        return client.list().models[0].model
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("http")
+    model = tmp / "tiny.gguf"
+    write_tiny_model("qwen3", model, context_length=4096)  # room for a Home Assistant-sized prompt
+    port = free_port()
+    cmd = [sys.executable, "-m", "genie_daemon", "-m", str(model), "--ctx", "4096", "--socket-dir", str(tmp / "run")]
+    cmd += ["--kv-cache-dir", str(tmp / "kv"), "--http-port", str(port), "--stream-interval-ms", "0"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    early: list[tuple[int, Any]] = []  # /health and /api/tags from the moment the port answers
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            health = get_json(url + "/health")
+        except OSError:
+            time.sleep(0.02)
+            continue
+        early.append((health[0], get_json(url + "/api/tags")))
+        if health[0] == 200:
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        raise AssertionError(f"daemon not ready: {proc.stderr.read() if proc.stderr else ''}")
+    yield url, early, proc
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+
+
+def test_tags_answer_while_loading(live):
+    _, early, _ = live
+    assert early[0][0] == 503, "the first /health answer came after the model had loaded"
+    for _, (status, tags) in early:  # every /api/tags answer, loading or not, lists the served model
+        assert status == 200 and len(tags["models"]) == 1
+        assert tags["models"][0]["name"].endswith("tiny.gguf") and tags["models"][0]["size"] > 0
+    final = early[-1][1][1]["models"][0]
+    assert final["details"]["family"] == "qwen3" and len(final["digest"]) == 64
+
+
+def test_ollama_and_openai_clients_stream_and_not(live):
+    url, _, _ = live
+    name = served_name(url)
+    with ollama.Client(host=url) as client:
+        opts = {"num_predict": 12, "ignore_eos": True, "temperature": 0}
+        r = client.chat(model=name, messages=[{"role": "user", "content": "hello"}], options=opts)
+        assert r.done and r.eval_count == 12 and r.done_reason == "length" and r.message.content
+        chunks = list(
+            client.chat(model=name, messages=[{"role": "user", "content": "hello"}], options=opts, stream=True)
+        )
+        assert chunks[-1].done and chunks[-1].eval_count == 12
+        assert "".join(c.message.content for c in chunks) == r.message.content  # greedy: the same text
+        assert client.generate(model=name, prompt="Once upon", options=opts).eval_count == 12
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as oa:
+        kw = {"model": name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0}
+        c = oa.chat.completions.create(**kw, extra_body={"ignore_eos": True})
+        assert c.usage.completion_tokens == 12 and c.choices[0].finish_reason == "length"
+        chunks = list(oa.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert chunks[-1].usage.completion_tokens == c.usage.completion_tokens and text
+
+
+ENTITIES = "\n".join(f"- light.room_{i}: Room {i} light (on)" for i in range(8))
+HA_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name} for a device or area",
+            "parameters": {"type": "object", "properties": {"name": {"type": "string"}, "area": {"type": "string"}}},
+        },
+    }
+    for name in ("HassTurnOn", "HassTurnOff")
+]
+
+
+def test_home_assistant_conversation_cached_tokens_rise(live):
+    """Three turns as Home Assistant's Ollama integration sends them: the same system prompt with the
+    exposed entities, the tools, and the whole history again each turn."""
+    url, _, _ = live
+    name = served_name(url)
+    system = "You are a voice assistant for Home Assistant.\nAn overview of the areas and devices:\n" + ENTITIES
+    history = [{"role": "system", "content": system}]
+    cached = []
+    for question in ("Turn on the room 3 light", "And room 5?", "Which lights are on?"):
+        history.append({"role": "user", "content": question})
+        body = {"model": name, "messages": history, "tools": HA_TOOLS, "stream": False, "keep_alive": "5m"}
+        body["options"] = {"num_ctx": 8192, "num_predict": 8, "temperature": 0}
+        reply = post_json(url + "/api/chat", body)
+        assert reply["done"] and reply["prompt_eval_count"] + reply["cached_tokens"] > 0
+        cached.append(reply["cached_tokens"])
+        history.append({"role": "assistant", "content": reply["message"]["content"]})
+    assert cached[1] > cached[0] and cached[2] > cached[1], cached
+
+
+def test_disconnect_cancels_the_generation(live):
+    url, _, _ = live
+    name = served_name(url)
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": "go"}],
+        "options": {"num_predict": 2000, "ignore_eos": True},
+    }
+    req = urllib.request.Request(url + "/api/chat", data=json.dumps(body).encode())
+    r = urllib.request.urlopen(req, timeout=30)
+    assert json.loads(r.readline())["done"] is False
+    r.close()  # gone mid-stream
+    deadline = time.monotonic() + 10
+    text = ""
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as m:
+            text = m.read().decode()
+        if 'genie_requests_total{finish="cancelled"}' in text:
+            break
+        time.sleep(0.1)
+    assert 'genie_requests_total{finish="cancelled"} 1.0' in text
+    # and the daemon serves the next request at once
+    opts = {"num_predict": 4, "ignore_eos": True}
+    with ollama.Client(host=url) as client:
+        assert client.chat(model=name, messages=[{"role": "user", "content": "hi"}], options=opts).eval_count == 4
+
+
+def malformed_requests(n: int, model: str, seed: int = 11) -> list[tuple[str, str, bytes, dict[str, str]]]:
+    """n seeded requests that are each wrong in at least one way: (method, path, body, headers)."""
+    rng = random.Random(seed)
+    chat_paths = ["/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions"]
+    other_paths = ["/api/show", "/api/pull"]
+    junk_values: list[Any] = [None, 7, -1.5, True, "x", [], {}, [1, 2], {"a": 1}, "\u0000\ud7ff", 1e308, [[[]]]]
+    out = []
+    for i in range(n):
+        path = rng.choice(chat_paths + other_paths)
+        kind = i % 10
+        headers = {"Content-Type": "application/json"}
+        if kind == 0:  # not JSON at all
+            body = rng.randbytes(rng.randrange(1, 200))
+            if body.lstrip()[:1] in (b"{", b"[", b'"') or body.strip() == b"":
+                body = b"\xff" + body
+        elif kind == 1:  # JSON, but not an object
+            body = json.dumps(rng.choice([[1, 2], "text", 42, None, [{"model": model}]])).encode()
+        elif kind == 2:  # truncated JSON
+            full = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+            body = full[: rng.randrange(1, len(full) - 1)].encode()
+        elif kind == 3:  # the model missing or of the wrong type
+            body = json.dumps(
+                {"model": rng.choice([None, 3, ["m"], {"n": 1}, ""]), "prompt": "x", "messages": []}
+            ).encode()
+        elif kind == 4:  # an unknown model
+            body = json.dumps(
+                {"model": f"nope-{i}", "messages": [{"role": "user", "content": "x"}], "prompt": "x"}
+            ).encode()
+        elif kind == 5:  # messages / prompt of the wrong shape
+            bad = rng.choice(junk_values[1:])
+            path = rng.choice(chat_paths)
+            field = "prompt" if path in ("/api/generate", "/v1/completions") else "messages"
+            if field == "prompt" and isinstance(bad, str):
+                bad = 5
+            if field == "messages" and bad in ([],):
+                bad = "not a list"
+            body = json.dumps({"model": model, field: bad if field == "prompt" else [bad, {"role": "wizard"}]}).encode()
+        elif kind == 6:  # a known option of the wrong type
+            path = rng.choice(["/api/chat", "/v1/chat/completions"])
+            key, value = rng.choice(
+                [("temperature", "hot"), ("top_k", 1.5), ("seed", "s"), ("stop", {"a": 1}), ("stream", "yes")]
+            )
+            body_obj: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "x"}]}
+            if path == "/api/chat" and key not in ("stream",):
+                body_obj["options"] = {key if key != "stop" else "stop": value, "num_predict": "many"}
+            else:
+                body_obj[key] = value
+                body_obj["n"] = 3
+            body = json.dumps(body_obj).encode()
+        elif kind == 7:  # tools / tool calls that are not tool definitions
+            path = rng.choice(["/api/chat", "/v1/chat/completions"])
+            tools = rng.choice([["HassTurnOn"], [{"type": "function"}], {"tools": 1}, [{"function": {"name": 3}}]])
+            body = json.dumps({"model": model, "messages": [{"role": "user", "content": "x"}], "tools": tools}).encode()
+        elif kind == 8:  # a huge body (past http_max_body_mb)
+            body = (
+                b'{"model": "' + b"x" * (9 << 20) + b'"}'
+                if i % 100 == 8
+                else b'{"model": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+            )
+        else:  # wrong methods and unknown paths
+            method = rng.choice(["GET", "PUT", "DELETE", "PATCH"])
+            out.append((method, rng.choice(chat_paths + ["/api/nothing", "/v1/embeddings", "/v2/x"]), b"", headers))
+            continue
+        out.append(("POST", path, body, headers))
+    return out
+
+
+def fuzz_http(url: str, n: int) -> None:
+    import http.client
+
+    name = served_name(url)
+    host, port = url.removeprefix("http://").split(":")
+    statuses: dict[int, int] = {}
+    bad: list[tuple[int, str, bytes]] = []
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    for method, path, body, headers in malformed_requests(n, name):
+        try:
+            conn.request(method, path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            payload = resp.read()
+            status = resp.status
+        except (ConnectionError, http.client.HTTPException):  # the server may close after a 413
+            conn.close()
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            continue
+        statuses[status] = statuses.get(status, 0) + 1
+        if not 400 <= status < 500:
+            bad.append((status, path, body[:200]))
+        elif path.startswith("/v1/"):
+            assert "error" in json.loads(payload), payload[:200]
+    conn.close()
+    assert not bad, bad[:5]
+    assert sum(statuses.values()) >= n * 0.95, statuses
+    # still serving
+    with ollama.Client(host=url) as client:
+        opts = {"num_predict": 3, "ignore_eos": True}
+        assert client.chat(model=name, messages=[{"role": "user", "content": "hi"}], options=opts).eval_count == 3
+
+
+def test_malformed_http_requests_are_4xx_and_the_daemon_keeps_serving(live):
+    """1 000 seeded malformed requests (CI); `pytest -m soak` sends 10 000."""
+    url, _, proc = live
+    fuzz_http(url, 1000)
+    assert proc.poll() is None
+
+
+@pytest.mark.soak
+def test_malformed_http_requests_long(live):
+    url, _, proc = live
+    fuzz_http(url, 10_000)
+    assert proc.poll() is None

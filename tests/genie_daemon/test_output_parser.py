@@ -1,0 +1,73 @@
+"""Recorded model outputs split into content, reasoning and tool calls, fed whole and in every split."""
+
+from __future__ import annotations
+
+import pytest
+
+from genie_daemon.output_parser import OutputParser, Piece, ToolCall
+
+QWEN = (
+    "<think>\nThe user wants the kitchen light on.\n</think>\n\n"
+    '<tool_call>\n{"name": "HassTurnOn", "arguments": {"name": "Kitchen Light", "domain": ["light"]}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "HassLightSet", "arguments": "{\\"brightness\\": 40}"}\n</tool_call>'
+)
+
+
+def run(text: str, step: int, tools: bool = True) -> list:
+    p = OutputParser(tools)
+    events = []
+    for i in range(0, len(text), step):
+        events += p.feed(text[i : i + step])
+    events += p.finish()
+    # adjacent pieces of one kind joined: how they were split must not matter
+    merged: list = []
+    for ev in events:
+        if merged and isinstance(ev, Piece) and isinstance(merged[-1], Piece) and merged[-1].kind == ev.kind:
+            merged[-1] = Piece(ev.kind, merged[-1].text + ev.text)
+        else:
+            merged.append(ev)
+    return merged
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5, 8, 13, 1000])
+def test_qwen_reasoning_and_two_calls(step):
+    assert run(QWEN, step) == [
+        Piece("thinking", "\nThe user wants the kitchen light on.\n"),
+        ToolCall("HassTurnOn", {"name": "Kitchen Light", "domain": ["light"]}),
+        ToolCall("HassLightSet", {"brightness": 40}),
+    ]
+
+
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_content_around_a_call_keeps_no_markup(step):
+    text = 'Turning it on. <tool_call>{"name": "HassTurnOn", "arguments": {}}</tool_call> Done.'
+    events = run(text, step)
+    assert events == [Piece("content", "Turning it on. "), ToolCall("HassTurnOn", {}), Piece("content", " Done.")]
+    assert not any("<tool_call>" in e.text for e in events if isinstance(e, Piece))
+
+
+@pytest.mark.parametrize("step", [1, 7, 1000])
+def test_whole_reply_json_object_is_a_call_when_tools_were_offered(step):
+    text = '  {"name": "HassTurnOff", "parameters": {"area": "Kitchen"}}\n'
+    assert run(text, step) == [ToolCall("HassTurnOff", {"area": "Kitchen"})]
+    assert run(text, step, tools=False) == [Piece("content", text)]
+
+
+def test_json_that_is_not_a_call_is_content():
+    text = '{"temperature": 21.5}'
+    assert run(text, 3) == [Piece("content", text)]
+
+
+def test_broken_call_stays_visible():
+    text = "Hi <tool_call>{not json}</tool_call> there"
+    assert run(text, 2) == [Piece("content", "Hi <tool_call>{not json}</tool_call> there")]
+
+
+def test_unterminated_call_and_reasoning_are_flushed_at_the_end():
+    assert run('<tool_call>{"name": "x", "arguments": {}}', 4) == [ToolCall("x", {})]
+    assert run("<think>still thinking", 4) == [Piece("thinking", "still thinking")]
+
+
+def test_text_that_only_looks_like_a_tag_start():
+    assert run("<thinking about it>", 1) == [Piece("content", "<thinking about it>")]
+    assert run("a < b and c <tool", 1) == [Piece("content", "a < b and c <tool")]
