@@ -4,22 +4,27 @@
 // common.cuh (FULL, NEG_INF, warp_sum, warp_max, block_reduce, gated) is prepended by the backend.
 
 // In-place normalized Walsh-Hadamard transform of buf[0, d) in blocks of `blk` (a power of two dividing
-// d): the kv_rotation matrix of docs/kv-cache.md. Called by every thread of the block.
-__device__ void fwht(float* buf, int d, int blk) {
+// d): the kv_rotation matrix of docs/kv-cache.md. Called by every thread of the block (WARP false) or of
+// one warp (WARP true: that warp's row alone); both do the same arithmetic.
+template <bool WARP>
+__device__ void fwht_by(float* buf, int d, int blk) {
+    const int t = WARP ? (threadIdx.x & 31) : threadIdx.x, n = WARP ? 32 : blockDim.x;
     for (int h = 1; h < blk; h <<= 1) {
-        __syncthreads();
-        for (int i = threadIdx.x; i < d / 2; i += blockDim.x) {
+        if (WARP) __syncwarp(); else __syncthreads();
+        for (int i = t; i < d / 2; i += n) {
             const int base = (i / h) * 2 * h + (i % h);
             const float a = buf[base], b = buf[base + h];
             buf[base] = a + b;
             buf[base + h] = a - b;
         }
     }
-    __syncthreads();
+    if (WARP) __syncwarp(); else __syncthreads();
     const float norm = rsqrtf((float)blk);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] *= norm;
-    __syncthreads();
+    for (int i = t; i < d; i += n) buf[i] *= norm;
+    if (WARP) __syncwarp(); else __syncthreads();
 }
+__device__ __forceinline__ void fwht(float* buf, int d, int blk) { fwht_by<false>(buf, d, blk); }
+__device__ __forceinline__ void fwht_warp(float* row, int d, int blk) { fwht_by<true>(row, d, blk); }
 
 // y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w[r % w_rows, :]; one block per row.
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, int d, int w_rows, float eps) {
@@ -593,24 +598,6 @@ GQA_INSTANTIATE(8, 4)
 #define PF_WARPS 4
 #define PF_ROWS (16 * PF_WARPS)
 #define PF_KEYS 64
-
-// In-place normalized Walsh-Hadamard transform of one row by one warp (same arithmetic as fwht).
-__device__ void fwht_warp(float* row, int d, int blk) {
-    const int lane = threadIdx.x & 31;
-    for (int h = 1; h < blk; h <<= 1) {
-        __syncwarp();
-        for (int i = lane; i < d / 2; i += 32) {
-            const int base = (i / h) * 2 * h + (i % h);
-            const float a = row[base], b = row[base + h];
-            row[base] = a + b;
-            row[base + h] = a - b;
-        }
-    }
-    __syncwarp();
-    const float norm = rsqrtf((float)blk);
-    for (int i = lane; i < d; i += 32) row[i] *= norm;
-    __syncwarp();
-}
 
 __device__ __forceinline__ void mma16816(float* d, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
