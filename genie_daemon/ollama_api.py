@@ -177,9 +177,14 @@ def _keep_alive_zero(body: dict[str, Any]) -> bool:
     raise HttpError(400, "keep_alive must be a number of seconds or a duration such as 5m")
 
 
-def _no_format(body: dict[str, Any]) -> None:
-    if body.get("format") not in (None, ""):
-        raise HttpError(400, "format (output constrained to JSON) is not supported by genie yet")
+def _format(body: dict[str, Any]) -> str | dict[str, Any] | None:
+    """`format`: "json" or a JSON schema; the output is constrained to it (workers/engine/constraint.py)."""
+    value = body.get("format")
+    if value in (None, ""):
+        return None
+    if value == "json" or isinstance(value, dict):
+        return value
+    raise HttpError(400, 'format must be "json" or a JSON schema object')
 
 
 def _messages(raw: list[Any]) -> list[dict[str, Any]]:
@@ -221,13 +226,13 @@ async def chat(request: web.Request) -> web.StreamResponse:
     raw = get(body, "messages", "list", [])
     if not raw:  # Ollama's load (and, with keep_alive 0, unload) request
         return await _load_or_unload(service, body, info, {"message": {"role": "assistant", "content": ""}})
-    _no_format(body)
     tools = check_tools(body)
     fields = {
         "messages": _messages(raw),
         "params": _params(body, service.config.ctx),
         "think": _think(body),
         "tools": tools,
+        "format": _format(body),
     }
     stream = get(body, "stream", "bool", True)
     return await _run(request, service, info, fields, tools is not None, stream, "chat", _keep_alive_zero(body))
@@ -240,7 +245,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
     prompt = get(body, "prompt", "str", "")
     if not prompt:
         return await _load_or_unload(service, body, info, {"response": ""})
-    _no_format(body)
     if body.get("images"):
         raise HttpError(400, "images: genie serves text models only")
     if get(body, "suffix", "str"):
@@ -248,6 +252,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if get(body, "template", "str"):
         raise HttpError(400, "template overrides are not supported: the model's own chat template is used")
     fields: dict[str, Any] = {"params": _params(body, service.config.ctx), "think": _think(body)}
+    fields["format"] = _format(body)
     if get(body, "raw", "bool", False):
         fields["prompt"] = prompt
     else:

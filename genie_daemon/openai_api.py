@@ -83,10 +83,22 @@ def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
         params["stop"] = stop
     if get(body, "ignore_eos", "bool", False):  # genie's extension, as llama.cpp's server has it
         params["ignore_eos"] = True
-    fmt = get(body, "response_format", "dict")
-    if fmt is not None and fmt.get("type") not in (None, "text"):
-        raise HttpError(400, "response_format json_object / json_schema (constrained JSON) is not supported yet")
     return params
+
+
+def _format(body: dict[str, Any]) -> str | dict[str, Any] | None:
+    """response_format: json_object (any JSON object) or json_schema (its `schema`); text: none."""
+    fmt = get(body, "response_format", "dict")
+    kind = None if fmt is None else fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return "json"
+    if kind == "json_schema":
+        spec = get(fmt, "json_schema", "dict", {}, where="response_format.")
+        schema = get(spec, "schema", "dict", where="response_format.json_schema.")
+        return schema if schema is not None else "json"
+    raise HttpError(400, "response_format.type must be text, json_object or json_schema")
 
 
 def _content(value: Any, where: str) -> str:
@@ -198,7 +210,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise HttpError(400, "messages is required: a non-empty list")
     tools = _tools(body)
     think = get(body, "reasoning_effort", "str") not in (None, "none", "minimal")
-    fields = {"messages": _messages(raw), "params": _params(body, service.config.ctx), "tools": tools, "think": think}
+    fields = {
+        "messages": _messages(raw),
+        "params": _params(body, service.config.ctx),
+        "tools": tools,
+        "think": think,
+        "format": _format(body),
+    }
     return await _run(request, service, info, body, fields, tools is not None, "chat")
 
 
@@ -213,7 +231,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise HttpError(400, "prompt must be a non-empty string")
     if get(body, "echo", "bool", False) or get(body, "suffix", "str"):
         raise HttpError(400, "echo and suffix are not supported")
-    fields = {"prompt": prompt, "params": _params(body, service.config.ctx)}
+    fields = {"prompt": prompt, "params": _params(body, service.config.ctx), "format": _format(body)}
     return await _run(request, service, info, body, fields, False, "text")
 
 

@@ -60,6 +60,7 @@ class Generate(Message):
         "priority": Field("enum:voice|background"),
         "think": Field("bool"),
         "tools": Field("tools"),
+        "format": Field("format"),
     }
     request_id: str
     messages: list[dict[str, Any]] | None = None
@@ -71,6 +72,7 @@ class Generate(Message):
     priority: str = "voice"
     think: bool = False
     tools: list[dict[str, Any]] | None = None  # tool definitions the chat template renders (messages only)
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema: the output is constrained to it
 
     @classmethod
     def from_body(cls, body: Any) -> Message:

@@ -24,7 +24,7 @@ MAX_TOOLS = 128
 
 @dataclass(frozen=True)
 class Field:
-    kind: str  # str | int | float | bool | token_ids | messages | str_list | dict | tools | enum:<a>|<b>
+    kind: str  # str | int | float | bool | token_ids | messages | str_list | dict | tools | format | enum:<a>|<b>
     required: bool = False
     limit: int = 0  # 0: the kind's default
 
@@ -93,6 +93,9 @@ def check(kind: str, value: Any, limit: int) -> str | None:
     if kind == "dict":
         ok = isinstance(value, dict) and all(isinstance(k, str) for k in value)
         return None if ok else "must be a map with string keys"
+    if kind == "format":
+        ok = value == "json" or (isinstance(value, dict) and all(isinstance(k, str) for k in value))
+        return None if ok else 'must be "json" or a JSON schema (a map)'
     if kind == "tools":
         ok = isinstance(value, list) and len(value) <= MAX_TOOLS and all(isinstance(t, dict) for t in value)
         return None if ok else f"must be a list of at most {MAX_TOOLS} maps (tool definitions)"

@@ -177,7 +177,9 @@ class Worker:
             params = SamplingParams(max_tokens=0) if isinstance(msg, Prewarm) else _sampling(msg.params)
             if self.kv:
                 self.kv.hydrate(ids, msg.conv_id)
-            for ev in self.engine.generate(ids, params, cancel=lambda: rid in self.cancelled):
+            fmt = msg.format if isinstance(msg, Generate) else None
+            constraint = self.engine.json_constraint(fmt) if fmt is not None else None
+            for ev in self.engine.generate(ids, params, cancel=lambda: rid in self.cancelled, constraint=constraint):
                 if isinstance(ev, Completion):
                     stream.flush()
                     usage = {

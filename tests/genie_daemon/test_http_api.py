@@ -244,10 +244,9 @@ def test_ollama_errors(served):
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="tiny", messages=[{"role": "user", "content": "x"}])
     assert e.value.status_code == 503 and "waiting" in str(e.value)
-    status, body = http(
-        url + "/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "format": "json"}
-    )
-    assert status == 400 and "format" in json.loads(body)["error"]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "format": "xml"}
+    status, reply = http(url + "/api/chat", body)
+    assert status == 400 and "format" in json.loads(reply)["error"]
 
 
 def test_ollama_cached_tokens_in_the_raw_reply(served):
@@ -331,7 +330,7 @@ def test_openai_completions_models_and_errors(served):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "x"}], response_format={"type": "json_object"}
+            model="tiny", messages=[{"role": "user", "content": "x"}], response_format={"type": "yaml"}
         )
     service.finish = "length"
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
@@ -382,3 +381,24 @@ def test_client_disconnect_cancels(served):
     while not service.cancelled and time.monotonic() < deadline:
         time.sleep(0.02)
     assert service.cancelled == [service.submitted[-1].request_id]
+
+
+def test_json_formats_reach_the_worker(served):
+    """Ollama's format and OpenAI's response_format become GENERATE's format (the worker constrains)."""
+    service, url = served
+    schema = {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}
+    msgs = [{"role": "user", "content": "x"}]
+    ollama_client(url).chat(model="tiny", messages=msgs, format="json")
+    assert service.submitted[-1].format == "json"
+    ollama_client(url).chat(model="tiny", messages=msgs, format=schema)
+    assert service.submitted[-1].format == schema
+    client = openai_client(url)
+    client.chat.completions.create(model="tiny", messages=msgs, response_format={"type": "json_object"})
+    assert service.submitted[-1].format == "json"
+    spec = {"name": "switch", "schema": schema}
+    client.chat.completions.create(
+        model="tiny", messages=msgs, response_format={"type": "json_schema", "json_schema": spec}
+    )
+    assert service.submitted[-1].format == schema
+    client.chat.completions.create(model="tiny", messages=msgs)
+    assert service.submitted[-1].format is None

@@ -121,6 +121,63 @@ def test_ollama_and_openai_clients_stream_and_not(live):
         assert chunks[-1].usage.completion_tokens == c.usage.completion_tokens and text
 
 
+def test_format_constrains_the_output(live):
+    """The tiny model's random weights write whatever they like; with a schema they write it exactly."""
+    url, _, _ = live
+    name = served_name(url)
+    schema = {"type": "object", "properties": {"state": {"enum": ["on", "off"]}}, "required": ["state"]}
+    schema["additionalProperties"] = False
+    with ollama.Client(host=url) as client:
+        r = client.chat(
+            model=name, messages=[{"role": "user", "content": "light?"}], format=schema, options={"seed": 1}
+        )
+        assert r.done_reason == "stop" and json.loads(r.message.content)["state"] in ("on", "off")
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as oa:
+        fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+        c = oa.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "light?"}], response_format=fmt
+        )
+        assert json.loads(c.choices[0].message.content)["state"] in ("on", "off")
+        bad = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "no-such-type"}}}
+        with pytest.raises(openai.BadRequestError):
+            oa.chat.completions.create(model=name, messages=[{"role": "user", "content": "x"}], response_format=bad)
+
+
+def test_json_tool_call_from_the_live_model_in_both_apis(live):
+    """A bare-JSON tool call written by the real worker (its random weights steered by a schema that
+    admits only that call) comes back as a tool call, not text, from both APIs."""
+    url, _, _ = live
+    name = served_name(url)
+    call = {
+        "type": "object",
+        "properties": {
+            "name": {"const": "HassTurnOn"},
+            "arguments": {
+                "type": "object",
+                "properties": {"name": {"const": "Kitchen Light"}},
+                "required": ["name"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+    msgs = [{"role": "user", "content": "Turn on the kitchen light"}]
+    with ollama.Client(host=url) as client:
+        r = client.chat(model=name, messages=msgs, tools=HA_TOOLS, format=call)
+        assert r.message.content == ""
+        (tc,) = r.message.tool_calls
+        assert tc.function.name == "HassTurnOn" and tc.function.arguments == {"name": "Kitchen Light"}
+        chunks = list(client.chat(model=name, messages=msgs, tools=HA_TOOLS, format=call, stream=True))
+        calls = [c.message.tool_calls for c in chunks if c.message.tool_calls]
+        assert len(calls) == 1 and calls[0][0].function.name == "HassTurnOn"
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as oa:
+        fmt = {"type": "json_schema", "json_schema": {"name": "call", "schema": call}}
+        c = oa.chat.completions.create(model=name, messages=msgs, tools=HA_TOOLS, response_format=fmt)
+        assert c.choices[0].finish_reason == "tool_calls" and c.choices[0].message.content is None
+        assert json.loads(c.choices[0].message.tool_calls[0].function.arguments) == {"name": "Kitchen Light"}
+
+
 ENTITIES = "\n".join(f"- light.room_{i}: Room {i} light (on)" for i in range(8))
 HA_TOOLS = [
     {

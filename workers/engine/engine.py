@@ -17,6 +17,7 @@ import numpy as np
 from .arch.layers import forward
 from .backends import BACKEND_CHOICES, select_backend
 from .chat_template import builtin_template, render_chat
+from .constraint import JsonConstraint
 from .errors import ModelError, RequestError
 from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
 from .model import Model
@@ -117,6 +118,14 @@ class Engine:
         add_bos = vocab.add_bos and not (bos and text.startswith(bos))
         return tok.encode(text, add_bos=add_bos, parse_special=True)
 
+    def json_constraint(self, fmt: str | dict[str, Any]) -> JsonConstraint:
+        """A request's output constraint: "json" (any JSON object) or a JSON schema."""
+        if fmt == "json":
+            return JsonConstraint(self.tokenizer, None)
+        if not isinstance(fmt, dict):
+            raise RequestError('format must be "json" or a JSON schema object')
+        return JsonConstraint(self.tokenizer, fmt)
+
     def text_prompt(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_bos=None, parse_special=False)
 
@@ -152,7 +161,9 @@ class Engine:
         params: SamplingParams = DEFAULT_SAMPLING,
         cancel: Callable[[], bool] = lambda: False,
         slot: int = 0,
+        constraint: JsonConstraint | None = None,
     ) -> Iterator[Delta | Completion]:
+        """Streams the answer to `prompt_ids`; `constraint` (json_constraint) keeps the output valid JSON."""
         t_start = time.perf_counter()
         prompt = self._check_ids(prompt_ids, 1, self.n_ctx - 1)
         resident = self.kv.resident[slot]
@@ -182,15 +193,20 @@ class Engine:
         t_first = t_prefill
         finish: FinishReason = "length"
         stop_hit = False  # a stop string matched: what follows it is dropped, not flushed
-        on_device = params.is_greedy and params.repeat_penalty == 1.0  # argmax where the logits are
+        # argmax where the logits are, unless the sampler or a grammar needs them on the host
+        on_device = params.is_greedy and params.repeat_penalty == 1.0 and constraint is None
         while len(generated) < params.max_tokens:
             if on_device:
                 token = self.backend.greedy_token(logits)
             else:
                 row = self.backend.to_host(logits)[-1]
-                token = sampler.sample(row, history) if np.isfinite(row).all() else -1
+                token = -1
+                if np.isfinite(row).all():
+                    token = sampler.sample(constraint.mask(row) if constraint else row, history)
             if token < 0:
                 raise ModelError("the model produced non-finite logits (corrupt weights?)")
+            if constraint:
+                constraint.advance(token)
             if not generated:
                 t_first = time.perf_counter()
             generated.append(token)
@@ -206,6 +222,9 @@ class Engine:
                 pending_ids = []
             if hit:
                 finish, stop_hit = "stop", True
+                break
+            if constraint and constraint.finished:  # the JSON is complete: nothing may follow
+                finish = "stop"
                 break
             if pos >= self.n_ctx or len(generated) == params.max_tokens:
                 break  # "length": no room for, or no need of, another forward pass

@@ -57,6 +57,13 @@ class Tokenizer:
             is_prev_special = False
         return out
 
+    def encode_piece(self, text: str) -> list[int]:
+        """Token ids of `text` as a piece inside a longer text: no BOS, no SentencePiece space prefix,
+        special tokens' text as plain text (what llguidance asks when it forces bytes)."""
+        if self.vocab.model == "llama":
+            return self._impl.encode(text.replace(" ", _SPACE)) if text else []
+        return self._impl.encode(text) if text else []
+
     def token_to_bytes(self, token_id: int, special: bool = False) -> bytes:
         """The bytes a token stands for; control tokens are empty unless `special`."""
         vocab = self.vocab

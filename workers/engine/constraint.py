@@ -1,0 +1,92 @@
+"""Output constrained to JSON (Ollama's `format`, OpenAI's `response_format`) with llguidance.
+
+llguidance compiles a JSON schema to a grammar and, before each token, gives the set of tokens that keep
+the output a valid prefix of it; the engine masks the rest of the logits to -inf, samples as usual, and
+feeds the token back. Its tokenizer view is built once per model from genie's own tokenizer: each token's
+bytes, the control tokens, and genie's encode for the rare strings llguidance tokenizes itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from .errors import ModelError, RequestError
+from .tokenizer import Tokenizer
+
+ANY_OBJECT: dict[str, Any] = {"type": "object"}  # Ollama's "json" and OpenAI's json_object
+
+
+class _TokenizerView:
+    """What llguidance's TokenizerWrapper reads from a tokenizer (see llguidance/_tokenizer.py)."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        vocab = tok.vocab
+        self.eos_token_id = vocab.eos_id if vocab.eos_id is not None else min(vocab.eog_ids, default=0)
+        self.bos_token_id = vocab.bos_id
+        self.special_token_ids = [i for i in range(vocab.n_vocab) if vocab.is_control(i)]
+        # control tokens are marked with a 0xFF first byte (llguidance's convention): never literal text
+        special = set(self.special_token_ids)
+        self.tokens = [
+            (b"\xff" if i in special else b"") + tok.token_to_bytes(i, special=True) for i in range(vocab.n_vocab)
+        ]
+        self._tok = tok
+
+    def __call__(self, text: bytes) -> list[int]:
+        return self._tok.encode_piece(text.decode("utf-8", "replace"))
+
+
+_LL_TOKENIZERS: dict[int, Any] = {}  # id(Tokenizer) -> (Tokenizer, LLTokenizer): built once per model
+
+
+def _ll_tokenizer(tok: Tokenizer) -> Any:
+    import llguidance
+
+    entry = _LL_TOKENIZERS.get(id(tok))
+    if entry is None or entry[0] is not tok:
+        view = llguidance.TokenizerWrapper(_TokenizerView(tok))
+        ll = llguidance.LLTokenizer(view, n_vocab=tok.vocab.n_vocab, eos_token=sorted(tok.vocab.eog_ids) or None)
+        entry = (tok, ll)
+        _LL_TOKENIZERS[id(tok)] = entry
+    return entry[1]
+
+
+class JsonConstraint:
+    """One request's grammar state: `mask(logits)` before sampling, `advance(token)` after."""
+
+    def __init__(self, tok: Tokenizer, schema: dict[str, Any] | None) -> None:
+        import llguidance
+        import llguidance.numpy as llnp
+
+        schema = dict(schema or ANY_OBJECT)
+        # compact JSON unless the schema says otherwise: free whitespace lets a weak model pad forever
+        schema.setdefault("x-guidance", {"whitespace_flexible": False})
+        try:
+            grammar = llguidance.grammar_from("json_schema", json.dumps(schema))
+        except (ValueError, TypeError) as e:
+            raise RequestError(f"format: not a usable JSON schema: {e}") from None
+        ll = _ll_tokenizer(tok)
+        self.matcher = llguidance.LLMatcher(ll, grammar)
+        if self.matcher.is_error():
+            raise RequestError(f"format: not a usable JSON schema: {self.matcher.get_error()}")
+        self._llnp = llnp
+        self._bitmask = llnp.allocate_token_bitmask(1, ll.vocab_size)
+        self._n_vocab = tok.vocab.n_vocab
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of `logits` [vocab] with every token the grammar forbids next set to -inf."""
+        self._llnp.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
+        out = np.array(logits, dtype=np.float32, copy=True)[None]
+        self._llnp.apply_token_bitmask_inplace(out, self._bitmask)
+        return out[0]
+
+    def advance(self, token: int) -> None:
+        if not self.matcher.consume_token(token):
+            raise ModelError(f"token {token} broke the JSON grammar: {self.matcher.get_error()}")
+
+    @property
+    def finished(self) -> bool:
+        """The output is complete JSON and the grammar allows nothing more."""
+        return bool(self.matcher.is_stopped())
