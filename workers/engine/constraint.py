@@ -33,9 +33,33 @@ class _TokenizerView:
             (b"\xff" if i in special else b"") + tok.token_to_bytes(i, special=True) for i in range(vocab.n_vocab)
         ]
         self._tok = tok
+        self._by_bytes: dict[bytes, int] | None = None  # for __call__'s fallback, built on first use
+        self._longest = 1
 
     def __call__(self, text: bytes) -> list[int]:
-        return self._tok.encode_piece(text.decode("utf-8", "replace"))
+        """Token ids whose bytes are exactly `text` (llguidance checks that); the tokenizer's own pieces
+        when they are, else the longest token at each step (a SentencePiece vocabulary without a lone
+        "▁" writes a space only as its <0x20> byte token)."""
+        ids = self._tok.encode_piece(text.decode("utf-8", "replace"))
+        if b"".join(self.tokens[i] for i in ids) == text:
+            return ids
+        if self._by_bytes is None:
+            self._by_bytes = {}
+            for i, b in enumerate(self.tokens):
+                if b and not b.startswith(b"\xff"):
+                    self._by_bytes.setdefault(b, i)
+            self._longest = max(map(len, self._by_bytes), default=1)
+        out, pos = [], 0
+        while pos < len(text):
+            for n in range(min(self._longest, len(text) - pos), 0, -1):
+                tid = self._by_bytes.get(text[pos : pos + n])
+                if tid is not None:
+                    out.append(tid)
+                    pos += n
+                    break
+            else:
+                raise RequestError(f"format: the vocabulary cannot write the byte {text[pos]:#04x}")
+        return out
 
 
 _LL_TOKENIZERS: dict[int, Any] = {}  # id(Tokenizer) -> (Tokenizer, LLTokenizer): built once per model
