@@ -35,7 +35,8 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
     key = service.config.api_key
     if key and request.path not in OPEN_PATHS:
         given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        # aiohttp decodes headers with surrogateescape: undecodable bytes must not make this a 500
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {key}".encode()):
             message = "missing or wrong API key (Authorization: Bearer ...)"
             return error_response(request.path, 401, message, "unauthorized")
     limit = request.app[MAX_BODY]
@@ -53,6 +54,9 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
             raise
         code = "not_found" if e.status == 404 else "invalid_request_error"
         return error_response(request.path, e.status, e.reason, code)
+    except Exception:  # a bug, not the client's fault: logged, and answered in the API's shape
+        log.exception("event=http_handler_failed path=%s", request.path)
+        return error_response(request.path, 500, "internal error (see the daemon log)", "internal_error")
 
 
 async def health(request: web.Request) -> web.Response:
@@ -93,7 +97,8 @@ class HttpFront:
 
     def __init__(self, service: Service) -> None:
         self.service = service
-        self.runner = web.AppRunner(make_app(service), handler_cancellation=True, access_log=None)
+        # on shutdown open streams get a few seconds, not aiohttp's default minute (the daemon drains first)
+        self.runner = web.AppRunner(make_app(service), handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
         self.port = 0
 
     async def start(self) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from protocol.codec import encode
 from protocol.errors import ProtocolError
 from protocol.messages import Delta, Done, Error, Generate, Message
 
@@ -34,7 +35,7 @@ class Service(Protocol):
     async def kv_metrics(self) -> dict[str, Any]: ...
     def model_info(self) -> ModelInfo: ...
     async def ensure_loaded(self, timeout_s: float) -> str | None: ...
-    async def unload(self) -> None: ...
+    async def unload(self, only_if_idle: bool = False) -> None: ...
 
 
 SERVICE: web.AppKey[Any] = web.AppKey("genie_service")
@@ -132,8 +133,11 @@ def build_generate(fields: dict[str, Any]) -> Generate:
     """A GENERATE checked by the same rules as one from the ZMQ socket; their failure is a 400."""
     try:
         msg = Generate.from_body({"request_id": f"http-{next(_ids)}", **fields})
+        encode(msg)  # what msgpack cannot carry (an integer past 64 bits, a lone surrogate) is refused here
     except ProtocolError as e:
         raise HttpError(400, e.message) from None
+    except (ValueError, TypeError, OverflowError) as e:
+        raise HttpError(400, f"the request holds a value that cannot be sent: {e}") from None
     assert isinstance(msg, Generate)
     return msg
 
@@ -177,9 +181,11 @@ class Turn:
             if isinstance(ev, (Delta, Done, Error)):
                 yield ev
 
-    async def parsed(self, tools_offered: bool) -> AsyncIterator[Event | Done | Error]:
-        """The stream with the text split into content, reasoning and tool calls (output_parser)."""
-        parser = OutputParser(tools_offered)
+    async def parsed(self) -> AsyncIterator[Event | Done | Error]:
+        """The stream with the text split into content, reasoning and tool calls (output_parser): calls
+        only when tools were offered (and then only to those tools); reasoning held apart when asked for."""
+        tools = [t["function"]["name"] for t in self.msg.tools or []]
+        parser = OutputParser(tools, think=self.msg.think)
         async for ev in self.stream():
             if isinstance(ev, Delta):
                 for piece in parser.feed(ev.text):
@@ -191,9 +197,16 @@ class Turn:
 
 
 async def first_then_rest(events: AsyncIterator[Any]) -> tuple[Any, AsyncIterator[Any]]:
-    """The first event (to answer an immediate ERROR with its HTTP status) and an iterator over all."""
+    """The first event and an iterator over all. An ERROR first, or a DONE that ended the request
+    before any output (cancelled by the daemon: shutdown, unload), is answered with its HTTP status."""
     it = aiter(events)
     first = await anext(it)
+    if isinstance(first, Error):
+        raise HttpError(error_status(first), first.message, first.code)
+    if isinstance(first, Done) and first.finish_reason == "cancelled":
+        raise HttpError(
+            503, "the request was cancelled before it produced output (genie is stopping or unloading)", "not_ready"
+        )
 
     async def chain() -> AsyncIterator[Any]:
         yield first

@@ -26,7 +26,6 @@ from .http_turn import (
     check_tools,
     dumps,
     ensure_ready,
-    error_status,
     first_then_rest,
     gather,
     get,
@@ -146,6 +145,8 @@ def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
         value = get(options, name, kind, where="options.")
         if value is not None:
             params[param] = value
+    if params.get("seed", 0) < 0:  # -1 is Ollama's (and llama.cpp's) "a random seed"
+        del params["seed"]
     n = get(options, "num_predict", "int", -1, where="options.")
     params["max_tokens"] = ctx if n < 0 else n  # -1 (and -2): until a stop or the context is full
     get(options, "num_ctx", "int", where="options.")  # the context is the daemon's (config ctx): checked only
@@ -235,7 +236,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         "format": _format(body),
     }
     stream = get(body, "stream", "bool", True)
-    return await _run(request, service, info, fields, tools is not None, stream, "chat", _keep_alive_zero(body))
+    return await _run(request, service, info, fields, stream, "chat", _keep_alive_zero(body))
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -260,7 +261,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         fields["messages"] = msgs
     stream = get(body, "stream", "bool", True)
-    return await _run(request, service, info, fields, False, stream, "generate", _keep_alive_zero(body))
+    return await _run(request, service, info, fields, stream, "generate", _keep_alive_zero(body))
 
 
 async def _load_or_unload(
@@ -281,7 +282,6 @@ async def _run(
     service: Service,
     info: ModelInfo,
     fields: dict[str, Any],
-    tools_offered: bool,
     stream: bool,
     kind: str,
     unload_after: bool,
@@ -290,9 +290,7 @@ async def _run(
     await ensure_ready(service)
     t0 = time.monotonic()
     async with Turn(service, msg) as turn:
-        first, events = await first_then_rest(turn.parsed(tools_offered))
-        if isinstance(first, Error):
-            raise HttpError(error_status(first), first.message, first.code)
+        first, events = await first_then_rest(turn.parsed())
         if stream:
             resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
             await resp.prepare(request)
@@ -305,7 +303,7 @@ async def _run(
         else:
             result = web.json_response(await _collect(events, info, kind, t0))
     if unload_after:
-        await service.unload()
+        await service.unload(only_if_idle=True)
     return result
 
 

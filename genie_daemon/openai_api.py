@@ -10,9 +10,9 @@ KV already held.
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
+import uuid
 from typing import Any
 
 from aiohttp import web
@@ -29,7 +29,6 @@ from .http_turn import (
     check_tools,
     dumps,
     ensure_ready,
-    error_status,
     first_then_rest,
     gather,
     get,
@@ -38,8 +37,6 @@ from .http_turn import (
 )
 from .model_info import ModelInfo
 from .output_parser import Piece, ToolCall
-
-_ids = itertools.count(1)
 
 
 def add_routes(app: web.Application) -> None:
@@ -72,6 +69,8 @@ def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
         value = get(body, name, kind)
         if value is not None:
             params[name] = value
+    if params.get("seed", 0) < 0:  # a negative seed: a random one, as llama.cpp's server takes it
+        del params["seed"]
     limit = get(body, "max_completion_tokens", "int", get(body, "max_tokens", "int"))
     if limit is not None and limit < 0:
         raise HttpError(400, "max_tokens must be >= 0")
@@ -217,7 +216,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         "think": think,
         "format": _format(body),
     }
-    return await _run(request, service, info, body, fields, tools is not None, "chat")
+    return await _run(request, service, info, body, fields, "chat")
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -232,7 +231,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if get(body, "echo", "bool", False) or get(body, "suffix", "str"):
         raise HttpError(400, "echo and suffix are not supported")
     fields = {"prompt": prompt, "params": _params(body, service.config.ctx), "format": _format(body)}
-    return await _run(request, service, info, body, fields, False, "text")
+    return await _run(request, service, info, body, fields, "text")
 
 
 async def _run(
@@ -241,7 +240,6 @@ async def _run(
     info: ModelInfo,
     body: dict[str, Any],
     fields: dict[str, Any],
-    tools_offered: bool,
     kind: str,
 ) -> web.StreamResponse:
     stream = get(body, "stream", "bool", False)
@@ -249,7 +247,7 @@ async def _run(
     include_usage = get(options, "include_usage", "bool", False, where="stream_options.")
     msg = build_generate(fields)
     await ensure_ready(service)
-    rid = f"{next(_ids)}{int(time.time() * 1000) % 100000}"
+    rid = uuid.uuid4().hex[:24]
     head = {
         "id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{rid}",
         "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
@@ -257,9 +255,7 @@ async def _run(
         "model": info.name,
     }
     async with Turn(service, msg) as turn:
-        first, events = await first_then_rest(turn.parsed(tools_offered))
-        if isinstance(first, Error):
-            raise HttpError(error_status(first), first.message, first.code)
+        first, events = await first_then_rest(turn.parsed())
         if not stream:
             return web.json_response(await _collect(events, head, kind, rid))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

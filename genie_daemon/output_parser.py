@@ -3,7 +3,10 @@
 Qwen-family models (and others trained on its format) write reasoning as `<think>...</think>` and each
 tool call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; models without that markup may
 answer a request that offered tools with a bare JSON object `{"name": ..., "arguments": ...}` as their
-whole reply. The parser is fed text pieces as they arrive and never lets markup reach the content: text
+whole reply. Calls are recognized only when tools were offered, and only to those tools (anything else
+stays text). A reasoning request may get a reply that starts inside the reasoning (templates that open
+`<think>` in the prompt): then text is held until `</think>` shows where it ends, and is content if it
+never does. The parser is fed text pieces as they arrive and never lets markup reach the content: text
 that could be the start of a tag is held back until it can be decided, and a reply that opens with `{`
 while tools were offered is held back until the end.
 """
@@ -33,15 +36,20 @@ class Piece:
 Event = Piece | ToolCall
 
 
-def parse_call(text: str) -> ToolCall | None:
-    """A tool call from its JSON: {"name": str, "arguments" | "parameters": object or JSON string}."""
+def parse_call(text: str, tools: frozenset[str] | None = None) -> ToolCall | None:
+    """A tool call from its JSON: {"name": one of `tools` (any when None), "arguments" | "parameters":
+    object or JSON string}."""
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
-    args = obj.get("arguments", obj.get("parameters", {}))
+    if tools is not None and obj["name"] not in tools:
+        return None
+    if "arguments" not in obj and "parameters" not in obj:
+        return None
+    args = obj.get("arguments", obj.get("parameters"))
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
@@ -62,10 +70,14 @@ def _partial_suffix(text: str, tags: tuple[str, ...]) -> int:
 
 
 class OutputParser:
-    def __init__(self, tools_offered: bool) -> None:
-        self.tools_offered = tools_offered
+    def __init__(self, tools: list[str] | None = None, think: bool = False) -> None:
+        """`tools`: the offered tools' names (none: no calls); `think`: reasoning was requested."""
+        self.tools = frozenset(tools or ())
+        self.tools_offered = bool(self.tools)
+        self.think = think
+        self.strip_next = False  # the content after </think> starts after its blank lines
         self.buf = ""
-        self.mode = "start"  # start | content | thinking | call | json (a whole-reply JSON candidate)
+        self.mode = "start"  # start | content | thinking | maybe_thinking | call | json (a whole-reply candidate)
         self.space = ""  # whitespace-only content held back: dropped if it only separates tool calls
         self.calls = 0
         self.seen_content = False
@@ -90,12 +102,24 @@ class OutputParser:
                     return out
                 if stripped.startswith(THINK_OPEN):
                     self.buf, self.mode = stripped[len(THINK_OPEN) :], "thinking"
-                elif self.tools_offered and stripped.startswith("{"):
-                    self.mode = "json"
                 elif not final and THINK_OPEN.startswith(stripped):
                     return out  # may still become <think>
+                elif self.think:
+                    self.mode = "maybe_thinking"
+                elif self.tools_offered and stripped.startswith("{"):
+                    self.mode = "json"
                 else:
                     self.mode = "content"
+                continue
+            if self.mode == "maybe_thinking":  # reasoning requested, no <think>: held until </think> decides
+                end = self.buf.find(THINK_CLOSE)
+                if end >= 0:
+                    self._emit(out, Piece("thinking", self.buf[:end]))
+                    self.buf, self.mode, self.strip_next = self.buf[end + len(THINK_CLOSE) :], "content", True
+                    continue
+                if not final:
+                    return out
+                self.mode = "json" if self.tools_offered and self.buf.lstrip().startswith("{") else "content"
                 continue
             if self.mode == "thinking":
                 end = self.buf.find(THINK_CLOSE)
@@ -105,12 +129,12 @@ class OutputParser:
                     self.buf = self.buf[len(self.buf) - keep :]
                     return out
                 self._emit(out, Piece("thinking", self.buf[:end]))
-                self.buf, self.mode = self.buf[end + len(THINK_CLOSE) :].lstrip(), "content"
+                self.buf, self.mode, self.strip_next = self.buf[end + len(THINK_CLOSE) :], "content", True
                 continue
             if self.mode == "json":
                 if not final:
                     return out
-                call = parse_call(self.buf.strip())
+                call = parse_call(self.buf.strip(), self.tools)
                 if call is None:
                     self.mode = "content"
                     continue
@@ -122,7 +146,7 @@ class OutputParser:
                 if end < 0 and not final:
                     return out
                 body = self.buf if end < 0 else self.buf[:end]
-                call = parse_call(body.strip())
+                call = parse_call(body.strip(), self.tools)
                 # not a call after all: the text stays visible, markup and all
                 self._emit(out, call or Piece("content", CALL_OPEN + body + ("" if end < 0 else CALL_CLOSE)))
                 self.buf, self.mode = ("" if end < 0 else self.buf[end + len(CALL_CLOSE) :]), "content"
@@ -130,12 +154,12 @@ class OutputParser:
                     return out
                 continue
             # content
-            start = self.buf.find(CALL_OPEN)
+            start = self.buf.find(CALL_OPEN) if self.tools_offered else -1
             if start >= 0:
                 self._emit(out, Piece("content", self.buf[:start]))
                 self.buf, self.mode = self.buf[start + len(CALL_OPEN) :], "call"
                 continue
-            keep = 0 if final else _partial_suffix(self.buf, (CALL_OPEN,))
+            keep = 0 if final or not self.tools_offered else _partial_suffix(self.buf, (CALL_OPEN,))
             self._emit(out, Piece("content", self.buf[: len(self.buf) - keep]))
             self.buf = self.buf[len(self.buf) - keep :]
             return out
@@ -150,6 +174,9 @@ class OutputParser:
         elif ev.kind == "content":
             text = self.space + ev.text
             self.space = ""
+            if self.strip_next:
+                text = text.lstrip()
+                self.strip_next = not text
             if text and not text.strip():
                 self.space = text  # held: it may only separate tool calls
             elif text:

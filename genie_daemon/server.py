@@ -167,7 +167,11 @@ class Daemon:
         self._switch = asyncio.create_task(self._load())
         self._refresh_model_info()
 
-    async def unload(self) -> None:
+    async def unload(self, only_if_idle: bool = False) -> None:
+        """Stops the worker; queued requests end with ERROR(unloaded). `only_if_idle`: not while another
+        request runs or waits (an HTTP client's keep_alive 0 must not cut off the others)."""
+        if only_if_idle and (self.running or any(self.queues.values())):
+            return
         if self.wanted:
             self.wanted = False
             self._switch = asyncio.create_task(self._unload())
@@ -178,7 +182,7 @@ class Daemon:
         if not self.wanted:
             self.load(self.config.model)
         deadline = time.monotonic() + timeout_s
-        while not self.worker.ready:
+        while not self.worker.ready or (self._switch is not None and not self._switch.done()):
             if self.load_error:
                 return self.load_error
             if self.stopping.is_set():
@@ -257,19 +261,23 @@ class Daemon:
             await self.workers.send_multipart([self.worker.identity, *encode(Cancel(request_id=run.internal_id))])
 
     async def dispatch(self) -> None:
-        if self.running or not self.worker.ready or self.worker.identity is None:
-            return
-        for priority in ("voice", "background"):
-            if self.queues[priority]:
-                req = self.queues[priority].popleft()
-                break
-        else:
-            return
-        self.running = req
-        self.by_internal[req.internal_id] = req
-        body = req.msg.body()
-        body["request_id"] = req.internal_id
-        await self.workers.send_multipart([self.worker.identity, *encode(type(req.msg).from_body(body))])
+        while not self.running and self.worker.ready and self.worker.identity is not None:
+            for priority in ("voice", "background"):
+                if self.queues[priority]:
+                    req = self.queues[priority].popleft()
+                    break
+            else:
+                return
+            body = req.msg.body()
+            body["request_id"] = req.internal_id
+            try:  # encoded before it runs: a value msgpack cannot carry fails this request, not the queue
+                frames = encode(type(req.msg).from_body(body))
+            except (ProtocolError, ValueError, TypeError, OverflowError) as e:
+                await self.fail(req, "bad_request", f"the request cannot be encoded: {e}")
+                continue
+            self.running = req
+            self.by_internal[req.internal_id] = req
+            await self.workers.send_multipart([self.worker.identity, *frames])
 
     # -- the worker ---------------------------------------------------------------------------------------
     async def worker_loop(self) -> None:
@@ -287,15 +295,21 @@ class Daemon:
                 await self.worker.kill()
                 continue
             self.worker.seen()
-            if isinstance(msg, Ready):
-                self.worker.on_ready(msg.body())
-                if not self._model_info.digest:  # first start: the worker has just assembled the file
-                    self._refresh_model_info()
-                await self.dispatch()
-            elif isinstance(msg, Dead):
-                log.error("event=worker_dead reason=%r", msg.reason)
-            elif isinstance(msg, (Delta, Done, Error)) and msg.request_id in self.by_internal:
-                await self.relay(msg.request_id, msg)
+            try:
+                await self.on_worker(msg)
+            except Exception:  # one message must never end the loop every answer and heartbeat comes through
+                log.exception("event=worker_message_failed type=%s", type(msg).__name__)
+
+    async def on_worker(self, msg: Message) -> None:
+        if isinstance(msg, Ready):
+            self.worker.on_ready(msg.body())
+            if not self._model_info.digest:  # first start: the worker has just assembled the file
+                self._refresh_model_info()
+            await self.dispatch()
+        elif isinstance(msg, Dead):
+            log.error("event=worker_dead reason=%r", msg.reason)
+        elif isinstance(msg, (Delta, Done, Error)) and msg.request_id in self.by_internal:
+            await self.relay(msg.request_id, msg)
 
     async def relay(self, internal_id: str, msg: Delta | Done | Error) -> None:
         req = self.by_internal[internal_id]

@@ -33,11 +33,12 @@ TOOLS = [
     {
         "type": "function",
         "function": {
-            "name": "HassTurnOn",
-            "description": "Turns on a device",
+            "name": name,
+            "description": f"{name} a device",
             "parameters": {"type": "object", "properties": {"name": {"type": "string"}}},
         },
     }
+    for name in ("HassTurnOn", "HassTurnOff")
 ]
 USAGE = {"prompt_tokens": 120, "cached_tokens": 100, "completion_tokens": 7}
 TIMINGS = {"ttft_ms": 30.0, "prefill_ms": 12.5, "decode_ms": 70.0, "prefill_tok_s": 1600.0, "decode_tok_s": 100.0}
@@ -92,7 +93,7 @@ class ScriptedService:
     async def ensure_loaded(self, timeout_s: float) -> str | None:
         return None if self.ready else "the model is loading"
 
-    async def unload(self) -> None:
+    async def unload(self, only_if_idle: bool = False) -> None:
         self.unloads += 1
 
 

@@ -178,6 +178,27 @@ def test_json_tool_call_from_the_live_model_in_both_apis(live):
         assert json.loads(c.choices[0].message.tool_calls[0].function.arguments) == {"name": "Kitchen Light"}
 
 
+def test_values_msgpack_cannot_carry_are_a_400_and_nothing_hangs(live):
+    """An integer past 64 bits or a lone surrogate passes JSON but not the wire to the worker: refused
+    up front, and the queue keeps moving (it once left a request that never ran at its head)."""
+    url, _, _ = live
+    name = served_name(url)
+    call = {"function": {"name": "HassTurnOn", "arguments": {"x": 2**70}}}
+    bad = [
+        {"model": name, "messages": [{"role": "assistant", "content": "", "tool_calls": [call]}]},
+        {"model": name, "messages": [{"role": "user", "content": "x"}], "tools": [{"function": {"name": "\ud800"}}]},
+    ]
+    for body in bad:
+        req = urllib.request.Request(url + "/api/chat", data=json.dumps(body).encode())
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        e.value.close()
+        assert e.value.code == 400
+    with ollama.Client(host=url) as client:  # seed -1 is Ollama's "random"
+        opts = {"num_predict": 3, "ignore_eos": True, "seed": -1}
+        assert client.chat(model=name, messages=[{"role": "user", "content": "hi"}], options=opts).eval_count == 3
+
+
 ENTITIES = "\n".join(f"- light.room_{i}: Room {i} light (on)" for i in range(8))
 HA_TOOLS = [
     {

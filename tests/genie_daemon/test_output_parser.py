@@ -13,8 +13,11 @@ QWEN = (
 )
 
 
-def run(text: str, step: int, tools: bool = True) -> list:
-    p = OutputParser(tools)
+TOOLS = ["HassTurnOn", "HassTurnOff", "HassLightSet", "x"]
+
+
+def run(text: str, step: int, tools: bool = True, think: bool = False) -> list:
+    p = OutputParser(TOOLS if tools else None, think=think)
     events = []
     for i in range(0, len(text), step):
         events += p.feed(text[i : i + step])
@@ -71,3 +74,28 @@ def test_unterminated_call_and_reasoning_are_flushed_at_the_end():
 def test_text_that_only_looks_like_a_tag_start():
     assert run("<thinking about it>", 1) == [Piece("content", "<thinking about it>")]
     assert run("a < b and c <tool", 1) == [Piece("content", "a < b and c <tool")]
+
+
+def test_calls_only_to_offered_tools_and_only_with_arguments():
+    text = '{"name": "Kitchen", "state": "on"}'  # an answer in JSON, not a call
+    assert run(text, 4) == [Piece("content", text)]
+    text = '{"name": "HassTurnOn"}'  # no arguments key: not a call either
+    assert run(text, 4) == [Piece("content", text)]
+    text = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'  # not an offered tool
+    assert run(text, 3) == [Piece("content", text)]
+
+
+def test_no_tools_offered_means_no_calls():
+    text = 'Raw text <tool_call>{"name": "x", "arguments": {}}</tool_call> tail'
+    assert run(text, 5, tools=False) == [Piece("content", text)]
+
+
+@pytest.mark.parametrize("step", [1, 5, 1000])
+def test_reasoning_that_starts_inside_think(step):
+    """Templates that open <think> in the prompt: the reply begins with reasoning and a bare </think>."""
+    text = "The user asks about lights.\n</think>\n\nThe kitchen light is on."
+    assert run(text, step, think=True) == [
+        Piece("thinking", "The user asks about lights.\n"),
+        Piece("content", "The kitchen light is on."),
+    ]
+    assert run("No reasoning here.", step, think=True) == [Piece("content", "No reasoning here.")]
