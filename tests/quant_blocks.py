@@ -37,6 +37,14 @@ def random_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> n
     return raw.reshape(rows, -1)
 
 
+def product_err(out: np.ndarray, x: np.ndarray, w: np.ndarray) -> float:
+    """max |out - x @ w.T| / (|x| @ |w|.T): each product's error against the size of its terms, which is
+    what float32 accumulation bounds (rel_err of a product that cancels to near zero is not)."""
+    assert np.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite elements"
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    return float((np.abs(out.astype(np.float64) - x64 @ w64.T) / (np.abs(x64) @ np.abs(w64).T + 1e-300)).max())
+
+
 def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     assert np.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite elements"
     return float(np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref))

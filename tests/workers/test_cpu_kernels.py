@@ -16,7 +16,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
-from tests.quant_blocks import F16_FIELDS, Q, random_blocks, rel_err
+from tests.quant_blocks import F16_FIELDS, Q, product_err, random_blocks, rel_err
 from workers.engine.arch.layers import forward
 from workers.engine.backends import cpu_kernels
 from workers.engine.backends.block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
@@ -81,11 +81,13 @@ def test_kernel_products_match_float64(kernels, qtype, shape):
     raw = signed_blocks(qtype, rows, cols, rng)
     w = to_blocks(tensor_of(raw, qtype, rows, cols))
     dense = dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+    # judged per product against the size of its terms: a 1-row matrix's single product may cancel to
+    # near zero, where a relative error measures float32 rounding of the terms, not the kernel
     for n in (1, 3, GEMV_MAX_TOKENS):
         x = rng.standard_normal((n, cols), dtype=np.float32)
-        assert rel_err(kernels.gemv(x, w), x.astype(np.float64) @ dense.T) < 1e-5
+        assert product_err(kernels.gemv(x, w), x, dense) < 2e-6
     x = rng.standard_normal((40, cols), dtype=np.float32)
-    assert rel_err(kernels.gemm(x, w), x.astype(np.float64) @ dense.T) < 1e-5
+    assert product_err(kernels.gemm(x, w), x, dense) < 2e-6
     out = np.full((min(rows, 5), cols), np.nan, dtype=np.float32)
     np.testing.assert_array_equal(kernels.dequantize(w, 0, min(rows, 5), out), dense[:5].astype(np.float32))
 
