@@ -255,3 +255,23 @@ def check_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise HttpError(400, f"tools[{i}] must be {{type: function, function: {{name, ...}}}}")
     return tools
+
+
+def tool_call_in(call: Any, where: str) -> dict[str, Any]:
+    """An assistant message's earlier tool call, for the chat template: {function: {name, arguments}} with
+    arguments an object (Ollama) or a JSON object string (OpenAI); an OpenAI `id` is kept."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise HttpError(400, f"{where} must be {{function: {{name, arguments}}}}")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            raise HttpError(400, f"{where}.function.arguments must be a JSON object string") from None
+    if not isinstance(args, dict):
+        raise HttpError(400, f"{where}.function.arguments must be a JSON object")
+    out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out

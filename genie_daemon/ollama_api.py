@@ -31,6 +31,7 @@ from .http_turn import (
     get,
     read_json,
     stop_list,
+    tool_call_in,
 )
 from .model_info import ModelInfo, iso_time
 from .output_parser import Piece, ToolCall
@@ -202,22 +203,12 @@ def _messages(raw: list[Any]) -> list[dict[str, Any]]:
         msg: dict[str, Any] = {"role": role, "content": get(m, "content", "str", "", where=where)}
         calls = get(m, "tool_calls", "list", where=where)
         if calls:
-            msg["tool_calls"] = [_tool_call_in(c, f"{where}tool_calls[{j}]") for j, c in enumerate(calls)]
+            msg["tool_calls"] = [tool_call_in(c, f"{where}tool_calls[{j}]") for j, c in enumerate(calls)]
         name = get(m, "tool_name", "str", where=where)
         if name:
             msg["name"] = name
         out.append(msg)
     return out
-
-
-def _tool_call_in(call: Any, where: str) -> dict[str, Any]:
-    fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise HttpError(400, f"{where} must be {{function: {{name, arguments}}}}")
-    args = fn.get("arguments", {})
-    if not isinstance(args, dict):
-        raise HttpError(400, f"{where}.function.arguments must be an object")
-    return {"type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
 async def chat(request: web.Request) -> web.StreamResponse:

@@ -34,6 +34,7 @@ from .http_turn import (
     get,
     read_json,
     stop_list,
+    tool_call_in,
 )
 from .model_info import ModelInfo
 from .output_parser import Piece, ToolCall
@@ -130,30 +131,12 @@ def _messages(raw: list[Any]) -> list[dict[str, Any]]:
         msg: dict[str, Any] = {"role": role, "content": _content(m.get("content"), where)}
         calls = get(m, "tool_calls", "list", where=where)
         if calls:
-            msg["tool_calls"] = [_tool_call_in(c, f"{where}tool_calls[{j}]") for j, c in enumerate(calls)]
+            msg["tool_calls"] = [tool_call_in(c, f"{where}tool_calls[{j}]") for j, c in enumerate(calls)]
         for key in ("tool_call_id", "name"):
             value = get(m, key, "str", where=where)
             if value:
                 msg[key] = value
         out.append(msg)
-    return out
-
-
-def _tool_call_in(call: Any, where: str) -> dict[str, Any]:
-    fn = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise HttpError(400, f"{where} must be {{type: function, function: {{name, arguments}}}}")
-    args = fn.get("arguments", "{}")
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            raise HttpError(400, f"{where}.function.arguments must be a JSON object string") from None
-    if not isinstance(args, dict):
-        raise HttpError(400, f"{where}.function.arguments must be a JSON object")
-    out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
-    if isinstance(call.get("id"), str):
-        out["id"] = call["id"]
     return out
 
 

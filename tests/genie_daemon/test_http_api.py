@@ -403,3 +403,22 @@ def test_json_formats_reach_the_worker(served):
     assert service.submitted[-1].format == schema
     client.chat.completions.create(model="tiny", messages=msgs)
     assert service.submitted[-1].format is None
+
+
+def test_earlier_tool_calls_are_checked_in_both_shapes(served):
+    """An assistant message's tool call: arguments an object or a JSON object string, else a 400."""
+    service, url = served
+    for args in ({"area": "Kitchen"}, '{"area": "Kitchen"}'):
+        call = {"id": "call_1", "type": "function", "function": {"name": "HassTurnOff", "arguments": args}}
+        history = [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "ok"}]
+        for path in ("/api/chat", "/v1/chat/completions"):
+            status, _ = http(url + path, {"model": "tiny", "messages": history, "stream": False})
+            assert status == 200
+            sent = service.submitted[-1].messages[0]["tool_calls"][0]
+            assert sent["function"]["arguments"] == {"area": "Kitchen"} and sent["id"] == "call_1"
+    for args in ("[" * 5000, "not json", "[1, 2]", 7):
+        call = {"function": {"name": "HassTurnOff", "arguments": args}}
+        history = [{"role": "assistant", "content": "", "tool_calls": [call]}]
+        for path in ("/api/chat", "/v1/chat/completions"):
+            status, body = http(url + path, {"model": "tiny", "messages": history, "stream": False})
+            assert status == 400 and b"arguments" in body, (path, args, body[:200])
