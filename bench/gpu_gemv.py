@@ -13,7 +13,6 @@ import statistics
 import sys
 from collections.abc import Callable
 from functools import partial
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +58,8 @@ def main() -> None:
     import cupy as cp
     from gguf import GGMLQuantizationType as Q
 
-    kernels = resources.files("workers.engine.backends").joinpath("kernels")
-    src = kernels.joinpath("common.cuh").read_text("utf-8") + kernels.joinpath("quant.cu").read_text("utf-8")
+    from workers.engine.backends.cupy_backend import QUANT_SOURCES, kernel_module
+
     n_sm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     read = cp.RawModule(code=READ).get_function("read_all")
     rng = np.random.default_rng(0)
@@ -73,7 +72,7 @@ def main() -> None:
         ("output 151936x2560", Q.Q6_K, 151936, 2560),
     ]
     variants = [(units, threads) for units in (2, 4, 8) for threads in (128, 256)]
-    modules = {u: cp.RawModule(code=src, options=("-std=c++17", f"-DOCTET_UNITS={u}")) for u in (2, 4, 8)}
+    modules = {u: kernel_module(*QUANT_SOURCES, options=(f"-DOCTET_UNITS={u}",)) for u in (2, 4, 8)}
     print("GB/s (best rows per warp); u = OCTET_UNITS, t = threads per block")
     print("| matrix | type | MB | read | " + " | ".join(f"u{u} t{t}" for u, t in variants) + " |")
     print("|" + "---|" * (4 + len(variants)))

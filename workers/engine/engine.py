@@ -149,9 +149,13 @@ class Engine:
         def run() -> Any:
             return forward(m.config, m.weights, self.backend, self.kv, slot, arr, pos0, logit_rows)
 
-        # one captured decode step per slot (the GPU backend replays it as a CUDA graph)
-        key = (slot, len(arr), logit_rows is not None)
-        out = self.backend.forward_step(self._steps, key, run, arr, pos0, capturable=self.kv.config.dtype != "f32")
+        out = None
+        if len(arr) == 1 and logit_rows is not None:  # a decode step: the backend's fused path if it has one
+            out = self.backend.decode_step(self._steps, m.config, m.weights, self.kv, slot, int(arr[0]), pos0)
+        if out is None:
+            # one captured step per slot and shape (the GPU backend replays it as a CUDA graph)
+            key = (slot, len(arr), logit_rows is not None)
+            out = self.backend.forward_step(self._steps, key, run, arr, pos0, capturable=self.kv.config.dtype != "f32")
         self.kv.resident[slot].extend(ids)
         return out
 

@@ -6,7 +6,9 @@ dequantizes in registers (kernels/quant.cu; for Q4_K and Q6_K, int8 activations 
 cuBLAS in TF32: float32's range (float16 inputs overflowed to inf on the synthetic Qwen3 bench models),
 inputs rounded to 10 mantissa bits, float32 accumulation. RMSNorm, RoPE, the gated activation, the KV
 write and attention are one fused kernel each (kernels/ops.cu); what is left (residual adds, the float32
-KV used by tests) is the NumPy backend's code run on CuPy arrays.
+KV used by tests) is the NumPy backend's code run on CuPy arrays. A decode step of these kernels is
+captured as a CUDA graph and replayed; with `use_fused`, `decode_step` runs the whole step as one launch
+of kernels/decode.cu instead (cupy_decode.py).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from ..arch.layers import ModelWeights
 from ..gguf_file import TensorInfo
-from ..kv_cache import LayerKV
+from ..kv_cache import KVCache, LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
+from .cupy_decode import FusedDecode, unsupported
 from .numpy_backend import NumpyBackend, dequantize_tensor
 
 GEMV_MAX_TOKENS = 8  # MAX_TOK in quant.cu
@@ -29,6 +33,10 @@ GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
 PREFILL_SCRATCH_BYTES = 32 << 20  # float32 weight scratch of the prefill path: the GPU memory bound allows no more
 OCTET_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})  # int8-activation one-token kernels
 THREADS = 256
+# each module's source: kernels/ files in order (shared headers first; CuPy's disk cache keys on the text)
+QUANT_SOURCES = ("common.cuh", "blocks.cuh", "quant.cu")
+OPS_SOURCES = ("common.cuh", "kv_rows.cuh", "attend.cuh", "ops.cu")
+DECODE_SOURCES = ("common.cuh", "blocks.cuh", "kv_rows.cuh", "attend.cuh", "decode.cu")
 
 # GGML type -> kernel name suffix in quant.cu
 KERNEL_TYPES: dict[GGMLQuantizationType, str] = {
@@ -79,6 +87,16 @@ class _Captured:
     version: int  # the backend's buffer version it was captured against
 
 
+def kernel_module(*files: str, options: tuple[str, ...] = ()) -> Any:
+    """A RawModule of kernels/ files joined in order (NVRTC has no include path into the package). CuPy
+    caches compiled modules on disk (~/.cupy/kernel_cache), keyed by the text: a second start compiles nothing."""
+    import cupy
+
+    kernels = resources.files(__package__).joinpath("kernels")
+    code = "\n".join(kernels.joinpath(name).read_text("utf-8") for name in files)
+    return cupy.RawModule(code=code, options=("-std=c++17", *options))
+
+
 def cupy_available() -> bool:
     try:
         import cupy
@@ -96,15 +114,10 @@ class CupyBackend(NumpyBackend):
 
         self.xp = cupy
         super().__init__(block_kernels=False)  # its own kernels; the CPU ones are never built here
-        kernels = resources.files(__package__).joinpath("kernels")
-        # CuPy caches compiled modules on disk (~/.cupy/kernel_cache): a second start compiles nothing
-        common = kernels.joinpath("common.cuh").read_text("utf-8")
-        self._module, self._ops = (
-            cupy.RawModule(code=common + kernels.joinpath(name).read_text("utf-8"), options=("-std=c++17",))
-            for name in ("quant.cu", "ops.cu")
-        )
+        self._module, self._ops = (kernel_module(*files) for files in (QUANT_SOURCES, OPS_SOURCES))
         for module in (self._module, self._ops):
             module.compile()  # now, not mid-generation: a compile failure is a start-up error
+        self._decode_modules: dict[tuple[tuple[str, int], ...], Any] = {}
         self._kernels: dict[str, Any] = {}
         self._ids = cupy.zeros(1, dtype=cupy.int64)  # staged token ids of the current step
         self._pos = cupy.zeros(1, dtype=cupy.int32)  # staged first position (the kernels read it here)
@@ -113,8 +126,16 @@ class CupyBackend(NumpyBackend):
         self._capturing = False
         self._version = 0  # bumped whenever a buffer captured steps read (ids, RoPE tables) is replaced
         self.use_graphs = True
+        # one-token steps through the fused decode kernel (cupy_decode.py) where it applies: off by default while it
+        # is slower than the separate kernels at depth (bench/NOTES.md v7: 4B 252 vs 244 tok/s at 0, 215 vs 244
+        # at 4096)
+        self.use_fused = False
+        self.fused_prefetch = False  # its L2 prefetch of the next product's weights (measured slower)
+        self.fused_threads = 512  # its block size (one block per SM)
+        self.fused_units = 1  # 256-value weight units per octet of lanes and round (two rounds in flight)
+        self._fused_last: tuple[Any, Any] | None = None  # (logits, token) of the last fused step
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
-        self._n_sm = int(props["multiProcessorCount"])
+        self.n_sm = int(props["multiProcessorCount"])
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
 
     @property
@@ -212,7 +233,7 @@ class CupyBackend(NumpyBackend):
     def _rows_per_warp(self, w: QuantWeight) -> int:
         # several rows per warp share the x registers, but only where the grid still gives every SM two
         # blocks: measured on the H200, 4 rows per warp everywhere lifted 4B decode 14 % and cost 0.6B 15 %
-        return max(1, min(GEMV1_ROWS, w.rows // (THREADS // 32 * 2 * self._n_sm)))
+        return max(1, min(GEMV1_ROWS, w.rows // (THREADS // 32 * 2 * self.n_sm)))
 
     def _q8_input(
         self,
@@ -361,7 +382,7 @@ class CupyBackend(NumpyBackend):
         n, heads, hd = q.shape
         n_kv = heads // group
         blocks = n * n_kv
-        n_splits = 1 if blocks >= 2 * self._n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self._n_sm // blocks))
+        n_splits = 1 if blocks >= 2 * self.n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self.n_sm // blocks))
         null = np.uint64(0)
         part_m = part_l = part_acc = null
         if n_splits > 1:
@@ -448,6 +469,51 @@ class CupyBackend(NumpyBackend):
         return self.dequant_into(weight, cp.empty((len(ids), weight.cols), dtype=cp.float32), dev_ids, scale)
 
     # -- steps and CUDA graphs ---------------------------------------------------------------------------
+    def decode_step(
+        self,
+        steps: dict[Hashable, Any],
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        kv: KVCache,
+        slot: int,
+        token: int,
+        pos0: int,
+    ) -> Any:
+        """One token through the fused decode kernel (cupy_decode.py), when it takes this model and cache."""
+        if not self.use_fused:
+            return None
+        key = ("fused", slot)
+        if key not in steps:  # False: this model takes the separate kernels
+            steps[key] = FusedDecode(self, cfg, weights, kv, slot) if unsupported(cfg, kv) is None else False
+        fused = steps[key]
+        if not isinstance(fused, FusedDecode):
+            return None
+        logits = fused.run(token, pos0)
+        self._fused_last = (logits, fused.token)
+        return logits
+
+    def decode_module(self, defines: tuple[tuple[str, int], ...]) -> Any:
+        """decode.cu compiled for one model shape (cupy_decode.FusedDecode's defines)."""
+        module = self._decode_modules.get(defines)
+        if module is None:
+            module = kernel_module(*DECODE_SOURCES, options=tuple(f"-D{k}={v}" for k, v in defines))
+            module.compile()
+            self._decode_modules[defines] = module
+        return module
+
+    def rope_table(self, base: float, scale: float, rope_dim: int, n_pos: int) -> Any:
+        """The cos/sin tables [>= n_pos, rope_dim / 2] on the device (replacing one bumps `buffer_version`)."""
+        return self._rope_table(base, scale, rope_dim, n_pos)
+
+    def staged_inputs(self) -> tuple[Any, Any]:
+        """The device buffers stage_inputs fills: token ids (int64) and the first position (int32)."""
+        return self._ids, self._pos
+
+    @property
+    def buffer_version(self) -> int:
+        """Bumped whenever a buffer that captured steps or fused descriptors point to is replaced."""
+        return self._version
+
     def stage_inputs(self, ids: np.ndarray, pos0: int) -> Any:
         cp = self.xp
         n = len(ids)
@@ -512,6 +578,8 @@ class CupyBackend(NumpyBackend):
 
     def greedy_token(self, logits: Any) -> int:
         cp = self.xp
+        if self._fused_last is not None and logits is self._fused_last[0]:  # the fused step took the argmax
+            return int(cp.asnumpy(self._fused_last[1])[0])
         row = cp.ascontiguousarray(logits[-1], dtype=cp.float32)
         if self._argmax_buf is None:  # per-block partials, the last-block counter (zero between launches), the result
             self._argmax_buf = (
@@ -665,7 +733,7 @@ class CupyBackend(NumpyBackend):
             return self._attention_gqa(q, kv, slot, window, scale, softcap, out, group, dpl)
         rows = n * heads
         # split-K when the rows alone cannot fill the GPU (decode): each split takes a share of the keys
-        n_splits = 1 if rows >= 2 * self._n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self._n_sm // rows))
+        n_splits = 1 if rows >= 2 * self.n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self.n_sm // rows))
         part_m = part_l = part_acc = null
         if n_splits > 1:
             part_m = cp.empty(rows * n_splits, dtype=cp.float32)

@@ -1,5 +1,6 @@
-// Helpers shared by quant.cu and ops.cu. The backend prepends this file to each module's source (so
-// CuPy's on-disk kernel cache, keyed by the source text, sees a change here), hence no #include of it.
+// Helpers shared by every module (quant.cu, ops.cu, decode.cu). The backend joins each module's files
+// into one source (so CuPy's on-disk kernel cache, keyed by the source text, sees a change here), hence
+// no #include of it or of the other .cuh files.
 #include <cuda_fp16.h>
 
 #define FULL 0xffffffffu
@@ -32,4 +33,30 @@ __device__ __forceinline__ float gated(float g, float u, int kind) {
     const float a = kind == 0 ? g * (0.5f + 0.5f * tanhf(0.5f * g))
                               : 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
     return a * u;
+}
+
+// The index of the largest value (the first on ties, as numpy.argmax) and whether any value was not finite:
+// argmax_row (ops.cu) and the fused decode step's output layer (decode.cu).
+__device__ __forceinline__ bool argmax_better(float v, int i, float best, int idx) {
+    return v > best || (v == best && i < idx);  // larger value wins, then the smaller index
+}
+// (best, idx, bad) over the block; thread 0 gets the result
+__device__ void argmax_block(float& best, int& idx, int& bad) {
+    __shared__ float sv[32];
+    __shared__ int si[32], sbad[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL, best, o);
+        const int oi = __shfl_xor_sync(FULL, idx, o);
+        if (argmax_better(ov, oi, best, idx)) best = ov, idx = oi;
+        bad |= __shfl_xor_sync(FULL, bad, o);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) sv[warp] = best, si[warp] = idx, sbad[warp] = bad;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
+            if (argmax_better(sv[w], si[w], best, idx)) best = sv[w], idx = si[w];
+            bad |= sbad[w];
+        }
 }

@@ -1,30 +1,7 @@
 // Fused per-layer operations of the CuPy backend: RMSNorm, RoPE, gated activation, KV write (INT8 with
 // the Hadamard rotation of docs/kv-cache.md, or FP16), and attention over the KV pool. Each replaces a
 // chain of CuPy array operations with one launch; numerics follow the NumPy backend.
-// common.cuh (FULL, NEG_INF, warp_sum, warp_max, block_reduce, gated) is prepended by the backend.
-
-// In-place normalized Walsh-Hadamard transform of buf[0, d) in blocks of `blk` (a power of two dividing
-// d): the kv_rotation matrix of docs/kv-cache.md. Called by every thread of the block (WARP false) or of
-// one warp (WARP true: that warp's row alone); both do the same arithmetic.
-template <bool WARP>
-__device__ void fwht_by(float* buf, int d, int blk) {
-    const int t = WARP ? (threadIdx.x & 31) : threadIdx.x, n = WARP ? 32 : blockDim.x;
-    for (int h = 1; h < blk; h <<= 1) {
-        if (WARP) __syncwarp(); else __syncthreads();
-        for (int i = t; i < d / 2; i += n) {
-            const int base = (i / h) * 2 * h + (i % h);
-            const float a = buf[base], b = buf[base + h];
-            buf[base] = a + b;
-            buf[base + h] = a - b;
-        }
-    }
-    if (WARP) __syncwarp(); else __syncthreads();
-    const float norm = rsqrtf((float)blk);
-    for (int i = t; i < d; i += n) buf[i] *= norm;
-    if (WARP) __syncwarp(); else __syncthreads();
-}
-__device__ __forceinline__ void fwht(float* buf, int d, int blk) { fwht_by<false>(buf, d, blk); }
-__device__ __forceinline__ void fwht_warp(float* row, int d, int blk) { fwht_by<true>(row, d, blk); }
+// common.cuh, kv_rows.cuh and attend.cuh come first in this module.
 
 // y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w[r % w_rows, :]; one block per row.
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, int d, int w_rows, float eps) {
@@ -83,24 +60,6 @@ extern "C" __global__ void gated_act(const float* gu, float* out, int n_tok, int
     out[i] = gated(gu[t * 2 * ffn + j], gu[t * 2 * ffn + ffn + j], kind);
 }
 
-// Store one row buf[0, d) (in shared memory, read by all of the block's threads) at row `out_row` of a
-// pool: INT8 when scales != NULL (rotate with fwht, scale = absmax / 127, round half to even, clamp; the
-// scale to scales[out_row]), else FP16. Called by every thread of the block.
-__device__ void store_kv_row(float* buf, int d, int blk, void* dst, float* scales, long long out_row, float* red) {
-    if (scales == nullptr) {
-        __half* o = reinterpret_cast<__half*>(dst) + out_row * d;
-        for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = __float2half_rn(buf[i]);
-        return;
-    }
-    fwht(buf, d, blk);
-    float m = 0.f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) m = fmaxf(m, fabsf(buf[i]));
-    const float scale = block_reduce<true>(m, red) / 127.f;
-    const float inv = scale > 0.f ? 1.f / scale : 0.f;
-    signed char* o = reinterpret_cast<signed char*>(dst) + out_row * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = (signed char)fminf(fmaxf(rintf(buf[i] * inv), -127.f), 127.f);
-    if (threadIdx.x == 0) scales[out_row] = scale;
-}
 
 // Store K rows [n_tok, n_heads, hd] and V rows [n_tok, n_heads, hdv] at positions pos0 + t of one slot's
 // pools [n_ctx, n_heads, hd(v)]: blockIdx.y 0 writes K, 1 writes V (one launch for both). One block per
@@ -138,23 +97,8 @@ extern "C" __global__ void qkv_post(float* qkv, int n_heads, int n_kv, int hd, i
     }
     float* x = qkv + t * row_len + (long long)head * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = x[i];
-    if (qk_norm != nullptr) {  // as rms_norm: x * rsqrt(mean(x^2) + eps) * w
-        float ss = 0.f;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += buf[i] * buf[i];
-        const float inv = rsqrtf(block_reduce<false>(ss, red) / hd + eps);
-        __syncthreads();
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = buf[i] * inv * qk_norm[(long long)head * hd + i];
-    }
-    __syncthreads();
-    const int half = rope_dim / 2;  // as rope
-    for (int p = threadIdx.x; p < half; p += blockDim.x) {
-        const float c = cos_t[(long long)(pos0 + t) * half + p], s = sin_t[(long long)(pos0 + t) * half + p];
-        const int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
-        const float x0 = buf[a], x1 = buf[b];
-        buf[a] = x0 * c - x1 * s;
-        buf[b] = x0 * s + x1 * c;
-    }
-    __syncthreads();
+    norm_rope<false>(buf, hd, qk_norm ? qk_norm + (long long)head * hd : nullptr, eps, cos_t, sin_t, rope_dim, neox,
+                     pos0 + t, red);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) x[i] = buf[i];
     if (head >= n_heads) store_kv_row(buf, hd, blk, k_dst, k_scales, (long long)(pos0 + t) * n_kv + head - n_heads, red);
 }
@@ -172,29 +116,6 @@ extern "C" __global__ void qkv_post(float* qkv, int n_heads, int n_kv, int hd, i
 // writes the output. Needs hd % 16 == 0 and hdv % 4 == 0.
 #define ATT_WARPS 8
 #define MAX_HD 512
-#define TILE 32
-
-__device__ __forceinline__ float dot16_i8(const int4 w, const float* q) {  // 16 int8 against q[0, 16)
-    const int v[4] = {w.x, w.y, w.z, w.w};
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float4 qq = *reinterpret_cast<const float4*>(q + 4 * i);
-        s += qq.x * (float)(signed char)(v[i]) + qq.y * (float)(signed char)(v[i] >> 8) +
-             qq.z * (float)(signed char)(v[i] >> 16) + qq.w * (float)(signed char)(v[i] >> 24);
-    }
-    return s;
-}
-__device__ __forceinline__ float dot8_f16(const uint4 w, const float* q) {  // 8 halves against q[0, 8)
-    const unsigned v[4] = {w.x, w.y, w.z, w.w};
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&v[i]));
-        s += q[2 * i] * f.x + q[2 * i + 1] * f.y;
-    }
-    return s;
-}
 
 extern "C" __global__ void attention(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
                                      const float* v_scale, float* out, float* part_m, float* part_l, float* part_acc,
@@ -357,13 +278,9 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
 }
 
 // Decode attention with the query heads of a KV head together (GQA): grid (n_tok * n_kv, n_splits), block
-// 8 warps. Each K and V row is loaded once for the G = n_heads / n_kv heads that read it (the per-head
-// kernel above loads it G times). In a tile of 32 keys every lane scores one key for all G heads (its K
-// row in 16-byte loads against the G rotated queries in shared memory), each head keeps its own online
-// softmax, and each lane accumulates DPL adjacent output dims of every head from the tile's V rows. The
-// warps merge in shared memory; with several splits every block writes per-head partials and the last
-// block of its (token, KV head) (counted in done[t * n_kv + kvh]) merges them. Needs hd == hdv == 32 DPL,
-// hd % 16 == 0 and G * hd <= 1024; the output is [n_tok, n_heads, hd] as attention's.
+// ATT_WARPS warps, the body gqa_attend (attend.cuh). Each block loads its G heads' queries (rotated for
+// INT8) and takes one contiguous share of the keys; the output is [n_tok, n_heads, hd] as attention's.
+// Needs hd == hdv == 32 DPL and G * hd <= 1024; done[t * n_kv + kvh] counts a group's splits.
 template <int G, int DPL>
 __device__ void attention_gqa(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
                               const float* v_scale, float* out, float* part_m, float* part_l, float* part_acc,
@@ -371,197 +288,18 @@ __device__ void attention_gqa(const float* q, const void* k_pool, const void* v_
                               float softcap) {
     constexpr int HD = 32 * DPL;
     __shared__ __align__(16) float qs[G * HD];
-    __shared__ float accs[ATT_WARPS][G * HD];
-    __shared__ float ms[ATT_WARPS][G], ls[ATT_WARPS][G];
-    __shared__ float wsp[G][2 * 32 + 1];  // the last block's merge: per split max then weight, sum; l_all
-    __shared__ bool last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int t = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv, h0 = kvh * G;
+    const int t = blockIdx.x / n_kv, kvh = blockIdx.x % n_kv;
     const int split = blockIdx.y, n_splits = gridDim.y;
     const int qpos = *pos0p + t;
     const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
     const int share = (qpos - lo + n_splits) / n_splits;  // ceil((qpos - lo + 1) / n_splits)
     const int j0 = lo + split * share, j1 = min(qpos, j0 + share - 1);
-    const bool int8 = k_scale != nullptr;
-    const long long q_row0 = (long long)t * n_heads + h0;  // the group's heads are adjacent rows
+    const long long q_row0 = (long long)t * n_heads + kvh * G;  // the group's heads are adjacent rows
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x) qs[i] = q[q_row0 * HD + i];
-    if (int8) fwht(qs, G * HD, blk);  // blk divides HD: the G rows rotate independently
+    if (k_scale != nullptr) fwht(qs, G * HD, blk);  // blk divides HD: the G rows rotate independently
     __syncthreads();
-    float acc[G][DPL], m[G], l[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        m[g] = NEG_INF, l[g] = 0.f;
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) acc[g][e] = 0.f;
-    }
-    for (int base = j0 + warp * TILE; base <= j1; base += ATT_WARPS * TILE) {
-        const int j = base + lane;
-        const bool live = j <= j1;
-        const long long krow = (long long)j * n_kv + kvh;
-        float ks = 1.f, vs = 1.f;
-        if (int8 && live) ks = k_scale[krow], vs = v_scale[krow];  // issued before the K loads
-        float s[G];
-#pragma unroll
-        for (int g = 0; g < G; ++g) s[g] = 0.f;
-        if (live) {
-            if (int8) {
-                const int4* kr = reinterpret_cast<const int4*>(reinterpret_cast<const signed char*>(k_pool) + krow * HD);
-#pragma unroll
-                for (int c = 0; c < HD / 16; ++c) {
-                    const int4 w = kr[c];
-#pragma unroll
-                    for (int g = 0; g < G; ++g) s[g] += dot16_i8(w, qs + g * HD + 16 * c);
-                }
-            } else {
-                const uint4* kr = reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(k_pool) + krow * HD);
-#pragma unroll
-                for (int c = 0; c < HD / 8; ++c) {
-                    const uint4 w = kr[c];
-#pragma unroll
-                    for (int g = 0; g < G; ++g) s[g] += dot8_f16(w, qs + g * HD + 8 * c);
-                }
-            }
-        }
-        float p[G];
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            float v = NEG_INF;
-            if (live) {
-                v = s[g] * scale * ks;
-                if (softcap > 0.f) v = softcap * tanhf(v / softcap);
-            }
-            const float m_new = fmaxf(m[g], warp_max(v));  // lane 0's key is live: finite
-            const float corr = __expf(m[g] - m_new);
-            p[g] = live ? __expf(v - m_new) : 0.f;
-            l[g] = l[g] * corr + warp_sum(p[g]);
-            m[g] = m_new;
-            p[g] *= vs;
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) acc[g][e] *= corr;
-        }
-        const int n_keys = min(TILE, j1 - base + 1);
-#pragma unroll 8
-        for (int jj = 0; jj < n_keys; ++jj) {
-            const long long vrow = (long long)(base + jj) * n_kv + kvh;
-            float v[DPL];
-            if (int8) {
-                const signed char* vr = reinterpret_cast<const signed char*>(v_pool) + vrow * HD + lane * DPL;
-                if (DPL == 8) {
-                    const int2 w = *reinterpret_cast<const int2*>(vr);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) v[e] = (float)(signed char)(w.x >> (8 * e)), v[4 + e] = (float)(signed char)(w.y >> (8 * e));
-                } else if (DPL == 4) {
-                    const int w = *reinterpret_cast<const int*>(vr);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) v[e] = (float)(signed char)(w >> (8 * e));
-                } else {
-#pragma unroll
-                    for (int e = 0; e < DPL; ++e) v[e] = (float)vr[e];
-                }
-            } else {
-                const __half2* vr = reinterpret_cast<const __half2*>(reinterpret_cast<const __half*>(v_pool) + vrow * HD + lane * DPL);
-#pragma unroll
-                for (int e = 0; e < DPL / 2; ++e) {
-                    const float2 f = __half22float2(vr[e]);
-                    v[2 * e] = f.x, v[2 * e + 1] = f.y;
-                }
-            }
-#pragma unroll
-            for (int g = 0; g < G; ++g) {
-                const float pj = __shfl_sync(FULL, p[g], jj);
-#pragma unroll
-                for (int e = 0; e < DPL; ++e) acc[g][e] += pj * v[e];
-            }
-        }
-    }
-    // merge the warps
-    if (lane == 0)
-#pragma unroll
-        for (int g = 0; g < G; ++g) ms[warp][g] = m[g], ls[warp][g] = l[g];
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        float m_all = NEG_INF;
-        for (int w = 0; w < ATT_WARPS; ++w) m_all = fmaxf(m_all, ms[w][g]);
-        const float f = m[g] == NEG_INF ? 0.f : __expf(m[g] - m_all);
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) accs[warp][g * HD + lane * DPL + e] = acc[g][e] * f;
-    }
-    __syncthreads();
-    // per head: the merged max and sum over the warps (every thread computes them; G * 8 values)
-    float m_all[G], l_all[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        m_all[g] = NEG_INF, l_all[g] = 0.f;
-        for (int w = 0; w < ATT_WARPS; ++w) m_all[g] = fmaxf(m_all[g], ms[w][g]);
-        for (int w = 0; w < ATT_WARPS; ++w)
-            if (ms[w][g] != NEG_INF) l_all[g] += ls[w][g] * __expf(ms[w][g] - m_all[g]);
-    }
-    if (n_splits > 1) {
-        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-            float sum = 0.f;
-            for (int w = 0; w < ATT_WARPS; ++w) sum += accs[w][i];
-            part_acc[((q_row0 + i / HD) * n_splits + split) * HD + i % HD] = sum;
-        }
-        if (threadIdx.x < G) {
-#pragma unroll
-            for (int g = 0; g < G; ++g)
-                if (g == threadIdx.x) {
-                    part_m[(q_row0 + g) * n_splits + split] = m_all[g];
-                    part_l[(q_row0 + g) * n_splits + split] = l_all[g];
-                }
-        }
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            last = atomicAdd(&done[blockIdx.x], 1) == n_splits - 1;
-            if (last) done[blockIdx.x] = 0;  // ready for the next launch (a graph replays this one)
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        // every split's max and sum at once into shared memory, then per head the split weights
-        for (int i = threadIdx.x; i < G * n_splits; i += blockDim.x) {
-            const int g = i / n_splits, sp = i % n_splits;
-            wsp[g][sp] = __ldcg(part_m + (q_row0 + g) * n_splits + sp);
-            wsp[g][32 + sp] = __ldcg(part_l + (q_row0 + g) * n_splits + sp);
-        }
-        __syncthreads();
-        if (warp < G) {
-            float mx = NEG_INF;
-            for (int sp = lane; sp < n_splits; sp += 32) mx = fmaxf(mx, wsp[warp][sp]);
-            mx = warp_max(mx);
-            float lsum = 0.f;
-            for (int sp = lane; sp < n_splits; sp += 32) {
-                const float w = wsp[warp][sp] == NEG_INF ? 0.f : __expf(wsp[warp][sp] - mx);
-                wsp[warp][sp] = w;
-                lsum += wsp[warp][32 + sp] * w;
-            }
-            lsum = warp_sum(lsum);
-            if (lane == 0) wsp[warp][64] = lsum;
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-            const int g = i / HD, c = i % HD;
-            float sum = 0.f;
-#pragma unroll 8
-            for (int sp = 0; sp < n_splits; ++sp) sum += __ldcg(part_acc + ((q_row0 + g) * n_splits + sp) * HD + c) * wsp[g][sp];
-            qs[i] = sum / wsp[g][64];
-        }
-    } else {
-        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-            float sum = 0.f;
-            for (int w = 0; w < ATT_WARPS; ++w) sum += accs[w][i];
-            float la = 0.f;
-#pragma unroll
-            for (int g = 0; g < G; ++g)
-                if (g == i / HD) la = l_all[g];
-            qs[i] = sum / la;
-        }
-    }
-    if (int8) fwht(qs, G * HD, blk);  // back from the rotation (V's blk equals K's: hd == hdv)
-    __syncthreads();
-    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) out[q_row0 * HD + i] = qs[i];
+    gqa_attend<G, DPL, ATT_WARPS>(qs, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, j0, j1, scale, softcap, blk, q_row0,
+                                  split, n_splits, part_m, part_l, part_acc, done + blockIdx.x, out + q_row0 * HD);
 }
 
 #define GQA_INSTANTIATE(G, DPL)                                                                               \
@@ -805,30 +543,6 @@ PF_INSTANTIATE(256)
 // numpy.argmax), or -1 when any value is not finite, so only that int crosses to the host. Each block
 // reduces a strided share into part_v / part_i (part_bad: a non-finite value seen); the last block to
 // finish (counted in done[0], zero between launches) reduces those, one per thread (gridDim.x <= blockDim.x).
-__device__ __forceinline__ bool argmax_better(float v, int i, float best, int idx) {
-    return v > best || (v == best && i < idx);  // larger value wins, then the smaller index
-}
-// (best, idx, bad) over the block; thread 0 gets the result
-__device__ void argmax_block(float& best, int& idx, int& bad) {
-    __shared__ float sv[32];
-    __shared__ int si[32], sbad[32];
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL, best, o);
-        const int oi = __shfl_xor_sync(FULL, idx, o);
-        if (argmax_better(ov, oi, best, idx)) best = ov, idx = oi;
-        bad |= __shfl_xor_sync(FULL, bad, o);
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) sv[warp] = best, si[warp] = idx, sbad[warp] = bad;
-    __syncthreads();
-    if (threadIdx.x == 0)
-        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
-            if (argmax_better(sv[w], si[w], best, idx)) best = sv[w], idx = si[w];
-            bad |= sbad[w];
-        }
-}
-
 extern "C" __global__ void argmax_row(const float* x, int n, float* part_v, int* part_i, int* part_bad, int* done, int* out) {
     __shared__ bool last;
     float best = NEG_INF;
@@ -859,3 +573,4 @@ extern "C" __global__ void argmax_row(const float* x, int n, float* part_v, int*
         done[0] = 0;
     }
 }
+
