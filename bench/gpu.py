@@ -1,11 +1,15 @@
 """GPU throughput on synthetic models with the exact shapes of Qwen3-0.6B and Qwen3-4B (Q4_K_M), beside
 llama.cpp's numbers on the same H200 (../shared/ANCHORS.md, b11312, flash attention, F16 KV).
 
-    python bench/gpu.py [--models qwen3-0.6b qwen3-4b] [--kv int8 f16] [--depths 0 1024 4096] [--out DIR]
+    python bench/gpu.py [--models qwen3-0.6b qwen3-4b] [--kv int8 f16] [--depths 0 1024 4096]
+                        [--paths separate fused fused-prefetch] [--repeats 3] [--out DIR]
 
 Writes the synthetic GGUFs (bench/synthetic.py) into --out (default /tmp/genie-bench), then for each model
 and KV type prints pp512 (prefill of 512 tokens) and tg128 (128 greedy tokens) after a prompt of each
-depth, GPU memory in use, and the ratio to llama.cpp. bench/NOTES.md keeps each version's numbers.
+depth for each decode path (--paths: the separate kernels as a CUDA graph, the fused one-launch step, the
+same with its L2 prefetch), the ratio to llama.cpp, the fused step's logits against the separate
+kernels' (relative error over 8 steps: the real shapes' correctness check), and the GPU memory the process
+holds. bench/NOTES.md keeps each version's numbers.
 """
 
 from __future__ import annotations
@@ -29,18 +33,50 @@ ANCHORS = {
 }
 
 
-def bench_model(name: str, path: Path, kv: str, depths: list[int], repeats: int) -> dict:
+# decode paths: label -> (fused decode step, its L2 prefetch)
+PATHS = {
+    "separate": (False, False),  # the separate kernels, replayed as a CUDA graph (the backend's default)
+    "fused": (True, False),  # kernels/decode.cu: the whole step in one launch
+    "fused-prefetch": (True, True),
+}
+
+
+def _decode(engine, token: int, pos: int):
+    return engine._run(0, [token], pos, slice(-1, None))
+
+
+def check_fused(engine, vocab: int, rng) -> float:
+    """||fused - separate|| / ||separate|| of the logits over 8 decode steps after a 300-token prompt."""
+    import cupy as cp
+    import numpy as np
+
+    backend = engine.backend
+    prompt = rng.integers(300, vocab, 300).tolist()
+    steps = rng.integers(300, vocab, 8).tolist()
+    out = {}
+    for fused in (False, True):
+        backend.use_fused = fused
+        engine.kv.resident[0] = []
+        engine._run(0, prompt, 0, None)
+        rows = [cp.asnumpy(_decode(engine, t, 300 + i))[-1] for i, t in enumerate(steps)]
+        out[fused] = np.array(rows, dtype=np.float64)
+    backend.use_fused = False
+    return float(np.linalg.norm(out[True] - out[False]) / np.linalg.norm(out[False]))
+
+
+def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int, paths: list[str]) -> dict:
     import cupy as cp
 
     from workers.engine.engine import Completion, Engine, EngineConfig
     from workers.engine.sampling import SamplingParams
 
     n_ctx = max(depths) + 512 + 256
-    engine = Engine(EngineConfig(model=str(path), backend="cupy", n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=512))
-    vocab = engine.model.config.n_vocab
+    backend = model.backend
+    vocab = model.config.n_vocab
     rng = __import__("numpy").random.default_rng(0)
+    out: dict = {"load_ms": model.load_ms, "tg": {}}
 
-    def run(prompt: list[int], n_gen: int) -> Completion:
+    def run(engine: Engine, prompt: list[int], n_gen: int) -> Completion:
         engine.kv.resident[0] = []
         done = None
         for ev in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=n_gen, ignore_eos=True)):
@@ -49,26 +85,38 @@ def bench_model(name: str, path: Path, kv: str, depths: list[int], repeats: int)
         assert isinstance(done, Completion)
         return done
 
-    out: dict = {"load_ms": engine.model.load_ms}
-    # warm-up: kernels compiled and loaded (cuBLAS loads a GEMM's kernels at its first use of a shape), pools filled
-    run(list(rng.integers(300, vocab, 64)), 4)
-    run(list(rng.integers(300, vocab, 512)), 4)
-    pp = []
-    for _ in range(repeats):
-        prompt = list(rng.integers(300, vocab, 512))
-        engine.kv.resident[0] = []
-        t0 = time.perf_counter()
-        for _ in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=0)):
-            pass
-        cp.cuda.Device().synchronize()
-        pp.append(512 / (time.perf_counter() - t0))
-    out["pp512"] = statistics.median(pp)
-    for depth in depths:
-        tg = [run(list(rng.integers(300, vocab, depth + 1)), 128).timings.decode_tok_s for _ in range(repeats)]
-        out[depth] = statistics.median(tg)
-    pool = cp.get_default_memory_pool()
-    out["gpu_mem_gib"] = pool.total_bytes() / 2**30
-    out["kv_gib"] = engine.kv.config.bytes_per_token * n_ctx / 2**30
+    for label in paths:
+        backend.use_fused, backend.fused_prefetch = PATHS[label]
+        # a fresh engine per path (its own captured or fused steps) on the one loaded model
+        engine = Engine(EngineConfig(model=str(path), n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=512), model)
+        # warm-up: kernels compiled and loaded (cuBLAS loads a GEMM's kernels at its first use of a shape)
+        run(engine, list(rng.integers(300, vocab, 64)), 4)
+        run(engine, list(rng.integers(300, vocab, 512)), 4)
+        if label == paths[0]:
+            pp = []
+            for _ in range(repeats):
+                prompt = list(rng.integers(300, vocab, 512))
+                engine.kv.resident[0] = []
+                t0 = time.perf_counter()
+                for _ in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=0)):
+                    pass
+                cp.cuda.Device().synchronize()
+                pp.append(512 / (time.perf_counter() - t0))
+            out["pp512"] = statistics.median(pp)
+            out["check"] = check_fused(engine, vocab, rng) if any("fused" in p for p in paths) else float("nan")
+            backend.use_fused, backend.fused_prefetch = PATHS[label]
+        tg = {}
+        for depth in depths:
+            runs = [run(engine, list(rng.integers(300, vocab, depth + 1)), 128) for _ in range(repeats)]
+            tg[depth] = statistics.median(r.timings.decode_tok_s for r in runs)
+        out["tg"][label] = tg
+        if label == paths[0]:  # while this engine holds its KV pool and steps
+            out["kv_gib"] = engine.kv.config.bytes_per_token * n_ctx / 2**30
+            out["pool_gib"] = cp.get_default_memory_pool().used_bytes() / 2**30  # arrays in use
+            free, total = cp.cuda.runtime.memGetInfo()
+            out["gpu_mem_gib"] = (total - free) / 2**30  # all the device memory the process holds
+        del engine
+    backend.use_fused, backend.fused_prefetch = False, False
     out["gguf_gib"] = path.stat().st_size / 2**30
     return out
 
@@ -78,10 +126,15 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--kv", nargs="+", default=["int8", "f16"], choices=["int8", "f16"])
     p.add_argument("--depths", nargs="+", type=int, default=[0, 1024, 4096])
+    p.add_argument("--paths", nargs="+", default=["separate", "fused"], choices=list(PATHS), help="decode paths")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    from workers.engine.backends.cupy_backend import CupyBackend
+    from workers.engine.model import Model
+
+    backend = CupyBackend()
     rows = []
     for name in args.models:
         path = args.out / f"{name}-q4_k_m.gguf"
@@ -91,18 +144,32 @@ def main() -> None:
             print(
                 f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s", flush=True
             )
+        model = Model.load(path, backend)
         for kv in args.kv:
-            r = bench_model(name, path, kv, args.depths, args.repeats)
+            r = bench_model(model, path, kv, args.depths, args.repeats, args.paths)
             a = ANCHORS[name]
-            tg = " | ".join(f"{r[d]:.0f} ({r[d] / a[d]:.2f}x)" if d in a else f"{r[d]:.0f}" for d in args.depths)
-            rows.append(
-                f"| {name} | {kv} | {r['load_ms']:.0f} | {r['pp512']:.0f} ({r['pp512'] / a['pp512']:.2f}x) | {tg} "
-                f"| {r['gpu_mem_gib']:.2f} (GGUF {r['gguf_gib']:.2f} + KV {r['kv_gib']:.2f}) |"
-            )
-            print(rows[-1], flush=True)
+            for label, tg_by_depth in r["tg"].items():
+                tg = " | ".join(
+                    f"{tg_by_depth[d]:.0f} ({tg_by_depth[d] / a[d]:.2f}x)" if d in a else f"{tg_by_depth[d]:.0f}"
+                    for d in args.depths
+                )
+                first = label == args.paths[0]
+                pp = f"{r['pp512']:.0f} ({r['pp512'] / a['pp512']:.2f}x)" if first else ""
+                check = f"{r['check']:.1e}" if first else ""
+                mem = (
+                    f"{r['pool_gib']:.2f} / {r['gpu_mem_gib']:.2f} (GGUF {r['gguf_gib']:.2f} + KV {r['kv_gib']:.2f})"
+                    if first
+                    else ""
+                )
+                rows.append(f"| {name} | {kv} | {label} | {r['load_ms']:.0f} | {pp} | {tg} | {check} | {mem} |")
+                print(rows[-1], flush=True)
+        del model
     depth_cols = " | ".join(f"tg128 @ {d}" for d in args.depths)
-    print(f"\n| model | KV | load ms | pp512 tok/s (x llama.cpp) | {depth_cols} | GPU memory GiB |")
-    print("|" + "---|" * (5 + len(args.depths)))
+    print(
+        f"\n| model | KV | decode | load ms | pp512 tok/s (x llama.cpp) | {depth_cols} | fused vs separate"
+        " | GPU GiB: arrays / process |"
+    )
+    print("|" + "---|" * (7 + len(args.depths)))
     print("\n".join(rows))
 
 
