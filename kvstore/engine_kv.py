@@ -10,7 +10,9 @@ from .store import KVStore, Saved
 
 
 def engine_layout(engine: Engine) -> KVLayout:
-    return KVLayout.of(engine.kv.config, tuple(layer.sliding_window for layer in engine.model.config.layers))
+    """The layout of the engine's cache: its pools and the window of the layer that writes each."""
+    cfg = engine.model.config
+    return KVLayout.of(engine.kv.config, tuple(cfg.layers[i].sliding_window for i in cfg.kv_layers))
 
 
 def hydrate(engine: Engine, store: KVStore, prompt_ids: list[int], conv_id: str = "", slot: int = 0) -> int:

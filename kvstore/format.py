@@ -53,6 +53,10 @@ class EntryUnavailable(EntryError):
     was read: a miss, but nothing says the file is bad, so it is kept."""
 
 
+class UnsupportedLayout(ValueError):
+    """A KV cache this format cannot hold: the caller runs without persistent KV."""
+
+
 @dataclass(frozen=True)
 class KVLayout:
     """What KV a file holds must equal what the worker's cache holds, field by field."""
@@ -66,7 +70,10 @@ class KVLayout:
 
     @classmethod
     def of(cls, kv: KVCacheConfig, windows: tuple[int, ...]) -> KVLayout:
-        """The layout of a worker's KV cache (windows: each layer's sliding window, 0 = global)."""
+        """The layout of a worker's KV cache (windows: each pool's sliding window, 0 = global). Format v3
+        holds pools of one shape; a cache whose pools differ (Gemma 4) raises UnsupportedLayout."""
+        if not kv.uniform:
+            raise UnsupportedLayout("KV entries (format v3) hold caches whose pools all have one shape")
         return cls(kv.dtype, kv.n_layers, kv.n_kv_heads, kv.head_dim, kv.v_head_dim, tuple(windows))
 
     @property

@@ -7,6 +7,7 @@ the rest in chunks, and checks `cancel()` between chunks and before every decode
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -16,15 +17,18 @@ import numpy as np
 
 from .arch.layers import forward
 from .backends import BACKEND_CHOICES, select_backend
+from .backends.numpy_backend import NumpyBackend
 from .chat_template import builtin_template, render_chat
 from .constraint import JsonConstraint
-from .errors import ModelError, RequestError
+from .errors import BackendUnsupportedError, ModelError, RequestError
 from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
 from .model import Model
+from .model_config import ModelConfig
 from .registry import DEFAULT_MODEL, resolve_model
 from .sampling import Sampler, SamplingParams
 from .text_filters import StopMatcher
 
+log = logging.getLogger("genie.engine")
 FinishReason = str  # "stop" | "length" | "cancelled"
 DEFAULT_SAMPLING = SamplingParams()
 
@@ -76,6 +80,15 @@ class Completion:
         return len(self.token_ids)
 
 
+def kv_cache_config(mc: ModelConfig, n_ctx: int, n_slots: int, dtype: KVDtype) -> KVCacheConfig:
+    """A pool per layer that writes K/V, each shaped as that layer."""
+    shapes = tuple((mc.layers[i].n_kv_heads, mc.layers[i].head_dim, mc.layers[i].v_head_dim) for i in mc.kv_layers)
+    uniform = all(shape == (mc.n_kv_heads, mc.head_dim, mc.v_head_dim) for shape in shapes)
+    return KVCacheConfig(
+        len(shapes), mc.n_kv_heads, mc.head_dim, mc.v_head_dim, n_ctx, n_slots, dtype, None if uniform else shapes
+    )
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -90,19 +103,22 @@ class Engine:
         self.config = config
         if model is None:
             self.backend = select_backend(config.backend)
-            model = Model.load(resolve_model(config.model), self.backend)
+            path = resolve_model(config.model)
+            try:
+                model = Model.load(path, self.backend)
+            except BackendUnsupportedError:
+                if config.backend != "auto" or self.backend.name == "numpy":
+                    raise
+                log.warning("event=backend_fallback backend=%s model=%s: running it on numpy", self.backend.name, path)
+                self.backend = NumpyBackend()
+                model = Model.load(path, self.backend)
         else:
             self.backend = model.backend
         self.model = model
         self.tokenizer = self.model.tokenizer
         mc = self.model.config
         self.n_ctx = min(config.n_ctx or mc.n_ctx_train, mc.n_ctx_train)
-        self.kv = KVCache(
-            KVCacheConfig(
-                mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.v_head_dim, self.n_ctx, config.n_slots, config.kv_dtype
-            ),
-            self.backend.xp,
-        )
+        self.kv = KVCache(kv_cache_config(mc, self.n_ctx, config.n_slots, config.kv_dtype), self.backend.xp)
         self._steps: dict[Any, Any] = {}  # decode steps the backend captured for this engine's KV cache
 
     # -- prompts ----------------------------------------------------------------------------------

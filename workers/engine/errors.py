@@ -21,6 +21,10 @@ class ModelFileError(GenieError):
         super().__init__(f"{self.path}: {problem}")
 
 
+class BackendUnsupportedError(ModelFileError):
+    """A valid model file that the chosen backend cannot run (the `auto` backend then falls back to NumPy)."""
+
+
 class RequestError(GenieError):
     """A request is malformed or impossible (bad sampling value, prompt longer than the context)."""
 

@@ -43,6 +43,10 @@ class LayerKV:
 
 @dataclass(frozen=True)
 class KVCacheConfig:
+    """The pools: n_layers of them (one per layer that writes K/V), each [n_slots, n_ctx, n_kv_heads,
+    head_dim] (V: v_head_dim), unless `pool_shapes` gives each pool its own (n_kv_heads, head_dim,
+    v_head_dim) (Gemma 4's sliding and global layers differ); then the three uniform fields are unused."""
+
     n_layers: int
     n_kv_heads: int
     head_dim: int
@@ -50,21 +54,37 @@ class KVCacheConfig:
     n_ctx: int
     n_slots: int = 1
     dtype: KVDtype = "int8"
+    pool_shapes: tuple[tuple[int, int, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.pool_shapes is not None and len(self.pool_shapes) != self.n_layers:
+            raise ValueError(f"{len(self.pool_shapes)} pool shapes for {self.n_layers} pools")
+
+    @property
+    def uniform(self) -> bool:
+        return self.pool_shapes is None
+
+    def pool_shape(self, i: int) -> tuple[int, int, int]:
+        """(n_kv_heads, head_dim, v_head_dim) of pool i."""
+        if self.pool_shapes is None:
+            return self.n_kv_heads, self.head_dim, self.v_head_dim
+        return self.pool_shapes[i]
 
     @property
     def bytes_per_token(self) -> int:
         elem = {"int8": 1, "f16": 2, "f32": 4}[self.dtype]
-        per_layer = self.n_kv_heads * (self.head_dim + self.v_head_dim) * elem
-        if self.dtype == "int8":
-            per_layer += 2 * self.n_kv_heads * 4
-        return per_layer * self.n_layers
+        total = 0
+        for i in range(self.n_layers):
+            n_kv, hd, hdv = self.pool_shape(i)
+            total += n_kv * (hd + hdv) * elem + (2 * n_kv * 4 if self.dtype == "int8" else 0)
+        return total
 
 
 @dataclass
 class KVSnapshot:
     """Positions [0, n) of one sequence as contiguous host arrays (what the KV store saves).
 
-    k, v: per layer [n, n_kv_heads, head_dim] of the cache dtype; k_scale, v_scale: per layer
+    k, v: per pool [n, n_kv_heads, head_dim] of the cache dtype; k_scale, v_scale: per pool
     [n, n_kv_heads] float32 (int8 only); token_ids: [n] int32.
     """
 
@@ -88,13 +108,14 @@ class KVCache:
         self.xp = xp
         c = config
         store = {"int8": np.int8, "f16": np.float16, "f32": np.float32}[c.dtype]
-        self.layers = []
-        for _ in range(c.n_layers):
-            k = xp.zeros((c.n_slots, c.n_ctx, c.n_kv_heads, c.head_dim), dtype=store)
-            v = xp.zeros((c.n_slots, c.n_ctx, c.n_kv_heads, c.v_head_dim), dtype=store)
+        self.layers = []  # the pools, in the order of ModelConfig.kv_layers
+        for i in range(c.n_layers):
+            n_kv, hd, hdv = c.pool_shape(i)
+            k = xp.zeros((c.n_slots, c.n_ctx, n_kv, hd), dtype=store)
+            v = xp.zeros((c.n_slots, c.n_ctx, n_kv, hdv), dtype=store)
             scales = c.dtype == "int8"
-            ks = xp.zeros((c.n_slots, c.n_ctx, c.n_kv_heads), dtype=np.float32) if scales else None
-            vs = xp.zeros((c.n_slots, c.n_ctx, c.n_kv_heads), dtype=np.float32) if scales else None
+            ks = xp.zeros((c.n_slots, c.n_ctx, n_kv), dtype=np.float32) if scales else None
+            vs = xp.zeros((c.n_slots, c.n_ctx, n_kv), dtype=np.float32) if scales else None
             self.layers.append(LayerKV(k, v, ks, vs))
         # token ids whose K/V are written at positions [0, len) of each slot
         self.resident: list[list[int]] = [[] for _ in range(c.n_slots)]
@@ -128,8 +149,9 @@ class KVCache:
             raise ValueError(f"snapshot has {n} tokens, the context holds {c.n_ctx}")
         if len(snap.k) != c.n_layers or len(snap.v) != c.n_layers:
             raise ValueError(f"snapshot has {len(snap.k)} layers, the model {c.n_layers}")
-        for k, v in zip(snap.k, snap.v, strict=True):
-            if k.shape != (n, c.n_kv_heads, c.head_dim) or v.shape != (n, c.n_kv_heads, c.v_head_dim):
+        for i, (k, v) in enumerate(zip(snap.k, snap.v, strict=True)):
+            n_kv, hd, hdv = c.pool_shape(i)
+            if k.shape != (n, n_kv, hd) or v.shape != (n, n_kv, hdv):
                 raise ValueError(f"snapshot layer shapes {k.shape}/{v.shape} do not match the cache")
         store = {"int8": np.int8, "f16": np.float16, "f32": np.float32}[c.dtype]
         if any(a.dtype != store for a in snap.k + snap.v):
@@ -139,8 +161,10 @@ class KVCache:
                 raise ValueError("INT8 snapshot without scales")
             if len(snap.k_scale) != c.n_layers or len(snap.v_scale) != c.n_layers:
                 raise ValueError("snapshot scales do not cover every layer")
-            if any(s.shape != (n, c.n_kv_heads) or s.dtype != np.float32 for s in snap.k_scale + snap.v_scale):
-                raise ValueError("snapshot scale shapes do not match the cache")
+            for i, (ks, vs) in enumerate(zip(snap.k_scale, snap.v_scale, strict=True)):
+                n_kv = c.pool_shape(i)[0]
+                if any(a.shape != (n, n_kv) or a.dtype != np.float32 for a in (ks, vs)):
+                    raise ValueError("snapshot scale shapes do not match the cache")
         if len(snap.token_ids) != n:
             raise ValueError("snapshot token ids do not match its arrays")
         self.resident[slot] = []  # until every array is written, the slot holds nothing reusable

@@ -9,14 +9,17 @@ from typing import Any
 
 from .arch import ARCHITECTURES
 from .arch.layers import LayerWeights, ModelWeights, expected_shapes
-from .arch.spec import GLOBAL_TENSORS, LAYER_TENSORS
+from .arch.spec import GLOBAL_TENSORS, KV_ROLES, LAYER_TENSORS, ArchSpec
 from .backends.base import Backend
-from .errors import ModelFileError
-from .gguf_file import GGUFFile, TensorInfo
+from .errors import BackendUnsupportedError, ModelFileError
+from .gguf_file import GGUFFile
 from .model_config import MetaReader, ModelConfig
 from .tokenizer import Tokenizer
 
-MATRIX_ROLES = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "embed", "output"})
+MATRIX_ROLES = frozenset(
+    {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "embed", "output", "ple_embed", "ple_model_proj"}
+    | {"ple_gate", "ple_proj"}
+)
 
 
 @dataclass
@@ -44,8 +47,11 @@ class Model:
                 raise ModelFileError(path, f"unknown architecture {arch!r} (genie runs {known})")
             tokenizer = Tokenizer.from_metadata(gf.metadata, str(path))
             n_vocab = tokenizer.vocab.n_vocab
-            config = spec.read_config(MetaReader(gf.metadata, arch, str(path)), n_vocab)
-            weights = _load_weights(gf, config, spec.layer_roles, spec.optional_layer_roles, backend)
+            config = spec.read_config(MetaReader(gf.metadata, arch, str(path), gf.tensors), n_vocab)
+            reason = backend.unsupported(config)
+            if reason is not None:
+                raise BackendUnsupportedError(path, f"the {backend.name} backend does not run this model: {reason}")
+            weights = _load_weights(gf, config, spec, backend)
             name = str(gf.get("general.name") or path.stem)
             template = gf.get("tokenizer.chat_template")
             size = gf.file_size
@@ -64,65 +70,65 @@ class Model:
         )
 
 
-def _load_weights(
-    gf: GGUFFile, cfg: ModelConfig, required: tuple[str, ...], optional: tuple[str, ...], backend: Backend
-) -> ModelWeights:
-    shapes = expected_shapes(cfg)
+def _load_weights(gf: GGUFFile, cfg: ModelConfig, spec: ArchSpec, backend: Backend) -> ModelWeights:
+    global_shapes = expected_shapes(cfg, cfg.layers[0])
 
-    def tensor(role: str, name: str) -> TensorInfo:
+    def load(role: str, name: str, shapes: dict[str, tuple[int, ...]]) -> Any:
         info = gf.tensors.get(name)
         if info is None:
             raise ModelFileError(gf.path, f"missing tensor {name}")
         if info.shape != shapes[role]:
             raise ModelFileError(gf.path, f"tensor {name} has shape {info.shape}, expected {shapes[role]}")
-        return info
-
-    def load(role: str, name: str) -> Any:
-        info = tensor(role, name)
         try:
             return backend.load_matrix(info) if role in MATRIX_ROLES else backend.load_vector(info)
         except ValueError as e:  # the backend found the data itself unusable
             raise ModelFileError(gf.path, str(e)) from None
 
-    embed = load("embed", GLOBAL_TENSORS["embed"])
-    output = load("output", GLOBAL_TENSORS["output"]) if GLOBAL_TENSORS["output"] in gf.tensors else embed
+    embed = load("embed", GLOBAL_TENSORS["embed"], global_shapes)
+    has_output = GLOBAL_TENSORS["output"] in gf.tensors
+    output = load("output", GLOBAL_TENSORS["output"], global_shapes) if has_output else embed
+    extra = {role: load(role, GLOBAL_TENSORS[role], global_shapes) for role in spec.global_roles}
     layers = []
-    for i in range(cfg.n_layers):
-        w = {role: load(role, LAYER_TENSORS[role].format(i=i)) for role in required}
+    for i, lc in enumerate(cfg.layers):
+        shapes = expected_shapes(cfg, lc)
+        owns_kv = lc.kv_source == i  # a layer that shares K/V has (or uses) none of its own
+        required = [r for r in spec.layer_roles if owns_kv or r not in KV_ROLES]
+        optional = [r for r in spec.optional_layer_roles if owns_kv or r not in KV_ROLES]
+        w = {role: load(role, LAYER_TENSORS[role].format(i=i), shapes) for role in required}
         w.update(
-            (role, load(role, LAYER_TENSORS[role].format(i=i)))
+            (role, load(role, LAYER_TENSORS[role].format(i=i), shapes))
             for role in optional
             if LAYER_TENSORS[role].format(i=i) in gf.tensors
         )
         layers.append(_layer(gf.path, i, cfg, w, backend))
-    output_norm = load("output_norm", GLOBAL_TENSORS["output_norm"])
-    return ModelWeights(embed=embed, output_norm=output_norm, output=output, layers=layers)
+    output_norm = load("output_norm", GLOBAL_TENSORS["output_norm"], global_shapes)
+    return ModelWeights(embed=embed, output_norm=output_norm, output=output, layers=layers, optional=extra)
 
 
 def _layer(path: Path, i: int, cfg: ModelConfig, w: dict[str, Any], backend: Backend) -> LayerWeights:
     """Groups what the forward pass runs together: QKV and gate/up matrices, the biases, the q/k norms."""
     xp = backend.xp
+    lc = cfg.layers[i]
+    owns_kv = lc.kv_source == i
     opt: dict[str, Any] = {}
-    biases = [w.get(b) for b in ("bq", "bk", "bv")]
+    biases = [w.get(b) for b in (("bq", "bk", "bv") if owns_kv else ("bq",))]
     if any(b is not None for b in biases):
         if any(b is None for b in biases):
             raise ModelFileError(path, f"layer {i} has some but not all of the Q/K/V biases")
         opt["bqkv"] = xp.concatenate(biases)
-    if ("q_norm" in w) != ("k_norm" in w):
+    if owns_kv and ("q_norm" in w) != ("k_norm" in w):
         raise ModelFileError(path, f"layer {i} has a norm for only one of Q and K")
-    if "q_norm" in w:
-        opt["qk_norm"] = xp.concatenate(
-            [
-                xp.broadcast_to(w["q_norm"], (cfg.n_heads, cfg.head_dim)),
-                xp.broadcast_to(w["k_norm"], (cfg.n_kv_heads, cfg.head_dim)),
-            ]
-        )
-    for role in ("post_attn_norm", "post_ffn_norm"):
+    if "q_norm" in w:  # rows [H (+ Hkv), hd]: the q heads' norm, then the k heads' where the layer owns K/V
+        rows = [xp.broadcast_to(w["q_norm"], (cfg.n_heads, lc.head_dim))]
+        if owns_kv:
+            rows.append(xp.broadcast_to(w["k_norm"], (lc.n_kv_heads, lc.head_dim)))
+        opt["qk_norm"] = xp.concatenate(rows)
+    for role in ("post_attn_norm", "post_ffn_norm", "ple_gate", "ple_proj", "ple_post_norm", "layer_scale"):
         if role in w:
             opt[role] = w[role]
     return LayerWeights(
         attn_norm=w["attn_norm"],
-        qkv=backend.group([w["wq"], w["wk"], w["wv"]]),
+        qkv=backend.group([w["wq"], w["wk"], w["wv"]] if owns_kv else [w["wq"]]),
         wo=w["wo"],
         ffn_norm=w["ffn_norm"],
         gate_up=backend.group([w["w_gate"], w["w_up"]]),

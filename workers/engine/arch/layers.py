@@ -1,30 +1,32 @@
 """The shared decoder forward pass. Every architecture is this pass with the roles it has:
-optional biases, q/k norms and post-norms switch themselves on when the weights exist.
+optional biases, q/k norms, post-norms, per-layer embeddings and a layer scale switch themselves on when
+the weights exist; K/V sharing, per-layer shapes and RoPE come from the layers' configs.
 
-Shapes: n tokens, d = d_model, H / Hkv query / KV heads, hd / hdv head dims.
+Shapes: n tokens, d = d_model, H / Hkv query / KV heads, hd / hdv head dims (per layer), P = ple_dim.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..backends.base import Array, Backend, Weight
 from ..kv_cache import KVCache
-from ..model_config import ModelConfig
+from ..model_config import LayerConfig, ModelConfig
 
 
 @dataclass
 class LayerWeights:
     attn_norm: Array
-    qkv: Weight  # group of wq, wk, wv
+    qkv: Weight  # group of wq, wk, wv (wq alone in a layer that reads an earlier layer's K/V)
     wo: Weight
     ffn_norm: Array
     gate_up: Weight  # group of w_gate, w_up
     w_down: Weight
-    # bqkv: the three biases as one vector; qk_norm: [H + Hkv, hd] q_norm rows then k_norm rows;
-    # post_attn_norm, post_ffn_norm
+    # bqkv: the biases as one vector; qk_norm: [H (+ Hkv), hd] q_norm rows then k_norm rows; post_attn_norm,
+    # post_ffn_norm; ple_gate [P, d], ple_proj [d, P], ple_post_norm; layer_scale [1]
     optional: dict[str, Array] = field(default_factory=dict)
 
 
@@ -34,6 +36,18 @@ class ModelWeights:
     output_norm: Array
     output: Weight  # the embedding again when tied
     layers: list[LayerWeights]
+    # ple_embed [vocab, n_layers * P], ple_model_proj [n_layers * P, d], ple_proj_norm [P]
+    optional: dict[str, Array] = field(default_factory=dict)
+
+
+def per_layer_inputs(cfg: ModelConfig, weights: ModelWeights, b: Backend, x: Array, ids: Array) -> Array:
+    """Gemma 4's per-layer embeddings for tokens `ids` whose scaled embedding is x [n, d]: a row of the PLE
+    table (x sqrt(P)) plus the RMS-normed projection of x (x d^-1/2), over sqrt(2) -> [n, n_layers, P]."""
+    opt, n, L, P = weights.optional, x.shape[0], cfg.n_layers, cfg.ple_dim
+    token = b.embed(opt["ple_embed"], ids, math.sqrt(P)).reshape(n, L, P)
+    context = b.matmul(x, opt["ple_model_proj"]) * np.float32(1.0 / math.sqrt(cfg.d_model))
+    context = b.rms_norm(context.reshape(n, L, P), opt["ple_proj_norm"], cfg.rms_eps)
+    return (context + token) * np.float32(1.0 / math.sqrt(2.0))
 
 
 def forward(
@@ -52,15 +66,21 @@ def forward(
     is not the last)."""
     b = backend
     positions = np.arange(pos0, pos0 + len(ids))
-    x = b.embed(weights.embed, b.stage_inputs(ids, pos0), cfg.embed_scale)  # [n, d]
+    dev_ids = b.stage_inputs(ids, pos0)
+    x = b.embed(weights.embed, dev_ids, cfg.embed_scale)  # [n, d]
+    ple = per_layer_inputs(cfg, weights, b, x, dev_ids) if cfg.ple_dim else None
     pending = None  # the previous layer's FFN output, added to x together with this layer's input norm
     for i, (lw, lc) in enumerate(zip(weights.layers, cfg.layers, strict=True)):
         opt = lw.optional
         x, qkv = b.add_norm_matmul(x, pending, lw.attn_norm, cfg.rms_eps, lw.qkv)  # [n, (H + Hkv) * hd + Hkv * hdv]
         if "bqkv" in opt:
             qkv += opt["bqkv"]
-        q = b.prepare_qkv(qkv, cfg, lc, opt.get("qk_norm"), positions, kv.layers[i], slot, pos0)
-        attn = b.attention(q, kv.layers[i], slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
+        layer_kv = kv.layers[cfg.kv_pools[i]]
+        if lc.kv_source == i:
+            q = b.prepare_qkv(qkv, cfg, lc, opt.get("qk_norm"), positions, layer_kv, slot, pos0)
+        else:  # K/V of an earlier layer, already written for these positions
+            q = b.prepare_q(qkv, cfg, lc, opt.get("qk_norm"), positions)
+        attn = b.attention(q, layer_kv, slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
         o = b.matmul(attn, lw.wo)
         if "post_attn_norm" in opt:
             o = b.rms_norm(o, opt["post_attn_norm"], cfg.rms_eps)
@@ -68,7 +88,14 @@ def forward(
         pending = b.gated_matmul(gate_up, cfg.activation, lw.w_down)
         if "post_ffn_norm" in opt:
             pending = b.rms_norm(pending, opt["post_ffn_norm"], cfg.rms_eps)
-    x = x + pending
+        if ple is not None or "layer_scale" in opt:  # the layer's tail reads the updated stream: add now
+            x, pending = x + pending, None
+            if ple is not None:
+                x = x + _ple_branch(cfg, lc, lw, b, x, ple[:, i])
+            if "layer_scale" in opt:
+                x = x * opt["layer_scale"]
+    if pending is not None:
+        x = x + pending
     if logit_rows is None:
         return None
     h = b.rms_norm(x[logit_rows], weights.output_norm, cfg.rms_eps)
@@ -78,27 +105,43 @@ def forward(
     return logits
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Numpy-order shape of each role; a file that disagrees is rejected before any compute."""
-    d, hd, hdv = cfg.d_model, cfg.head_dim, cfg.v_head_dim
+def _ple_branch(cfg: ModelConfig, lc: LayerConfig, lw: LayerWeights, b: Backend, x: Array, ple_i: Array) -> Array:
+    """rms_norm(W_proj (act(W_gate x) * ple_i)): what a layer's per-layer input adds to the stream [n, d]."""
+    opt = lw.optional
+    gate = b.matmul(x, opt["ple_gate"])  # [n, P]
+    gated = b.gated_act(b.xp.concatenate([gate, ple_i], axis=-1), cfg.activation)
+    return b.rms_norm(b.matmul(gated, opt["ple_proj"]), opt["ple_post_norm"], cfg.rms_eps)
+
+
+def expected_shapes(cfg: ModelConfig, lc: LayerConfig) -> dict[str, tuple[int, ...]]:
+    """Numpy-order shape of each role in a layer of config `lc` (and of the global roles); a file that
+    disagrees is rejected before any compute."""
+    d, hd, hdv, n_kv, ffn, P = cfg.d_model, lc.head_dim, lc.v_head_dim, lc.n_kv_heads, lc.ffn_dim, cfg.ple_dim
     return {
         "attn_norm": (d,),
         "wq": (cfg.n_heads * hd, d),
-        "wk": (cfg.n_kv_heads * hd, d),
-        "wv": (cfg.n_kv_heads * hdv, d),
+        "wk": (n_kv * hd, d),
+        "wv": (n_kv * hdv, d),
         "wo": (d, cfg.n_heads * hdv),
         "bq": (cfg.n_heads * hd,),
-        "bk": (cfg.n_kv_heads * hd,),
-        "bv": (cfg.n_kv_heads * hdv,),
+        "bk": (n_kv * hd,),
+        "bv": (n_kv * hdv,),
         "q_norm": (hd,),
         "k_norm": (hd,),
         "post_attn_norm": (d,),
         "ffn_norm": (d,),
-        "w_gate": (cfg.ffn_dim, d),
-        "w_up": (cfg.ffn_dim, d),
-        "w_down": (d, cfg.ffn_dim),
+        "w_gate": (ffn, d),
+        "w_up": (ffn, d),
+        "w_down": (d, ffn),
         "post_ffn_norm": (d,),
+        "ple_gate": (P, d),
+        "ple_proj": (d, P),
+        "ple_post_norm": (d,),
+        "layer_scale": (1,),
         "embed": (cfg.n_vocab, d),
         "output": (cfg.n_vocab, d),
         "output_norm": (d,),
+        "ple_embed": (cfg.n_vocab, cfg.n_layers * P),
+        "ple_model_proj": (cfg.n_layers * P, d),
+        "ple_proj_norm": (P,),
     }

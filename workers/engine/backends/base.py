@@ -30,6 +30,10 @@ class Backend(ABC):
     def device_name(self) -> str:
         return self.name
 
+    def unsupported(self, cfg: ModelConfig) -> str | None:
+        """Why this backend cannot run a model of this config (checked before any weight is loaded), or None."""
+        return None
+
     # -- weights --------------------------------------------------------------------------------
     @abstractmethod
     def load_matrix(self, tensor: TensorInfo) -> Weight:
@@ -120,24 +124,44 @@ class Backend(ABC):
         slot: int,
         pos0: int,
     ) -> Array:
-        """From a layer's QKV product [n, (H + Hkv) * hd + Hkv * hdv]: q and k normed (when the model has
-        q/k norms, rows [H + Hkv, hd]) and rotated, k and v stored at positions pos0.. of `slot`; returns
-        q [n, H, hd]."""
-        n = qkv.shape[0]
-        n_qk = (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim
+        """From a layer's QKV product [n, (H + Hkv) * hd + Hkv * hdv] (the layer's dims): q and k normed (when
+        the model has q/k norms, rows [H + Hkv, hd]) and rotated, v normed without a weight (cfg.v_norm), k
+        and v stored at positions pos0.. of `slot`; returns q [n, H, hd]."""
+        n, H, Hkv, hd, hdv = qkv.shape[0], cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
         # q and k heads side by side, so the norm and RoPE run once for both: [n, H + Hkv, hd]
-        qk = qkv[:, :n_qk].reshape(n, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim)
-        v = qkv[:, n_qk:].reshape(n, cfg.n_kv_heads, cfg.v_head_dim)
+        qk = qkv[:, : (H + Hkv) * hd].reshape(n, H + Hkv, hd)
+        v = qkv[:, (H + Hkv) * hd :].reshape(n, Hkv, hdv)
         if qk_norm is not None:
             qk = self.rms_norm(qk, qk_norm, cfg.rms_eps)
-        qk = self.rope(qk, positions, lc.rope_base, lc.rope_scale, cfg.rope_dim, cfg.rope_mode)
-        self.kv_write(kv, slot, pos0, qk[:, cfg.n_heads :], v)
-        return qk[:, : cfg.n_heads]
+        qk = self.rope(qk, positions, lc.rope_base, lc.rope_scale, lc.rope_dim, cfg.rope_mode, lc.rope_freq_factors)
+        if cfg.v_norm:
+            v = self.rms_norm(v, self.xp.ones(hdv, dtype=np.float32), cfg.rms_eps)
+        self.kv_write(kv, slot, pos0, qk[:, H:], v)
+        return qk[:, :H]
+
+    def prepare_q(
+        self, q: Array, cfg: ModelConfig, lc: LayerConfig, q_norm: Array | None, positions: np.ndarray
+    ) -> Array:
+        """A layer that reads an earlier layer's K/V (its product is Q alone, [n, H * hd]): q normed (rows
+        [H, hd]) and rotated -> [n, H, hd]."""
+        q = q.reshape(q.shape[0], cfg.n_heads, lc.head_dim)
+        if q_norm is not None:
+            q = self.rms_norm(q, q_norm, cfg.rms_eps)
+        return self.rope(q, positions, lc.rope_base, lc.rope_scale, lc.rope_dim, cfg.rope_mode, lc.rope_freq_factors)
 
     @abstractmethod
-    def rope(self, x: Array, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode) -> Array:
-        """Rotary embedding of x [n, heads, head_dim] at `positions` [n]; use the returned array (in place
-        where x allows it)."""
+    def rope(
+        self,
+        x: Array,
+        positions: np.ndarray,
+        base: float,
+        scale: float,
+        rope_dim: int,
+        mode: RopeMode,
+        freq_factors: tuple[float, ...] | None = None,
+    ) -> Array:
+        """Rotary embedding of x [n, heads, head_dim] at `positions` [n], each rotated pair's angle divided by
+        its freq factor when given; use the returned array (in place where x allows it)."""
 
     @abstractmethod
     def gated_act(self, gate_up: Array, kind: str) -> Array:

@@ -158,6 +158,11 @@ class CupyBackend(NumpyBackend):
             self._kernels[name] = self._ops.get_function(name)
         return self._kernels[name]
 
+    def unsupported(self, cfg: ModelConfig) -> str | None:
+        if not cfg.uniform:  # the kernels take one head dim, KV-head count and FFN width for every layer
+            return "layers of different shapes, shared K/V, per-layer embeddings or RoPE frequency factors"
+        return None
+
     # -- weights --------------------------------------------------------------------------------------
     def load_matrix(self, tensor: TensorInfo) -> QuantWeight:
         if tensor.qtype not in KERNEL_TYPES:
@@ -566,9 +571,11 @@ class CupyBackend(NumpyBackend):
         """Positions every RoPE table covers: a replay past it must run eagerly (and grow the tables)."""
         return min((t.cos.shape[0] for t in self._rope_tables.values()), default=0)
 
-    def _rope_table(self, base: float, scale: float, rope_dim: int, n_pos: int) -> Any:
-        before = self._rope_tables.get((base, scale, rope_dim))
-        table = super()._rope_table(base, scale, rope_dim, n_pos)
+    def _rope_table(
+        self, base: float, scale: float, rope_dim: int, n_pos: int, freq_factors: tuple[float, ...] | None = None
+    ) -> Any:
+        before = self._rope_tables.get((base, scale, rope_dim, freq_factors))  # the key NumpyBackend files it under
+        table = super()._rope_table(base, scale, rope_dim, n_pos, freq_factors)
         if before is not None and table is not before:
             self._version += 1  # captured steps read the replaced table
         return table
@@ -620,8 +627,19 @@ class CupyBackend(NumpyBackend):
         )
         return x, y
 
-    def rope(self, x: Any, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode) -> Any:
+    def rope(
+        self,
+        x: Any,
+        positions: np.ndarray,
+        base: float,
+        scale: float,
+        rope_dim: int,
+        mode: RopeMode,
+        freq_factors: tuple[float, ...] | None = None,
+    ) -> Any:
         cp = self.xp
+        if freq_factors is not None:  # Model.load refuses such models here (check_config)
+            raise ValueError("RoPE frequency factors are not implemented on the GPU backend")
         x = cp.ascontiguousarray(x)
         n, heads, hd = x.shape
         table = self._rope_table(base, scale, rope_dim, int(positions[-1]) + 1)

@@ -68,7 +68,7 @@ class NumpyBackend(Backend):
 
     def __init__(self, block_kernels: bool = True) -> None:
         """`block_kernels=False` keeps every matrix as float32 (the fallback when no C compiler works)."""
-        self._rope_tables: dict[tuple[float, float, int], _RopeTable] = {}
+        self._rope_tables: dict[tuple[float, float, int, tuple[float, ...] | None], _RopeTable] = {}
         self._rotations: dict[int, np.ndarray] = {}
         lib = cpu_kernels.load() if block_kernels else None
         self._blocks = cpu_kernels.BlockKernels(lib) if lib is not None else None
@@ -116,8 +116,10 @@ class NumpyBackend(Backend):
         ms = xp.einsum("...i,...i->...", x, x)[..., None] * np.float32(1.0 / x.shape[-1])
         return x * (np.float32(1.0) / xp.sqrt(ms + np.float32(eps))) * weight
 
-    def _rope_table(self, base: float, scale: float, rope_dim: int, n_pos: int) -> _RopeTable:
-        key = (base, scale, rope_dim)
+    def _rope_table(
+        self, base: float, scale: float, rope_dim: int, n_pos: int, freq_factors: tuple[float, ...] | None = None
+    ) -> _RopeTable:
+        key = (base, scale, rope_dim, freq_factors)
         table = self._rope_tables.get(key)
         if table is None or table.cos.shape[0] < n_pos:
             n = max(n_pos, 4096, 2 * table.cos.shape[0] if table is not None else 0)
@@ -129,14 +131,23 @@ class NumpyBackend(Backend):
                 theta[:, i] = t
                 t = t * theta_scale
             theta *= np.float32(scale)
+            if freq_factors is not None:  # as ggml: each pair's angle divided by its factor
+                theta /= np.asarray(freq_factors, dtype=np.float32)
             table = _RopeTable(self.xp.asarray(np.cos(theta)), self.xp.asarray(np.sin(theta)))
             self._rope_tables[key] = table
         return table
 
     def rope(
-        self, x: np.ndarray, positions: np.ndarray, base: float, scale: float, rope_dim: int, mode: RopeMode
+        self,
+        x: np.ndarray,
+        positions: np.ndarray,
+        base: float,
+        scale: float,
+        rope_dim: int,
+        mode: RopeMode,
+        freq_factors: tuple[float, ...] | None = None,
     ) -> np.ndarray:
-        table = self._rope_table(base, scale, rope_dim, int(positions.max()) + 1)
+        table = self._rope_table(base, scale, rope_dim, int(positions.max()) + 1, freq_factors)
         p0, p1 = int(positions[0]), int(positions[-1]) + 1  # positions are consecutive
         cos = table.cos[p0:p1][:, None, :]  # [n, 1, rope_dim/2]
         sin = table.sin[p0:p1][:, None, :]
