@@ -1,1 +1,1 @@
-"""The KV store: persistent per-conversation KV cache (format v3, LRU size cap, multi-process safe)."""
+"""The KV store: persistent per-conversation KV cache (format v4, LRU size cap, multi-process safe)."""

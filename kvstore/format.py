@@ -1,6 +1,6 @@
-"""KV entry files, format v3 (docs/kv-format.md): one conversation's KV for positions [0, n).
+"""KV entry files, format v4 (docs/kv-format.md): one conversation's KV for positions [0, n).
 
-    fixed header | per-layer windows | conv id | token ids | padding to 64 | body | scales | checksum
+    fixed header | per-pool shapes and windows | conv id | token ids | padding to 64 | body | scales | checksum
 
 Every field is checked before it is trusted: a file that is truncated, padded, bit-flipped, of another
 version, another model (fingerprint) or another KV layout raises EntryError with the reason, and is never
@@ -26,8 +26,9 @@ from workers.engine.atomic_file import atomic_path
 from workers.engine.kv_cache import KVCacheConfig, KVSnapshot
 
 MAGIC = b"GENIEKV\x00"
-VERSION = 3
-FIXED = struct.Struct("<8sIII32sBBHIIIIIQQ")  # see docs/kv-format.md for each field
+VERSION = 4
+FIXED = struct.Struct("<8sIII32sBBHIIQQ")  # see docs/kv-format.md for each field
+POOL = struct.Struct("<IIII")  # per pool: KV heads, K head dim, V head dim, sliding window
 ALIGN = 64
 CHECKSUM_BYTES = 32  # sha256 of the CRC-32s of every CHECKSUM_CHUNK bytes before it
 CHECKSUM_CHUNK = 4 << 20  # chunks checked in parallel on read: a hydrate is not bound by one core's CRC speed
@@ -53,28 +54,40 @@ class EntryUnavailable(EntryError):
     was read: a miss, but nothing says the file is bad, so it is kept."""
 
 
-class UnsupportedLayout(ValueError):
-    """A KV cache this format cannot hold: the caller runs without persistent KV."""
-
-
 @dataclass(frozen=True)
 class KVLayout:
-    """What KV a file holds must equal what the worker's cache holds, field by field."""
+    """What KV a file holds must equal what the worker's cache holds, field by field: per pool (a layer that
+    writes K/V; Gemma 4's shared layers have none) its KV heads, K and V head dims and sliding window."""
 
     dtype: str  # int8 | f16 | f32
-    n_layers: int
-    n_kv_heads: int
-    head_dim: int
-    v_head_dim: int
-    windows: tuple[int, ...]  # per layer: 0 = global attention, else the sliding window
+    n_kv_heads: tuple[int, ...]
+    head_dim: tuple[int, ...]
+    v_head_dim: tuple[int, ...]
+    windows: tuple[int, ...]  # 0 = global attention, else the sliding window
+
+    def __post_init__(self) -> None:
+        if not len(self.windows) == len(self.n_kv_heads) == len(self.head_dim) == len(self.v_head_dim):
+            raise ValueError("a KV layout needs every field for every pool")
+
+    @classmethod
+    def uniform(
+        cls, dtype: str, n_layers: int, n_kv_heads: int, head_dim: int, v_head_dim: int, windows: tuple[int, ...]
+    ) -> KVLayout:
+        return cls(dtype, (n_kv_heads,) * n_layers, (head_dim,) * n_layers, (v_head_dim,) * n_layers, tuple(windows))
 
     @classmethod
     def of(cls, kv: KVCacheConfig, windows: tuple[int, ...]) -> KVLayout:
-        """The layout of a worker's KV cache (windows: each pool's sliding window, 0 = global). Format v3
-        holds pools of one shape; a cache whose pools differ (Gemma 4) raises UnsupportedLayout."""
-        if not kv.uniform:
-            raise UnsupportedLayout("KV entries (format v3) hold caches whose pools all have one shape")
-        return cls(kv.dtype, kv.n_layers, kv.n_kv_heads, kv.head_dim, kv.v_head_dim, tuple(windows))
+        """The layout of a worker's KV cache (windows: each pool's sliding window, 0 = global)."""
+        n_kv, hd, hdv = zip(*(kv.pool_shape(i) for i in range(kv.n_layers)), strict=True)
+        return cls(kv.dtype, n_kv, hd, hdv, tuple(windows))
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.windows)
+
+    def pool(self, i: int) -> tuple[int, int, int]:
+        """(n_kv_heads, head_dim, v_head_dim) of pool i."""
+        return self.n_kv_heads[i], self.head_dim[i], self.v_head_dim[i]
 
     @property
     def basis(self) -> int:
@@ -82,9 +95,10 @@ class KVLayout:
 
     def body_bytes(self, n_tokens: int) -> int:
         item = np.dtype(NUMPY_DTYPES[self.dtype]).itemsize
-        kv = n_tokens * self.n_kv_heads * (self.head_dim + self.v_head_dim) * item
-        scales = 2 * n_tokens * self.n_kv_heads * 4 if self.dtype == "int8" else 0
-        return self.n_layers * (kv + scales)
+        total = 0
+        for n_kv, hd, hdv in map(self.pool, range(self.n_layers)):
+            total += n_tokens * n_kv * (hd + hdv) * item + (2 * n_tokens * n_kv * 4 if self.dtype == "int8" else 0)
+        return total
 
 
 @dataclass(frozen=True)
@@ -111,7 +125,7 @@ def entry_bytes(layout: KVLayout, conv_id: str, n_tokens: int) -> int:
 
 
 def _header_bytes(layout: KVLayout, conv_id: bytes, n_tokens: int) -> int:
-    raw = FIXED.size + 4 * layout.n_layers + len(conv_id) + 4 * n_tokens
+    raw = FIXED.size + POOL.size * layout.n_layers + len(conv_id) + 4 * n_tokens
     return -(-raw // ALIGN) * ALIGN
 
 
@@ -183,16 +197,13 @@ def write_entry(
         layout.basis,
         len(cid),
         layout.n_layers,
-        layout.n_kv_heads,
-        layout.head_dim,
-        layout.v_head_dim,
         n,
         created_ns or now,
         now,
     )
-    windows = np.asarray(layout.windows, dtype="<u4").tobytes()
+    pools = b"".join(POOL.pack(*layout.pool(i), layout.windows[i]) for i in range(layout.n_layers))
     ids = np.ascontiguousarray(snapshot.token_ids, dtype="<i4").tobytes()
-    pieces: list[bytes | memoryview] = [b"".join([fixed, windows, cid, ids]).ljust(header_bytes, b"\0")]
+    pieces: list[bytes | memoryview] = [b"".join([fixed, pools, cid, ids]).ljust(header_bytes, b"\0")]
     for k, v in zip(snapshot.k, snapshot.v, strict=True):
         pieces += [np.ascontiguousarray(k).data.cast("B"), np.ascontiguousarray(v).data.cast("B")]
     if layout.dtype == "int8":
@@ -234,9 +245,6 @@ def read_header(path: Path) -> EntryHeader:
                 basis,
                 cid_len,
                 n_layers,
-                n_kv_heads,
-                head_dim,
-                v_head_dim,
                 n_tokens,
                 created_ns,
                 last_used_ns,
@@ -248,24 +256,22 @@ def read_header(path: Path) -> EntryHeader:
             dtype = DTYPE_NAMES.get(dtype_code)
             if dtype is None:
                 raise EntryError(f"unknown KV dtype code {dtype_code}")
-            if not (
-                0 < n_layers <= MAX_LAYERS
-                and 0 < n_kv_heads <= MAX_KV_HEADS
-                and 0 < head_dim <= MAX_HEAD_DIM
-                and 0 < v_head_dim <= MAX_HEAD_DIM
-                and 0 < n_tokens <= MAX_TOKENS
-                and cid_len <= MAX_CONV_ID_BYTES
-            ):
+            if not (0 < n_layers <= MAX_LAYERS and 0 < n_tokens <= MAX_TOKENS and cid_len <= MAX_CONV_ID_BYTES):
                 raise EntryError("a layout field is out of range")
-            windows_raw = f.read(4 * n_layers)
+            pools_raw = f.read(POOL.size * n_layers)
             cid_raw = f.read(cid_len)
             ids_raw = f.read(4 * n_tokens)
-        if len(windows_raw) < 4 * n_layers or len(cid_raw) < cid_len or len(ids_raw) < 4 * n_tokens:
+        if len(pools_raw) < POOL.size * n_layers or len(cid_raw) < cid_len or len(ids_raw) < 4 * n_tokens:
             raise EntryError(f"truncated: {file_bytes} bytes, the header does not fit")
     except OSError as e:
         raise EntryUnavailable(f"unreadable: {e.strerror}") from None
-    windows = tuple(int(w) for w in np.frombuffer(windows_raw, dtype="<u4"))
-    layout = KVLayout(dtype, n_layers, n_kv_heads, head_dim, v_head_dim, windows)
+    pools = [POOL.unpack_from(pools_raw, POOL.size * i) for i in range(n_layers)]
+    if not all(
+        0 < kv <= MAX_KV_HEADS and 0 < hd <= MAX_HEAD_DIM and 0 < hdv <= MAX_HEAD_DIM for kv, hd, hdv, _ in pools
+    ):
+        raise EntryError("a layout field is out of range")
+    n_kv, hd, hdv, windows = (tuple(int(v) for v in column) for column in zip(*pools, strict=True))
+    layout = KVLayout(dtype, n_kv, hd, hdv, windows)
     if basis != layout.basis:
         raise EntryError(f"KV basis {basis} does not match {dtype}")
     try:
@@ -278,7 +284,7 @@ def read_header(path: Path) -> EntryHeader:
     if file_bytes != expected:
         raise EntryError(f"size {file_bytes} bytes, its header says {expected}")
     token_ids = np.frombuffer(ids_raw, dtype="<i4").astype(np.int32)
-    raw = (fixed + windows_raw + cid_raw + ids_raw).ljust(header_bytes, b"\0")
+    raw = (fixed + pools_raw + cid_raw + ids_raw).ljust(header_bytes, b"\0")
     return EntryHeader(
         path, fingerprint, layout, conv_id, token_ids, created_ns, last_used_ns, header_bytes, file_bytes, raw
     )
@@ -325,15 +331,15 @@ def read_entry(header: EntryHeader, n_tokens: int) -> KVSnapshot:
         return a[:n_tokens]
 
     k, v = [], []
-    for _ in range(lay.n_layers):
-        k.append(take(dt, (n, lay.n_kv_heads, lay.head_dim)))
-        v.append(take(dt, (n, lay.n_kv_heads, lay.v_head_dim)))
+    for n_kv, hd, hdv in map(lay.pool, range(lay.n_layers)):
+        k.append(take(dt, (n, n_kv, hd)))
+        v.append(take(dt, (n, n_kv, hdv)))
     k_scale = v_scale = None
     if lay.dtype == "int8":
         f4 = np.dtype("<f4")
         k_scale, v_scale = [], []
-        for _ in range(lay.n_layers):
-            k_scale.append(take(f4, (n, lay.n_kv_heads)))
-            v_scale.append(take(f4, (n, lay.n_kv_heads)))
+        for n_kv in lay.n_kv_heads:
+            k_scale.append(take(f4, (n, n_kv)))
+            v_scale.append(take(f4, (n, n_kv)))
     ids = header.token_ids[:n_tokens].copy()
     return KVSnapshot(lay.dtype, ids, k, v, k_scale, v_scale)  # type: ignore[arg-type]

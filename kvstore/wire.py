@@ -1,8 +1,8 @@
 """KV snapshots as message bodies and raw side frames (protocol/kv_messages.py), both directions.
 
-Frames: K of all layers stacked [n_layers, n, n_kv_heads, head_dim], V likewise, then for INT8 the K and
-V scales [n_layers, n, n_kv_heads] float32. A receiver checks every frame's size against the layout and
-token count before it views the bytes as arrays.
+Frames, per pool in order: its K [n, n_kv_heads, head_dim] and V [n, n_kv_heads, v_head_dim]; then for INT8,
+per pool, its K and V scales [n, n_kv_heads] float32 (pools may differ in shape: Gemma 4). A receiver
+checks every frame's size against the layout and token count before it views the bytes as arrays.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ def layout_body(layout: KVLayout) -> dict[str, Any]:
     return {
         "dtype": layout.dtype,
         "n_layers": layout.n_layers,
-        "n_kv_heads": layout.n_kv_heads,
-        "head_dim": layout.head_dim,
-        "v_head_dim": layout.v_head_dim,
+        "n_kv_heads": list(layout.n_kv_heads),
+        "head_dim": list(layout.head_dim),
+        "v_head_dim": list(layout.v_head_dim),
         "windows": list(layout.windows),
     }
 
@@ -31,18 +31,18 @@ def layout_from_body(body: dict[str, Any]) -> KVLayout:
     """From a body the protocol already validated (kv_messages.LAYOUT)."""
     return KVLayout(
         body["dtype"],
-        body["n_layers"],
-        body["n_kv_heads"],
-        body["head_dim"],
-        body["v_head_dim"],
+        tuple(body["n_kv_heads"]),
+        tuple(body["head_dim"]),
+        tuple(body["v_head_dim"]),
         tuple(body["windows"]),
     )
 
 
 def snapshot_frames(snap: KVSnapshot) -> list[memoryview]:
-    frames = [np.ascontiguousarray(np.stack(snap.k)).data, np.ascontiguousarray(np.stack(snap.v)).data]
+    frames = [np.ascontiguousarray(a).data for pair in zip(snap.k, snap.v, strict=True) for a in pair]
     if snap.k_scale is not None and snap.v_scale is not None:
-        frames += [np.stack(snap.k_scale).astype("<f4").data, np.stack(snap.v_scale).astype("<f4").data]
+        pairs = zip(snap.k_scale, snap.v_scale, strict=True)
+        frames += [np.ascontiguousarray(a, dtype="<f4").data for pair in pairs for a in pair]
     return [f.cast("B") for f in frames]
 
 
@@ -51,24 +51,22 @@ def snapshot_from_frames(layout: KVLayout, token_ids: list[int] | np.ndarray, fr
     n = len(token_ids)
     lay = layout
     dt = np.dtype(NUMPY_DTYPES[lay.dtype])
-    shapes: list[tuple[int, ...]] = [
-        (lay.n_layers, n, lay.n_kv_heads, lay.head_dim),
-        (lay.n_layers, n, lay.n_kv_heads, lay.v_head_dim),
-    ]
-    dtypes = [dt, dt]
+    shapes: list[tuple[tuple[int, ...], np.dtype]] = []
+    for n_kv, hd, hdv in map(lay.pool, range(lay.n_layers)):
+        shapes += [((n, n_kv, hd), dt), ((n, n_kv, hdv), dt)]
     if lay.dtype == "int8":
-        shapes += [(lay.n_layers, n, lay.n_kv_heads)] * 2
-        dtypes += [np.dtype("<f4")] * 2
+        shapes += [((n, n_kv), np.dtype("<f4")) for n_kv in lay.n_kv_heads for _ in range(2)]
     if len(frames) != len(shapes):
         raise ValueError(f"{len(frames)} KV frames, the layout needs {len(shapes)}")
     arrays = []
-    for i, (frame, shape, dtype) in enumerate(zip(frames, shapes, dtypes, strict=True)):
+    for i, (frame, (shape, dtype)) in enumerate(zip(frames, shapes, strict=True)):
         buf = memoryview(frame).cast("B")
         want = int(np.prod(shape)) * dtype.itemsize
         if len(buf) != want:
             raise ValueError(f"KV frame {i} has {len(buf)} bytes, the layout needs {want}")
         arrays.append(np.frombuffer(buf, dtype=dtype).reshape(shape))
-    k, v = list(arrays[0]), list(arrays[1])
-    ks = list(arrays[2]) if lay.dtype == "int8" else None
-    vs = list(arrays[3]) if lay.dtype == "int8" else None
+    L = lay.n_layers
+    k, v = arrays[0 : 2 * L : 2], arrays[1 : 2 * L : 2]
+    ks = arrays[2 * L :: 2] if lay.dtype == "int8" else None
+    vs = arrays[2 * L + 1 :: 2] if lay.dtype == "int8" else None
     return KVSnapshot(lay.dtype, np.asarray(token_ids, dtype=np.int32), k, v, ks, vs)  # type: ignore[arg-type]

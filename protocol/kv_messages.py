@@ -1,5 +1,5 @@
-"""Worker <-> KV-store messages (protocol/SPEC.md, "KV store"). Bulk KV travels as raw side frames:
-all layers' K stacked, then V, then (INT8) K scales and V scales, in the layout the body names."""
+"""Worker <-> KV-store messages (protocol/SPEC.md, "KV store"). Bulk KV travels as raw side frames: per
+pool its K and V, then (INT8) per pool its K and V scales, in the layout the body names."""
 
 from __future__ import annotations
 
@@ -11,14 +11,16 @@ from .messages import Message
 from .schema import Field, validate
 
 # The KV layout a save or lookup is for; the store checks it against every file it serves.
+# Per pool (a layer that writes K/V): KV heads, K and V head dims, sliding window; each list n_layers long.
 LAYOUT = {
     "dtype": Field("enum:int8|f16|f32", required=True),
     "n_layers": Field("int", required=True, limit=1024),
-    "n_kv_heads": Field("int", required=True, limit=1024),
-    "head_dim": Field("int", required=True, limit=4096),
-    "v_head_dim": Field("int", required=True, limit=4096),
+    "n_kv_heads": Field("int_list", required=True, limit=1024),
+    "head_dim": Field("int_list", required=True, limit=1024),
+    "v_head_dim": Field("int_list", required=True, limit=1024),
     "windows": Field("int_list", required=True, limit=1024),
 }
+LAYOUT_MAX = {"n_kv_heads": 1024, "head_dim": 4096, "v_head_dim": 4096}  # per entry
 
 
 @dataclass
@@ -49,10 +51,14 @@ class _KvRequest(Message):
             layout = validate("KV layout", getattr(msg, "layout", None), LAYOUT)
         except ProtocolError as e:
             raise ProtocolError(e.code, e.message, rid) from None
-        if any(v < 1 for k, v in layout.items() if k not in ("dtype", "windows")):
+        if layout["n_layers"] < 1:
             raise ProtocolError(BAD_MESSAGE, "KV layout sizes must be >= 1", rid)
-        if len(layout["windows"]) != layout["n_layers"]:
-            raise ProtocolError(BAD_MESSAGE, "KV layout needs one window per layer", rid)
+        for key in ("n_kv_heads", "head_dim", "v_head_dim", "windows"):
+            if len(layout[key]) != layout["n_layers"]:
+                raise ProtocolError(BAD_MESSAGE, f"KV layout {key} needs one value per pool", rid)
+        for key, most in LAYOUT_MAX.items():
+            if any(not 1 <= v <= most for v in layout[key]):
+                raise ProtocolError(BAD_MESSAGE, f"KV layout {key} must be in [1, {most}]", rid)
         return msg
 
 

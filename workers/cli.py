@@ -64,7 +64,6 @@ class _ConvCache:
     def __init__(self, engine: Engine, conv_id: str) -> None:
         from genie_daemon.config import load_config
         from kvstore.engine_kv import engine_layout
-        from kvstore.format import UnsupportedLayout
         from kvstore.store import KVStore, StoreConfig, check_conv_id
 
         try:
@@ -74,11 +73,7 @@ class _ConvCache:
             raise RequestError(str(e)) from None
         config = StoreConfig(Path(c.kv_cache_dir), c.kv_cache_max_mb << 20, c.kv_cache_stale_tmp_s)
         self.engine = engine
-        try:
-            layout = engine_layout(engine)
-        except UnsupportedLayout as e:
-            raise RequestError(f"--conv-id: {e}; this model's cache is not") from None
-        self.store = KVStore(config, engine.model.fingerprint, layout)
+        self.store = KVStore(config, engine.model.fingerprint, engine_layout(engine))
 
     def before(self, ids: list[int]) -> None:
         from kvstore.engine_kv import hydrate

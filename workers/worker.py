@@ -14,7 +14,6 @@ for the daemon to restart it. A failing KV store is never fatal: the turn runs c
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import queue
 import signal
@@ -26,7 +25,6 @@ from dataclasses import dataclass
 
 import zmq
 
-from kvstore.format import UnsupportedLayout
 from protocol import PROTOCOL_VERSION
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
@@ -52,8 +50,6 @@ from .engine.registry import DEFAULT_MODEL
 from .engine.sampling import SamplingParams
 from .kv_link import KvLink
 from .lifetime import exit_with_parent
-
-log = logging.getLogger("genie.worker")
 
 
 @dataclass(frozen=True)
@@ -129,12 +125,7 @@ class Worker:
         self.cancelled: set[str] = set()
         self.io = _IoThread(self.ctx, config, self.inbox, self.cancelled)
         self.out = _dealer(self.ctx, config.endpoint, worker_identities(os.getpid())[1])  # the engine thread's own
-        self.kv = None
-        if config.kv_endpoint:
-            try:
-                self.kv = KvLink(self.ctx, config.kv_endpoint, engine)
-            except UnsupportedLayout as e:  # the turn runs on; only its KV is not saved
-                log.warning("event=kv_persistence_off reason=%r", str(e))
+        self.kv = KvLink(self.ctx, config.kv_endpoint, engine) if config.kv_endpoint else None
         self.stopping = False
 
     def send(self, msg: Message) -> None:

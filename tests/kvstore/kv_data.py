@@ -12,23 +12,31 @@ OTHER_MODEL = bytes(range(1, 33))
 
 
 def layout(dtype: str = "int8", n_layers: int = 3, n_kv_heads: int = 2, head_dim: int = 16) -> KVLayout:
-    return KVLayout(dtype, n_layers, n_kv_heads, head_dim, head_dim, tuple([0, 8, 0][:n_layers] + [0] * (n_layers - 3)))
+    return KVLayout.uniform(
+        dtype, n_layers, n_kv_heads, head_dim, head_dim, tuple([0, 8, 0][:n_layers] + [0] * (n_layers - 3))
+    )
+
+
+def mixed_layout(dtype: str = "int8") -> KVLayout:
+    """Pools of different shapes, as Gemma 4's: sliding ones of head dim 16, a global one of 32 and 4 KV heads."""
+    return KVLayout(dtype, (2, 2, 4), (16, 16, 32), (16, 16, 32), (8, 8, 0))
 
 
 def snapshot(lay: KVLayout, token_ids, rng: np.random.Generator) -> KVSnapshot:
     n = len(token_ids)
     store = {"int8": np.int8, "f16": np.float16, "f32": np.float32}[lay.dtype]
 
-    def rows(d: int) -> np.ndarray:
+    def rows(n_kv: int, d: int) -> np.ndarray:
         if lay.dtype == "int8":
-            return rng.integers(-127, 128, (n, lay.n_kv_heads, d), dtype=np.int8)
-        return rng.standard_normal((n, lay.n_kv_heads, d)).astype(store)
+            return rng.integers(-127, 128, (n, n_kv, d), dtype=np.int8)
+        return rng.standard_normal((n, n_kv, d)).astype(store)
 
-    k = [rows(lay.head_dim) for _ in range(lay.n_layers)]
-    v = [rows(lay.v_head_dim) for _ in range(lay.n_layers)]
+    pools = [lay.pool(i) for i in range(lay.n_layers)]
+    k = [rows(n_kv, hd) for n_kv, hd, _ in pools]
+    v = [rows(n_kv, hdv) for n_kv, _, hdv in pools]
     scales = None
     if lay.dtype == "int8":
-        scales = [rng.random((n, lay.n_kv_heads), dtype=np.float32) for _ in range(2 * lay.n_layers)]
+        scales = [rng.random((n, n_kv), dtype=np.float32) for _ in range(2) for n_kv, _, _ in pools]
     return KVSnapshot(
         lay.dtype,  # type: ignore[arg-type]
         np.asarray(token_ids, dtype=np.int32),

@@ -56,3 +56,40 @@ def test_saved_hydrated_conversation_continues_exactly(tmp_path, kv_dtype):
     d = Engine(config, model=model)
     assert hydrate(d, store2, d.chat_prompt(history2)) == loaded
     assert run_turn(d, history2)[1] == want
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+def test_gemma4_pools_of_two_shapes_continue_exactly(tmp_path, kv_dtype):
+    """The same with a tiny Gemma 4 (issue 7): 4 pools (three of head dim 32, one of 64) for 8 layers, the
+    last 4 of which read earlier layers' K/V; format v4 keeps each pool's shape."""
+    from tests.tiny_models import write_tiny_gemma4
+    from workers.engine.backends.numpy_backend import NumpyBackend
+    from workers.engine.model import Model
+
+    path = tmp_path / "gemma4.gguf"
+    write_tiny_gemma4(path, seed=0)
+    model = Model.load(path, NumpyBackend())
+    config = EngineConfig(model=str(path), backend="numpy", kv_dtype=kv_dtype, n_ctx=256)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    turn1 = [1] + [(i * 37 + 11) % 381 + 3 for i in range(70)]
+
+    def continued(engine: Engine, ids: list[int]) -> list[int]:
+        done = list(engine.generate(ids, greedy))[-1]
+        assert isinstance(done, Completion)
+        return done.token_ids
+
+    a = Engine(config, model=model)
+    reply = continued(a, turn1)
+    turn2 = turn1 + reply + [5, 17, 200, 33]
+    want = continued(a, turn2)
+
+    b = Engine(config, model=model)
+    layout = engine_layout(b)
+    assert layout.n_layers == 4 and layout.head_dim == (32, 32, 32, 64) and layout.windows == (4, 4, 4, 0)
+    store = KVStore(StoreConfig(tmp_path / "kv"), model.fingerprint, layout)
+    assert continued(b, turn1) == reply
+    assert save(b, store, conv_id="g4") is not None
+    c = Engine(config, model=model)
+    loaded = hydrate(c, KVStore(StoreConfig(tmp_path / "kv"), model.fingerprint, engine_layout(c)), turn2, "g4")
+    assert loaded == len(turn1) + len(reply) - 1  # what b held: the last reply token was never run
+    assert continued(c, turn2) == want

@@ -1,4 +1,4 @@
-"""Format v3: exact round trips, and every kind of bad file is an EntryError with its reason."""
+"""Format v4: exact round trips, and every kind of bad file is an EntryError with its reason."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ from kvstore.format import (
     read_header,
     write_entry,
 )
-from tests.kvstore.kv_data import FINGERPRINT, OTHER_MODEL, assert_same, layout, snapshot
+from tests.kvstore.kv_data import FINGERPRINT, OTHER_MODEL, assert_same, layout, mixed_layout, snapshot
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["uniform", "mixed-pools"])
 @pytest.mark.parametrize("dtype", ["int8", "f16", "f32"])
-def test_round_trip_whole_and_prefix(tmp_path, dtype):
+def test_round_trip_whole_and_prefix(tmp_path, dtype, mixed):
     rng = np.random.default_rng()
-    lay = layout(dtype)
+    lay = mixed_layout(dtype) if mixed else layout(dtype)
     snap = snapshot(lay, rng.integers(0, 50_000, 150), rng)
     path = tmp_path / "c-x.kv"
     size = write_entry(path, FINGERPRINT, lay, snap, conv_id="x", created_ns=123)
@@ -45,6 +46,8 @@ def test_foreign_model_and_layout_are_foreign(tmp_path):
         check_compatible(h, FINGERPRINT, lay)
     with pytest.raises(ForeignEntryError, match="KV layout"):
         check_compatible(h, OTHER_MODEL, layout(head_dim=32))
+    with pytest.raises(ForeignEntryError, match="KV layout"):
+        check_compatible(h, OTHER_MODEL, mixed_layout())
 
 
 def corrupt(data: bytes, kind: int, rng: np.random.Generator) -> tuple[bytes, str]:
@@ -58,7 +61,7 @@ def corrupt(data: bytes, kind: int, rng: np.random.Generator) -> tuple[bytes, st
         b[i] ^= 1 << int(rng.integers(0, 8))
         return bytes(b), "checksum"
     if kind == 2:  # a length field at 0xFFFFFFF0
-        off = {0: 12, 1: 56, 2: 60, 3: 72}[int(rng.integers(0, 4))]  # header size, layers, heads, tokens
+        off = {0: 12, 1: 56, 2: 60, 3: 80}[int(rng.integers(0, 4))]  # header size, pools, tokens, 1st KV heads
         struct.pack_into("<I", b, off, 0xFFFFFFF0)
         return bytes(b), "out of range|header size"
     if kind == 3:
@@ -90,7 +93,7 @@ def test_header_checks_run_before_any_allocation(tmp_path):
     path = tmp_path / "h.kv"
     write_entry(path, FINGERPRINT, lay, snapshot(lay, [5] * 10, np.random.default_rng()))
     b = bytearray(path.read_bytes())
-    struct.pack_into("<I", b, 72, 1 << 20)  # the most tokens a file may hold, in a 2 kB file
+    struct.pack_into("<I", b, 60, 1 << 20)  # the most tokens a file may hold, in a 2 kB file
     path.write_bytes(bytes(b))
     with pytest.raises(EntryError, match="truncated|size"):
         read_header(path)

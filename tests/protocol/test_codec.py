@@ -35,13 +35,13 @@ from protocol.messages import (
     Unload,
 )
 
-LAYOUT_EXAMPLE = {
+LAYOUT_EXAMPLE = {  # per pool: a sliding layer of head dim 64, a global one of 128 (as Gemma 4's)
     "dtype": "int8",
     "n_layers": 2,
-    "n_kv_heads": 1,
-    "head_dim": 64,
-    "v_head_dim": 64,
-    "windows": [0, 512],
+    "n_kv_heads": [2, 2],
+    "head_dim": [64, 128],
+    "v_head_dim": [64, 128],
+    "windows": [512, 0],
 }
 EXAMPLES = [
     Generate(
@@ -137,7 +137,11 @@ GOOD_KV = {"request_id": "k", "fingerprint": "ab" * 32, "token_ids": [1, 2]}
         ({"fingerprint": "ab" * 31}, "fingerprint"),
         ({"layout": {**LAYOUT_EXAMPLE, "dtype": "int4"}}, "dtype"),
         ({"layout": {**LAYOUT_EXAMPLE, "n_layers": 0}}, ">= 1"),
-        ({"layout": {**LAYOUT_EXAMPLE, "windows": [0]}}, "one window per layer"),
+        ({"layout": {**LAYOUT_EXAMPLE, "windows": [0]}}, "windows needs one value per pool"),
+        ({"layout": {**LAYOUT_EXAMPLE, "head_dim": [64]}}, "head_dim needs one value per pool"),
+        ({"layout": {**LAYOUT_EXAMPLE, "head_dim": [64, 0]}}, "head_dim must be in [1, 4096]"),
+        ({"layout": {**LAYOUT_EXAMPLE, "n_kv_heads": [2, 5000]}}, "n_kv_heads must be in [1, 1024]"),
+        ({"layout": {**LAYOUT_EXAMPLE, "n_kv_heads": 2}}, "n_kv_heads must be a list"),
         ({"layout": {**LAYOUT_EXAMPLE, "windows": [0, -1]}}, "windows"),
         ({"layout": [1]}, "layout"),
         ({"token_ids": "abc"}, "token_ids"),

@@ -1,0 +1,34 @@
+"""KV snapshots on the worker <-> store socket: per-pool frames, for pools of one shape or several."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvstore.wire import layout_body, layout_from_body, snapshot_frames, snapshot_from_frames
+from protocol.kv_messages import LAYOUT
+from protocol.schema import validate
+from tests.kvstore.kv_data import assert_same, layout, mixed_layout, snapshot
+
+
+@pytest.mark.parametrize("make_layout", [layout, mixed_layout], ids=["uniform", "mixed-pools"])
+@pytest.mark.parametrize("dtype", ["int8", "f16", "f32"])
+def test_frames_round_trip(make_layout, dtype):
+    lay = make_layout(dtype)
+    snap = snapshot(lay, np.arange(40), np.random.default_rng())
+    frames = [bytes(f) for f in snapshot_frames(snap)]  # as they arrive: plain bytes
+    assert len(frames) == (4 if dtype == "int8" else 2) * lay.n_layers
+    assert_same(snap, snapshot_from_frames(lay, snap.token_ids, frames))
+    body = validate("KV layout", layout_body(lay), LAYOUT)  # what the protocol lets through
+    assert layout_from_body(body) == lay
+
+
+def test_frames_that_do_not_fit_the_layout_name_the_problem():
+    lay = mixed_layout("int8")
+    snap = snapshot(lay, np.arange(10), np.random.default_rng())
+    frames = [bytes(f) for f in snapshot_frames(snap)]
+    with pytest.raises(ValueError, match="11 KV frames, the layout needs 12"):
+        snapshot_from_frames(lay, snap.token_ids, frames[:-1])
+    frames[4] = frames[4][:-1]  # pool 2's K (4 heads of 32): one byte short
+    with pytest.raises(ValueError, match="KV frame 4 has 1279 bytes, the layout needs 1280"):
+        snapshot_from_frames(lay, snap.token_ids, frames)
