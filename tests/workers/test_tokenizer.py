@@ -1,5 +1,6 @@
 """genie's tokenizer against golden ids from llama.cpp (tests/fixtures/tokenizer/, made by
-scripts/make_fixtures/tokenizer.py with llama-cpp-python, which CI does not need)."""
+scripts/make_fixtures/tokenizer.py with llama-cpp-python, which CI does not need): the two real models'
+vocabularies and Gemma 4's (llama.cpp's vocab-only GGUF in tests/fixtures/vocab/)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.vocab_files import vocab_gguf
 from workers.engine.gguf_file import GGUFFile
 from workers.engine.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tokenizer"
-MODELS = ("gemma3-270m", "smollm2-135m")
-BOS = {"gemma3-270m": [2], "smollm2-135m": []}  # what encode(add_bos=None) puts first
+MODELS = ("gemma3-270m", "smollm2-135m", "gemma-4")
+BOS = {"gemma3-270m": [2], "smollm2-135m": [], "gemma-4": [2]}  # what encode(add_bos=None) puts first
 
 
 def model_path(name: str) -> Path:
+    if name == "gemma-4":  # llama.cpp's vocab-only GGUF: no weights, the tokenizer and chat template
+        return vocab_gguf(name)
     try:
         from workers.engine.registry import resolve_model  # type: ignore[import-not-found]
     except ImportError:

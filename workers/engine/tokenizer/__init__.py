@@ -49,9 +49,9 @@ class Tokenizer:
                 out.append(frag)
                 is_prev_special = True
                 continue
-            if vocab.model == "llama":
-                if vocab.add_space_prefix and is_prev_special:
-                    frag = " " + frag
+            if vocab.add_space_prefix and is_prev_special:
+                frag = " " + frag
+            if vocab.escapes_spaces:
                 frag = frag.replace(" ", _SPACE)
             out.extend(self._impl.encode(frag))
             is_prev_special = False
@@ -60,7 +60,7 @@ class Tokenizer:
     def encode_piece(self, text: str) -> list[int]:
         """Token ids of `text` as a piece inside a longer text: no BOS, no SentencePiece space prefix,
         special tokens' text as plain text (what llguidance asks when it forces bytes)."""
-        if self.vocab.model == "llama":
+        if self.vocab.escapes_spaces:
             return self._impl.encode(text.replace(" ", _SPACE)) if text else []
         return self._impl.encode(text) if text else []
 
@@ -83,7 +83,7 @@ class Tokenizer:
         ttype = int(vocab.types[token_id])
         if ttype == TokenType.USER_DEFINED:
             return text.encode("utf-8", "surrogateescape")
-        if vocab.model == "llama":
+        if vocab.escapes_spaces:
             if ttype == TokenType.BYTE:
                 return bytes([int(text[3:5], 16)])
             return text.replace(_SPACE, " ").encode("utf-8", "surrogateescape")

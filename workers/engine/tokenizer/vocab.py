@@ -31,7 +31,8 @@ class TokenType(IntEnum):
 # Texts llama.cpp also treats as end-of-generation when the file's ids do not say so; it forces such
 # tokens to CONTROL ("control-looking token"), so they are split out only with parse_special and
 # print as nothing (Gemma's "</s>", id 212, is USER_DEFINED in the file). The last two are
-# fill-in-the-middle "repo" markers, which llama.cpp also ends generation on.
+# fill-in-the-middle "repo" markers, which llama.cpp also ends generation on; the last three are
+# Gemma 4's end of turn, end of text and the tool-response opener (the model stops to get the result).
 EOG_TEXTS = (
     "<|eot_id|>",
     "<|im_end|>",
@@ -43,14 +44,19 @@ EOG_TEXTS = (
     "<|eom_id|>",
     "<reponame>",
     "<|repo_name|>",
+    "<turn|>",
+    "<|tool_response>",
 )
+# Where one of these markers ends generation, "</s>" is an ordinary token (Gemma 4 writes it as text):
+# llama.cpp then takes it back out of the end-of-generation set and makes it NORMAL.
+NORMAL_S_MARKERS = ("<|tool_response>", "<|plamo:eos|>")
 
 Fragment = str | int  # raw text still to tokenize, or a token id already decided
 
 
 @dataclass
 class Vocab:
-    model: str  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
+    model: str  # "llama" (SentencePiece), "gpt2" (byte-level BPE) or "gemma4" (BPE over raw UTF-8, spaces as ▁)
     pre: str
     tokens: list[str]
     scores: np.ndarray  # [n_vocab] float32
@@ -70,7 +76,12 @@ class Vocab:
         named_eog = [i for i in (self.token_to_id.get(text) for text in EOG_TEXTS) if i is not None]
         self.types = self.types.copy()
         self.types[named_eog] = TokenType.CONTROL
-        self.eog_ids = self.eog_ids | set(named_eog)
+        eog = set(self.eog_ids) | set(named_eog)
+        s_id = self.token_to_id.get("</s>")
+        if s_id is not None and any(self.token_to_id.get(m) in eog for m in NORMAL_S_MARKERS):
+            eog.discard(s_id)
+            self.types[s_id] = TokenType.NORMAL
+        self.eog_ids = frozenset(eog)
         special_types = [int(TokenType.CONTROL), int(TokenType.USER_DEFINED), int(TokenType.UNKNOWN)]
         tokens = self.tokens
         ids = [i for i in np.nonzero(np.isin(self.types, special_types))[0].tolist() if tokens[i]]
@@ -81,6 +92,12 @@ class Vocab:
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
+
+    @property
+    def escapes_spaces(self) -> bool:
+        """Tokens spell spaces as U+2581 and unknown bytes as <0xXX> (SentencePiece and Gemma 4), rather
+        than in GPT-2's byte-to-character alphabet."""
+        return self.model in ("llama", "gemma4")
 
     def is_control(self, token_id: int) -> bool:
         return int(self.types[token_id]) in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.UNUSED)
@@ -113,8 +130,8 @@ _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 def vocab_from_metadata(meta: dict[str, Any], path: str) -> Vocab:
     """Build the vocabulary from GGUF metadata; a missing, mistyped or inconsistent field names the file."""
     model = meta.get("tokenizer.ggml.model")
-    if model not in ("llama", "gpt2"):
-        raise ModelFileError(path, f"unsupported tokenizer model {model!r} (genie reads 'llama' and 'gpt2')")
+    if model not in ("llama", "gpt2", "gemma4"):
+        raise ModelFileError(path, f"unsupported tokenizer model {model!r} (genie reads 'llama', 'gpt2' and 'gemma4')")
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
         raise ModelFileError(path, "tokenizer.ggml.tokens is missing or not a list of strings")
@@ -133,8 +150,8 @@ def vocab_from_metadata(meta: dict[str, Any], path: str) -> Vocab:
     merges = meta.get("tokenizer.ggml.merges") or []
     if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
         raise ModelFileError(path, "tokenizer.ggml.merges is not a list of strings")
-    if model == "gpt2" and not merges:
-        raise ModelFileError(path, "gpt2 tokenizer without tokenizer.ggml.merges")
+    if model in ("gpt2", "gemma4") and not merges:
+        raise ModelFileError(path, f"{model} tokenizer without tokenizer.ggml.merges")
     bad_byte = next((i for i in np.nonzero(types == TokenType.BYTE)[0] if not _BYTE_TOKEN.fullmatch(tokens[i])), None)
     if bad_byte is not None:
         raise ModelFileError(path, f"byte token {bad_byte} is {tokens[bad_byte]!r}, not <0xXX>")
@@ -156,6 +173,8 @@ def vocab_from_metadata(meta: dict[str, Any], path: str) -> Vocab:
     pre = meta.get("tokenizer.ggml.pre", "default")
     if not isinstance(pre, str):
         raise ModelFileError(path, f"tokenizer.ggml.pre = {pre!r} is not a string")
+    if model == "gemma4":
+        pre = "gemma4"  # llama.cpp fixes the pre-tokenizer of this model, whatever the file says
     bos_id = token_id("tokenizer.ggml.bos_token_id")
     eos_id = token_id("tokenizer.ggml.eos_token_id")
     eog = {
@@ -172,7 +191,9 @@ def vocab_from_metadata(meta: dict[str, Any], path: str) -> Vocab:
         merges=merges,
         bos_id=bos_id,
         eos_id=eos_id,
-        add_bos=flag("tokenizer.ggml.add_bos_token", model == "llama") and bos_id is not None,
-        add_space_prefix=flag("tokenizer.ggml.add_space_prefix", model == "llama"),
+        # Gemma 4 always starts with BOS: llama.cpp overrides a file that says otherwise
+        add_bos=(flag("tokenizer.ggml.add_bos_token", model == "llama") or model == "gemma4") and bos_id is not None,
+        # only SentencePiece prepends a space; llama.cpp's BPE paths ignore the flag
+        add_space_prefix=flag("tokenizer.ggml.add_space_prefix", model == "llama") and model == "llama",
         eog_ids=frozenset(eog),
     )
