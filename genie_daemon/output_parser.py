@@ -1,9 +1,13 @@
 """A model's streamed text split into what the HTTP APIs send apart: reasoning, content and tool calls.
 
 Qwen-family models (and others trained on its format) write reasoning as `<think>...</think>` and each
-tool call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; models without that markup may
-answer a request that offered tools with a bare JSON object `{"name": ..., "arguments": ...}` as their
-whole reply. Calls are recognized only when tools were offered, and only to those tools (anything else
+tool call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`. Gemma 4 writes reasoning as
+`<|channel>thought\n...<channel|>` (also after some content, and sometimes an empty channel or a stray
+`<channel|>`, which are dropped) and a call as `<|tool_call>call:NAME{key:value,...}<tool_call|>` in its
+own argument syntax (strings between `<|"|>` marks, bare keys; `parse_gemma4_call`). Models without such
+markup may answer a request that offered tools with a bare JSON object `{"name": ..., "arguments": ...}`
+as their whole reply. Both markups are recognized in any reply: their tags do not occur in each other's
+output. Calls are recognized only when tools were offered, and only to those tools (anything else
 stays text). A reasoning request may get a reply that starts inside the reasoning (templates that open
 `<think>` in the prompt): then text is held until `</think>` shows where it ends, and is content if it
 never does. The parser is fed text pieces as they arrive and never lets markup reach the content: text
@@ -14,11 +18,10 @@ while tools were offered is held back until the end.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,124 @@ def parse_call(text: str, tools: frozenset[str] | None = None) -> ToolCall | Non
     return ToolCall(obj["name"], args) if isinstance(args, dict) else None
 
 
+_QUOTE = '<|"|>'
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_KEY = re.compile(r"[^:}<]+")
+_WORDS: dict[str, Any] = {"true": True, "false": False, "null": None}
+
+
+class _Syntax(ValueError):
+    pass
+
+
+def _skip_space(s: str, i: int) -> int:
+    while i < len(s) and s[i].isspace():
+        i += 1
+    return i
+
+
+def _gemma4_value(s: str, i: int) -> tuple[Any, int]:
+    """One value of Gemma 4's argument syntax at s[i:] and where it ends."""
+    i = _skip_space(s, i)
+    if s.startswith(_QUOTE, i):
+        end = s.find(_QUOTE, i + len(_QUOTE))
+        if end < 0:
+            raise _Syntax("unterminated string")
+        return s[i + len(_QUOTE) : end], end + len(_QUOTE)
+    if s.startswith("{", i) or s.startswith("[", i):
+        close = "}" if s[i] == "{" else "]"
+        obj: dict[str, Any] = {}
+        items: list[Any] = []
+        i = _skip_space(s, i + 1)
+        if s.startswith(close, i):
+            return (obj if close == "}" else items), i + 1
+        while True:
+            if close == "]":
+                value, i = _gemma4_value(s, i)
+                items.append(value)
+            else:
+                if s.startswith(_QUOTE, i):  # a key may be quoted like a string
+                    key, i = _gemma4_value(s, i)
+                else:
+                    m = _KEY.match(s, i)
+                    if m is None:
+                        raise _Syntax("expected a key")
+                    key, i = m.group().strip(), m.end()
+                i = _skip_space(s, i)
+                if not s.startswith(":", i):
+                    raise _Syntax("expected ':'")
+                obj[key], i = _gemma4_value(s, i + 1)
+            i = _skip_space(s, i)
+            if s.startswith(",", i):
+                i = _skip_space(s, i + 1)
+            elif s.startswith(close, i):
+                return (obj if close == "}" else items), i + 1
+            else:
+                raise _Syntax(f"expected ',' or {close!r}")
+    for word, value in _WORDS.items():
+        if s.startswith(word, i):
+            return value, i + len(word)
+    m = _NUMBER.match(s, i)
+    if m is None:
+        raise _Syntax("expected a value")
+    text = m.group()
+    return (float(text) if any(c in text for c in ".eE") else int(text)), m.end()
+
+
+def parse_gemma4_call(text: str, tools: frozenset[str] | None = None) -> ToolCall | None:
+    """A Gemma 4 call body, `NAME{key:value,...}`: NAME one of `tools` (any when None), the arguments
+    in its syntax (strings between <|"|> marks, numbers, true/false/null, {...} and [...])."""
+    brace = text.find("{")
+    name = text[:brace].strip() if brace > 0 else ""
+    if not name or (tools is not None and name not in tools):
+        return None
+    try:
+        args, end = _gemma4_value(text, brace)
+    except (_Syntax, ValueError, RecursionError):  # ValueError: a number too long for int()
+        return None
+    if _skip_space(text, end) != len(text) or not isinstance(args, dict):
+        return None
+    return ToolCall(name, args)
+
+
+@dataclass(frozen=True)
+class Markup:
+    """One model family's reasoning and tool-call tags."""
+
+    think_open: str
+    think_close: str
+    call_open: str
+    call_close: str
+    parse_call: Callable[[str, frozenset[str] | None], ToolCall | None]
+    think_header: bool = False  # the whitespace after think_open belongs to the tag, not to the reasoning
+    late_think: bool = False  # a reasoning block may also follow some content
+    stray: tuple[str, ...] = ()  # lone tags to drop from content
+
+
+QWEN = Markup("<think>", "</think>", "<tool_call>", "</tool_call>", parse_call)
+GEMMA4 = Markup(
+    "<|channel>thought",
+    "<channel|>",
+    "<|tool_call>call:",
+    "<tool_call|>",
+    parse_gemma4_call,
+    think_header=True,
+    late_think=True,
+    stray=("<|channel>", "<channel|>"),
+)
+MARKUPS = (QWEN, GEMMA4)
+
+
+def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
+    """The earliest occurrence of one of `tags` in `text` (the longest tag where two start together)."""
+    best, found = -1, ""
+    for tag in tags:
+        i = text.find(tag)
+        if i >= 0 and (best < 0 or i < best or (i == best and len(tag) > len(found))):
+            best, found = i, tag
+    return best, found
+
+
 def _partial_suffix(text: str, tags: tuple[str, ...]) -> int:
     """Length of the longest end of `text` that is a proper start of one of `tags` (to hold back)."""
     best = 0
@@ -76,11 +197,20 @@ class OutputParser:
         self.tools_offered = bool(self.tools)
         self.think = think
         self.strip_next = False  # the content after </think> starts after its blank lines
+        self.strip_think = False  # the reasoning after a tag with a header starts after its whitespace
         self.buf = ""
         self.mode = "start"  # start | content | thinking | maybe_thinking | call | json (a whole-reply candidate)
+        self.markup = QWEN  # whose tag opened the current reasoning block or call
         self.space = ""  # whitespace-only content held back: dropped if it only separates tool calls
         self.calls = 0
         self.seen_content = False
+        self.opens = tuple(m.think_open for m in MARKUPS)
+        self.closes = tuple(m.think_close for m in MARKUPS)
+        # the tags that end plain content: calls (when tools were offered), late reasoning, stray tags
+        content_tags = [m.call_open for m in MARKUPS if self.tools_offered]
+        content_tags += [m.think_open for m in MARKUPS if m.late_think]
+        content_tags += [t for m in MARKUPS for t in m.stray]
+        self.content_tags = tuple(content_tags)
 
     def feed(self, text: str) -> list[Event]:
         self.buf += text
@@ -93,6 +223,10 @@ class OutputParser:
         self.space = ""
         return out
 
+    def _open_think(self, markup: Markup, rest: str) -> None:
+        self.markup, self.buf, self.mode = markup, rest, "thinking"
+        self.strip_think = markup.think_header
+
     def _drain(self, final: bool) -> list[Event]:
         out: list[Event] = []
         while True:
@@ -100,10 +234,11 @@ class OutputParser:
                 stripped = self.buf.lstrip()
                 if not stripped and not final:
                     return out
-                if stripped.startswith(THINK_OPEN):
-                    self.buf, self.mode = stripped[len(THINK_OPEN) :], "thinking"
-                elif not final and THINK_OPEN.startswith(stripped):
-                    return out  # may still become <think>
+                opened = next((m for m in MARKUPS if stripped.startswith(m.think_open)), None)
+                if opened is not None:
+                    self._open_think(opened, stripped[len(opened.think_open) :])
+                elif not final and any(tag.startswith(stripped) for tag in self.opens):
+                    return out  # may still become a reasoning tag
                 elif self.think:
                     self.mode = "maybe_thinking"
                 elif self.tools_offered and stripped.startswith("{"):
@@ -111,25 +246,27 @@ class OutputParser:
                 else:
                     self.mode = "content"
                 continue
-            if self.mode == "maybe_thinking":  # reasoning requested, no <think>: held until </think> decides
-                end = self.buf.find(THINK_CLOSE)
+            if self.mode == "maybe_thinking":  # reasoning requested, no opening tag: held until a close decides
+                end, tag = _first(self.buf, self.closes)
                 if end >= 0:
                     self._emit(out, Piece("thinking", self.buf[:end]))
-                    self.buf, self.mode, self.strip_next = self.buf[end + len(THINK_CLOSE) :], "content", True
+                    self.buf, self.mode, self.strip_next = self.buf[end + len(tag) :], "content", True
                     continue
                 if not final:
                     return out
                 self.mode = "json" if self.tools_offered and self.buf.lstrip().startswith("{") else "content"
                 continue
             if self.mode == "thinking":
-                end = self.buf.find(THINK_CLOSE)
+                close = self.markup.think_close
+                end = self.buf.find(close)
                 if end < 0:
-                    keep = 0 if final else _partial_suffix(self.buf, (THINK_CLOSE,))
+                    keep = 0 if final else _partial_suffix(self.buf, (close,))
                     self._emit(out, Piece("thinking", self.buf[: len(self.buf) - keep]))
                     self.buf = self.buf[len(self.buf) - keep :]
                     return out
                 self._emit(out, Piece("thinking", self.buf[:end]))
-                self.buf, self.mode, self.strip_next = self.buf[end + len(THINK_CLOSE) :], "content", True
+                self.buf, self.mode, self.strip_next = self.buf[end + len(close) :], "content", True
+                self.strip_think = False
                 continue
             if self.mode == "json":
                 if not final:
@@ -142,24 +279,35 @@ class OutputParser:
                 self.buf = ""
                 return out
             if self.mode == "call":
-                end = self.buf.find(CALL_CLOSE)
+                m = self.markup
+                end = self.buf.find(m.call_close)
                 if end < 0 and not final:
                     return out
                 body = self.buf if end < 0 else self.buf[:end]
-                call = parse_call(body.strip(), self.tools)
+                call = m.parse_call(body.strip(), self.tools)
                 # not a call after all: the text stays visible, markup and all
-                self._emit(out, call or Piece("content", CALL_OPEN + body + ("" if end < 0 else CALL_CLOSE)))
-                self.buf, self.mode = ("" if end < 0 else self.buf[end + len(CALL_CLOSE) :]), "content"
+                self._emit(out, call or Piece("content", m.call_open + body + ("" if end < 0 else m.call_close)))
+                self.buf, self.mode = ("" if end < 0 else self.buf[end + len(m.call_close) :]), "content"
                 if end < 0:
                     return out
                 continue
             # content
-            start = self.buf.find(CALL_OPEN) if self.tools_offered else -1
+            start, tag = _first(self.buf, self.content_tags)
+            if start >= 0 and not final and any(t.startswith(self.buf[start:]) and t != tag for t in self.opens):
+                start = -1  # a stray-looking tag that may still become a reasoning tag: wait for more
             if start >= 0:
                 self._emit(out, Piece("content", self.buf[:start]))
-                self.buf, self.mode = self.buf[start + len(CALL_OPEN) :], "call"
+                rest = self.buf[start + len(tag) :]
+                caller = next((m for m in MARKUPS if tag == m.call_open), None)
+                thinker = next((m for m in MARKUPS if tag == m.think_open), None)
+                if caller is not None:
+                    self.markup, self.buf, self.mode = caller, rest, "call"
+                elif thinker is not None:
+                    self._open_think(thinker, rest)
+                else:
+                    self.buf = rest  # a stray tag: dropped
                 continue
-            keep = 0 if final or not self.tools_offered else _partial_suffix(self.buf, (CALL_OPEN,))
+            keep = 0 if final else _partial_suffix(self.buf, self.content_tags)
             self._emit(out, Piece("content", self.buf[: len(self.buf) - keep]))
             self.buf = self.buf[len(self.buf) - keep :]
             return out
@@ -182,5 +330,10 @@ class OutputParser:
             elif text:
                 self.seen_content = True
                 out.append(Piece("content", text))
-        elif ev.text:
-            out.append(ev)
+        else:
+            text = ev.text
+            if self.strip_think:
+                text = text.lstrip()
+                self.strip_think = not text
+            if text:
+                out.append(Piece("thinking", text))

@@ -46,7 +46,7 @@ def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=float, default=D.repeat_penalty, help="1 = off (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="same seed, same tokens (default: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string; repeatable (default: none)")
-    p.add_argument("--think", action="store_true", help="keep <think>…</think> reasoning (default: off)")
+    p.add_argument("--think", action="store_true", help="keep the model's reasoning block (default: off)")
 
 
 def _add_conv_option(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from genie_daemon.output_parser import OutputParser, Piece, ToolCall
+from genie_daemon.output_parser import OutputParser, Piece, ToolCall, parse_gemma4_call
 
 QWEN = (
     "<think>\nThe user wants the kitchen light on.\n</think>\n\n"
@@ -99,3 +99,70 @@ def test_reasoning_that_starts_inside_think(step):
         Piece("content", "The kitchen light is on."),
     ]
     assert run("No reasoning here.", step, think=True) == [Piece("content", "No reasoning here.")]
+
+
+# -- Gemma 4 ----------------------------------------------------------------------------------------
+
+GEMMA4 = (
+    "<|channel>thought\nThe user wants the kitchen light on.<channel|>"
+    '<|tool_call>call:HassTurnOn{domain:[<|"|>light<|"|>],name:<|"|>Kitchen Light<|"|>}<tool_call|>'
+    "<|tool_call>call:HassLightSet{brightness:40,on:true,color:null,level:-1.5e2}<tool_call|>"
+)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5, 8, 13, 1000])
+def test_gemma4_reasoning_and_two_calls(step):
+    assert run(GEMMA4, step) == [
+        Piece("thinking", "The user wants the kitchen light on."),
+        ToolCall("HassTurnOn", {"domain": ["light"], "name": "Kitchen Light"}),
+        ToolCall("HassLightSet", {"brightness": 40, "on": True, "color": None, "level": -150.0}),
+    ]
+
+
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_gemma4_content_with_late_and_empty_channels(step):
+    """Gemma 4 may close its reply with another (empty) thought block, an empty channel or a lone
+    <channel|>: none of it is content."""
+    text = "The light is on.<|channel>thought\n<channel|><|channel><channel|>"
+    assert run(text, step) == [Piece("content", "The light is on.")]
+    text = "Sure.<|channel>thought\nchecked twice<channel|> Done."
+    assert run(text, step) == [Piece("content", "Sure."), Piece("thinking", "checked twice"), Piece("content", "Done.")]
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_gemma4_call_text_around_and_broken(step):
+    text = 'Turning it on. <|tool_call>call:x{a:<|"|>b, c}<|"|>}<tool_call|> Done.'
+    assert run(text, step) == [
+        Piece("content", "Turning it on. "),
+        ToolCall("x", {"a": "b, c}"}),
+        Piece("content", " Done."),
+    ]
+    broken = "Hi <|tool_call>call:x{a:<tool_call|> there"
+    assert run(broken, step) == [Piece("content", broken)]
+    unknown = "<|tool_call>call:rm_rf{}<tool_call|>"  # not an offered tool
+    assert run(unknown, step) == [Piece("content", unknown)]
+    assert run("<|tool_call>call:x{a:1}<tool_call|>", step, tools=False) == [
+        Piece("content", "<|tool_call>call:x{a:1}<tool_call|>")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "call"),
+    [
+        ("x{}", ToolCall("x", {})),
+        ("x{ a : 1 , b:[ ] ,c:{}}", ToolCall("x", {"a": 1, "b": [], "c": {}})),
+        ('x{<|"|>quoted key<|"|>:<|"|><|"|>}', ToolCall("x", {"quoted key": ""})),
+        ('x{n:{m:[1,2.5,<|"|>s<|"|>,[false]]}}', ToolCall("x", {"n": {"m": [1, 2.5, "s", [False]]}})),
+        ("x", None),  # no arguments
+        ("{a:1}", None),  # no name
+        ("x{a:1} trailing", None),
+        ("x{a:1,}", None),
+        ("x{a}", None),
+        ("x{a:bare}", None),
+        ('x{a:<|"|>open}', None),
+        ("x{a:" + "[" * 5000 + "]" * 5000 + "}", None),  # too deep: not a call, not a crash
+        ("x{a:" + "9" * 5000 + "}", None),  # a number past int()'s digit limit
+    ],
+)
+def test_gemma4_argument_syntax(body, call):
+    assert parse_gemma4_call(body, frozenset({"x"})) == call

@@ -235,3 +235,13 @@ def test_messages_not_mutated() -> None:
     messages = [{"role": "user", "content": None, "extra": 1}]
     render_chat(CHATML_TEMPLATE, messages)
     assert messages == [{"role": "user", "content": None, "extra": 1}]
+
+
+def test_loop_controls_as_hugging_face_allows() -> None:
+    """Hugging Face renders templates with jinja2's loopcontrols extension: {% break %} and {% continue %}."""
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}"
+        "{{ m['content'] }};{% if loop.index == 2 %}{% break %}{% endif %}{% endfor %}"
+    )
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    assert render_chat(template, messages) == "a;"

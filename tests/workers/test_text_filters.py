@@ -46,3 +46,11 @@ def test_think_filter_drops_newlines_after_the_block_when_they_come_as_their_own
     f = ThinkFilter()
     out = "".join(f.feed(p) for p in ["<think>", "plan", "</think>", "\n\n", "\n", "Hi", "\n!"]) + f.flush()
     assert out == "Hi\n!"
+
+
+def test_think_filter_drops_gemma4_thought_blocks_in_every_split():
+    text = "<|channel>thought\nplan it<channel|>It is 4.<|channel>thought\n<channel|> Bye <think>x</think>!"
+    for step in (1, 2, 3, 7, len(text)):
+        f = ThinkFilter()
+        out = "".join(f.feed(text[i : i + step]) for i in range(0, len(text), step)) + f.flush()
+        assert out == "It is 4. Bye !", step

@@ -1,5 +1,10 @@
 """Chat prompts: the GGUF's own Jinja template rendered in a sandbox with the variables Hugging Face
-passes, or a built-in turn format (Gemma's, else ChatML) for files without one."""
+passes, or a built-in turn format (Gemma's, else ChatML) for files without one.
+
+Gemma 4's first template (the one its first GGUFs carry) takes a tool's results from the model turn that
+called it (`tool_responses`) and has no place for role "tool" messages: for it, each run of tool messages
+is folded into the assistant message before it, as llama.cpp does (common/parsers/gemma4.cpp).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import RequestError
+from .tokenizer import Tokenizer
 
 Message = dict[str, Any]
 ROLES = ("system", "user", "assistant", "tool")
@@ -60,7 +66,8 @@ def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, s
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
 
 
-_ENV = _Environment(trim_blocks=True, lstrip_blocks=True)
+# set up as Hugging Face's apply_chat_template sets it up
+_ENV = _Environment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
 _ENV.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.now().strftime(fmt))
 _ENV.filters["tojson"] = _tojson
 
@@ -87,6 +94,60 @@ def validate_messages(messages: Sequence[Any]) -> list[Message]:
     return out
 
 
+def folds_tool_results(template: str) -> bool:
+    """Gemma 4's first template, known as llama.cpp knows it: its tool-call opener, and not the OpenAI
+    section its later template added (which reads role "tool" messages itself)."""
+    return "'<|tool_call>call:'" in template and "OpenAI Chat Completions" not in template
+
+
+def _tool_result(msg: Message, call: dict[str, Any] | None) -> dict[str, Any]:
+    content = msg.get("content", "")
+    try:
+        response: Any = json.loads(content)
+    except (ValueError, RecursionError):
+        response = content
+    fn = call.get("function") if isinstance(call, dict) else None
+    name = (fn.get("name") if isinstance(fn, dict) else None) or msg.get("name") or msg.get("tool_call_id") or ""
+    return {"name": name, "response": response}
+
+
+def fold_tool_results(messages: list[Message]) -> list[Message]:
+    """assistant(tool_calls) → tool… → [assistant(content)] as one assistant message with `tool_calls`,
+    `tool_responses` (each {name, response}: the call's name, the result parsed as JSON where it is JSON)
+    and the closing answer as its `content`. A result is matched to its call by `tool_call_id`, else by
+    position; what the calling message said besides its calls is dropped, as llama.cpp does (the format
+    puts text after the results)."""
+    out: list[Message] = []
+    i = 0
+    while i < len(messages):
+        msg = messages[i]
+        calls = msg.get("tool_calls")
+        if msg["role"] != "assistant" or not isinstance(calls, list) or not calls:
+            out.append(msg)
+            i += 1
+            continue
+        by_id = {c["id"]: c for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)}
+        results: list[dict[str, Any]] = []
+        i += 1
+        while i < len(messages) and messages[i]["role"] == "tool":
+            tool = messages[i]
+            call = by_id.get(tool.get("tool_call_id", "")) or (
+                calls[len(results)] if len(results) < len(calls) else None
+            )
+            results.append(_tool_result(tool, call))
+            i += 1
+        content = ""
+        if i < len(messages) and messages[i]["role"] == "assistant" and not messages[i].get("tool_calls"):
+            if messages[i]["content"]:
+                content = messages[i]["content"]
+                i += 1
+        folded: Message = {"role": "assistant", "content": content, "tool_calls": calls}
+        if results:
+            folded["tool_responses"] = results
+        out.append(folded)
+    return out
+
+
 def render_chat(
     template: str,
     messages: Sequence[Any],
@@ -99,6 +160,8 @@ def render_chat(
 ) -> str:
     """The prompt text for `messages`; a template that fails is a RequestError naming why."""
     msgs = validate_messages(messages)
+    if folds_tool_results(template):
+        msgs = fold_tool_results(msgs)
     try:
         pieces = _ENV.from_string(template).generate(
             messages=msgs,
@@ -119,3 +182,21 @@ def render_chat(
     except (TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError, RecursionError) as e:
         # a template is code from the model file: any failure of it is this request's error
         raise RequestError(f"chat template failed: {type(e).__name__}: {e}") from None
+
+
+def chat_prompt_ids(
+    tokenizer: Tokenizer,
+    template: str,
+    messages: Sequence[Any],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    enable_thinking: bool = False,
+) -> list[int]:
+    """A chat's prompt tokens: the template rendered with the vocabulary's BOS and EOS texts, tokenized
+    with special tokens parsed, BOS added as the file says unless the template already wrote it."""
+    vocab = tokenizer.vocab
+    bos = vocab.tokens[vocab.bos_id] if vocab.bos_id is not None else ""
+    eos = vocab.tokens[vocab.eos_id] if vocab.eos_id is not None else ""
+    text = render_chat(template, messages, bos_token=bos, eos_token=eos, tools=tools, enable_thinking=enable_thinking)
+    add_bos = vocab.add_bos and not (bos and text.startswith(bos))
+    return tokenizer.encode(text, add_bos=add_bos, parse_special=True)

@@ -18,7 +18,7 @@ import numpy as np
 from .arch.layers import forward
 from .backends import BACKEND_CHOICES, select_backend
 from .backends.numpy_backend import NumpyBackend
-from .chat_template import builtin_template, render_chat
+from .chat_template import builtin_template, chat_prompt_ids
 from .constraint import JsonConstraint
 from .errors import BackendUnsupportedError, ModelError, RequestError
 from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
@@ -125,14 +125,8 @@ class Engine:
     def chat_prompt(
         self, messages: Sequence[Any], think: bool = False, tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
-        tok = self.tokenizer
-        vocab = tok.vocab
-        bos = vocab.tokens[vocab.bos_id] if vocab.bos_id is not None else ""
-        eos = vocab.tokens[vocab.eos_id] if vocab.eos_id is not None else ""
         template = self.model.chat_template or builtin_template(self.model.config.arch)
-        text = render_chat(template, messages, bos_token=bos, eos_token=eos, tools=tools, enable_thinking=think)
-        add_bos = vocab.add_bos and not (bos and text.startswith(bos))
-        return tok.encode(text, add_bos=add_bos, parse_special=True)
+        return chat_prompt_ids(self.tokenizer, template, messages, tools=tools, enable_thinking=think)
 
     def json_constraint(self, fmt: str | dict[str, Any]) -> JsonConstraint:
         """A request's output constraint: "json" (any JSON object) or a JSON schema."""

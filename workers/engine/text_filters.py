@@ -41,41 +41,47 @@ class StopMatcher:
 
 
 class ThinkFilter:
-    """Drops `<think>…</think>` blocks from streamed text (Qwen3 reasoning when --think is off)."""
+    """Drops reasoning blocks from streamed text (when --think is off): Qwen3's `<think>…</think>` and
+    Gemma 4's `<|channel>thought…<channel|>`."""
 
-    OPEN, CLOSE = "<think>", "</think>"
+    PAIRS = (("<think>", "</think>"), ("<|channel>thought", "<channel|>"))
 
     def __init__(self) -> None:
-        self._inside = False
+        self._close = ""  # the tag that ends the block we are inside; "" outside
         self._buf = ""
-        self._strip_newlines = False  # after </think>: drop the newlines that follow, whichever piece has them
+        self._strip_newlines = False  # after a block: drop the newlines that follow, whichever piece has them
 
     def feed(self, piece: str) -> str:
         self._buf += piece
         out = []
         while True:
-            tag = self.CLOSE if self._inside else self.OPEN
-            i = self._buf.find(tag)
+            if self._close:
+                i, n, close = self._buf.find(self._close), len(self._close), ""
+            else:
+                found = [(j, o, c) for o, c in self.PAIRS if (j := self._buf.find(o)) >= 0]
+                i, opened, close = min(found) if found else (-1, "", "")
+                n = len(opened)
             if i >= 0:
-                if not self._inside:
+                if not self._close:
                     out.append(self._buf[:i])
-                self._buf = self._buf[i + len(tag) :]
-                self._strip_newlines = self._inside
-                self._inside = not self._inside
+                self._buf = self._buf[i + n :]
+                self._strip_newlines = bool(self._close)
+                self._close = close
                 continue
             if self._strip_newlines:
                 self._buf = self._buf.lstrip("\n")
                 if not self._buf:
                     return "".join(out)
                 self._strip_newlines = False
-            hold = partial_suffix(self._buf, tag)
+            tags = (self._close,) if self._close else tuple(o for o, _ in self.PAIRS)
+            hold = max(partial_suffix(self._buf, tag) for tag in tags)
             keep = self._buf[len(self._buf) - hold :] if hold else ""
-            if not self._inside:
+            if not self._close:
                 out.append(self._buf[: len(self._buf) - hold])
             self._buf = keep
             return "".join(out)
 
     def flush(self) -> str:
-        out = "" if self._inside else self._buf
+        out = "" if self._close else self._buf
         self._buf = ""
         return out
