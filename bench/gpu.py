@@ -1,15 +1,17 @@
-"""GPU throughput on synthetic models with the exact shapes of Qwen3-0.6B and Qwen3-4B (Q4_K_M), beside
-llama.cpp's numbers on the same H200 (../shared/ANCHORS.md, b11312, flash attention, F16 KV).
+"""GPU throughput on synthetic models with the exact shapes of Qwen3-0.6B, Qwen3-4B and Gemma 4 E2B
+(Q4_K_M), beside llama.cpp's numbers on the same H200 (../shared/ANCHORS.md, b11312, flash attention, F16
+KV; none for E2B yet, so its row has no ratio).
 
-    python bench/gpu.py [--models qwen3-0.6b qwen3-4b] [--kv int8 f16] [--depths 0 1024 4096]
+    python bench/gpu.py [--models qwen3-0.6b qwen3-4b gemma4-e2b] [--kv int8 f16] [--depths 0 1024 4096]
                         [--paths separate fused fused-prefetch] [--repeats 3] [--out DIR]
 
 Writes the synthetic GGUFs (bench/synthetic.py) into --out (default /tmp/genie-bench), then for each model
 and KV type prints pp512 (prefill of 512 tokens) and tg128 (128 greedy tokens) after a prompt of each
 depth for each decode path (--paths: the separate kernels as a CUDA graph, the fused one-launch step, the
-same with its L2 prefetch), the ratio to llama.cpp, the fused step's logits against the separate
-kernels' (relative error over 8 steps: the real shapes' correctness check), and the GPU memory the process
-holds. bench/NOTES.md keeps each version's numbers.
+same with its L2 prefetch; a model the fused step does not take, such as Gemma 4, has "n/a" rows), the
+ratio to llama.cpp, the fused step's logits against the separate kernels' (relative error over 8 steps:
+the real shapes' correctness check), and the GPU memory the process holds. bench/NOTES.md keeps each
+version's numbers.
 """
 
 from __future__ import annotations
@@ -85,14 +87,23 @@ def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int, pat
         assert isinstance(done, Completion)
         return done
 
+    from workers.engine.backends.cupy_decode import unsupported
+
+    out["skipped"] = {}
     for label in paths:
         backend.use_fused, backend.fused_prefetch = PATHS[label]
         # a fresh engine per path (its own captured or fused steps) on the one loaded model
         engine = Engine(EngineConfig(model=str(path), n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=512), model)
+        reason = unsupported(model.config, engine.kv) if backend.use_fused else None
+        if reason is not None:  # it would time the separate kernels again
+            out["skipped"][label] = reason
+            del engine
+            continue
+        first = "pp512" not in out  # the first path that runs also measures prefill and memory
         # warm-up: kernels compiled and loaded (cuBLAS loads a GEMM's kernels at its first use of a shape)
         run(engine, list(rng.integers(300, vocab, 64)), 4)
         run(engine, list(rng.integers(300, vocab, 512)), 4)
-        if label == paths[0]:
+        if first:
             pp = []
             for _ in range(repeats):
                 prompt = list(rng.integers(300, vocab, 512))
@@ -103,14 +114,15 @@ def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int, pat
                 cp.cuda.Device().synchronize()
                 pp.append(512 / (time.perf_counter() - t0))
             out["pp512"] = statistics.median(pp)
-            out["check"] = check_fused(engine, vocab, rng) if any("fused" in p for p in paths) else float("nan")
+            fused_runs = any("fused" in p for p in paths) and unsupported(model.config, engine.kv) is None
+            out["check"] = check_fused(engine, vocab, rng) if fused_runs else float("nan")
             backend.use_fused, backend.fused_prefetch = PATHS[label]
         tg = {}
         for depth in depths:
             runs = [run(engine, list(rng.integers(300, vocab, depth + 1)), 128) for _ in range(repeats)]
             tg[depth] = statistics.median(r.timings.decode_tok_s for r in runs)
         out["tg"][label] = tg
-        if label == paths[0]:  # while this engine holds its KV pool and steps
+        if first:  # while this engine holds its KV pool and steps
             out["kv_gib"] = engine.kv.config.bytes_per_token * n_ctx / 2**30
             out["pool_gib"] = cp.get_default_memory_pool().used_bytes() / 2**30  # arrays in use
             free, total = cp.cuda.runtime.memGetInfo()
@@ -147,14 +159,21 @@ def main() -> None:
         model = Model.load(path, backend)
         for kv in args.kv:
             r = bench_model(model, path, kv, args.depths, args.repeats, args.paths)
-            a = ANCHORS[name]
+            a = ANCHORS.get(name, {})
+            for label, reason in r["skipped"].items():
+                rows.append(f"| {name} | {kv} | {label} | n/a: {reason} |" + " |" * (4 + len(args.depths)))
+                print(rows[-1], flush=True)
             for label, tg_by_depth in r["tg"].items():
                 tg = " | ".join(
                     f"{tg_by_depth[d]:.0f} ({tg_by_depth[d] / a[d]:.2f}x)" if d in a else f"{tg_by_depth[d]:.0f}"
                     for d in args.depths
                 )
-                first = label == args.paths[0]
-                pp = f"{r['pp512']:.0f} ({r['pp512'] / a['pp512']:.2f}x)" if first else ""
+                first = label == next(iter(r["tg"]))
+                pp = (
+                    f"{r['pp512']:.0f}" + (f" ({r['pp512'] / a['pp512']:.2f}x)" if "pp512" in a else "")
+                    if first
+                    else ""
+                )
                 check = f"{r['check']:.1e}" if first else ""
                 mem = (
                     f"{r['pool_gib']:.2f} / {r['gpu_mem_gib']:.2f} (GGUF {r['gguf_gib']:.2f} + KV {r['kv_gib']:.2f})"

@@ -1,17 +1,24 @@
 """Synthetic GGUF models with the exact tensor shapes and Q4_K_M type mix of real ones, random weights.
 
 Timing does not depend on weight values, so these stand in for Qwen3-0.6B and Qwen3-4B on speed
-(../shared/ANCHORS.md measured llama.cpp on files of the same shapes). Block data is valid: random
-quants with small positive float16 scales. The vocabulary is a dummy SentencePiece one of the right size.
+(../shared/ANCHORS.md measured llama.cpp on files of the same shapes), and for Gemma 4 E2B (shapes of
+docs/gemma4.md §1.1: 35 layers, sliding head dim 256 and global 512, the last 20 layers sharing K/V with
+double-width FFNs, per-layer embeddings of 256; no llama.cpp numbers for it yet). Block data is valid:
+random quants with small positive float16 scales. The vocabulary is a dummy SentencePiece one of the
+right size.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.tiny_models import add_gemma4_keys  # noqa: E402  (the converter's Gemma 4 keys, shared with tests)
 
 Q = GGMLQuantizationType
 SCALE_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # byte offsets of each block's float16 scales
@@ -31,9 +38,30 @@ class Shape:
     rope_base: float = 1_000_000.0
 
 
-SHAPES = {
+@dataclass(frozen=True)
+class Gemma4Shape:
+    name: str
+    n_layers: int = 35
+    d_model: int = 1536
+    n_heads: int = 8
+    n_kv_heads: int = 1
+    head_dim: int = 256  # sliding layers
+    global_head_dim: int = 512
+    ffn_dim: int = 6144  # twice that in the shared layers
+    n_shared: int = 20
+    ple_dim: int = 256
+    sliding_window: int = 512
+    n_vocab: int = 262_144
+    n_ctx: int = 32_768
+
+    def sliding(self) -> list[bool]:
+        return [(i + 1) % 5 != 0 for i in range(self.n_layers)]  # every fifth layer global
+
+
+SHAPES: dict[str, Shape | Gemma4Shape] = {
     "qwen3-0.6b": Shape("qwen3-0.6b", 28, 1024, 16, 8, 128, 3072),
     "qwen3-4b": Shape("qwen3-4b", 36, 2560, 32, 8, 128, 9728),
+    "gemma4-e2b": Gemma4Shape("gemma4-e2b"),
 }
 
 
@@ -52,7 +80,28 @@ def _blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndar
     return raw.reshape(rows, -1)
 
 
-def write_synthetic(shape: Shape, path: Path, seed: int = 0) -> Path:
+def _add_dummy_vocab(w: GGUFWriter, n_vocab: int) -> None:
+    w.add_tokenizer_model("llama")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"t{i}" for i in range(n_vocab - len(tokens))]
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (n_vocab - 259))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
+def _finish(w: GGUFWriter, path: Path) -> Path:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_synthetic(shape: Shape | Gemma4Shape, path: Path, seed: int = 0) -> Path:
+    if isinstance(shape, Gemma4Shape):
+        return write_synthetic_gemma4(shape, path, seed)
     rng = np.random.default_rng(seed)
     s = shape
     w = GGUFWriter(str(path), "qwen3")
@@ -67,14 +116,7 @@ def write_synthetic(shape: Shape, path: Path, seed: int = 0) -> Path:
     w.add_value_length(s.head_dim)
     w.add_rope_freq_base(s.rope_base)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("llama")
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"t{i}" for i in range(s.n_vocab - len(tokens))]
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * s.n_vocab)
-    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (s.n_vocab - 259))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    _add_dummy_vocab(w, s.n_vocab)
 
     def quant(name: str, qtype: Q, rows: int, cols: int) -> None:
         w.add_tensor(name, _blocks(qtype, rows, cols, rng), raw_dtype=qtype)
@@ -97,8 +139,60 @@ def write_synthetic(shape: Shape, path: Path, seed: int = 0) -> Path:
         quant(f"blk.{i}.ffn_gate.weight", Q.Q4_K, s.ffn_dim, s.d_model)
         quant(f"blk.{i}.ffn_up.weight", Q.Q4_K, s.ffn_dim, s.d_model)
         quant(f"blk.{i}.ffn_down.weight", big, s.d_model, s.ffn_dim)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _finish(w, path)
+
+
+def write_synthetic_gemma4(s: Gemma4Shape, path: Path, seed: int = 0) -> Path:
+    """Gemma 4 E2B's shapes in the Q4_K_M mix of the others (token and per-layer embeddings: Q6_K and
+    Q4_K, an assumption: no real E2B Q4_K_M file was at hand to copy its types)."""
+    rng = np.random.default_rng(seed)
+    L, d, H, P = s.n_layers, s.d_model, s.n_heads, s.ple_dim
+    sliding = s.sliding()
+    hp = dict(
+        context_length=s.n_ctx, d_model=d, n_layers=L, ffn_dim=s.ffn_dim, n_shared=s.n_shared, n_heads=H,
+        n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, global_head_dim=s.global_head_dim, rope_base=1_000_000.0,
+        rope_base_swa=10_000.0, sliding_window=s.sliding_window, sliding=sliding, ple_dim=P, rms_eps=1e-6,
+        softcap=30.0,
+    )  # fmt: skip
+    w = GGUFWriter(str(path), "gemma4")
+    w.add_name(f"synthetic {s.name} Q4_K_M")
+    add_gemma4_keys(w, hp)
+    _add_dummy_vocab(w, s.n_vocab)
+
+    def quant(name: str, qtype: Q, rows: int, cols: int) -> None:
+        w.add_tensor(name, _blocks(qtype, rows, cols, rng), raw_dtype=qtype)
+
+    def f32(name: str, values: np.ndarray) -> None:
+        w.add_tensor(name, values.astype(np.float32))
+
+    def norm(name: str, n: int) -> None:
+        f32(name, 1.0 + 0.1 * rng.standard_normal(n))
+
+    quant("token_embd.weight", Q.Q6_K, s.n_vocab, d)  # tied output
+    quant("per_layer_token_embd.weight", Q.Q4_K, s.n_vocab, L * P)
+    quant("per_layer_model_proj.weight", Q.Q4_K, L * P, d)
+    norm("per_layer_proj_norm.weight", P)
+    rotated = s.global_head_dim // 8  # proportional RoPE: a quarter of the global head's pairs rotate
+    f32("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (s.global_head_dim // 2 - rotated)))
+    norm("output_norm.weight", d)
+    for i in range(L):
+        p, hd = f"blk.{i}.", s.head_dim if sliding[i] else s.global_head_dim
+        own_kv = i < L - s.n_shared
+        ffn = s.ffn_dim * (1 if own_kv else 2)
+        big = Q.Q6_K if more_bits(i, L) else Q.Q4_K
+        for role in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "post_norm"):
+            norm(p + role + ".weight", d)
+        norm(p + "attn_q_norm.weight", hd)
+        quant(p + "attn_q.weight", Q.Q4_K, H * hd, d)
+        if own_kv:
+            norm(p + "attn_k_norm.weight", hd)
+            quant(p + "attn_k.weight", Q.Q4_K, s.n_kv_heads * hd, d)
+            quant(p + "attn_v.weight", big, s.n_kv_heads * hd, d)
+        quant(p + "attn_output.weight", Q.Q4_K, d, H * hd)
+        quant(p + "ffn_gate.weight", Q.Q4_K, ffn, d)
+        quant(p + "ffn_up.weight", Q.Q4_K, ffn, d)
+        quant(p + "ffn_down.weight", big, d, ffn)
+        quant(p + "inp_gate.weight", Q.Q4_K, P, d)
+        quant(p + "proj.weight", Q.Q4_K, d, P)
+        f32(p + "layer_output_scale.weight", np.array([0.5]))
+    return _finish(w, path)

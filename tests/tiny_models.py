@@ -218,10 +218,24 @@ def write_tiny_gemma4(path: str | Path, seed: int = 0, **overrides: Any) -> dict
     """Write the tiny Gemma 4 (F32) to `path`, with the keys llama.cpp's converter writes; returns its
     hyper-parameters."""
     hp, tensors = gemma4_tensors(seed, **overrides)
-    L, first_shared = hp["n_layers"], hp["n_layers"] - hp["n_shared"]
     w = gguf.GGUFWriter(str(path), "gemma4")
     w.add_name("tiny-gemma4")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    add_gemma4_keys(w, hp)
+    _add_vocab(w)
+    for name, array in tensors.items():
+        w.add_tensor(name, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return hp
+
+
+def add_gemma4_keys(w: gguf.GGUFWriter, hp: dict[str, Any]) -> None:
+    """The hyper-parameter keys llama.cpp's converter writes for Gemma 4, from GEMMA4_PARAMS-style `hp`
+    (bench/synthetic.py writes its E2B-shaped model with them too)."""
+    L, first_shared = hp["n_layers"], hp["n_layers"] - hp["n_shared"]
     w.add_context_length(hp["context_length"])
     w.add_embedding_length(hp["d_model"])
     w.add_block_count(L)
@@ -242,11 +256,3 @@ def write_tiny_gemma4(path: str | Path, seed: int = 0, **overrides: Any) -> dict
     w.add_embedding_length_per_layer_input(hp["ple_dim"])
     w.add_layer_norm_rms_eps(hp["rms_eps"])
     w.add_final_logit_softcapping(hp["softcap"])
-    _add_vocab(w)
-    for name, array in tensors.items():
-        w.add_tensor(name, array)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return hp

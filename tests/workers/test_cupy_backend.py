@@ -11,7 +11,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from tests.quant_blocks import random_blocks, rel_err
-from tests.tiny_models import write_tiny_model
+from tests.tiny_models import write_tiny_gemma4, write_tiny_model
 from workers.engine.backends.cupy_backend import (
     GEMV_MAX_TOKENS,
     KERNEL_TYPES,
@@ -134,6 +134,44 @@ def test_tiny_model_nll_matches_numpy(gpu, tmp_path, arch, kv_dtype):
     for rows in (1, 5, 32, "fused"):
         delta = np.abs(nll["cupy", rows] - nll["numpy", rows])
         assert delta.mean() <= 0.05 and delta.max() < max_delta, (rows, float(delta.mean()), float(delta.max()))
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("head_dims", [(32, 64), (256, 512)])
+def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
+    """Gemma 4's layers on the GPU kernels (issue 7): sliding and global head dims (E2B's 256 and 512 too),
+    shared K/V, per-layer embeddings, V norm, RoPE frequency factors, window 4 under a 48-token prompt. NLL
+    per token against the NumPy backend (itself checked against transformers and llama.cpp) in passes of
+    1, 5 and 32 rows, and greedy tokens with captured decode steps equal to eager ones."""
+    from workers.engine.backends.numpy_backend import NumpyBackend
+    from workers.engine.engine import Completion, Engine, EngineConfig
+    from workers.engine.model import Model
+    from workers.engine.sampling import SamplingParams
+
+    path = tmp_path / "gemma4.gguf"
+    # PLE width 32: the GPU kernels read rows in 32-value sub-blocks (the CPU fixture's model has 16)
+    write_tiny_gemma4(path, seed=3, ple_dim=32, head_dim=head_dims[0], global_head_dim=head_dims[1])
+    ids = [2, *np.random.default_rng().integers(3, 300, 48).tolist()]
+    nll = {}
+    for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
+        engine = Engine(EngineConfig(model=str(path), n_ctx=96, kv_dtype=kv_dtype), Model.load(path, backend))
+        for rows in (1, 5, 32):
+            nll[name, rows] = engine.token_nll(ids, rows_per_pass=rows)
+    max_delta = 0.03 if kv_dtype == "int8" else 1e-2  # as test_tiny_model_nll_matches_numpy
+    for rows in (1, 5, 32):
+        delta = np.abs(nll["cupy", rows] - nll["numpy", rows])
+        assert delta.mean() <= 0.05 and delta.max() < max_delta, (rows, float(delta.mean()), float(delta.max()))
+    model = Model.load(path, gpu)
+    tokens = {}
+    for use_graphs in (False, True):
+        gpu.use_graphs = use_graphs
+        engine = Engine(EngineConfig(model=str(path), n_ctx=96, kv_dtype=kv_dtype), model)
+        done = list(engine.generate(ids[:12], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)))[-1]
+        assert isinstance(done, Completion)
+        tokens[use_graphs] = done.token_ids
+        assert len(engine._steps) == (1 if use_graphs else 0)
+    gpu.use_graphs = True
+    assert tokens[True] == tokens[False]
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
@@ -412,8 +450,13 @@ def test_gated_matmul_fused_into_the_decode_gemv(gpu, cpu, kind, qtype):
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 @pytest.mark.parametrize("qk_norm", [True, False])
 @pytest.mark.parametrize("n", [1, 5])
-def test_prepare_qkv_is_the_unfused_sequence(gpu, cpu, kv_dtype, qk_norm, n):
-    """qkv_post (norm, RoPE, K/V store in one launch) against the NumPy backend's composition."""
+@pytest.mark.parametrize("gemma4", [False, True])
+def test_prepare_qkv_is_the_unfused_sequence(gpu, cpu, kv_dtype, qk_norm, n, gemma4):
+    """qkv_post (norm, RoPE, K/V store in one launch) against the NumPy backend's composition; `gemma4`: a
+    layer whose head dim and RoPE are its own (512, a quarter of the pairs rotated through frequency
+    factors) and V normed without a weight."""
+    import dataclasses
+
     import cupy as cp
 
     from workers.engine.kv_cache import KVCache, KVCacheConfig
@@ -425,6 +468,13 @@ def test_prepare_qkv_is_the_unfused_sequence(gpu, cpu, kv_dtype, qk_norm, n):
     cfg = ModelConfig(
         "qwen3", 1, 1024, H, Hkv, hd, hd, 3072, 1000, 4096, 1e-6, "neox", hd, "silu", hd**-0.5, 1.0, 0.0, 0.0, (lc,)
     )
+    if gemma4:
+        hd = 512
+        factors = (1.0,) * 64 + (1e30,) * 192
+        lc = dataclasses.replace(lc, head_dim=hd, v_head_dim=hd, rope_dim=hd, rope_freq_factors=factors)
+        cfg = dataclasses.replace(cfg, layers=(lc,), v_norm=True)
+    lc = cfg.layers[0]  # its shape fields filled from the model's
+    assert lc.head_dim == hd and lc.n_kv_heads == Hkv
     config = KVCacheConfig(1, Hkv, hd, hd, 64, n_slots=2, dtype=kv_dtype)
     host, dev = KVCache(config, np), KVCache(config, cp)
     qkv = rng.standard_normal((n, (H + 2 * Hkv) * hd), dtype=np.float32)

@@ -217,7 +217,7 @@ def test_a_backend_that_refuses_a_model_is_left_for_numpy_under_auto(tmp_path: P
     class Refusing(NumpyBackend):
         name = "cupy"
 
-        def unsupported(self, cfg):  # as CupyBackend does for every non-uniform model
+        def unsupported(self, cfg):  # as a backend without kernels for Gemma 4's layers would
             return None if cfg.uniform else "layers of different shapes"
 
     path = tmp_path / "gemma4.gguf"

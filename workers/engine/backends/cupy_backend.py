@@ -159,8 +159,13 @@ class CupyBackend(NumpyBackend):
         return self._kernels[name]
 
     def unsupported(self, cfg: ModelConfig) -> str | None:
-        if not cfg.uniform:  # the kernels take one head dim, KV-head count and FFN width for every layer
-            return "layers of different shapes, shared K/V, per-layer embeddings or RoPE frequency factors"
+        for i, lc in enumerate(cfg.layers):  # the attention kernels' bounds (ops.cu)
+            hd, hdv = lc.head_dim, lc.v_head_dim
+            if max(hd, hdv) > ATTENTION_MAX_HEAD_DIM or hd % 16 or hdv % 4:
+                return (
+                    f"layer {i}: head dims {hd}/{hdv} (the GPU attention kernels take K head dims that are multiples"
+                    f" of 16 and V head dims that are multiples of 4, up to {ATTENTION_MAX_HEAD_DIM})"
+                )
         return None
 
     # -- weights --------------------------------------------------------------------------------------
@@ -438,8 +443,8 @@ class CupyBackend(NumpyBackend):
             return super().prepare_qkv(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
         qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
         n = qkv.shape[0]
-        H, Hkv, hd, hdv = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.v_head_dim
-        table = self._rope_table(lc.rope_base, lc.rope_scale, cfg.rope_dim, int(positions[-1]) + 1)
+        H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
+        table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
         null = np.uint64(0)
         self._op("qkv_post")(
             (n, H + 2 * Hkv),
@@ -452,9 +457,10 @@ class CupyBackend(NumpyBackend):
                 np.int32(hdv),
                 null if qk_norm is None else cp.ascontiguousarray(qk_norm),
                 np.float32(cfg.rms_eps),
+                np.int32(cfg.v_norm),
                 table.cos,
                 table.sin,
-                np.int32(cfg.rope_dim),
+                np.int32(lc.rope_dim),
                 np.int32(cfg.rope_mode == "neox"),
                 self._pos,
                 kv.k[slot],
@@ -638,11 +644,9 @@ class CupyBackend(NumpyBackend):
         freq_factors: tuple[float, ...] | None = None,
     ) -> Any:
         cp = self.xp
-        if freq_factors is not None:  # Model.load refuses such models here (check_config)
-            raise ValueError("RoPE frequency factors are not implemented on the GPU backend")
         x = cp.ascontiguousarray(x)
         n, heads, hd = x.shape
-        table = self._rope_table(base, scale, rope_dim, int(positions[-1]) + 1)
+        table = self._rope_table(base, scale, rope_dim, int(positions[-1]) + 1, freq_factors)  # factors in the table
         total = n * heads * (rope_dim // 2)
         self._op("rope")(
             ((total + THREADS - 1) // THREADS,),

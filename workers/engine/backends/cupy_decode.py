@@ -53,6 +53,8 @@ def unsupported(cfg: ModelConfig, kv: KVCache) -> str | None:
     """Why the fused step cannot run this model with this cache, or None when it can."""
     if kv.config.dtype not in ("int8", "f16"):
         return f"{kv.config.dtype} KV"
+    if not cfg.uniform:  # one head dim, KV-head count and FFN width for every layer, each its own K/V
+        return "layers of different shapes, shared K/V, per-layer embeddings or RoPE frequency factors"
     hd, group = cfg.head_dim, cfg.n_heads // cfg.n_kv_heads
     if cfg.v_head_dim != hd or hd % 32:
         return f"head dims {hd}/{cfg.v_head_dim} (needs equal multiples of 32)"

@@ -78,12 +78,14 @@ extern "C" __global__ void kv_write(const float* k_src, const float* v_src, void
 }
 
 // After a layer's QKV product, in one launch: q and k heads normed (qk_norm rows [H + Hkv, hd], or none)
-// and rotated in place (RoPE at pos0 + t, tables [n_pos, rope_dim / 2]), k and v heads stored in the
-// slot's pools as kv_write does. qkv [n_tok, (H + Hkv) * hd + Hkv * hdv]; grid (n_tok, H + 2 Hkv): block
-// y < H a q head, then the k heads, then the v heads; dynamic shared memory max(hd, hdv) floats.
+// and rotated in place (RoPE at pos0 + t, tables [n_pos, rope_dim / 2]), v heads normed without a weight
+// when v_norm, k and v heads stored in the slot's pools as kv_write does. qkv [n_tok, (H + Hkv) * hd +
+// Hkv * hdv]; grid (n_tok, H + 2 Hkv): block y < H a q head, then the k heads, then the v heads; dynamic
+// shared memory max(hd, hdv) floats.
 extern "C" __global__ void qkv_post(float* qkv, int n_heads, int n_kv, int hd, int hdv, const float* qk_norm, float eps,
-                                    const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* pos0p,
-                                    void* k_dst, void* v_dst, float* k_scales, float* v_scales, int blk, int blk_v) {
+                                    int v_norm, const float* cos_t, const float* sin_t, int rope_dim, int neox,
+                                    const int* pos0p, void* k_dst, void* v_dst, float* k_scales, float* v_scales, int blk,
+                                    int blk_v) {
     extern __shared__ float buf[];
     __shared__ float red[32];
     const int t = blockIdx.x, head = blockIdx.y, pos0 = *pos0p;
@@ -91,7 +93,15 @@ extern "C" __global__ void qkv_post(float* qkv, int n_heads, int n_kv, int hd, i
     if (head >= n_heads + n_kv) {  // a v head: store it
         const int vh = head - n_heads - n_kv;
         const float* src = qkv + t * row_len + (long long)(n_heads + n_kv) * hd + (long long)vh * hdv;
-        for (int i = threadIdx.x; i < hdv; i += blockDim.x) buf[i] = src[i];
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < hdv; i += blockDim.x) {
+            buf[i] = src[i];
+            ss += buf[i] * buf[i];
+        }
+        if (v_norm) {  // RMSNorm without a weight (Gemma 4); each thread scales the values it loaded
+            const float inv = rsqrtf(block_reduce<false>(ss, red) / hdv + eps);
+            for (int i = threadIdx.x; i < hdv; i += blockDim.x) buf[i] *= inv;
+        }
         store_kv_row(buf, hdv, blk_v, v_dst, v_scales, (long long)(pos0 + t) * n_kv + vh, red);
         return;
     }
