@@ -162,6 +162,7 @@ GEMMA4_PARAMS: dict[str, Any] = dict(
     softcap=30.0,
     context_length=512,
     scale=0.08,  # of the random matrices
+    qk_norm_scale=1.0,  # of the q/k norm weights: attention scores have a standard deviation of about this² sqrt(hd)
 )
 
 
@@ -195,11 +196,11 @@ def gemma4_tensors(seed: int, **overrides: Any) -> tuple[dict[str, Any], dict[st
         ffn = hp["ffn_dim"] * (2 if i >= first_shared else 1)
         t[p + "attn_norm.weight"] = norm(d)
         t[p + "attn_q.weight"] = mat(H * hd, d)
-        t[p + "attn_q_norm.weight"] = norm(hd)
+        t[p + "attn_q_norm.weight"] = norm(hd) * np.float32(hp["qk_norm_scale"])
         if i < first_shared:  # the shared layers have no K/V of their own
             t[p + "attn_k.weight"] = mat(Hkv * hd, d)
             t[p + "attn_v.weight"] = mat(Hkv * hd, d)
-            t[p + "attn_k_norm.weight"] = norm(hd)
+            t[p + "attn_k_norm.weight"] = norm(hd) * np.float32(hp["qk_norm_scale"])
         t[p + "attn_output.weight"] = mat(d, H * hd)
         t[p + "post_attention_norm.weight"] = norm(d)
         t[p + "ffn_norm.weight"] = norm(d)

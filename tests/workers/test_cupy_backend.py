@@ -149,15 +149,21 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
     from workers.engine.sampling import SamplingParams
 
     path = tmp_path / "gemma4.gguf"
-    # PLE width 32: the GPU kernels read rows in 32-value sub-blocks (the CPU fixture's model has 16)
-    write_tiny_gemma4(path, seed=3, ple_dim=32, head_dim=head_dims[0], global_head_dim=head_dims[1])
+    # PLE width 32: the GPU kernels read rows in 32-value sub-blocks (the CPU fixture's model has 16). Q/K
+    # norm weights of 0.35: with Gemma 4's attention scale of 1, weights of 1 give scores of standard
+    # deviation sqrt(hd), a softmax so peaky that TF32's rounding in the prefill GEMMs moved single tokens'
+    # NLL by up to 0.6 (mean 0.056 with INT8 KV; 0 with FP32 GEMMs: bench/NOTES.md); trained norms are not so
+    write_tiny_gemma4(path, seed=3, ple_dim=32, head_dim=head_dims[0], global_head_dim=head_dims[1], qk_norm_scale=0.35)
     ids = [2, *np.random.default_rng().integers(3, 300, 48).tolist()]
     nll = {}
     for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
         engine = Engine(EngineConfig(model=str(path), n_ctx=96, kv_dtype=kv_dtype), Model.load(path, backend))
         for rows in (1, 5, 32):
             nll[name, rows] = engine.token_nll(ids, rows_per_pass=rows)
-    max_delta = 0.03 if kv_dtype == "int8" else 1e-2  # as test_tiny_model_nll_matches_numpy
+    # single tokens: 8 layers (4 reading shared K/V) carry a rounding apart further than the other tiny
+    # models' 2, most with INT8 KV and 512-dim heads (H200, 32-row passes: up to 0.10 with INT8 KV, 0.013
+    # with FP16); a wrong kernel is off by nats
+    max_delta = 0.25 if kv_dtype == "int8" else 0.03
     for rows in (1, 5, 32):
         delta = np.abs(nll["cupy", rows] - nll["numpy", rows])
         assert delta.mean() <= 0.05 and delta.max() < max_delta, (rows, float(delta.mean()), float(delta.max()))
