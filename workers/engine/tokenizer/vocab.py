@@ -30,9 +30,10 @@ class TokenType(IntEnum):
 
 # Texts llama.cpp also treats as end-of-generation when the file's ids do not say so; it forces such
 # tokens to CONTROL ("control-looking token"), so they are split out only with parse_special and
-# print as nothing (Gemma's "</s>", id 212, is USER_DEFINED in the file). The last two are
-# fill-in-the-middle "repo" markers, which llama.cpp also ends generation on; the last three are
-# Gemma 4's end of turn, end of text and the tool-response opener (the model stops to get the result).
+# print as nothing (Gemma's "</s>", id 212, is USER_DEFINED in the file). "<reponame>" and
+# "<|repo_name|>" are fill-in-the-middle "repo" markers, which llama.cpp also ends generation on;
+# "<turn|>" and "<|tool_response>" are Gemma 4's end of turn and its tool-response opener (after a call
+# the model stops there for the result).
 EOG_TEXTS = (
     "<|eot_id|>",
     "<|im_end|>",
