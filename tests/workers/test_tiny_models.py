@@ -118,13 +118,12 @@ def test_tiny_model_writer_is_deterministic(arch: str, tmp_path: Path) -> None:
 
 
 # Gemma 4: transformers' gemma4 and llama.cpp on the same weights (scripts/make_fixtures/gemma4_logits.py).
-# Against transformers genie differs by summation order alone (measured max |d| 6.1e-5). llama.cpp's CPU
-# backend evaluates GELU through an FP16 table (GGML_GELU_FP16), 16 times a token here (FFN and per-layer
-# input of 8 layers): against the stock build max |d| 3.9e-2 (and transformers against it just the same);
-# against the same llama.cpp built with that table off (the fixture script's exact-GELU build) genie is
-# back at summation order.
+# Against transformers, and against llama.cpp built with its FP16 GELU table off (the fixture script's
+# exact-GELU build), genie differs by summation order alone (measured max |d| 1.4e-5). The stock build
+# evaluates GELU through that table (GGML_GELU_FP16), 16 times a token here (FFN and per-layer input of 8
+# layers): genie and transformers alike are 4.8e-3 from it (3.9e-2 with q/k norm weights of 1, whose
+# peaky attention amplified the table's steps: tests/tiny_models.py).
 GEMMA4_TOLERANCE = 5e-3  # the acceptance bound of issue 7
-GEMMA4_STOCK_LLAMA_TOLERANCE = 6e-2  # the FP16 GELU table: measured 3.9e-2
 
 
 def _gemma4_golden() -> dict[str, np.ndarray]:
@@ -142,13 +141,14 @@ def test_tiny_gemma4_matches_transformers_and_llama_cpp(tmp_path: Path, chunks: 
     path = tmp_path / "gemma4.gguf"
     write_tiny_gemma4(path, seed=0)
     got = _logits(path, ids, chunks)
-    for name in ("hf_logits", "llama_exact_logits"):
+    for name in ("hf_logits", "llama_exact_logits", "llama_logits"):
         want = golden[name]
         assert got.shape == want.shape
         assert np.abs(got - want).max() <= GEMMA4_TOLERANCE, f"{name}: {_report(got, want)}"
-    stock = golden["llama_logits"]
-    assert np.abs(got - stock).max() <= GEMMA4_STOCK_LLAMA_TOLERANCE, _report(got, stock)
-    assert (got.argmax(-1) == stock.argmax(-1)).all()
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+    # summation order alone against the two that compute GELU exactly
+    assert np.abs(got - golden["hf_logits"]).max() <= 1e-4
+    assert np.abs(got - golden["llama_exact_logits"]).max() <= 1e-4
 
 
 def test_tiny_gemma4_config(tmp_path: Path) -> None:
@@ -190,8 +190,9 @@ def test_tiny_gemma4_writer_is_deterministic(tmp_path: Path) -> None:
     assert a.read_bytes() == b.read_bytes() and a.stat().st_size < 2 * 1024 * 1024
 
 
-# INT8 rows of 32 values with one scale each move this random model's NLL by 0.054 on average (measured)
-@pytest.mark.parametrize("kv_dtype,bound", [("int8", 0.1), ("f16", 0.005)])
+# INT8 rows of 32 values with one scale each move this random model's NLL by 0.010 on average, FP16 by
+# 0.0006 (measured)
+@pytest.mark.parametrize("kv_dtype,bound", [("int8", 0.03), ("f16", 0.002)])
 def test_tiny_gemma4_quantized_kv_close_to_f32(tmp_path: Path, kv_dtype: str, bound: float) -> None:
     """INT8 (rotated per pool head dim: 32 and 64) and FP16 KV pools of different shapes, one shared by
     several layers: per-token NLL close to the F32 cache's."""
