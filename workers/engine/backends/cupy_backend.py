@@ -25,7 +25,7 @@ from ..arch.layers import ModelWeights
 from ..gguf_file import TensorInfo
 from ..kv_cache import KVCache, LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
-from .cupy_decode import FusedDecode, unsupported
+from .cupy_decode import ACTIVATIONS, FusedDecode, unsupported
 from .numpy_backend import NumpyBackend, dequantize_tensor
 
 GEMV_MAX_TOKENS = 8  # MAX_TOK in quant.cu
@@ -159,13 +159,10 @@ class CupyBackend(NumpyBackend):
         return self._kernels[name]
 
     def unsupported(self, cfg: ModelConfig) -> str | None:
-        for i, lc in enumerate(cfg.layers):  # the attention kernels' bounds (ops.cu)
-            hd, hdv = lc.head_dim, lc.v_head_dim
-            if max(hd, hdv) > ATTENTION_MAX_HEAD_DIM or hd % 16 or hdv % 4:
-                return (
-                    f"layer {i}: head dims {hd}/{hdv} (the GPU attention kernels take K head dims that are multiples"
-                    f" of 16 and V head dims that are multiples of 4, up to {ATTENTION_MAX_HEAD_DIM})"
-                )
+        for i, lc in enumerate(cfg.layers):
+            problem = _head_dims_problem(lc.head_dim, lc.v_head_dim)
+            if problem:
+                return f"layer {i}: {problem}"
         return None
 
     # -- weights --------------------------------------------------------------------------------------
@@ -381,7 +378,7 @@ class CupyBackend(NumpyBackend):
             return super().gated_matmul(gate_up, kind, w)
         gate_up = cp.ascontiguousarray(gate_up, dtype=cp.float32)
         cols = gate_up.shape[1] // 2
-        x8 = self._q8_input(gate_up, cols, mode=_X_GATED, act=_ACTIVATIONS[kind])
+        x8 = self._q8_input(gate_up, cols, mode=_X_GATED, act=ACTIVATIONS[kind])
         return self._matmul_q8(x8, w.parts if isinstance(w, GroupWeight) else [w])
 
     def _attention_gqa(
@@ -673,7 +670,7 @@ class CupyBackend(NumpyBackend):
         self._op("gated_act")(
             ((n * ffn + THREADS - 1) // THREADS,),
             (THREADS,),
-            (gate_up, out, np.int32(n), np.int32(ffn), np.int32(_ACTIVATIONS[kind])),
+            (gate_up, out, np.int32(n), np.int32(ffn), np.int32(ACTIVATIONS[kind])),
         )
         return out
 
@@ -713,11 +710,9 @@ class CupyBackend(NumpyBackend):
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         n, heads, hd = q.shape
         n_kv, hdv = kv.k.shape[2], kv.v.shape[3]
-        if max(hd, hdv) > ATTENTION_MAX_HEAD_DIM or hd % 16 or hdv % 4:
-            raise ValueError(
-                f"head dims {hd}/{hdv}: the GPU attention kernel takes K head dims that are multiples of 16 and"
-                f" V head dims that are multiples of 4, up to {ATTENTION_MAX_HEAD_DIM}"
-            )
+        problem = _head_dims_problem(hd, hdv)
+        if problem:
+            raise ValueError(problem)
         out = cp.empty((n, heads * hdv), dtype=cp.float32)
         null = np.uint64(0)
         k_scale = null if kv.k_scale is None else kv.k_scale[slot]
@@ -794,7 +789,6 @@ class CupyBackend(NumpyBackend):
         return out
 
 
-_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 _X_GATED, _X_NORM = 1, 2  # q8_input's modes in quant.cu
 Q8_THREADS = 1024  # q8_input's block (one block per input vector)
 Q8_MAX_COLS = 16 * Q8_THREADS  # Q8_MAX values per thread
@@ -812,6 +806,16 @@ GQA_KERNELS = frozenset({(g, d) for g in (1, 2, 4, 8) for d in (2, 4, 8)} - {(8,
 PREFILL_ATTENTION_MIN_TOKENS = 16
 PF_WARPS, PF_ROWS, PF_KEYS = 4, 64, 64  # as in ops.cu
 PF_HEAD_DIMS = frozenset({16, 32, 64, 128, 256})  # its instantiations (K and V head dims equal)
+
+
+def _head_dims_problem(hd: int, hdv: int) -> str | None:
+    """Why the attention kernels (ops.cu) cannot take these K/V head dims, or None."""
+    if max(hd, hdv) > ATTENTION_MAX_HEAD_DIM or hd % 16 or hdv % 4:
+        return (
+            f"head dims {hd}/{hdv} (the GPU attention kernels take K head dims that are multiples of 16 and"
+            f" V head dims that are multiples of 4, up to {ATTENTION_MAX_HEAD_DIM})"
+        )
+    return None
 
 
 def _prefill_attention_smem(hd: int) -> int:

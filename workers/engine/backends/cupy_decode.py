@@ -49,6 +49,10 @@ STEP = np.dtype(
 MARKS_PER_LAYER = 15  # decode.cu: phase boundaries per layer (then 2 for the output layer)
 
 
+# the kernels' activation codes (`gated` in kernels/common.cuh)
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
+
 def unsupported(cfg: ModelConfig, kv: KVCache) -> str | None:
     """Why the fused step cannot run this model with this cache, or None when it can."""
     if kv.config.dtype not in ("int8", "f16"):
@@ -197,7 +201,7 @@ class FusedDecode:
             ffn=cfg.ffn_dim,
             rope_dim=cfg.rope_dim,
             neox=int(cfg.rope_mode == "neox"),
-            act={"silu": 0, "gelu_tanh": 1}[cfg.activation],
+            act=ACTIVATIONS[cfg.activation],
             max_splits=max(1, min(MAX_SPLITS, self.grid // cfg.n_kv_heads)),
             blk=cfg.head_dim & -cfg.head_dim,
             eps=cfg.rms_eps,
