@@ -114,7 +114,7 @@ def main() -> None:
         ],
         cwd=ROOT,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
     )
     endpoint = f"ipc://{sock_dir}/genie.sock"
     try:

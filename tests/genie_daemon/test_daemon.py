@@ -15,6 +15,7 @@ import pytest
 from protocol.client import GenieClient
 from protocol.codec import decode
 from protocol.messages import Delta, Done, Error, Reply
+from tests.child_env import child_env
 from tests.tiny_models import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,9 +43,7 @@ def start_daemon(tmp: Path, *extra: str) -> tuple[subprocess.Popen, str]:
         "0",  # any free port: test daemons never fight over 11434
         *extra,
     ]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True)
     endpoint = f"ipc://{sock_dir}/genie.sock"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -193,7 +192,7 @@ def ctl(sock_dir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "genie_daemon.ctl", "--socket-dir", str(sock_dir), *args],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=60,

@@ -5,7 +5,6 @@ conversation whose cached tokens rise turn after turn, and a disconnect that can
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import socket
@@ -21,6 +20,7 @@ import ollama
 import openai
 import pytest
 
+from tests.child_env import child_env
 from tests.tiny_models import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,9 +62,7 @@ def live(tmp_path_factory):
     port = free_port()
     cmd = [sys.executable, "-m", "genie_daemon", "-m", str(model), "--ctx", "4096", "--socket-dir", str(tmp / "run")]
     cmd += ["--kv-cache-dir", str(tmp / "kv"), "--http-port", str(port), "--stream-interval-ms", "0"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     early: list[tuple[int, Any]] = []  # /health and /api/tags from the moment the port answers
     deadline = time.monotonic() + 60

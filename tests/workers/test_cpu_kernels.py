@@ -16,6 +16,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
+from tests.child_env import child_env
 from tests.quant_blocks import F16_FIELDS, Q, product_err, random_blocks, rel_err
 from workers.engine.arch.layers import forward
 from workers.engine.backends import cpu_kernels
@@ -145,7 +146,7 @@ def test_quantized_model_same_logits_with_and_without_kernels():
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    full = child_env(**env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
 
 

@@ -3,7 +3,6 @@ the daemon (a ROUTER socket)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from protocol.messages import (
     Status,
     worker_identities,
 )
+from tests.child_env import child_env
 from tests.tiny_models import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,17 +39,19 @@ class FakeDaemon:
         endpoint = f"ipc://{tmp}/worker.sock"
         self.router.bind(endpoint)
         cmd = [sys.executable, "-m", "workers.worker", "--endpoint", endpoint, "-m", str(model), "--ctx", "512", *extra]
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
-        )
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, env=child_env())
         self.identity = worker_identities(self.proc.pid)[0]  # requests go to the worker's inbound socket
 
     def recv(self, timeout_s: float = 30.0, skip_heartbeats: bool = True) -> Message:
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.router.poll(int(left * 1000)):
-                raise TimeoutError("no message from the worker")
+            if left <= 0 or not self.router.poll(int(min(left, 0.5) * 1000)):
+                if self.proc.poll() is not None:  # it died: say why rather than wait out the timeout
+                    raise RuntimeError(f"the worker exited {self.proc.returncode}: {self.proc.stderr.read()}")
+                if left <= 0:
+                    raise TimeoutError("no message from the worker")
+                continue
             _, *frames = self.router.recv_multipart()
             msg, _ = decode(frames)
             if not (skip_heartbeats and isinstance(msg, Heartbeat)):
