@@ -27,6 +27,7 @@ from ..kv_cache import KVCache, LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
 from .cupy_decode import ACTIVATIONS, FusedDecode, unsupported
 from .numpy_backend import NumpyBackend, dequantize_tensor
+from .pdl import DependentLauncher
 
 GEMV_MAX_TOKENS = 8  # MAX_TOK in quant.cu
 GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
@@ -76,6 +77,39 @@ class GroupWeight:
     parts: list[QuantWeight]
 
 
+class _Kernel:
+    """A kernel of quant.cu or ops.cu, called as CuPy's RawKernel; while the backend captures a step it is
+    launched with programmatic dependent launch (pdl.py), which every kernel of those files allows for by
+    calling grid_dep_wait() before it touches what an earlier kernel wrote."""
+
+    def __init__(self, raw: Any, backend: CupyBackend) -> None:
+        self.raw = raw
+        self._backend = backend
+
+    def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
+        b = self._backend
+        if b.dependent_launch:
+            assert b._pdl is not None
+            b._pdl.launch(self.raw, grid, block, args, shared_mem)
+        else:
+            self.raw(grid, block, args, shared_mem=shared_mem)
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return int(self.raw.max_dynamic_shared_size_bytes)
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value: int) -> None:
+        self.raw.max_dynamic_shared_size_bytes = value
+
+
+def _dependent_launcher() -> DependentLauncher | None:
+    try:
+        return DependentLauncher()
+    except (OSError, AttributeError):  # no libcuda.so.1, or a driver before CUDA 12.0
+        return None
+
+
 @dataclass
 class _Captured:
     """A decode step captured as a CUDA graph: replaying it recomputes `out` in place."""
@@ -118,7 +152,7 @@ class CupyBackend(NumpyBackend):
         for module in (self._module, self._ops):
             module.compile()  # now, not mid-generation: a compile failure is a start-up error
         self._decode_modules: dict[tuple[tuple[str, int], ...], Any] = {}
-        self._kernels: dict[str, Any] = {}
+        self._kernels: dict[str, _Kernel] = {}
         self._ids = cupy.zeros(1, dtype=cupy.int64)  # staged token ids of the current step
         self._pos = cupy.zeros(1, dtype=cupy.int32)  # staged first position (the kernels read it here)
         self._done = cupy.zeros(1024, dtype=cupy.int32)  # split-K attention's per-row merge counters
@@ -137,26 +171,34 @@ class CupyBackend(NumpyBackend):
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
         self.n_sm = int(props["multiProcessorCount"])
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        # programmatic dependent launch in captured steps (pdl.py): compute capability 9.0 and later
+        self.use_pdl = True
+        # the one-token GEMVs' rows per warp: as many as keep this many blocks per SM, at most this many
+        self.gemv_blocks_per_sm = 2
+        self.gemv_max_rows = GEMV1_ROWS
+        self._pdl = _dependent_launcher() if int(props["major"]) >= 9 else None
 
     @property
     def device_name(self) -> str:
         return f"cupy ({self._device_name})"
 
-    def _kernel(self, op: str, qtype: GGMLQuantizationType) -> Any:
-        name = f"{op}_{KERNEL_TYPES[qtype]}"
+    def _kernel(self, op: str, qtype: GGMLQuantizationType) -> _Kernel:
+        return self._kernel_named(f"{op}_{KERNEL_TYPES[qtype]}")
+
+    def _kernel_named(self, name: str) -> _Kernel:
         if name not in self._kernels:
-            self._kernels[name] = self._module.get_function(name)
+            self._kernels[name] = _Kernel(self._module.get_function(name), self)
         return self._kernels[name]
 
-    def _kernel_named(self, name: str) -> Any:
+    def _op(self, name: str) -> _Kernel:
         if name not in self._kernels:
-            self._kernels[name] = self._module.get_function(name)
+            self._kernels[name] = _Kernel(self._ops.get_function(name), self)
         return self._kernels[name]
 
-    def _op(self, name: str) -> Any:
-        if name not in self._kernels:
-            self._kernels[name] = self._ops.get_function(name)
-        return self._kernels[name]
+    @property
+    def dependent_launch(self) -> bool:
+        """Whether the kernels of a step being captured are launched with programmatic dependent launch."""
+        return self._capturing and self.use_pdl and self._pdl is not None
 
     def unsupported(self, cfg: ModelConfig) -> str | None:
         for i, lc in enumerate(cfg.layers):
@@ -240,7 +282,7 @@ class CupyBackend(NumpyBackend):
     def _rows_per_warp(self, w: QuantWeight) -> int:
         # several rows per warp share the x registers, but only where the grid still gives every SM two
         # blocks: measured on the H200, 4 rows per warp everywhere lifted 4B decode 14 % and cost 0.6B 15 %
-        return max(1, min(GEMV1_ROWS, w.rows // (THREADS // 32 * 2 * self.n_sm)))
+        return max(1, min(self.gemv_max_rows, w.rows // (THREADS // 32 * self.gemv_blocks_per_sm * self.n_sm)))
 
     def _q8_input(
         self,

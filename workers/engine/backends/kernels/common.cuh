@@ -3,6 +3,28 @@
 // no #include of it or of the other .cuh files.
 #include <cuda_fp16.h>
 
+// Programmatic dependent launch (sm_90 and later; pdl.py launches the kernels of a step being captured with
+// it). grid_dep_wait() returns once the kernel before this one in the stream has finished and its writes are
+// visible: every kernel of quant.cu and ops.cu calls it before it reads what an earlier kernel wrote or
+// writes anything (only constant weights may be loaded before). grid_dep_launch() lets the next kernel start
+// (its blocks then run up to their own wait). Both are no-ops on a plain launch and before sm_90.
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// the start of a kernel that reads nothing before its predecessor finishes
+#define GRID_DEP_START() \
+    do {                 \
+        grid_dep_wait(); \
+        grid_dep_launch(); \
+    } while (0)
+
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)  // NVRTC has no math.h INFINITY
 

@@ -5,6 +5,7 @@
 
 // y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w[r % w_rows, :]; one block per row.
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, int d, int w_rows, float eps) {
+    GRID_DEP_START();
     __shared__ float red[32];
     const long long r = blockIdx.x;
     const float* xr = x + r * d;
@@ -18,6 +19,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, in
 // x[r, :] += res[r, :] in place, then y[r, :] = rms_norm(x[r, :]) * w: the residual add fused with the
 // next norm. One block per row; each thread reads back only the elements it wrote.
 extern "C" __global__ void add_rms_norm(float* x, const float* res, const float* w, float* y, int d, float eps) {
+    GRID_DEP_START();
     __shared__ float red[32];
     const long long r = blockIdx.x;
     float* xr = x + r * d;
@@ -38,6 +40,7 @@ extern "C" __global__ void add_rms_norm(float* x, const float* res, const float*
 // Rotary embedding in place on x [n_tok, n_heads, hd] at positions pos0 + t, tables [n_pos, rope_dim / 2].
 extern "C" __global__ void rope(float* x, const float* cos_t, const float* sin_t, int n_tok, int n_heads, int hd,
                                 int rope_dim, const int* pos0p, int neox) {
+    GRID_DEP_START();
     const int half = rope_dim / 2, pos0 = *pos0p;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)n_tok * n_heads * half) return;
@@ -54,6 +57,7 @@ extern "C" __global__ void rope(float* x, const float* cos_t, const float* sin_t
 
 // out[t, j] = act(gu[t, j]) * gu[t, ffn + j]; kind 0 = SiLU, 1 = GELU (tanh approximation).
 extern "C" __global__ void gated_act(const float* gu, float* out, int n_tok, int ffn, int kind) {
+    GRID_DEP_START();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)n_tok * ffn) return;
     const long long t = i / ffn, j = i % ffn;
@@ -66,6 +70,7 @@ extern "C" __global__ void gated_act(const float* gu, float* out, int n_tok, int
 // (token, head), blockDim.x >= 32; dynamic shared memory max(hd, hdv) floats.
 extern "C" __global__ void kv_write(const float* k_src, const float* v_src, void* k_dst, void* v_dst, float* k_scales,
                                     float* v_scales, int n_heads, int hd, int hdv, int blk, int blk_v, const int* pos0p) {
+    GRID_DEP_START();
     extern __shared__ float buf[];
     __shared__ float red[32];
     const bool is_v = blockIdx.y == 1;
@@ -86,6 +91,7 @@ extern "C" __global__ void qkv_post(float* qkv, int n_heads, int n_kv, int hd, i
                                     int v_norm, const float* cos_t, const float* sin_t, int rope_dim, int neox,
                                     const int* pos0p, void* k_dst, void* v_dst, float* k_scales, float* v_scales, int blk,
                                     int blk_v) {
+    GRID_DEP_START();
     extern __shared__ float buf[];
     __shared__ float red[32];
     const int t = blockIdx.x, head = blockIdx.y, pos0 = *pos0p;
@@ -131,6 +137,7 @@ extern "C" __global__ void attention(const float* q, const void* k_pool, const v
                                      const float* v_scale, float* out, float* part_m, float* part_l, float* part_acc,
                                      int* done, int n_heads, int n_kv, int hd, int hdv, int blk, int blk_v, const int* pos0p, int window,
                                      float scale, float softcap) {
+    GRID_DEP_START();
     __shared__ __align__(16) float qs[MAX_HD];
     __shared__ float accs[ATT_WARPS][MAX_HD];
     __shared__ float ms[ATT_WARPS], ls[ATT_WARPS];
@@ -317,6 +324,7 @@ __device__ void attention_gqa(const float* q, const void* k_pool, const void* v_
         const float* q, const void* k_pool, const void* v_pool, const float* k_scale, const float* v_scale,    \
         float* out, float* part_m, float* part_l, float* part_acc, int* done, int n_heads, int n_kv, int blk,  \
         const int* pos0p, int window, float scale, float softcap) {                                            \
+        GRID_DEP_START();                                                                                      \
         attention_gqa<G, DPL>(q, k_pool, v_pool, k_scale, v_scale, out, part_m, part_l, part_acc, done,     \
                               n_heads, n_kv, blk, pos0p, window, scale, softcap);                              \
     }
@@ -539,6 +547,7 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
         const float* q, const void* k_pool, const void* v_pool, const float* k_scale, const float* v_scale,  \
         float* out, int n_tok, int n_heads, int n_kv, int blk, const int* pos0p, int window, float scale,    \
         float softcap) {                                                                                     \
+        GRID_DEP_START();                                                                                    \
         attention_prefill<HD>(q, k_pool, v_pool, k_scale, v_scale, out, n_tok, n_heads, n_kv, blk, pos0p,  \
                               window, scale, softcap);                                                       \
     }
@@ -554,6 +563,7 @@ PF_INSTANTIATE(256)
 // reduces a strided share into part_v / part_i (part_bad: a non-finite value seen); the last block to
 // finish (counted in done[0], zero between launches) reduces those, one per thread (gridDim.x <= blockDim.x).
 extern "C" __global__ void argmax_row(const float* x, int n, float* part_v, int* part_i, int* part_bad, int* done, int* out) {
+    GRID_DEP_START();
     __shared__ bool last;
     float best = NEG_INF;
     int idx = 0x7fffffff, bad = 0;

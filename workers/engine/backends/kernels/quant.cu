@@ -89,6 +89,9 @@ __device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols,
 #define Q8_MAX 16  // values per thread: cols <= Q8_MAX * blockDim.x (the backend checks)
 extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ w,
                                     float* x_new, float eps, int mode, int act, int cols, signed char* x8) {
+    // one block, a few microseconds: the product that reads x8 may start now and load its weights meanwhile
+    grid_dep_launch();
+    grid_dep_wait();
     __shared__ float red[32];
     signed char* xq = x8;
     signed char* xr = x8 + cols;
@@ -149,9 +152,10 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
     const float* xs = xd + cols / 32;
     const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
     const int lane = threadIdx.x & 31;
-    if (r0 >= rows) return;
+    if (r0 >= rows) return;  // a warp past the last row: it touches nothing
     const int n_rows = min(rpw, rows - r0);
     const int nb = cols >> 8, l = lane & 7;
+    bool waited = false;  // the first round of weight loads goes out before the wait for x8 (common.cuh)
     float acc[GEMV1_ROWS] = {0.f, 0.f, 0.f, 0.f};
     // unit u = r * nb + b of this warp's rows; octet o takes units o, o + 4, ...
     int r = 0, b = lane >> 3;
@@ -167,6 +171,10 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
             if (r < n_rows) raw[i] = octet_load<T>(base + (long long)r * row_bytes + (long long)b * Blk<T>::bytes, l);
             b += 4;
             next_unit(r, b, nb, n_rows);
+        }
+        if (!waited) {
+            GRID_DEP_START();
+            waited = true;
         }
 #pragma unroll
         for (int i = 0; i < OCTET_UNITS; ++i) {
@@ -222,14 +230,17 @@ __device__ void dequant_rows(const u8* W, const long long* ids, float* out, int 
 #define INSTANTIATE(T, NAME)                                                                              \
     extern "C" __global__ void gemv_##NAME(const u8* W, const float* x, float* y, int rows, int cols,     \
                                            long long row_bytes, int n_tok, int ldy) {                     \
+        GRID_DEP_START();                                                                                 \
         gemv<T>(W, x, y, rows, cols, row_bytes, n_tok, ldy);                                              \
     }                                                                                                     \
     extern "C" __global__ void gemv1_##NAME(const u8* W, const float* x, float* y, int rows, int cols,    \
                                             long long row_bytes, int rpw) {                               \
+        GRID_DEP_START();                                                                                 \
         gemv1<T>(W, x, y, rows, cols, row_bytes, rpw);                                                    \
     }                                                                                                     \
     extern "C" __global__ void dequant_##NAME(const u8* W, const long long* ids, float* out, int n_rows,  \
                                               int cols, long long row_bytes, float scale) {               \
+        GRID_DEP_START();                                                                                 \
         dequant_rows<T>(W, ids, out, n_rows, cols, row_bytes, scale);                                     \
     }
 

@@ -1,0 +1,134 @@
+"""Decode-path variants side by side on the synthetic Qwen3 shapes: the separate kernels replayed as CUDA
+graphs, with the backend's knobs set per variant (programmatic dependent launch, the one-token GEMVs' rows
+per warp and blocks per SM, their weight units in flight).
+
+    python bench/gpu_decode.py [--models qwen3-4b qwen3-0.6b] [--kv int8] [--depths 0 1024]
+                               [--variants base=use_pdl:0 pdl=use_pdl:1 ...] [--repeats 3]
+
+A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyBackend attributes (use_pdl, gemv_max_rows,
+gemv_blocks_per_sm) and `units` (OCTET_UNITS of quant.cu, which recompiles it). Prints tg128 tok/s per
+variant and depth beside llama.cpp's numbers (bench/gpu.py's anchors), and each variant's logits over 8
+replayed steps against the first variant's (max |d|: 0 when the variant changes only scheduling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gpu import ANCHORS  # noqa: E402
+from synthetic import SHAPES, write_synthetic  # noqa: E402
+
+DEFAULT_VARIANTS = [
+    "base=use_pdl:0",
+    "pdl=use_pdl:1",
+    "pdl-rows1=use_pdl:1,gemv_max_rows:1",
+    "pdl-4blocks=use_pdl:1,gemv_blocks_per_sm:4",
+    "pdl-units4=use_pdl:1,units:4",
+]
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, int]]:
+    name, _, knobs = text.partition("=")
+    return name, {k: int(v) for k, v in (kv.split(":") for kv in knobs.split(",") if kv)}
+
+
+def apply(backend, knobs: dict[str, int], defaults: dict[str, int]) -> None:
+    from workers.engine.backends.cupy_backend import QUANT_SOURCES, kernel_module
+
+    for key, value in {**defaults, **knobs}.items():
+        if key == "units":
+            if getattr(backend, "bench_units", 2) != value:  # recompile quant.cu only when it changes
+                options = () if value == 2 else (f"-DOCTET_UNITS={value}",)
+                backend._module = kernel_module(*QUANT_SOURCES, options=options)
+                backend._kernels.clear()
+                backend.bench_units = value
+        else:
+            setattr(backend, key, value)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["qwen3-4b", "qwen3-0.6b"], choices=list(SHAPES))
+    p.add_argument("--kv", nargs="+", default=["int8"], choices=["int8", "f16"])
+    p.add_argument("--depths", nargs="+", type=int, default=[0, 1024])
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
+    args = p.parse_args()
+
+    import cupy as cp
+    import numpy as np
+
+    from workers.engine.backends.cupy_backend import CupyBackend
+    from workers.engine.engine import Completion, Engine, EngineConfig
+    from workers.engine.model import Model
+    from workers.engine.sampling import SamplingParams
+
+    backend = CupyBackend()
+    backend.use_fused = False
+    defaults = {"use_pdl": 1, "gemv_max_rows": backend.gemv_max_rows, "gemv_blocks_per_sm": 2, "units": 2}
+    variants = [parse_variant(v) for v in args.variants]
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.models:
+        path = args.out / f"{name}-q4_k_m.gguf"
+        if not path.exists():
+            t0 = time.perf_counter()
+            write_synthetic(SHAPES[name], path)
+            print(f"wrote {path} in {time.perf_counter() - t0:.1f} s", flush=True)
+        model = Model.load(path, backend)
+        vocab = model.config.n_vocab
+        anchor = ANCHORS.get(name, {})
+        for kv in args.kv:
+            reference = None
+            for label, knobs in variants:
+                apply(backend, knobs, defaults)
+                rng = np.random.default_rng(0)
+                engine = Engine(EngineConfig(model=str(path), n_ctx=max(args.depths) + 512, kv_dtype=kv), model)
+
+                def run(prompt: list[int], n_gen: int, engine: Engine = engine) -> Completion:
+                    engine.kv.resident[0] = []
+                    done = None
+                    params = SamplingParams(temperature=0, max_tokens=n_gen, ignore_eos=True)
+                    for ev in engine.generate(prompt, params):
+                        done = ev
+                    cp.cuda.Device().synchronize()
+                    assert isinstance(done, Completion)
+                    return done
+
+                run(rng.integers(300, vocab, 64).tolist(), 4)  # compile, capture
+                # logits of 8 replayed steps after a 300-token prompt, the same tokens for every variant
+                engine.kv.resident[0] = []
+                engine._run(0, rng.integers(300, vocab, 300).tolist(), 0, None)
+                steps = rng.integers(300, vocab, 8).tolist()
+                logits = np.concatenate(
+                    [cp.asnumpy(engine._run(0, [t], 300 + i, slice(-1, None))) for i, t in enumerate(steps)]
+                )
+                if reference is None:
+                    reference = logits
+                diff = float(np.abs(logits - reference).max())
+                cells = []
+                for depth in args.depths:
+                    runs = [run(rng.integers(300, vocab, depth + 1).tolist(), 128) for _ in range(args.repeats)]
+                    tok_s = statistics.median(r.timings.decode_tok_s for r in runs)
+                    ratio = f" ({tok_s / anchor[depth]:.2f}x)" if depth in anchor else ""
+                    cells.append(f"{tok_s:.0f}{ratio}")
+                rows.append(f"| {name} | {kv} | {label} | {' | '.join(cells)} | {diff:.1e} |")
+                print(rows[-1], flush=True)
+                del engine
+        del model
+    print(f"\n| model | KV | variant | {' | '.join(f'tg128 @ {d}' for d in args.depths)} | max |d logits| |")
+    print("|" + "---|" * (4 + len(args.depths)))
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
