@@ -125,6 +125,7 @@ def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int, pat
         if first:  # while this engine holds its KV pool and steps
             out["kv_gib"] = engine.kv.config.bytes_per_token * n_ctx / 2**30
             out["pool_gib"] = cp.get_default_memory_pool().used_bytes() / 2**30  # arrays in use
+            out["graphs_gib"] = backend._capture_pool.total_bytes() / 2**30  # the captured steps' memory
             free, total = cp.cuda.runtime.memGetInfo()
             out["gpu_mem_gib"] = (total - free) / 2**30  # all the device memory the process holds
         del engine
@@ -176,7 +177,8 @@ def main() -> None:
                 )
                 check = f"{r['check']:.1e}" if first else ""
                 mem = (
-                    f"{r['pool_gib']:.2f} / {r['gpu_mem_gib']:.2f} (GGUF {r['gguf_gib']:.2f} + KV {r['kv_gib']:.2f})"
+                    f"{r['pool_gib']:.2f} + {r['graphs_gib']:.2f} / {r['gpu_mem_gib']:.2f}"
+                    f" (GGUF {r['gguf_gib']:.2f} + KV {r['kv_gib']:.2f})"
                     if first
                     else ""
                 )
@@ -186,7 +188,7 @@ def main() -> None:
     depth_cols = " | ".join(f"tg128 @ {d}" for d in args.depths)
     print(
         f"\n| model | KV | decode | load ms | pp512 tok/s (x llama.cpp) | {depth_cols} | fused vs separate"
-        " | GPU GiB: arrays / process |"
+        " | GPU GiB: arrays + graphs / process |"
     )
     print("|" + "---|" * (7 + len(args.depths)))
     print("\n".join(rows))

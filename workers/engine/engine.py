@@ -163,9 +163,13 @@ class Engine:
         if len(arr) == 1 and logit_rows is not None:  # a decode step: the backend's fused path if it has one
             out = self.backend.decode_step(self._steps, m.config, m.weights, self.kv, slot, int(arr[0]), pos0)
         if out is None:
-            # one captured step per slot and shape (the GPU backend replays it as a CUDA graph)
-            key = (slot, len(arr), logit_rows is not None)
-            out = self.backend.forward_step(self._steps, key, run, arr, pos0, capturable=self.kv.config.dtype != "f32")
+            # one captured step per slot and shape (the GPU backend replays it as a CUDA graph): decode steps and
+            # full prefill chunks, the shapes that repeat
+            rows = None if logit_rows is None else (logit_rows.start, logit_rows.stop, logit_rows.step)
+            key = (slot, len(arr), rows)
+            repeats = len(arr) in (1, self.config.prefill_chunk)
+            capturable = repeats and self.kv.config.dtype != "f32"
+            out = self.backend.forward_step(self._steps, key, run, arr, pos0, capturable=capturable)
         self.kv.resident[slot].extend(ids)
         return out
 

@@ -65,7 +65,8 @@ class Backend(ABC):
         """Runs `run` (one forward pass of `ids` at `pos0`). A backend may capture the pass once per `key`
         into `steps` (owned by the caller, whose KV cache and weights the capture reads) and replay it for
         later steps with other ids and positions (CUDA graphs); `capturable` says the pass reads its
-        position only through `stage_inputs`."""
+        position only through `stage_inputs` and is of a shape that repeats (a decode step, a full prefill
+        chunk). A replayed step's output is valid until the next step runs (captured steps may share memory)."""
         return run()
 
     def decode_step(

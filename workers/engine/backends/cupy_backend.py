@@ -13,8 +13,10 @@ of kernels/decode.cu instead (cupy_decode.py).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -25,13 +27,19 @@ from ..arch.layers import ModelWeights
 from ..gguf_file import TensorInfo
 from ..kv_cache import KVCache, LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
+from .capture_gemm import CaptureGemm
 from .cupy_decode import ACTIVATIONS, FusedDecode, unsupported
 from .numpy_backend import NumpyBackend, dequantize_tensor
 from .pdl import DependentLauncher
 
+log = logging.getLogger(__name__)
+
 GEMV_MAX_TOKENS = 8  # MAX_TOK in quant.cu
 GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
-PREFILL_SCRATCH_BYTES = 32 << 20  # float32 weight scratch of the prefill path: the GPU memory bound allows no more
+# float32 weight scratch of the prefill path: the GPU memory bound allows no more. A captured prefill chunk keeps
+# its scratch in the captures' pool, but smaller tiles there cost more than they save: 8 MiB halved the 4B's
+# pp512 (15.9 k -> 8.4 k tok/s on the H200; tiles of 256 rows make the down projection's GEMMs thin)
+PREFILL_SCRATCH_BYTES = 32 << 20
 OCTET_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})  # int8-activation one-token kernels
 THREADS = 256
 # each module's source: kernels/ files in order (shared headers first; CuPy's disk cache keys on the text)
@@ -116,7 +124,7 @@ class _Captured:
 
     graph: Any
     out: Any
-    pool: Any  # the step's own memory pool: its intermediates are never handed to anyone else
+    pool: Any  # the captures' memory pool (CupyBackend._capture_pool): never handed to eager code
     stream: Any
     version: int  # the backend's buffer version it was captured against
 
@@ -160,6 +168,18 @@ class CupyBackend(NumpyBackend):
         self._capturing = False
         self._version = 0  # bumped whenever a buffer captured steps read (ids, RoPE tables) is replaced
         self.use_graphs = True
+        self.capture_prefill = True  # full prefill chunks as graphs too (the engine says which shapes repeat)
+        self._capture_gemm: CaptureGemm | None = None
+        # Every captured step allocates from this one pool, never from the default one, so nothing eager is ever
+        # handed a buffer a graph writes. One pool for all of them: the steps replay one at a time on one stream,
+        # and each reads only its own intermediates, written earlier in the same replay; its output stays
+        # allocated while the step exists. So a step may reuse another's intermediates, and the pool holds the
+        # largest step (a 4B prefill chunk of 512 tokens, ~0.2 GiB) rather than the sum of all of them. The
+        # price: a replayed step's output is valid until the next step runs (the engine samples it at once).
+        self._capture_pool = cupy.cuda.MemoryPool()
+        # and one stream to capture on: CuPy's pool hands a freed block only to allocations on the stream it was
+        # freed on, so a new stream per capture would share nothing
+        self._capture_stream = cupy.cuda.Stream(non_blocking=True)
         # one-token steps through the fused decode kernel (cupy_decode.py) where it applies: off by default while it
         # is slower than the separate kernels at depth (bench/NOTES.md v7: 4B 252 vs 244 tok/s at 0, 215 vs 244
         # at 4096)
@@ -176,6 +196,7 @@ class CupyBackend(NumpyBackend):
         # the one-token GEMVs' rows per warp: as many as keep this many blocks per SM, at most this many
         self.gemv_blocks_per_sm = 2
         self.gemv_max_rows = GEMV1_ROWS
+        self.gemv_split_warps = 32  # rows split over warps below this many warps per SM (0: never split)
         self._pdl = _dependent_launcher() if int(props["major"]) >= 9 else None
 
     @property
@@ -316,13 +337,33 @@ class CupyBackend(NumpyBackend):
         )
         return x8
 
+    def _row_split(self, w: QuantWeight) -> int:
+        """Warps a row of the dp4a GEMV is split over (a power of two, at most a block's 8): a matrix of too
+        few rows to give every SM gemv_split_warps warps takes more warps a row, while each warp's slice keeps
+        a unit (256 values) for each of its 4 octets."""
+        want = self.gemv_split_warps * self.n_sm
+        ks = 1
+        while ks < THREADS // 32 and w.rows * ks < want and (w.cols // 256) // (4 * ks * 2) >= 1:
+            ks *= 2
+        return ks
+
     def _gemv1q(self, w: QuantWeight, x8: Any, out: Any) -> Any:
-        rows_per_warp = self._rows_per_warp(w)
-        rows_per_block = THREADS // 32 * rows_per_warp
+        ks = self._row_split(w)
+        rows_per_warp = self._rows_per_warp(w) if ks == 1 else 1
+        rows_per_block = THREADS // 32 // ks * rows_per_warp
         self._kernel("gemv1q", w.qtype)(
             ((w.rows + rows_per_block - 1) // rows_per_block,),
             (THREADS,),
-            (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int64(w.row_bytes), np.int32(rows_per_warp)),
+            (
+                w.data,
+                x8,
+                out,
+                np.int32(w.rows),
+                np.int32(w.cols),
+                np.int64(w.row_bytes),
+                np.int32(rows_per_warp),
+                np.int32(ks),
+            ),
         )
         return out
 
@@ -346,7 +387,14 @@ class CupyBackend(NumpyBackend):
         tile = max(256, PREFILL_SCRATCH_BYTES // (w.cols * 4))
         scratch = cp.empty((min(tile, w.rows), w.cols), dtype=cp.float32)
         handle = cp.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+        gemm: Callable[..., None]
+        if self._capturing:  # CuPy refuses cuBLAS calls now; _capture set the handle's stream (capture_gemm.py)
+            if self._capture_gemm is None:
+                self._capture_gemm = CaptureGemm(handle)
+            gemm = self._capture_gemm
+        else:
+            cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+            gemm = partial(cublas.gemmEx, handle)
         one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
         ldo = out.shape[1]
         for r0 in range(0, w.rows, tile):
@@ -354,8 +402,7 @@ class CupyBackend(NumpyBackend):
             part = QuantWeight(w.data[r0 * w.row_bytes : (r0 + rows) * w.row_bytes], w.qtype, rows, w.cols)
             dense = self.dequant_into(part, scratch[:rows])
             # column-major view: out^T [rows, n] (ld = ldo) = dense [rows, k] (stored k-major) @ x^T
-            cublas.gemmEx(
-                handle,
+            gemm(
                 cublas.CUBLAS_OP_T,
                 cublas.CUBLAS_OP_N,
                 rows,
@@ -585,12 +632,21 @@ class CupyBackend(NumpyBackend):
         capturable: bool,
     ) -> Any:
         cp = self.xp
-        if not (self.use_graphs and capturable and len(ids) == 1) or pos0 + 1 > self._rope_limit():
+        if not (self.use_graphs and capturable) or (len(ids) > 1 and not self.capture_prefill):
+            return run()
+        if pos0 + len(ids) > self._rope_limit():
             return run()
         captured = steps.get(key)
+        if captured is False:  # its capture failed once: eager from now on
+            return run()
         if captured is None or captured.version != self._version:
             out = run()  # eagerly once: compiles kernels, builds tables, computes this step
-            steps[key] = self._capture(run)
+            try:
+                steps[key] = self._capture(run)
+            except (cp.cuda.runtime.CUDARuntimeError, NotImplementedError, RuntimeError) as e:
+                # a pass that syncs with the host or calls a library that refuses capture: it stays eager
+                log.warning("event=capture_failed key=%s: %s; running it eagerly", key, e)
+                steps[key] = False
             return out
         self.stage_inputs(ids, pos0)
         captured.graph.launch(stream=cp.cuda.get_current_stream())
@@ -598,11 +654,14 @@ class CupyBackend(NumpyBackend):
 
     def _capture(self, run: Callable[[], Any]) -> _Captured:
         cp = self.xp
-        pool = cp.cuda.MemoryPool()
-        stream = cp.cuda.Stream(non_blocking=True)
+        pool, stream = self._capture_pool, self._capture_stream
         self._capturing = True
         try:
             with cp.cuda.using_allocator(pool.malloc), stream:
+                from cupy_backends.cuda.libs import cublas
+
+                # the prefill GEMMs' stream, set while CuPy still allows it (capture_gemm.py)
+                cublas.setStream(cp.cuda.device.get_cublas_handle(), stream.ptr)
                 stream.begin_capture(mode=cp.cuda.runtime.streamCaptureModeRelaxed)
                 try:
                     out = run()

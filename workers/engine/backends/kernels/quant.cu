@@ -144,21 +144,27 @@ __device__ __forceinline__ void next_unit(int& r, int& b, int nb, int n_rows) {
         ++r;
     }
 }
+// A warp takes rpw consecutive rows, or, split ks ways (ks warps of a block, rpw = 1), a ks-th of one row's
+// units: warp slice s holds octets 4 s .. 4 s + 3 of the row's 4 ks, which step through its units together
+// (long rows, such as a down projection's, then have more loads in flight per SM and a shorter chain per
+// warp); the slices' sums meet in shared memory.
 template <int T>
-__device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int rows, int cols, long long row_bytes, int rpw) {
+__device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int rows, int cols, long long row_bytes,
+                             int rpw, int ks) {
+    __shared__ float part[32][GEMV1_ROWS];
     const signed char* xq = x8;
     const signed char* xr = x8 + cols;
     const float* xd = reinterpret_cast<const float*>(x8 + 2 * cols);
     const float* xs = xd + cols / 32;
-    const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
+    const int warp = threadIdx.x >> 5, slice = warp % ks;
+    const int r0 = (blockIdx.x * ((blockDim.x >> 5) / ks) + warp / ks) * rpw;
     const int lane = threadIdx.x & 31;
-    if (r0 >= rows) return;  // a warp past the last row: it touches nothing
-    const int n_rows = min(rpw, rows - r0);
-    const int nb = cols >> 8, l = lane & 7;
+    const int n_rows = r0 < rows ? min(rpw, rows - r0) : 0;  // 0: a warp past the last row touches nothing
+    const int nb = cols >> 8, l = lane & 7, step = 4 * ks;
     bool waited = false;  // the first round of weight loads goes out before the wait for x8 (common.cuh)
     float acc[GEMV1_ROWS] = {0.f, 0.f, 0.f, 0.f};
-    // unit u = r * nb + b of this warp's rows; octet o takes units o, o + 4, ...
-    int r = 0, b = lane >> 3;
+    // unit u = r * nb + b of this warp's rows; octet o of slice s takes units 4 s + o, 4 s + o + step, ...
+    int r = 0, b = (lane >> 3) + 4 * slice;
     next_unit(r, b, nb, n_rows);
     const u8* base = W + (long long)r0 * row_bytes;
     while (r < n_rows) {
@@ -169,7 +175,7 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
             rs[i] = r;
             bs[i] = b;
             if (r < n_rows) raw[i] = octet_load<T>(base + (long long)r * row_bytes + (long long)b * Blk<T>::bytes, l);
-            b += 4;
+            b += step;
             next_unit(r, b, nb, n_rows);
         }
         if (!waited) {
@@ -189,14 +195,26 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
     for (int i = 0; i < GEMV1_ROWS; ++i) {
         float s = acc[i];
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-        if (lane == 0 && i < n_rows) y[r0 + i] = s;
+        acc[i] = s;
+    }
+    if (ks == 1) {
+        if (lane == 0)
+            for (int i = 0; i < n_rows; ++i) y[r0 + i] = acc[i];
+        return;
+    }
+    if (lane == 0) part[warp][0] = acc[0];
+    __syncthreads();  // every warp of the block gets here: none returned early
+    if (slice == 0 && lane == 0 && n_rows > 0) {
+        float s = 0.f;
+        for (int j = 0; j < ks; ++j) s += part[warp + j][0];  // in slice order: the same sum every run
+        y[r0] = s;
     }
 }
 // The one-token products of the dp4a types, on an x8 buffer from q8_input: gemv1q_q4_k, gemv1q_q6_k.
 #define INSTANTIATE_Q(T, NAME)                                                                              \
     extern "C" __global__ void gemv1q_##NAME(const u8* W, const signed char* x8, float* y, int rows,       \
-                                             int cols, long long row_bytes, int rpw) {                      \
-        gemv1_octets<T>(W, x8, y, rows, cols, row_bytes, rpw);                                              \
+                                             int cols, long long row_bytes, int rpw, int ks) {              \
+        gemv1_octets<T>(W, x8, y, rows, cols, row_bytes, rpw, ks);                                          \
     }
 INSTANTIATE_Q(12, q4_k)
 INSTANTIATE_Q(14, q6_k)

@@ -1,14 +1,16 @@
-"""Decode-path variants side by side on the synthetic Qwen3 shapes: the separate kernels replayed as CUDA
-graphs, with the backend's knobs set per variant (programmatic dependent launch, the one-token GEMVs' rows
-per warp and blocks per SM, their weight units in flight).
+"""Variants of the CuPy backend side by side on the synthetic Qwen3 shapes: the separate decode kernels
+replayed as CUDA graphs and the prefill, with the backend's knobs set per variant (programmatic dependent
+launch, captured prefill chunks, the one-token GEMVs' rows per warp and blocks per SM, their weight units
+in flight).
 
-    python bench/gpu_decode.py [--models qwen3-4b qwen3-0.6b] [--kv int8] [--depths 0 1024]
-                               [--variants base=use_pdl:0 pdl=use_pdl:1 ...] [--repeats 3]
+    python bench/gpu_variants.py [--models qwen3-4b qwen3-0.6b] [--kv int8] [--depths 0 1024]
+                                 [--variants base=use_pdl:0 pdl=use_pdl:1 ...] [--repeats 3]
 
-A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyBackend attributes (use_pdl, gemv_max_rows,
-gemv_blocks_per_sm) and `units` (OCTET_UNITS of quant.cu, which recompiles it). Prints tg128 tok/s per
-variant and depth beside llama.cpp's numbers (bench/gpu.py's anchors), and each variant's logits over 8
-replayed steps against the first variant's (max |d|: 0 when the variant changes only scheduling).
+A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyBackend attributes (use_pdl, capture_prefill,
+gemv_max_rows, gemv_blocks_per_sm, gemv_split_warps) and `units` (OCTET_UNITS of quant.cu, which recompiles
+it). Prints pp512 and tg128 tok/s per variant and depth beside llama.cpp's numbers (bench/gpu.py's anchors), and each
+variant's logits over 8 replayed steps after a 512-token prompt against the first variant's (max |d|: 0
+when the variant changes only scheduling).
 """
 
 from __future__ import annotations
@@ -26,13 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpu import ANCHORS  # noqa: E402
 from synthetic import SHAPES, write_synthetic  # noqa: E402
 
-DEFAULT_VARIANTS = [
-    "base=use_pdl:0",
-    "pdl=use_pdl:1",
-    "pdl-rows1=use_pdl:1,gemv_max_rows:1",
-    "pdl-4blocks=use_pdl:1,gemv_blocks_per_sm:4",
-    "pdl-units4=use_pdl:1,units:4",
-]
+DEFAULT_VARIANTS = ["no-split=gemv_split_warps:0", "split32=gemv_split_warps:32", "split64=gemv_split_warps:64"]
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, int]]:
@@ -74,7 +70,14 @@ def main() -> None:
 
     backend = CupyBackend()
     backend.use_fused = False
-    defaults = {"use_pdl": 1, "gemv_max_rows": backend.gemv_max_rows, "gemv_blocks_per_sm": 2, "units": 2}
+    defaults = {
+        "use_pdl": 1,
+        "capture_prefill": 1,
+        "gemv_max_rows": backend.gemv_max_rows,
+        "gemv_blocks_per_sm": 2,
+        "gemv_split_warps": 32,
+        "units": 2,
+    }
     variants = [parse_variant(v) for v in args.variants]
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -92,7 +95,9 @@ def main() -> None:
             for label, knobs in variants:
                 apply(backend, knobs, defaults)
                 rng = np.random.default_rng(0)
-                engine = Engine(EngineConfig(model=str(path), n_ctx=max(args.depths) + 512, kv_dtype=kv), model)
+                n_ctx = max(args.depths) + 1024
+                config = EngineConfig(model=str(path), n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=512)
+                engine = Engine(config, model)
 
                 def run(prompt: list[int], n_gen: int, engine: Engine = engine) -> Completion:
                     engine.kv.resident[0] = []
@@ -104,13 +109,23 @@ def main() -> None:
                     assert isinstance(done, Completion)
                     return done
 
-                run(rng.integers(300, vocab, 64).tolist(), 4)  # compile, capture
-                # logits of 8 replayed steps after a 300-token prompt, the same tokens for every variant
+                run(rng.integers(300, vocab, 512).tolist(), 4)  # compile, capture
+                pp = []
+                for _ in range(args.repeats):
+                    prompt = rng.integers(300, vocab, 512).tolist()
+                    t0 = time.perf_counter()
+                    run(prompt, 0)
+                    pp.append(512 / (time.perf_counter() - t0))
+                pp512 = statistics.median(pp)
+                pp_ratio = f" ({pp512 / anchor['pp512']:.2f}x)" if "pp512" in anchor else ""
+                # logits of 8 replayed steps after two 512-token chunks (the second one replayed where
+                # prefill chunks are captured), the same tokens for every variant
                 engine.kv.resident[0] = []
-                engine._run(0, rng.integers(300, vocab, 300).tolist(), 0, None)
+                for pos in (0, 512):
+                    engine._run(0, rng.integers(300, vocab, 512).tolist(), pos, None)
                 steps = rng.integers(300, vocab, 8).tolist()
                 logits = np.concatenate(
-                    [cp.asnumpy(engine._run(0, [t], 300 + i, slice(-1, None))) for i, t in enumerate(steps)]
+                    [cp.asnumpy(engine._run(0, [t], 1024 + i, slice(-1, None))) for i, t in enumerate(steps)]
                 )
                 if reference is None:
                     reference = logits
@@ -121,12 +136,18 @@ def main() -> None:
                     tok_s = statistics.median(r.timings.decode_tok_s for r in runs)
                     ratio = f" ({tok_s / anchor[depth]:.2f}x)" if depth in anchor else ""
                     cells.append(f"{tok_s:.0f}{ratio}")
-                rows.append(f"| {name} | {kv} | {label} | {' | '.join(cells)} | {diff:.1e} |")
+                free, total = cp.cuda.runtime.memGetInfo()
+                graphs = backend._capture_pool.total_bytes()  # every captured step's intermediates
+                mem = f"{(total - free) / 2**30:.2f} ({graphs / 2**30:.2f})"
+                rows.append(
+                    f"| {name} | {kv} | {label} | {pp512:.0f}{pp_ratio} | {' | '.join(cells)} | {diff:.1e} | {mem} |"
+                )
                 print(rows[-1], flush=True)
                 del engine
         del model
-    print(f"\n| model | KV | variant | {' | '.join(f'tg128 @ {d}' for d in args.depths)} | max |d logits| |")
-    print("|" + "---|" * (4 + len(args.depths)))
+    depth_cols = " | ".join(f"tg128 @ {d}" for d in args.depths)
+    print(f"\n| model | KV | variant | pp512 | {depth_cols} | max |d logits| | process GPU GiB (graphs' pools) |")
+    print("|" + "---|" * (6 + len(args.depths)))
     print("\n".join(rows))
 
 
