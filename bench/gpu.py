@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from synthetic import SHAPES, write_synthetic  # noqa: E402
+from synthetic import SHAPES, synthetic_file  # noqa: E402
 
 # llama.cpp b11312 on the H200, tokens/s (../shared/ANCHORS.md): pp512, tg at depth 0 / 1024 / 4096
 ANCHORS = {
@@ -150,13 +150,7 @@ def main() -> None:
     backend = CupyBackend()
     rows = []
     for name in args.models:
-        path = args.out / f"{name}-q4_k_m.gguf"
-        if not path.exists():
-            t0 = time.perf_counter()
-            write_synthetic(SHAPES[name], path)
-            print(
-                f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s", flush=True
-            )
+        path = synthetic_file(name, args.out)
         model = Model.load(path, backend)
         for kv in args.kv:
             r = bench_model(model, path, kv, args.depths, args.repeats, args.paths)

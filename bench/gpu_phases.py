@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from synthetic import SHAPES, write_synthetic  # noqa: E402
+from synthetic import SHAPES, synthetic_file  # noqa: E402
 
 # (phase, mark before its input, mark after the input, after the product, after the barrier), per layer
 PHASES = [
@@ -108,9 +108,7 @@ def main() -> None:
     clock_mhz = cp.cuda.runtime.getDeviceProperties(0)["clockRate"] / 1000
     print(f"{backend.device_name}, SM clock {clock_mhz:.0f} MHz (for the clock64 marks)")
     for name in args.models:
-        path = args.out / f"{name}-q4_k_m.gguf"
-        if not path.exists():
-            write_synthetic(SHAPES[name], path)
+        path = synthetic_file(name, args.out)
         model = Model.load(path, backend)
         config = EngineConfig(model=str(path), n_ctx=args.depth + 256, kv_dtype=args.kv, prefill_chunk=512)
         engine = Engine(config, model)

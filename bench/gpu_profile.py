@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from synthetic import SHAPES, write_synthetic  # noqa: E402
+from synthetic import SHAPES, synthetic_file  # noqa: E402
 
 MARK = "genie_step_marker"
 
@@ -69,8 +69,7 @@ def main() -> None:
         workload(path, args.kv, args.depth)
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        write_synthetic(SHAPES[args.model], path)
+    synthetic_file(args.model, args.out)
     cmd = [
         "ncu",
         "--clock-control",

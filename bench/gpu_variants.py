@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu import ANCHORS  # noqa: E402
-from synthetic import SHAPES, write_synthetic  # noqa: E402
+from synthetic import SHAPES, synthetic_file  # noqa: E402
 
 DEFAULT_VARIANTS = ["no-split=gemv_split_warps:0", "split32=gemv_split_warps:32", "split64=gemv_split_warps:64"]
 
@@ -82,11 +82,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in args.models:
-        path = args.out / f"{name}-q4_k_m.gguf"
-        if not path.exists():
-            t0 = time.perf_counter()
-            write_synthetic(SHAPES[name], path)
-            print(f"wrote {path} in {time.perf_counter() - t0:.1f} s", flush=True)
+        path = synthetic_file(name, args.out)
         model = Model.load(path, backend)
         vocab = model.config.n_vocab
         anchor = ANCHORS.get(name, {})

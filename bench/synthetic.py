@@ -11,6 +11,7 @@ right size.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +97,16 @@ def _finish(w: GGUFWriter, path: Path) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def synthetic_file(name: str, out_dir: Path) -> Path:
+    """out_dir/NAME-q4_k_m.gguf for the shape `name`, written first if it is not there yet."""
+    path = out_dir / f"{name}-q4_k_m.gguf"
+    if not path.exists():
+        t0 = time.perf_counter()
+        write_synthetic(SHAPES[name], path)
+        print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s", flush=True)
     return path
 
 
