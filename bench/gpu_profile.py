@@ -5,8 +5,8 @@ Qwen3-shaped model (bench/synthetic.py), each run eagerly (no CUDA graph) under 
 
 Runs itself under `ncu` (which must be on PATH), profiling only the two measured steps, and prints a
 table per step: kernel, launches, total time, share. ncu serializes kernels and flushes caches before
-each one, so the totals are above what a graph replay takes; the shares are what to read. bench/NOTES.md
-keeps each version's breakdown.
+each one (not with --warm), so the totals are above what a graph replay takes; the shares are what to
+read. bench/NOTES.md keeps each version's breakdown.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def main() -> None:
     p.add_argument("--kv", default="int8", choices=["int8", "f16"])
     p.add_argument("--depth", type=int, default=1024)
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
+    p.add_argument("--warm", action="store_true", help="no cache flush before each kernel (ncu --cache-control none)")
     p.add_argument("--workload", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     path = args.out / f"{args.model}-q4_k_m.gguf"
@@ -74,6 +75,8 @@ def main() -> None:
         "ncu",
         "--clock-control",
         "none",
+        "--cache-control",
+        "none" if args.warm else "all",
         "--profile-from-start",
         "off",
         "--metrics",
