@@ -7,8 +7,9 @@ in flight).
                                  [--variants base=use_pdl:0 pdl=use_pdl:1 ...] [--repeats 3]
 
 A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyBackend attributes (use_pdl, capture_prefill,
-gemv_max_rows, gemv_blocks_per_sm, gemv_split_warps) and `units` (OCTET_UNITS of quant.cu, which recompiles
-it). Prints pp512 and tg128 tok/s per variant and depth beside llama.cpp's numbers (bench/gpu.py's anchors), and each
+gemv_max_rows, gemv_blocks_per_sm, gemv_split_warps), `units` (OCTET_UNITS of quant.cu) and `pf_warps`
+(PF_WARPS of ops.cu: warps a block of the prefill attention), which recompile their module. Prints pp512
+and tg128 tok/s per variant and depth beside llama.cpp's numbers (bench/gpu.py's anchors), and each
 variant's logits over 8 replayed steps after a 512-token prompt against the first variant's (max |d|: 0
 when the variant changes only scheduling).
 """
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpu import ANCHORS  # noqa: E402
 from synthetic import SHAPES, synthetic_file  # noqa: E402
 
-DEFAULT_VARIANTS = ["no-split=gemv_split_warps:0", "split32=gemv_split_warps:32", "split64=gemv_split_warps:64"]
+DEFAULT_VARIANTS = ["pf4=pf_warps:4", "pf2=pf_warps:2", "pf1=pf_warps:1"]
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, int]]:
@@ -37,7 +38,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, int]]:
 
 
 def apply(backend, knobs: dict[str, int], defaults: dict[str, int]) -> None:
-    from workers.engine.backends.cupy_backend import QUANT_SOURCES, kernel_module
+    from workers.engine.backends.cupy_backend import OPS_SOURCES, QUANT_SOURCES, kernel_module
 
     for key, value in {**defaults, **knobs}.items():
         if key == "units":
@@ -46,6 +47,11 @@ def apply(backend, knobs: dict[str, int], defaults: dict[str, int]) -> None:
                 backend._module = kernel_module(*QUANT_SOURCES, options=options)
                 backend._kernels.clear()
                 backend.bench_units = value
+        elif key == "pf_warps":
+            if backend.pf_warps != value:  # recompile ops.cu only when it changes
+                backend._ops = kernel_module(*OPS_SOURCES, options=(f"-DPF_WARPS={value}",))
+                backend._kernels.clear()
+                backend.pf_warps = value
         else:
             setattr(backend, key, value)
 
@@ -77,6 +83,7 @@ def main() -> None:
         "gemv_blocks_per_sm": 2,
         "gemv_split_warps": 32,
         "units": 2,
+        "pf_warps": 4,
     }
     variants = [parse_variant(v) for v in args.variants]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +98,7 @@ def main() -> None:
             for label, knobs in variants:
                 apply(backend, knobs, defaults)
                 rng = np.random.default_rng(0)
-                n_ctx = max(args.depths) + 1024
+                n_ctx = max(args.depths) + 1536  # the deepest run's 129 tokens, the check's 1 024 + 8
                 config = EngineConfig(model=str(path), n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=512)
                 engine = Engine(config, model)
 

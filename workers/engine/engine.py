@@ -153,6 +153,8 @@ class Engine:
 
     # -- generation -------------------------------------------------------------------------------
     def _run(self, slot: int, ids: Sequence[int], pos0: int, logit_rows: slice | None) -> Any:
+        # the kernels write K/V at these positions unchecked: past the cache they would corrupt other memory
+        assert 0 <= pos0 and pos0 + len(ids) <= self.n_ctx, (pos0, len(ids), self.n_ctx)
         arr = np.asarray(ids, dtype=np.int64)
         m = self.model
 

@@ -197,6 +197,7 @@ class CupyBackend(NumpyBackend):
         self.gemv_blocks_per_sm = 2
         self.gemv_max_rows = GEMV1_ROWS
         self.gemv_split_warps = 32  # rows split over warps below this many warps per SM (0: never split)
+        self.pf_warps = PF_WARPS  # the prefill attention's warps a block (16 query rows each), as ops.cu is built
         self._pdl = _dependent_launcher() if int(props["major"]) >= 9 else None
 
     @property
@@ -819,14 +820,15 @@ class CupyBackend(NumpyBackend):
         k_scale = null if kv.k_scale is None else kv.k_scale[slot]
         v_scale = null if kv.v_scale is None else kv.v_scale[slot]
         group = heads // n_kv
-        if n >= PREFILL_ATTENTION_MIN_TOKENS and hd == hdv and hd in PF_HEAD_DIMS and PF_ROWS % group == 0:
+        pf_rows = 16 * self.pf_warps
+        if n >= PREFILL_ATTENTION_MIN_TOKENS and hd == hdv and hd in PF_HEAD_DIMS and pf_rows % group == 0:
             kernel = self._op(f"attention_prefill_{hd}")
-            smem = _prefill_attention_smem(hd)
+            smem = _prefill_attention_smem(hd, pf_rows)
             if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
                 kernel.max_dynamic_shared_size_bytes = smem
             kernel(
-                (-(-n // (PF_ROWS // group)), n_kv),
-                (32 * PF_WARPS,),
+                (-(-n // (pf_rows // group)), n_kv),
+                (32 * self.pf_warps,),
                 (
                     q,
                     kv.k[slot],
@@ -905,7 +907,7 @@ ATTENTION_MAX_SPLITS = 32
 GQA_KERNELS = frozenset({(g, d) for g in (1, 2, 4, 8) for d in (2, 4, 8)} - {(8, 8)})
 # the tensor-core prefill kernel (attention_prefill in ops.cu): from this many tokens a pass
 PREFILL_ATTENTION_MIN_TOKENS = 16
-PF_WARPS, PF_ROWS, PF_KEYS = 4, 64, 64  # as in ops.cu
+PF_WARPS, PF_KEYS = 4, 64  # as in ops.cu (PF_WARPS: its default; ops.cu takes -DPF_WARPS)
 PF_HEAD_DIMS = frozenset({16, 32, 64, 128, 256})  # its instantiations (K and V head dims equal)
 
 
@@ -919,9 +921,9 @@ def _head_dims_problem(hd: int, hdv: int) -> str | None:
     return None
 
 
-def _prefill_attention_smem(hd: int) -> int:
+def _prefill_attention_smem(hd: int, rows: int) -> int:
     """attention_prefill's dynamic shared memory: Q, the K tile and the transposed V tile in FP16, scales."""
-    return 2 * PF_ROWS * (hd + 8) + 2 * PF_KEYS * (hd + 8) + 2 * hd * (PF_KEYS + 8) + 4 * 2 * PF_KEYS
+    return 2 * rows * (hd + 8) + 2 * PF_KEYS * (hd + 8) + 2 * hd * (PF_KEYS + 8) + 4 * 2 * PF_KEYS
 
 
 def _threads(d: int) -> int:

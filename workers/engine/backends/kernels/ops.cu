@@ -351,7 +351,9 @@ GQA_INSTANTIATE(8, 4)
 // rotated (INT8) and pre-scaled in FP32 before its conversion to FP16; O is normalized, rotated back (INT8)
 // and written as [n_tok, n_heads, HD]. Instantiated for HD == HDV in {16, 32, 64, 128, 256} and G dividing
 // PF_ROWS; dynamic shared memory as in pf_smem (the backend computes the same).
+#ifndef PF_WARPS
 #define PF_WARPS 4
+#endif
 #define PF_ROWS (16 * PF_WARPS)
 #define PF_KEYS 64
 
