@@ -122,10 +122,8 @@ def _dependent_launcher() -> DependentLauncher | None:
 class _Captured:
     """A decode step captured as a CUDA graph: replaying it recomputes `out` in place."""
 
-    graph: Any
+    graph: Any  # its intermediates live in CupyBackend._capture_pool, never handed to eager code
     out: Any
-    pool: Any  # the captures' memory pool (CupyBackend._capture_pool): never handed to eager code
-    stream: Any
     version: int  # the backend's buffer version it was captured against
 
 
@@ -670,7 +668,7 @@ class CupyBackend(NumpyBackend):
                     graph = stream.end_capture()
         finally:
             self._capturing = False
-        return _Captured(graph, out, pool, stream, self._version)
+        return _Captured(graph, out, self._version)
 
     def _rope_limit(self) -> int:
         """Positions every RoPE table covers: a replay past it must run eagerly (and grow the tables)."""
