@@ -8,7 +8,8 @@ in flight).
 
 A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyBackend attributes (use_pdl, capture_prefill,
 gemv_max_rows, gemv_blocks_per_sm, gemv_split_warps), `units` (OCTET_UNITS of quant.cu) and `pf_warps`
-(PF_WARPS of ops.cu: warps a block of the prefill attention), which recompile their module. Prints pp512
+(PF_WARPS of ops.cu: warps a block of the prefill attention) and `dec_warps` (DEC_MAX_WARPS: the most warps
+a block of the one-token attention), which recompile their module. Prints pp512
 and tg128 tok/s per variant and depth beside llama.cpp's numbers (bench/gpu.py's anchors), and each
 variant's logits over 8 replayed steps after a 512-token prompt against the first variant's (max |d|: 0
 when the variant changes only scheduling).
@@ -47,11 +48,13 @@ def apply(backend, knobs: dict[str, int], defaults: dict[str, int]) -> None:
                 backend._module = kernel_module(*QUANT_SOURCES, options=options)
                 backend._kernels.clear()
                 backend.bench_units = value
-        elif key == "pf_warps":
-            if backend.pf_warps != value:  # recompile ops.cu only when it changes
-                backend._ops = kernel_module(*OPS_SOURCES, options=(f"-DPF_WARPS={value}",))
+        elif key in ("pf_warps", "dec_warps"):
+            attr = "pf_warps" if key == "pf_warps" else "dec_max_warps"
+            if getattr(backend, attr) != value:  # recompile ops.cu only when it changes
+                setattr(backend, attr, value)
+                options = (f"-DPF_WARPS={backend.pf_warps}", f"-DDEC_MAX_WARPS={backend.dec_max_warps}")
+                backend._ops = kernel_module(*OPS_SOURCES, options=options)
                 backend._kernels.clear()
-                backend.pf_warps = value
         else:
             setattr(backend, key, value)
 
@@ -84,6 +87,7 @@ def main() -> None:
         "gemv_split_warps": 32,
         "units": 2,
         "pf_warps": 4,
+        "dec_warps": 16,
     }
     variants = [parse_variant(v) for v in args.variants]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends.base import Array, Backend, Weight
+from ..backends.base import Array, Backend, NextInput, Weight
 from ..kv_cache import KVCache
 from ..model_config import LayerConfig, ModelConfig
 
@@ -77,15 +77,22 @@ def forward(
             qkv += opt["bqkv"]
         layer_kv = kv.layers[cfg.kv_pools[i]]
         if lc.kv_source == i:
-            q = b.prepare_qkv(qkv, cfg, lc, opt.get("qk_norm"), positions, layer_kv, slot, pos0)
+            attn = b.self_attention(qkv, cfg, lc, opt.get("qk_norm"), positions, layer_kv, slot, pos0)
         else:  # K/V of an earlier layer, already written for these positions
             q = b.prepare_q(qkv, cfg, lc, opt.get("qk_norm"), positions)
-        attn = b.attention(q, layer_kv, slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
-        o = b.matmul(attn, lw.wo)
+            attn = b.attention(q, layer_kv, slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
         if "post_attn_norm" in opt:
-            o = b.rms_norm(o, opt["post_attn_norm"], cfg.rms_eps)
-        x, gate_up = b.add_norm_matmul(x, o, lw.ffn_norm, cfg.rms_eps, lw.gate_up)  # [n, 2 * ffn]
-        pending = b.gated_matmul(gate_up, cfg.activation, lw.w_down)
+            o = b.rms_norm(b.matmul(attn, lw.wo), opt["post_attn_norm"], cfg.rms_eps)
+        else:
+            o = b.matmul(attn, lw.wo, NextInput(residual=x, norm=lw.ffn_norm, eps=cfg.rms_eps))
+        gated = NextInput(act=cfg.activation)
+        x, gate_up = b.add_norm_matmul(x, o, lw.ffn_norm, cfg.rms_eps, lw.gate_up, gated)  # [n, 2 * ffn]
+        # the next layer's input norm takes the FFN's output straight from the product, when nothing comes between
+        plain_tail = ple is None and not {"post_ffn_norm", "layer_scale"} & opt.keys()
+        then = None
+        if plain_tail and i + 1 < len(weights.layers):
+            then = NextInput(residual=x, norm=weights.layers[i + 1].attn_norm, eps=cfg.rms_eps)
+        pending = b.gated_matmul(gate_up, cfg.activation, lw.w_down, then)
         if "post_ffn_norm" in opt:
             pending = b.rms_norm(pending, opt["post_ffn_norm"], cfg.rms_eps)
         if ple is not None or "layer_scale" in opt:  # the layer's tail reads the updated stream: add now

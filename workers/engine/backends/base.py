@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,18 @@ from ..model_config import LayerConfig, ModelConfig, RopeMode
 
 Array = Any
 Weight = Any
+
+
+@dataclass(frozen=True, eq=False)
+class NextInput:
+    """What the next operation does with a product's output: `gated_matmul(out, act, ...)` (act set) or
+    `add_norm_matmul(residual, out, norm, eps, ...)` (norm set). A hint that lets a device backend prepare that
+    input as it writes the output (one pass less); results are the same with or without it."""
+
+    act: str | None = None
+    residual: Array | None = None
+    norm: Array | None = None
+    eps: float = 0.0
 
 
 class Backend(ABC):
@@ -90,8 +103,8 @@ class Backend(ABC):
         """Rows `ids` (from `stage_inputs`) of a [vocab, d] weight times `scale` -> [n, d] float32."""
 
     @abstractmethod
-    def matmul(self, x: Array, weight: Weight) -> Array:
-        """x [n, in] @ weight.T -> [n, out]."""
+    def matmul(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
+        """x [n, in] @ weight.T -> [n, out]; `then`: how the output is used next (a hint)."""
 
     @abstractmethod
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
@@ -103,16 +116,18 @@ class Backend(ABC):
         x = x + r
         return x, self.rms_norm(x, weight, eps)
 
-    def add_norm_matmul(self, x: Array, r: Array | None, norm: Array, eps: float, w: Weight) -> tuple[Array, Array]:
+    def add_norm_matmul(
+        self, x: Array, r: Array | None, norm: Array, eps: float, w: Weight, then: NextInput | None = None
+    ) -> tuple[Array, Array]:
         """(x + r, rms_norm(x + r) @ w.T): a layer's input add, norm and first product (no add when r is None)."""
         if r is None:
-            return x, self.matmul(self.rms_norm(x, norm, eps), w)
+            return x, self.matmul(self.rms_norm(x, norm, eps), w, then)
         x, h = self.add_rms_norm(x, r, norm, eps)
-        return x, self.matmul(h, w)
+        return x, self.matmul(h, w, then)
 
-    def gated_matmul(self, gate_up: Array, kind: str, w: Weight) -> Array:
+    def gated_matmul(self, gate_up: Array, kind: str, w: Weight, then: NextInput | None = None) -> Array:
         """gated_act(gate_up, kind) @ w.T: the FFN's activation and down projection."""
-        return self.matmul(self.gated_act(gate_up, kind), w)
+        return self.matmul(self.gated_act(gate_up, kind), w, then)
 
     def prepare_qkv(
         self,
@@ -139,6 +154,22 @@ class Backend(ABC):
             v = self.rms_norm(v, self.xp.ones(hdv, dtype=np.float32), cfg.rms_eps)
         self.kv_write(kv, slot, pos0, qk[:, H:], v)
         return qk[:, :H]
+
+    def self_attention(
+        self,
+        qkv: Array,
+        cfg: ModelConfig,
+        lc: LayerConfig,
+        qk_norm: Array | None,
+        positions: np.ndarray,
+        kv: LayerKV,
+        slot: int,
+        pos0: int,
+    ) -> Array:
+        """A layer's attention over its own K/V: prepare_qkv (storing this layer's k and v), then attention of
+        its q -> [n, H * hdv]. A device backend may do both in one kernel."""
+        q = self.prepare_qkv(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+        return self.attention(q, kv, slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
 
     def prepare_q(
         self, q: Array, cfg: ModelConfig, lc: LayerConfig, q_norm: Array | None, positions: np.ndarray

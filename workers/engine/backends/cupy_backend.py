@@ -27,6 +27,7 @@ from ..arch.layers import ModelWeights
 from ..gguf_file import TensorInfo
 from ..kv_cache import KVCache, LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
+from .base import NextInput
 from .capture_gemm import CaptureGemm
 from .cupy_decode import ACTIVATIONS, FusedDecode, unsupported
 from .numpy_backend import NumpyBackend, dequantize_tensor
@@ -127,6 +128,20 @@ class _Captured:
     version: int  # the backend's buffer version it was captured against
 
 
+@dataclass
+class _Coded:
+    """A one-token product's output that its kernel also coded as the next dp4a product's input (x8, the
+    buffer q8_input writes): for the output of self_attention (then None), or as `then` asked (NextInput:
+    act(gate) * up, or the residual add and norm without the RMS factor, with x_new and the group sums of
+    squares ss the consumer applies it from)."""
+
+    out: Any
+    x8: Any
+    then: NextInput | None = None
+    x_new: Any = None
+    ss: Any = None
+
+
 def kernel_module(*files: str, options: tuple[str, ...] = ()) -> Any:
     """A RawModule of kernels/ files joined in order (NVRTC has no include path into the package). CuPy
     caches compiled modules on disk (~/.cupy/kernel_cache), keyed by the text: a second start compiles nothing."""
@@ -197,6 +212,13 @@ class CupyBackend(NumpyBackend):
         self.gemv_split_warps = 32  # rows split over warps below this many warps per SM (0: never split)
         self.pf_warps = PF_WARPS  # the prefill attention's warps a block (16 query rows each), as ops.cu is built
         self._pdl = _dependent_launcher() if int(props["major"]) >= 9 else None
+        # thread-block clusters (compute capability 9.0 and later): one-token attention as attention_dec
+        self._clusters = int(props["major"]) >= 9
+        self.use_clusters = True
+        self.dec_max_warps = 16  # DEC_MAX_WARPS of ops.cu as built: 8 gives every size two tasks' loads in flight
+        self._coded: _Coded | None = None  # the last product's output coded for its consumer, until one takes it
+        self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
+        self.use_epilogues = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
 
     @property
     def device_name(self) -> str:
@@ -284,7 +306,8 @@ class CupyBackend(NumpyBackend):
         staged in shared memory as float32."""
         assert x.shape == (1, w.cols) and x.flags.c_contiguous
         if w.qtype in OCTET_TYPES and w.cols <= Q8_MAX_COLS:
-            return self._gemv1q(w, self._q8_input(x, w.cols), out)
+            self._gemv1q(w, self._q8_input(x, w.cols), out)
+            return out
         kernel = self._kernel("gemv1", w.qtype)
         smem = w.cols * 4
         if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
@@ -346,10 +369,31 @@ class CupyBackend(NumpyBackend):
             ks *= 2
         return ks
 
-    def _gemv1q(self, w: QuantWeight, x8: Any, out: Any) -> Any:
+    def _gemv1q(
+        self, w: QuantWeight, x8: Any, out: Any, norm_ss: Any = None, eps: float = 0.0, then: NextInput | None = None
+    ) -> _Coded | None:
+        """out = w @ x for x coded in x8 (times its RMS factor from the group sums of squares norm_ss, when
+        given); with `then`, the kernel's epilogue codes the consumer's input (see _Coded), which it returns."""
         ks = self._row_split(w)
         rows_per_warp = self._rows_per_warp(w) if ks == 1 else 1
         rows_per_block = THREADS // 32 // ks * rows_per_warp
+        null = np.uint64(0)
+        mode, act, coded = _EP_NONE, 0, None
+        if then is not None:
+            len_ = w.rows // 2 if then.act is not None else w.rows
+            assert rows_per_block <= 32 and len_ % 32 == 0  # EP_MAX_GROUPS in quant.cu
+            cp = self.xp
+            coded = _Coded(out, cp.empty(2 * len_ + len_ // 4, dtype=cp.int8), then)
+            if then.act is not None:
+                mode, act = _EP_GATED, ACTIVATIONS[then.act]
+            else:
+                mode = _EP_NORM
+                coded.x_new = cp.empty((1, len_), dtype=cp.float32)
+                coded.ss = cp.empty(len_ // 32, dtype=cp.float32)
+            if self._ep_cnt.size < len_ // 32:  # zero between launches (the coding blocks reset them)
+                self._ep_cnt = cp.zeros(len_ // 32, dtype=cp.int32)
+                self._version += 1  # captured steps hold the old counters
+        residual = None if coded is None or coded.then is None else coded.then.residual
         self._kernel("gemv1q", w.qtype)(
             ((w.rows + rows_per_block - 1) // rows_per_block,),
             (THREADS,),
@@ -362,9 +406,36 @@ class CupyBackend(NumpyBackend):
                 np.int64(w.row_bytes),
                 np.int32(rows_per_warp),
                 np.int32(ks),
+                null if norm_ss is None else norm_ss,
+                np.int32(0 if norm_ss is None else norm_ss.size),
+                np.float32(eps),
+                np.int32(mode),
+                np.int32(act),
+                null if coded is None else coded.x8,
+                self._ep_cnt,
+                null if residual is None else residual,
+                null if mode != _EP_NORM else then.norm,  # type: ignore[union-attr]
+                null if coded is None or coded.x_new is None else coded.x_new,
+                null if coded is None or coded.ss is None else coded.ss,
             ),
         )
-        return out
+        return coded
+
+    def _epilogue_for(self, then: NextInput | None, parts: list[QuantWeight]) -> NextInput | None:
+        """`then` where one product's kernel can code its consumer's input: a single matrix whose output (act:
+        each half) is whole 32-value groups; a norm's residual and weight float32 vectors of the output's size."""
+        if then is None or not self.use_epilogues or len(parts) != 1:
+            return None
+        rows = parts[0].rows
+        if then.act is not None:
+            return then if rows % 64 == 0 and then.act in ACTIVATIONS else None
+        cp = self.xp
+        if then.norm is None or rows % 32 or then.norm.size != rows or then.norm.dtype != cp.float32:
+            return None
+        res = then.residual
+        if res is not None and (res.shape != (1, rows) or res.dtype != cp.float32 or not res.flags.c_contiguous):
+            return None
+        return then if then.norm.flags.c_contiguous else None
 
     def _matmul_part(self, x: Any, w: QuantWeight, out: Any, col0: int) -> None:
         if x.shape[0] == 1:
@@ -422,12 +493,16 @@ class CupyBackend(NumpyBackend):
                 _CUBLAS_GEMM_DEFAULT,
             )
 
-    def matmul(self, x: Any, weight: QuantWeight | GroupWeight) -> Any:
+    def matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
         cp = self.xp
+        coded, self._coded = self._coded, None
+        given = x
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         parts = weight.parts if isinstance(weight, GroupWeight) else [weight]
         if self._fusable(x, weight):  # one token, dp4a types: x quantized once for every part
-            return self._matmul_q8(self._q8_input(x, x.shape[1]), parts)
+            if coded is not None and coded.out is given and coded.then is None:  # coded as it was written
+                return self._matmul_q8(coded.x8, parts, then=then)
+            return self._matmul_q8(self._q8_input(x, x.shape[1]), parts, then=then)
         out = cp.empty((x.shape[0], sum(p.rows for p in parts)), dtype=cp.float32)
         col0 = 0
         for part in parts:
@@ -435,13 +510,24 @@ class CupyBackend(NumpyBackend):
             col0 += part.rows
         return out
 
-    def _matmul_q8(self, x8: Any, parts: list[QuantWeight]) -> Any:
+    def _matmul_q8(
+        self, x8: Any, parts: list[QuantWeight], norm_ss: Any = None, eps: float = 0.0, then: NextInput | None = None
+    ) -> Any:
         out = self.xp.empty((1, sum(p.rows for p in parts)), dtype=self.xp.float32)
+        then = self._epilogue_for(then, parts)
         col0 = 0
         for part in parts:
-            self._gemv1q(part, x8, out[0, col0:])
+            coded = self._gemv1q(part, x8, out[0, col0:], norm_ss, eps, then)
             col0 += part.rows
+        if then is not None:
+            assert coded is not None
+            coded.out = out  # the consumer is handed `out` itself, not the part's view
+            self._coded = coded
         return out
+
+    def _take_coded(self) -> _Coded | None:
+        coded, self._coded = self._coded, None
+        return coded
 
     # -- fused compositions (decode: one token, dp4a weights) ---------------------------------------------
     def _fusable(self, x: Any, weight: QuantWeight | GroupWeight) -> bool:
@@ -449,25 +535,37 @@ class CupyBackend(NumpyBackend):
         parts = weight.parts if isinstance(weight, GroupWeight) else [weight]
         return x.shape[0] == 1 and all(p.qtype in OCTET_TYPES and p.cols <= Q8_MAX_COLS for p in parts)
 
-    def add_norm_matmul(self, x: Any, r: Any, norm: Any, eps: float, w: QuantWeight | GroupWeight) -> tuple[Any, Any]:
+    def add_norm_matmul(
+        self, x: Any, r: Any, norm: Any, eps: float, w: QuantWeight | GroupWeight, then: NextInput | None = None
+    ) -> tuple[Any, Any]:
         cp = self.xp
+        coded = self._take_coded()
         if not self._fusable(x, w):
-            return super().add_norm_matmul(x, r, norm, eps, w)
+            return super().add_norm_matmul(x, r, norm, eps, w, then)
+        parts = w.parts if isinstance(w, GroupWeight) else [w]
+        c = None if coded is None else coded.then
+        same = c is not None and c.norm is norm and c.residual is x and c.eps == eps
+        if coded is not None and same and coded.out is r:
+            return coded.x_new, self._matmul_q8(coded.x8, parts, coded.ss, eps, then)  # the producer coded it
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         if r is not None:
             r = cp.ascontiguousarray(r, dtype=cp.float32)
         x_new = x if r is None else cp.empty_like(x)
         x8 = self._q8_input(x, x.shape[1], r, norm, None if r is None else x_new, eps, _X_NORM)
-        return x_new, self._matmul_q8(x8, w.parts if isinstance(w, GroupWeight) else [w])
+        return x_new, self._matmul_q8(x8, parts, then=then)
 
-    def gated_matmul(self, gate_up: Any, kind: str, w: QuantWeight | GroupWeight) -> Any:
+    def gated_matmul(self, gate_up: Any, kind: str, w: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
         cp = self.xp
+        coded = self._take_coded()
         if not self._fusable(gate_up, w):
-            return super().gated_matmul(gate_up, kind, w)
+            return super().gated_matmul(gate_up, kind, w, then)
+        parts = w.parts if isinstance(w, GroupWeight) else [w]
+        if coded is not None and coded.out is gate_up and coded.then is not None and coded.then.act == kind:
+            return self._matmul_q8(coded.x8, parts, then=then)  # act(gate) * up coded by the gate/up product
         gate_up = cp.ascontiguousarray(gate_up, dtype=cp.float32)
         cols = gate_up.shape[1] // 2
         x8 = self._q8_input(gate_up, cols, mode=_X_GATED, act=ACTIVATIONS[kind])
-        return self._matmul_q8(x8, w.parts if isinstance(w, GroupWeight) else [w])
+        return self._matmul_q8(x8, parts, then=then)
 
     def _attention_gqa(
         self, q: Any, kv: LayerKV, slot: int, window: int, scale: float, softcap: float, out: Any, group: int, dpl: int
@@ -558,6 +656,71 @@ class CupyBackend(NumpyBackend):
             shared_mem=max(hd, hdv) * 4,
         )
         return qkv[:, : (H + Hkv) * hd].reshape(n, H + Hkv, hd)[:, :H]
+
+    def self_attention(
+        self,
+        qkv: Any,
+        cfg: ModelConfig,
+        lc: LayerConfig,
+        qk_norm: Any,
+        positions: np.ndarray,
+        kv: LayerKV,
+        slot: int,
+        pos0: int,
+    ) -> Any:
+        """One token on Hopper and later: q/k norm, RoPE, the K/V store and attention in one launch of
+        attention_dec (ops.cu: a cluster of blocks per KV head, merged in distributed shared memory), which also
+        codes its output as the dp4a products' input: `matmul` of this very array uses that code (so the array
+        must not be changed in place before it; layers.forward only multiplies it)."""
+        cp = self.xp
+        H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
+        group = H // Hkv
+        if not (
+            self.use_clusters
+            and self._clusters
+            and qkv.shape[0] == 1
+            and kv.k.dtype != cp.float32
+            and hd == hdv
+            and hd % 32 == 0
+            and (group, hd // 32) in DEC_KERNELS
+            and not cfg.v_norm
+            and (cfg.rope_mode != "neox" or lc.rope_dim // 2 & (lc.rope_dim // 2 - 1) == 0)
+        ):
+            return super().self_attention(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+        qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
+        table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
+        out = cp.empty((1, H * hdv), dtype=cp.float32)
+        cols = H * hdv
+        # the o product's input, coded by the kernel as q8_input would (matmul takes it for `out` itself)
+        x8 = cp.empty(2 * cols + cols // 4, dtype=cp.int8) if cols <= Q8_MAX_COLS else None
+        self._coded = None if x8 is None else _Coded(out, x8)
+        null = np.uint64(0)
+        self._op(f"attention_dec_{group}_{hd // 32}")(
+            (Hkv * ATTENTION_CLUSTER,),
+            (32 * _dec_warps(group, hd // 32, self.dec_max_warps),),
+            (
+                qkv,
+                kv.k[slot],
+                kv.v[slot],
+                null if kv.k_scale is None else kv.k_scale[slot],
+                null if kv.v_scale is None else kv.v_scale[slot],
+                out,
+                null if x8 is None else x8,
+                np.int32(H),
+                np.int32(Hkv),
+                null if qk_norm is None else cp.ascontiguousarray(qk_norm),
+                np.float32(cfg.rms_eps),
+                table.cos,
+                table.sin,
+                np.int32(lc.rope_dim),
+                np.int32(cfg.rope_mode == "neox"),
+                self._pos,
+                np.int32(lc.sliding_window),
+                np.float32(cfg.attn_scale),
+                np.float32(cfg.attn_logit_softcap),
+            ),
+        )
+        return out
 
     def embed(self, weight: QuantWeight, ids: Any, scale: float) -> Any:
         cp = self.xp
@@ -668,6 +831,7 @@ class CupyBackend(NumpyBackend):
                     graph = stream.end_capture()
         finally:
             self._capturing = False
+            self._coded = None  # no eager product may take a code the graph writes
         return _Captured(graph, out, self._version)
 
     def _rope_limit(self) -> int:
@@ -891,6 +1055,7 @@ class CupyBackend(NumpyBackend):
 
 
 _X_GATED, _X_NORM = 1, 2  # q8_input's modes in quant.cu
+_EP_NONE, _EP_GATED, _EP_NORM = 0, 1, 2  # the dp4a products' epilogues (quant.cu)
 Q8_THREADS = 1024  # q8_input's block (one block per input vector)
 Q8_MAX_COLS = 16 * Q8_THREADS  # Q8_MAX values per thread
 ARGMAX_BLOCKS, ARGMAX_THREADS = 64, 1024  # argmax_row's grid: the last block reduces one partial per thread
@@ -901,12 +1066,19 @@ _CUBLAS_GEMM_DEFAULT = -1
 ATTENTION_WARPS = 8  # ATT_WARPS in ops.cu
 ATTENTION_MAX_HEAD_DIM = 512  # MAX_HD in ops.cu
 ATTENTION_MAX_SPLITS = 32
+ATTENTION_CLUSTER = 8  # ATT_CL in ops.cu: blocks a KV head of attention_dec
 # the GQA decode kernels (attention_gqa_G_DPL in ops.cu): (query heads per KV head, head dim / 32)
 GQA_KERNELS = frozenset({(g, d) for g in (1, 2, 4, 8) for d in (2, 4, 8)} - {(8, 8)})
+DEC_KERNELS = GQA_KERNELS - {(8, 4)}  # attention_dec's (group, head dim / 32): a warp a query head, the key, the value
 # the tensor-core prefill kernel (attention_prefill in ops.cu): from this many tokens a pass
 PREFILL_ATTENTION_MIN_TOKENS = 16
 PF_WARPS, PF_KEYS = 4, 64  # as in ops.cu (PF_WARPS: its default; ops.cu takes -DPF_WARPS)
 PF_HEAD_DIMS = frozenset({16, 32, 64, 128, 256})  # its instantiations (K and V head dims equal)
+
+
+def _dec_warps(group: int, dpl: int, most: int = 16) -> int:
+    """Warps a block of attention_dec_{group}_{dpl}: DEC_WARPS in ops.cu (most: DEC_MAX_WARPS)."""
+    return 16 if group * dpl <= 16 and dpl <= 4 and (most >= 16 or group + 2 > 8) else 8
 
 
 def _head_dims_problem(hd: int, hdv: int) -> str | None:

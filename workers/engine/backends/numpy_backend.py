@@ -24,7 +24,7 @@ from ..gguf_file import TensorInfo
 from ..kv_cache import INT8_QMAX, LayerKV, kv_rotation
 from ..model_config import RopeMode
 from . import cpu_kernels
-from .base import Array, Backend, Weight
+from .base import Array, Backend, NextInput, Weight
 from .block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
 
 DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large tensor
@@ -103,7 +103,7 @@ class NumpyBackend(Backend):
             x *= np.float32(scale)
         return x
 
-    def matmul(self, x: Array, weight: Weight) -> Array:
+    def matmul(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
         if isinstance(weight, BlockWeight):
             assert self._blocks is not None
             if x.shape[0] <= GEMV_MAX_TOKENS:

@@ -82,3 +82,28 @@ __device__ void argmax_block(float& best, int& idx, int& bad) {
             bad |= sbad[w];
         }
 }
+
+// The dp4a kernels' input: x in sub-blocks of 32 with a float scale d each, as two int8 codes per value,
+// x ~ d * (q + q2 / 254): q as llama.cpp's q8_1, q2 the rounding error of q requantized (|x - d q| <= d / 2),
+// so a product is two dp4a chains and the activations carry ~15 bits instead of 8 (with q alone a tiny
+// Q4_K_M model's decode NLL moved 0.04-0.06 nat from NumPy's). q8_input (quant.cu) computes it once per
+// product in global memory, the decode attention (ops.cu) for the o product as it writes its output, the fused
+// decode step (decode.cu) in each block's shared memory.
+// Layout of an x8 buffer for `cols` values: xq [cols] int8, xr [cols] int8 (q2), xd [cols / 32] float
+// scales, xs [cols / 32] float sums of the values as coded.
+
+// One sub-block of an x8 buffer, coded by the 32 lanes of a warp (lane i holds value i, v): one integer
+// max reduction for the scale (|v| as bits orders like |v| itself), then both codes and the sub-block's sum.
+__device__ __forceinline__ void q8_code(float v, int sb, int lane, signed char* xq, signed char* xr, float* xd, float* xs) {
+    const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v))));
+    const float d = amax / 127.f;
+    const int q = amax > 0.f ? __float2int_rn(v / d) : 0;
+    const int q2 = amax > 0.f ? max(-127, min(127, __float2int_rn((v - q * d) * 254.f / d))) : 0;
+    xq[sb * 32 + lane] = (signed char)q;
+    xr[sb * 32 + lane] = (signed char)q2;
+    const int sum = __reduce_add_sync(0xffffffffu, q), sum2 = __reduce_add_sync(0xffffffffu, q2);
+    if (lane == 0) {
+        xd[sb] = d;
+        xs[sb] = d * ((float)sum + (float)sum2 * (1.f / 254.f));
+    }
+}

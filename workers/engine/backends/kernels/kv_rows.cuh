@@ -8,10 +8,10 @@
 template <bool WARP>
 __device__ void fwht_by(float* buf, int d, int blk) {
     const int t = WARP ? (threadIdx.x & 31) : threadIdx.x, n = WARP ? 32 : blockDim.x;
-    for (int h = 1; h < blk; h <<= 1) {
+    for (int h = 1, s = 0; h < blk; h <<= 1, ++s) {
         if (WARP) __syncwarp(); else __syncthreads();
         for (int i = t; i < d / 2; i += n) {
-            const int base = (i / h) * 2 * h + (i % h);
+            const int base = ((i >> s) << (s + 1)) + (i & (h - 1));  // (i / h) * 2 h + i % h: h is a power of two
             const float a = buf[base], b = buf[base + h];
             buf[base] = a + b;
             buf[base + h] = a - b;
@@ -24,6 +24,56 @@ __device__ void fwht_by(float* buf, int d, int blk) {
 }
 __device__ __forceinline__ void fwht(float* buf, int d, int blk) { fwht_by<false>(buf, d, blk); }
 __device__ __forceinline__ void fwht_warp(float* row, int d, int blk) { fwht_by<true>(row, d, blk); }
+
+// The same transform of one row of 32 E values (E a power of two, blk = 32 E) held in a warp's registers, lane
+// l holding values l E .. l E + E - 1: the butterflies of fwht_by in the same order, so the same result to the
+// bit, without shared memory or barriers (the decode attention's rows).
+template <int E>
+__device__ __forceinline__ void fwht_regs(float (&v)[E]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int h = 1; h < E; h <<= 1)
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+            if (!(e & h)) {
+                const float a = v[e], b = v[e | h];
+                v[e] = a + b;
+                v[e | h] = a - b;
+            }
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1)
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[e], m);
+            v[e] = (lane & m) ? o - v[e] : v[e] + o;
+        }
+    const float norm = rsqrtf((float)(32 * E));
+#pragma unroll
+    for (int e = 0; e < E; ++e) v[e] *= norm;
+}
+
+// store_row_by for such a row (INT8 when scales != NULL: rotated, absmax / 127, round half to even, clamp;
+// else FP16): the same bytes.
+template <int E>
+__device__ __forceinline__ void store_row_regs(float (&v)[E], void* dst, float* scales, long long out_row) {
+    const int lane = threadIdx.x & 31;
+    if (scales == nullptr) {
+        __half* o = reinterpret_cast<__half*>(dst) + out_row * 32 * E + lane * E;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[e] = __float2half_rn(v[e]);
+        return;
+    }
+    fwht_regs<E>(v);
+    float m = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) m = fmaxf(m, fabsf(v[e]));
+    const float scale = warp_max(m) / 127.f;
+    const float inv = scale > 0.f ? 1.f / scale : 0.f;
+    signed char* o = reinterpret_cast<signed char*>(dst) + out_row * 32 * E + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] = (signed char)fminf(fmaxf(rintf(v[e] * inv), -127.f), 127.f);
+    if (lane == 0) scales[out_row] = scale;
+}
 
 // Store one row buf[0, d) (in shared memory) at row `out_row` of a pool: INT8 when scales != NULL (rotate
 // with fwht, scale = absmax / 127, round half to even, clamp; the scale to scales[out_row]), else FP16.

@@ -340,6 +340,336 @@ GQA_INSTANTIATE(4, 8)
 GQA_INSTANTIATE(8, 2)
 GQA_INSTANTIATE(8, 4)
 
+// One-token decode attention for Hopper and later: a cluster of ATT_CL blocks per KV head, the layer's q/k norm,
+// RoPE and K/V store included (qkv_post's work for the one token). Grid (n_kv * ATT_CL), block 32 * DEC_WARPS,
+// clusters along x. Every block of a cluster norms, ropes (and, INT8, rotates) the G query heads of its KV
+// head from the raw qkv row (a warp a head, in registers); the cluster's last block also stores the token's K
+// and V rows (they are its keys' last). The cluster's blocks take contiguous shares of the keys in tasks of 8
+// (gqa_scan_quads' arithmetic), merge their warps in shared memory, and the first G blocks each merge one head over the
+// cluster through distributed shared memory (no global partials, no merge counters, no fence), rotate it back
+// (INT8), write it to out [n_heads * HD] and, when x8 is not NULL, code it there as the o product's input
+// (q8_code: the buffer q8_input would write for these values). Needs hd == hdv == 32 DPL, G <= ATT_CL, no v
+// norm and, for NEOX RoPE, rope_dim / 2 a power of two (the backend checks).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifndef ATT_CL
+#define ATT_CL 8
+#endif
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {  // every thread of every block of the cluster
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float ld_peer(const float* p, unsigned rank) {  // *p in block `rank`'s shared memory
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    unsigned b;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(b) : "memory");
+    return v;
+}
+
+// The queries in shared memory, a head's quarters QD = 8 DPL values apart by DEC_QP floats: the four quads of
+// a warp then read four bank groups, not one (a head of 128 floats in place put all four on bank 0)
+#define DEC_QP(DPL) (8 * (DPL) + 4)
+#define DEC_HDP(DPL) (4 * DEC_QP(DPL))
+
+// A head's row of 32 DPL values in a warp's registers (lane l: values l DPL ..): RMSNorm by w (when given; the
+// lane's weights in w) and RoPE at the position whose table values the lane holds in c, sn (rope_pairs's):
+// the arithmetic of norm_rope, without shared memory. NEOX pairs (p, p + rope_dim / 2) need rope_dim / 2 a
+// power of two (the backend checks), NORM pairs are adjacent; dims from rope_dim on are not rotated.
+template <int DPL>
+__device__ __forceinline__ void norm_rope_regs(float (&v)[DPL], const float (&w)[DPL], bool has_w, float eps,
+                                               const float (&c)[DPL], const float (&sn)[DPL], int rope_dim, int neox) {
+    constexpr int HD = 32 * DPL;
+    const int lane = threadIdx.x & 31;
+    if (has_w) {
+        float ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) ss += v[e] * v[e];
+        const float inv = rsqrtf(warp_sum(ss) / HD + eps);
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) v[e] = v[e] * inv * w[e];
+    }
+    const int half = rope_dim / 2;
+    float o[DPL];
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) {
+        float other;
+        if (!neox) other = v[e ^ 1];
+        else if (half >= DPL) other = __shfl_xor_sync(FULL, v[e], half / DPL);
+        else other = v[e ^ half];  // e ^ half < DPL: half < DPL is a power of two
+        o[e] = other;
+    }
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) {
+        const int i = lane * DPL + e;
+        if (i >= rope_dim) continue;
+        const bool first = neox ? i < half : !(i & 1);
+        v[e] = first ? v[e] * c[e] - o[e] * sn[e] : o[e] * sn[e] + v[e] * c[e];
+    }
+}
+// the table values (cos, sin at position pos) for the lane's dims, and its norm weights: loaded ahead
+template <int DPL>
+__device__ __forceinline__ void rope_pairs(float (&c)[DPL], float (&sn)[DPL], const float* cos_t, const float* sin_t,
+                                           int rope_dim, int neox, int pos) {
+    const int lane = threadIdx.x & 31, half = rope_dim / 2;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) {
+        const int i = lane * DPL + e;
+        const int p = i < rope_dim ? (neox ? i & (half - 1) : i >> 1) : 0;
+        c[e] = cos_t[(long long)pos * half + p];
+        sn[e] = sin_t[(long long)pos * half + p];
+    }
+}
+
+// A warp's task: 8 keys from base, lane (k, q) = (lane / 4, lane % 4) key k's quarter q of K and dims
+// DPL lane .. of the 8 V rows, as raw words (room for FP16; INT8 fills the first half), with the key's scales.
+template <int DPL>
+struct DecTask {
+    uint4 k[DPL];         // HD / 4 K values: DPL * 8 halves, or DPL * 8 int8 in k[0 .. DPL / 2)
+    unsigned v[8][(2 * DPL + 3) / 4];
+    float ks, vs;
+};
+template <int DPL>
+__device__ __forceinline__ void dec_load(DecTask<DPL>& t, const void* k_pool, const void* v_pool, const float* k_scale,
+                                         const float* v_scale, int n_kv, int kvh, int base, int j1, bool int8) {
+    constexpr int HD = 32 * DPL, QD = HD / 4;
+    const int lane = threadIdx.x & 31, kk = lane >> 2, qd = lane & 3;
+    const long long krow = (long long)min(base + kk, j1) * n_kv + kvh;  // dead keys read a live row
+    t.ks = t.vs = 1.f;
+    if (int8) {
+        t.ks = k_scale[krow], t.vs = v_scale[krow];
+        const uint2* kr = reinterpret_cast<const uint2*>(reinterpret_cast<const signed char*>(k_pool) + krow * HD + qd * QD);
+#pragma unroll
+        for (int c = 0; c < QD / 16; ++c) {
+            const uint2 a = kr[2 * c], b = kr[2 * c + 1];
+            t.k[c] = make_uint4(a.x, a.y, b.x, b.y);
+        }
+    } else {
+        const uint4* kr = reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(k_pool) + krow * HD + qd * QD);
+#pragma unroll
+        for (int c = 0; c < QD / 8; ++c) t.k[c] = kr[c];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) load_v_row<DPL>(v_pool, (long long)min(base + k, j1) * n_kv + kvh, lane, int8, t.v[k]);
+}
+// one task into the warp's online softmax (gqa_scan_quads' arithmetic)
+template <int G, int DPL>
+__device__ __forceinline__ void dec_task(const DecTask<DPL>& t, const float* qs, int base, int j1, float scale, float softcap,
+                                         bool int8, float (&acc)[G][DPL], float (&m)[G], float (&l)[G]) {
+    constexpr int HD = 32 * DPL, QD = HD / 4;
+    const int lane = threadIdx.x & 31, kk = lane >> 2, qd = lane & 3;
+    const bool live = base + kk <= j1;
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = 0.f;
+    const float* qq = qs + qd * DEC_QP(DPL);
+    if (int8) {
+#pragma unroll
+        for (int c = 0; c < QD / 16; ++c)
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+                s[g] += dot8_i8(make_uint2(t.k[c].x, t.k[c].y), qq + g * DEC_HDP(DPL) + 16 * c) +
+                        dot8_i8(make_uint2(t.k[c].z, t.k[c].w), qq + g * DEC_HDP(DPL) + 16 * c + 8);
+    } else {
+#pragma unroll
+        for (int c = 0; c < QD / 8; ++c)
+#pragma unroll
+            for (int g = 0; g < G; ++g) s[g] += dot8_f16(t.k[c], qq + g * DEC_HDP(DPL) + 8 * c);
+    }
+    float p[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        s[g] += __shfl_xor_sync(FULL, s[g], 1);
+        s[g] += __shfl_xor_sync(FULL, s[g], 2);  // the quad's sum, in each of its lanes
+        float v = NEG_INF;
+        if (live) {
+            v = s[g] * scale * t.ks;
+            if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+        }
+        const float m_new = fmaxf(m[g], warp_max(v));  // the task's first key is live: finite
+        const float corr = __expf(m[g] - m_new);
+        p[g] = live ? __expf(v - m_new) : 0.f;
+        l[g] = l[g] * corr + warp_sum(qd == 0 ? p[g] : 0.f);  // one lane per key
+        m[g] = m_new;
+        p[g] *= t.vs;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) acc[g][e] *= corr;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) accumulate_v<G, DPL>(acc, p, t.v[k], 4 * k, int8);  // p is 0 for a dead key
+}
+
+template <int G, int DPL, int WARPS>
+__device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out,
+                              signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t,
+                              const float* sin_t, int rope_dim, int neox, const int* pos0p, int window, float scale,
+                              float softcap) {
+    constexpr int HD = 32 * DPL;
+    static_assert(WARPS >= G + 2, "a warp for each query head, the key and the value");
+    __shared__ __align__(16) float qs[G * DEC_HDP(DPL)];  // the queries, quarters DEC_QP apart
+    __shared__ __align__(16) float kvb[HD];                // the merged head (x8 coding)
+    __shared__ float accs[WARPS][G * HD];  // the warps' accumulators; row 0 then the block's, read by peers
+    __shared__ float ms[WARPS][G], ls[WARPS][G];
+    __shared__ float bm[G], bl[G];  // the block's max and sum per head, read by peers
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned rank = cluster_rank();
+    const int kvh = blockIdx.x / ATT_CL;
+    const bool int8 = k_scale != nullptr;
+    // Before the wait for the QKV product, what does not depend on it: this block's share of the keys [lo, qpos]
+    // in tasks of 8 and this warp's first task's loads (every key before qpos was stored by an earlier step; the
+    // position was staged before the graph started), and the norm weights and RoPE table values of the row this
+    // warp will norm (warp g < G: query head g; in the last block warp G the key head, warp G + 1 the value)
+    const int qpos = *pos0p;
+    const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
+    const int n_tasks = (qpos - lo + 8) / 8;
+    const int t0 = (int)rank * n_tasks / ATT_CL, t1 = ((int)rank + 1) * n_tasks / ATT_CL;
+    const int j0 = lo + 8 * t0, j1 = min(qpos, lo + 8 * t1 - 1);
+    DecTask<DPL> task;
+    int base = j0 + 8 * warp;
+    if (base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
+    const bool last = rank == ATT_CL - 1;
+    const int row = warp < G ? kvh * G + warp : warp == G && last ? n_heads + kvh : warp == G + 1 && last ? -1 : -2;
+    float w[DPL], c[DPL], sn[DPL], v[DPL];
+    if (row >= 0) {
+        rope_pairs<DPL>(c, sn, cos_t, sin_t, rope_dim, neox, qpos);
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) w[e] = qk_norm ? qk_norm[(long long)row * HD + lane * DPL + e] : 1.f;
+    }
+    GRID_DEP_START();
+    if (row != -2) {
+        const long long src = row >= 0 ? (long long)row * HD : (long long)(n_heads + n_kv + kvh) * HD;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) v[e] = qkv[src + lane * DPL + e];
+    }
+    if (row >= 0) norm_rope_regs<DPL>(v, w, qk_norm != nullptr, eps, c, sn, rope_dim, neox);
+    if (warp < G) {  // a query head: rotated (INT8) into shared memory
+        if (int8) fwht_regs<DPL>(v);
+        float* q = qs + warp * DEC_HDP(DPL) + (lane >> 3) * DEC_QP(DPL) + (lane & 7) * DPL;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) q[e] = v[e];
+    } else if (row != -2) {  // the token's key or value row into the pools
+        const long long dst = (long long)qpos * n_kv + kvh;
+        if (row >= 0) store_row_regs<DPL>(v, k_pool, k_scale, dst);
+        else store_row_regs<DPL>(v, v_pool, v_scale, dst);
+    }
+    __syncthreads();  // queries ready; the new K/V rows visible to this block's loads
+    if (base <= j1 && base + 7 >= qpos)  // the task holding the new key read its rows before they were stored
+        dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
+    float acc[G][DPL], m[G], l[G];
+    gqa_init(acc, m, l);
+    while (base <= j1) {
+        const int next = base + 8 * WARPS;
+        if constexpr (WARPS == 8) {  // the next task's loads go out before this one's arithmetic
+            DecTask<DPL> nt;
+            if (next <= j1) dec_load<DPL>(nt, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
+            dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
+            task = nt;
+        } else {  // 16 warps: two tasks' loads would not fit their 128 registers (the first went out early)
+            dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
+            if (next <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
+        }
+        base = next;
+    }
+    // the warps merged: the block's max, sum and accumulator per head
+    if (lane == 0)
+#pragma unroll
+        for (int g = 0; g < G; ++g) ms[warp][g] = m[g], ls[warp][g] = l[g];
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        float mb = NEG_INF;
+        for (int w = 0; w < WARPS; ++w) mb = fmaxf(mb, ms[w][g]);
+        const float f = m[g] == NEG_INF ? 0.f : __expf(m[g] - mb);
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) accs[warp][g * HD + lane * DPL + e] = acc[g][e] * f;
+        if (threadIdx.x == 0) {
+            float lb = 0.f;
+            for (int w = 0; w < WARPS; ++w)
+                if (ms[w][g] != NEG_INF) lb += ls[w][g] * __expf(ms[w][g] - mb);
+            bm[g] = mb, bl[g] = lb;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {  // in place into row 0: column i is this thread's
+        float sum = 0.f;
+        for (int w = 0; w < WARPS; ++w) sum += accs[w][i];
+        accs[0][i] = sum;
+    }
+    cluster_sync();  // every block's state is complete
+    if (rank < G && warp == 0) {  // head g = rank over the cluster, by one warp, peers in rank order
+        const int g = rank;
+        float mp = NEG_INF, lp = 0.f;
+        if (lane < ATT_CL) mp = ld_peer(&bm[g], lane), lp = ld_peer(&bl[g], lane);
+        const float mx = warp_max(mp);
+        const float w = lane < ATT_CL && mp != NEG_INF ? __expf(mp - mx) : 0.f;
+        float wl = w * lp;  // the sum over the peers in rank order, as every run
+        float lsum = 0.f;
+#pragma unroll
+        for (int p = 0; p < ATT_CL; ++p) lsum += __shfl_sync(FULL, wl, p);
+        float v[DPL];
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) v[e] = 0.f;
+#pragma unroll
+        for (int p = 0; p < ATT_CL; ++p) {
+            const float wp = __shfl_sync(FULL, w, p);
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) v[e] += ld_peer(&accs[0][g * HD + lane * DPL + e], p) * wp;
+        }
+        const float inv = 1.f / lsum;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) v[e] *= inv;
+        if (int8) fwht_regs<DPL>(v);  // back from the rotation (V's blk equals K's: hd == hdv)
+        const long long h = (long long)kvh * G + g;
+        float* o = kvb;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) {
+            out[h * HD + lane * DPL + e] = v[e];
+            o[lane * DPL + e] = v[e];
+        }
+        if (x8 != nullptr) {  // the o product's input, coded as q8_input would
+            __syncwarp();
+            const int cols = n_heads * HD;
+            float* xd = reinterpret_cast<float*>(x8 + 2 * cols);
+#pragma unroll
+            for (int sb = 0; sb < HD / 32; ++sb)
+                q8_code(o[sb * 32 + lane], (int)(h * HD / 32) + sb, lane, x8, x8 + cols, xd, xd + cols / 32);
+        }
+    }
+    cluster_sync();  // no block leaves while a peer may still read its shared memory
+}
+
+// 16 warps a block where their accumulators fit the static shared memory and a task's loads fit 128 registers,
+// else 8 (the backend's _dec_warps)
+#ifndef DEC_MAX_WARPS
+#define DEC_MAX_WARPS 16
+#endif
+#define DEC_WARPS(G, DPL) ((G) * (DPL) <= 16 && (DPL) <= 4 && (DEC_MAX_WARPS >= 16 || (G) + 2 > 8) ? 16 : 8)
+#define DEC_INSTANTIATE(G, DPL)                                                                                       \
+    extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1) __launch_bounds__(32 * DEC_WARPS(G, DPL), 1)           \
+        attention_dec_##G##_##DPL(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale,      \
+                                  float* out, signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps, \
+                                  const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* pos0p,     \
+                                  int window, float scale, float softcap) {                                             \
+        attention_dec<G, DPL, DEC_WARPS(G, DPL)>(qkv, k_pool, v_pool, k_scale, v_scale, out, x8, n_heads, n_kv,       \
+                                                 qk_norm, eps, cos_t, sin_t, rope_dim, neox, pos0p, window, scale,     \
+                                                 softcap);                                                             \
+    }
+DEC_INSTANTIATE(1, 2)
+DEC_INSTANTIATE(1, 4)
+DEC_INSTANTIATE(1, 8)
+DEC_INSTANTIATE(2, 2)
+DEC_INSTANTIATE(2, 4)
+DEC_INSTANTIATE(2, 8)
+DEC_INSTANTIATE(4, 2)
+DEC_INSTANTIATE(4, 4)
+DEC_INSTANTIATE(4, 8)
+DEC_INSTANTIATE(8, 2)
+#endif
+
 // Prefill attention on the tensor cores (FlashAttention-2's scheme with mma.sync): the queries of a prompt
 // chunk against its keys and those before it. A block of PF_WARPS warps takes PF_ROWS query rows, the
 // (token, head) pairs of PF_ROWS / G consecutive tokens and the G query heads of one KV head, so each K/V

@@ -144,13 +144,86 @@ __device__ __forceinline__ void next_unit(int& r, int& b, int nb, int n_rows) {
         ++r;
     }
 }
+// A product's epilogue (EP_GATED, EP_NORM): the block that completes a 32-value group of what the consumer
+// multiplies codes it into ep_x8 as q8_input would, so the consumer needs no q8_input launch. EP_GATED: the
+// output is [gate | up] (rows = 2 len) and the group is act(gate) * up; EP_NORM: the group is y + res (res may
+// be NULL), also written to xnew, times the norm weight w, without the RMS factor: int8 codes do not change
+// when their 32 values are scaled alike, so the consumer applies it (gemv1_octets' nss), from the group sums
+// of squares written to ss (each a warp's fixed-order sum). A group is complete when every block holding one
+// of its rows has written them: cnt[g] counts them (zero between launches; the coding block resets it).
+#define EP_NONE 0
+#define EP_GATED 1
+#define EP_NORM 2
+#define EP_MAX_GROUPS 8  // groups a block's rows touch: at most 32 rows a block (the backend checks), so <= 4
+struct Epilogue {
+    int mode, act;
+    signed char* x8;
+    int* cnt;
+    const float* res;
+    const float* w;
+    float* xnew;
+    float* ss;
+};
+// blocks of rpb rows holding a row of group g: its rows, or (gated) its gate rows and its up rows
+__device__ int group_blocks(int g, int len, int rpb, bool gated) {
+    const int a0 = 32 * g / rpb, a1 = (32 * g + 31) / rpb;
+    if (!gated) return a1 - a0 + 1;
+    const int b0 = (len + 32 * g) / rpb, b1 = (len + 32 * g + 31) / rpb;
+    return (a1 - a0 + 1) + (b1 - b0 + 1) - max(0, min(a1, b1) - max(a0, b0) + 1);
+}
+__device__ __forceinline__ int count_acq_rel(int* p) {  // atomicAdd(p, 1), releasing this block's rows, acquiring others'
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
+    return old;
+}
+__device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue& ep) {
+    __shared__ int groups[EP_MAX_GROUPS], codes[EP_MAX_GROUPS];
+    const bool is_gated = ep.mode == EP_GATED;
+    const int len = is_gated ? rows / 2 : rows;  // values the consumer multiplies
+    const int rb0 = blockIdx.x * rpb, rb1 = min(rows, rb0 + rpb) - 1;  // this block's rows [rb0, rb1]
+    // the groups they touch: [a0, a1] (rows, or gate rows), then [b0, b1] (up rows), each a contiguous run
+    int a0 = 0, a1 = -1, b0 = 0, b1 = -1;
+    if (rb0 < len) a0 = rb0 / 32, a1 = min(rb1, len - 1) / 32;
+    if (rb1 >= len) b0 = (max(rb0, len) - len) / 32, b1 = (rb1 - len) / 32;
+    if (b1 >= b0 && a1 >= a0 && b0 <= a1 + 1 && a0 <= b1 + 1) a0 = min(a0, b0), a1 = max(a1, b1), b1 = b0 - 1;  // one run
+    const int na = a1 - a0 + 1, n = na + max(0, b1 - b0 + 1);
+    __syncthreads();  // this block's rows of y are written
+    if (threadIdx.x < n) {
+        const int g = threadIdx.x < na ? a0 + threadIdx.x : b0 + threadIdx.x - na;
+        const int c = count_acq_rel(ep.cnt + g) == group_blocks(g, len, rpb, is_gated) - 1;
+        if (c) ep.cnt[g] = 0;  // ready for the next launch (a graph replays this one)
+        groups[threadIdx.x] = g, codes[threadIdx.x] = c;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float* xd = reinterpret_cast<float*>(ep.x8 + 2 * len);
+    for (int k = warp; k < n; k += blockDim.x >> 5) {
+        if (!codes[k]) continue;
+        __threadfence();  // the other blocks' rows (their counts were acquired by this block's thread k)
+        const int g = groups[k], i = 32 * g + lane;
+        float v;
+        if (is_gated) {
+            v = gated(__ldcg(y + i), __ldcg(y + len + i), ep.act);
+        } else {
+            v = __ldcg(y + i);
+            if (ep.res) v += ep.res[i];
+            ep.xnew[i] = v;
+            const float sq = warp_sum(v * v);
+            if (lane == 0) ep.ss[g] = sq;
+            v *= ep.w[i];
+        }
+        q8_code(v, g, lane, ep.x8, ep.x8 + len, xd, xd + len / 32);
+    }
+}
+
 // A warp takes rpw consecutive rows, or, split ks ways (ks warps of a block, rpw = 1), a ks-th of one row's
 // units: warp slice s holds octets 4 s .. 4 s + 3 of the row's 4 ks, which step through its units together
 // (long rows, such as a down projection's, then have more loads in flight per SM and a shorter chain per
-// warp); the slices' sums meet in shared memory.
+// warp); the slices' sums meet in shared memory. nss (not NULL: x8 was coded by an EP_NORM epilogue without
+// its RMS factor) holds n_ss group sums of squares: every row is scaled by rsqrt(sum / cols + eps).
 template <int T>
 __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int rows, int cols, long long row_bytes,
-                             int rpw, int ks) {
+                             int rpw, int ks, const float* nss, int n_ss, float eps, const Epilogue& ep) {
     __shared__ float part[32][GEMV1_ROWS];
     const signed char* xq = x8;
     const signed char* xr = x8 + cols;
@@ -191,6 +264,13 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
                 if (j == rs[i]) acc[j] += v;
         }
     }
+    if (!waited) GRID_DEP_START();  // a warp without rows: the epilogue and the norm factor read what came before
+    float inv = 1.f;
+    if (nss != nullptr) {
+        float s = 0.f;
+        for (int i = lane; i < n_ss; i += 32) s += __ldcg(nss + i);
+        inv = rsqrtf(warp_sum(s) / cols + eps);  // the same fixed-order sum in every warp
+    }
 #pragma unroll
     for (int i = 0; i < GEMV1_ROWS; ++i) {
         float s = acc[i];
@@ -199,22 +279,27 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
     }
     if (ks == 1) {
         if (lane == 0)
-            for (int i = 0; i < n_rows; ++i) y[r0 + i] = acc[i];
-        return;
+            for (int i = 0; i < n_rows; ++i) y[r0 + i] = acc[i] * inv;
+    } else {
+        if (lane == 0) part[warp][0] = acc[0];
+        __syncthreads();  // every warp of the block gets here: none returned early
+        if (slice == 0 && lane == 0 && n_rows > 0) {
+            float s = 0.f;
+            for (int j = 0; j < ks; ++j) s += part[warp + j][0];  // in slice order: the same sum every run
+            y[r0] = s * inv;
+        }
     }
-    if (lane == 0) part[warp][0] = acc[0];
-    __syncthreads();  // every warp of the block gets here: none returned early
-    if (slice == 0 && lane == 0 && n_rows > 0) {
-        float s = 0.f;
-        for (int j = 0; j < ks; ++j) s += part[warp + j][0];  // in slice order: the same sum every run
-        y[r0] = s;
-    }
+    if (ep.mode != EP_NONE) gemv_epilogue(y, rows, ((blockDim.x >> 5) / ks) * rpw, ep);
 }
-// The one-token products of the dp4a types, on an x8 buffer from q8_input: gemv1q_q4_k, gemv1q_q6_k.
-#define INSTANTIATE_Q(T, NAME)                                                                              \
-    extern "C" __global__ void gemv1q_##NAME(const u8* W, const signed char* x8, float* y, int rows,       \
-                                             int cols, long long row_bytes, int rpw, int ks) {              \
-        gemv1_octets<T>(W, x8, y, rows, cols, row_bytes, rpw, ks);                                          \
+// The one-token products of the dp4a types, on an x8 buffer from q8_input or a producer's epilogue:
+// gemv1q_q4_k, gemv1q_q6_k.
+#define INSTANTIATE_Q(T, NAME)                                                                                \
+    extern "C" __global__ void gemv1q_##NAME(const u8* W, const signed char* x8, float* y, int rows, int cols,  \
+                                             long long row_bytes, int rpw, int ks, const float* nss, int n_ss,  \
+                                             float eps, int ep_mode, int ep_act, signed char* ep_x8, int* ep_cnt, \
+                                             const float* ep_res, const float* ep_w, float* ep_xnew, float* ep_ss) { \
+        const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                        \
+        gemv1_octets<T>(W, x8, y, rows, cols, row_bytes, rpw, ks, nss, n_ss, eps, ep);                          \
     }
 INSTANTIATE_Q(12, q4_k)
 INSTANTIATE_Q(14, q6_k)
