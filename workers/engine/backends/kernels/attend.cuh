@@ -168,6 +168,33 @@ __device__ __forceinline__ float dot8_i8(const uint2 w, const float* q) {  // 8 
            b.z * (float)(signed char)(w.y >> 16) + b.w * (float)(signed char)(w.y >> 24);
 }
 
+// A task's softmax step for 8 keys scored by quads (lane (k, q): key k's partial score of quarter q in s):
+// the quad's sums, the warp's max and sum, the accumulators rescaled; p gets each key's weight times its V
+// scale vs (0 for a dead key); ks is its K scale.
+template <int G, int DPL>
+__device__ __forceinline__ void quad_softmax(float (&s)[G], bool live, float scale, float ks, float vs, float softcap,
+                                             int qd,
+                                             float (&acc)[G][DPL], float (&m)[G], float (&l)[G], float (&p)[G]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        s[g] += __shfl_xor_sync(FULL, s[g], 1);
+        s[g] += __shfl_xor_sync(FULL, s[g], 2);  // the quad's sum, in each of its lanes
+        float v = NEG_INF;
+        if (live) {
+            v = s[g] * scale * ks;
+            if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+        }
+        const float m_new = fmaxf(m[g], warp_max(v));  // the task's first key is live: finite
+        const float corr = __expf(m[g] - m_new);
+        p[g] = live ? __expf(v - m_new) : 0.f;
+        l[g] = l[g] * corr + warp_sum(qd == 0 ? p[g] : 0.f);  // one lane per key
+        m[g] = m_new;
+        p[g] *= vs;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) acc[g][e] *= corr;
+    }
+}
+
 // Scan, 8 keys a warp at a time (the fused decode step): each warp takes tasks of 8 consecutive keys in
 // turn. Lane (k, q) = (lane / 4, lane % 4) scores key k of the task against quarter q of the heads' dims
 // (HD / 4), so a key's dot products are 4 short chains instead of one long one, the quad sums them, the
@@ -216,24 +243,7 @@ __device__ void gqa_scan_quads(const float* qs, const void* k_pool, const void* 
 #pragma unroll
         for (int k = 0; k < 8; ++k) load_v_row<DPL>(v_pool, (long long)min(base + k, j1) * n_kv + kvh, lane, int8, raw[k]);
         float p[G];
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            s[g] += __shfl_xor_sync(FULL, s[g], 1);
-            s[g] += __shfl_xor_sync(FULL, s[g], 2);  // the quad's sum, in each of its lanes
-            float v = NEG_INF;
-            if (live) {
-                v = s[g] * scale * ks;
-                if (softcap > 0.f) v = softcap * tanhf(v / softcap);
-            }
-            const float m_new = fmaxf(m[g], warp_max(v));  // the task's first key is live: finite
-            const float corr = __expf(m[g] - m_new);
-            p[g] = live ? __expf(v - m_new) : 0.f;
-            l[g] = l[g] * corr + warp_sum(qd == 0 ? p[g] : 0.f);  // one lane per key
-            m[g] = m_new;
-            p[g] *= vs;
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) acc[g][e] *= corr;
-        }
+        quad_softmax<G, DPL>(s, live, scale, ks, vs, softcap, qd, acc, m, l, p);
 #pragma unroll
         for (int k = 0; k < 8; ++k) accumulate_v<G, DPL>(acc, p, raw[k], 4 * k, int8);  // p is 0 for a dead key
     }

@@ -481,24 +481,7 @@ __device__ __forceinline__ void dec_task(const DecTask<DPL>& t, const float* qs,
             for (int g = 0; g < G; ++g) s[g] += dot8_f16(t.k[c], qq + g * DEC_HDP(DPL) + 8 * c);
     }
     float p[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        s[g] += __shfl_xor_sync(FULL, s[g], 1);
-        s[g] += __shfl_xor_sync(FULL, s[g], 2);  // the quad's sum, in each of its lanes
-        float v = NEG_INF;
-        if (live) {
-            v = s[g] * scale * t.ks;
-            if (softcap > 0.f) v = softcap * tanhf(v / softcap);
-        }
-        const float m_new = fmaxf(m[g], warp_max(v));  // the task's first key is live: finite
-        const float corr = __expf(m[g] - m_new);
-        p[g] = live ? __expf(v - m_new) : 0.f;
-        l[g] = l[g] * corr + warp_sum(qd == 0 ? p[g] : 0.f);  // one lane per key
-        m[g] = m_new;
-        p[g] *= t.vs;
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) acc[g][e] *= corr;
-    }
+    quad_softmax<G, DPL>(s, live, scale, t.ks, t.vs, softcap, qd, acc, m, l, p);
 #pragma unroll
     for (int k = 0; k < 8; ++k) accumulate_v<G, DPL>(acc, p, t.v[k], 4 * k, int8);  // p is 0 for a dead key
 }
