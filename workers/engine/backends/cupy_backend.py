@@ -393,7 +393,7 @@ class CupyBackend(NumpyBackend):
             if self._ep_cnt.size < len_ // 32:  # zero between launches (the coding blocks reset them)
                 self._ep_cnt = cp.zeros(len_ // 32, dtype=cp.int32)
                 self._version += 1  # captured steps hold the old counters
-        residual = None if coded is None or coded.then is None else coded.then.residual
+        residual = None if then is None else then.residual
         self._kernel("gemv1q", w.qtype)(
             ((w.rows + rows_per_block - 1) // rows_per_block,),
             (THREADS,),
