@@ -1,18 +1,23 @@
-"""One-token GEMV bandwidth on the GPU: the decode kernels of kernels/quant.cu on the Q4_K and Q6_K matrix
-shapes of Qwen3-4B, against a plain read of the same bytes, for the kernel's tuning knobs.
+"""One-token GEMV bandwidth on the GPU: the decode products of kernels/quant.cu (gemv1q: dp4a, weights in
+flight in registers; gemv1m: on the tensor cores, weights streamed through shared memory by bulk copies) on
+the Q4_K and Q6_K matrix shapes of Qwen3-4B, against a plain read of the same bytes, for the backend's knobs.
 
-    python bench/gpu_gemv.py
+    python bench/gpu_gemv.py [--variants dp4a=use_mma:0 mma=use_mma:1 ...]
 
-Each matrix is cycled over enough copies (> 4x the L2) that every launch reads its weights from HBM, as
-a decode step does; times are CUDA-event medians over 50 launches. Prints GB/s per shape and variant.
+A variant is NAME=KNOB:VALUE[,...] as in gpu_variants.py: CupyBackend attributes (use_mma, mma_threads,
+mma_blocks_per_sm, gemv_max_rows, gemv_split_warps) and mma_stages, units (quant.cu's defines).
+Each matrix is cycled over enough copies (> 4x the L2) that every launch reads its weights from HBM, as a
+decode step does. "alone": CUDA-event medians over 50 launches, each launched alone (launch latency and
+ramp-up count); "graph": the launches over every copy captured as one CUDA graph with programmatic dependent
+launch, as a decode step is, and replayed (each kernel's first weight loads overlap the one before). GB/s.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from gpu_variants import apply, parse_variant  # noqa: E402
 from synthetic import _blocks  # noqa: E402
 
 READ = r"""
@@ -35,6 +41,7 @@ extern "C" __global__ void read_all(const uint4* p, long long n, float* out) {
     if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) out[0] = 1.f;
 }
 """
+DEFAULT_VARIANTS = ["dp4a=use_mma:0", "mma=use_mma:1", "m4s=mma_stages:4", "m512=mma_threads:512,mma_blocks_per_sm:1"]
 
 
 def gb_per_s(launch: Callable[[Any], None], copies: list[Any], nbytes: int) -> float:
@@ -54,13 +61,34 @@ def gb_per_s(launch: Callable[[Any], None], copies: list[Any], nbytes: int) -> f
     return nbytes / statistics.median(times) / 1e9
 
 
+def graph_gb_per_s(backend: Any, copies: list[Any], x8: Any, y: Any, nbytes: int) -> float:
+    """Bytes per second of one product a copy, all of them captured as one graph (PDL), over 10 replays."""
+    import cupy as cp
+
+    captured = backend._capture(lambda: [backend._gemv1q(w, x8, y) for w in copies])
+    stream = cp.cuda.get_current_stream()
+    captured.graph.launch(stream)
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record()
+    for _ in range(10):
+        captured.graph.launch(stream)
+    b.record()
+    b.synchronize()
+    return 10 * len(copies) * nbytes / (cp.cuda.get_elapsed_time(a, b) * 1e-3) / 1e9
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
+    args = p.parse_args()
+
     import cupy as cp
     from gguf import GGMLQuantizationType as Q
 
-    from workers.engine.backends.cupy_backend import QUANT_SOURCES, kernel_module
+    from workers.engine.backends.cupy_backend import CupyBackend, QuantWeight
 
-    n_sm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    backend = CupyBackend()
+    n_sm = backend.n_sm
     read = cp.RawModule(code=READ).get_function("read_all")
     rng = np.random.default_rng(0)
     shapes = [
@@ -69,36 +97,38 @@ def main() -> None:
         ("gate_up 19456x2560", Q.Q4_K, 19456, 2560),
         ("down 2560x9728", Q.Q4_K, 2560, 9728),
         ("down 2560x9728", Q.Q6_K, 2560, 9728),
+        ("v 1024x2560", Q.Q6_K, 1024, 2560),
         ("output 151936x2560", Q.Q6_K, 151936, 2560),
     ]
-    variants = [(units, threads) for units in (2, 4, 8) for threads in (128, 256)]
-    modules = {u: kernel_module(*QUANT_SOURCES, options=(f"-DOCTET_UNITS={u}",)) for u in (2, 4, 8)}
-    print("GB/s (best rows per warp); u = OCTET_UNITS, t = threads per block")
-    print("| matrix | type | MB | read | " + " | ".join(f"u{u} t{t}" for u, t in variants) + " |")
-    print("|" + "---|" * (4 + len(variants)))
+    variants = [parse_variant(v) for v in args.variants]
+    defaults = {"use_mma": 1, "mma_threads": 256, "mma_blocks_per_sm": 2, "mma_stages": 3}
+    print("GB/s of one-token products launched alone")
+    names = [f"{name} {mode}" for name, _ in variants for mode in ("alone", "graph")]
+    print("| matrix | type | MB | read | " + " | ".join(names) + " |")
+    print("|" + "---|" * (4 + len(names)), flush=True)
     dummy = cp.zeros(1, dtype=cp.float32)
     for label, qtype, rows, cols in shapes:
         block = _blocks(qtype, rows, cols, rng).reshape(-1)
         nbytes = block.nbytes
-        copies = [cp.asarray(block) for _ in range(max(2, (4 * 50 * 2**20) // nbytes + 1))]  # > 4x the L2
-        x = cp.asarray(rng.standard_normal(cols, dtype=np.float32))
+        n_copies = max(2, (4 * 50 * 2**20) // nbytes + 1)  # > 4x the L2
+        copies = [QuantWeight(cp.asarray(block), qtype, rows, cols) for _ in range(n_copies)]
+        x = cp.asarray(rng.standard_normal((1, cols), dtype=np.float32))
+        x8 = backend._q8_input(x, cols)
         y = cp.empty(rows, dtype=cp.float32)
-        read_bw = gb_per_s(lambda w, n=nbytes: read((4 * n_sm,), (512,), (w, np.int64(n // 16), dummy)), copies, nbytes)
-        cells = []
-        args = (x, y, np.int32(rows), np.int32(cols), np.int64(nbytes // rows))
-        for units, threads in variants:
-            kernel = modules[units].get_function("gemv1_q4_k" if qtype == Q.Q4_K else "gemv1_q6_k")
-            best = (0.0, 0)
-            for rpw in (1, 2, 4):
-                grid = (-(-rows // (threads // 32 * rpw)),)
-                launch = partial(_launch, kernel, grid, threads, args, np.int32(rpw), cols + cols // 4)
-                best = max(best, (gb_per_s(launch, copies, nbytes), rpw))
-            cells.append(f"{best[0]:.0f} ({best[1]})")
-        print(f"| {label} | {qtype.name} | {nbytes / 1e6:.1f} | {read_bw:.0f} | " + " | ".join(cells) + " |")
-
-
-def _launch(kernel: Any, grid: tuple[int], threads: int, args: tuple, rpw: Any, smem: int, w: Any) -> None:
-    kernel(grid, (threads,), (w, *args, rpw), shared_mem=smem)
+        read_bw = gb_per_s(
+            lambda w, n=nbytes: read((4 * n_sm,), (512,), (w.data, np.int64(n // 16), dummy)), copies, nbytes
+        )
+        cells, ref = [], None
+        for _, knobs in variants:
+            apply(backend, knobs, defaults)
+            bw = gb_per_s(lambda w, x8=x8, y=y: backend._gemv1q(w, x8, y), copies, nbytes)
+            out = cp.asnumpy(y)
+            ref = out if ref is None else ref
+            diff = float(np.abs(out - ref).max() / (np.abs(ref).max() + 1e-30))
+            cells.append(f"{bw:.0f}" + ("" if diff < 1e-5 else f" (!{diff:.0e})"))
+            cells.append(f"{graph_gb_per_s(backend, copies, x8, y, nbytes):.0f}")
+        print(f"| {label} | {qtype.name} | {nbytes / 1e6:.1f} | {read_bw:.0f} | {' | '.join(cells)} |", flush=True)
+        del copies
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ in flight).
                                  [--variants base=use_pdl:0 pdl=use_pdl:1 ...] [--repeats 3]
 
 A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyBackend attributes (use_pdl, capture_prefill,
-gemv_max_rows, gemv_blocks_per_sm, gemv_split_warps), `units` (OCTET_UNITS of quant.cu) and `pf_warps`
+gemv_max_rows, gemv_blocks_per_sm, gemv_split_warps, use_mma, mma_threads, mma_blocks_per_sm), `units`
+(OCTET_UNITS of quant.cu), `mma_stages` (MMA_STAGES: gemv1m's ring) and `pf_warps`
 (PF_WARPS of ops.cu: warps a block of the prefill attention) and `dec_warps` (DEC_MAX_WARPS: the most warps
 a block of the one-token attention), which recompile their module. Prints pp512
 and tg128 tok/s per variant and depth beside llama.cpp's numbers (bench/gpu.py's anchors), and each
@@ -31,6 +32,7 @@ from gpu import ANCHORS  # noqa: E402
 from synthetic import SHAPES, synthetic_file  # noqa: E402
 
 DEFAULT_VARIANTS = ["pf4=pf_warps:4", "pf2=pf_warps:2", "pf1=pf_warps:1"]
+QUANT_DEFINES = {"units": ("OCTET_UNITS", 2), "mma_stages": ("MMA_STAGES", 3)}
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, int]]:
@@ -42,12 +44,15 @@ def apply(backend, knobs: dict[str, int], defaults: dict[str, int]) -> None:
     from workers.engine.backends.cupy_backend import OPS_SOURCES, QUANT_SOURCES, kernel_module
 
     for key, value in {**defaults, **knobs}.items():
-        if key == "units":
-            if getattr(backend, "bench_units", 2) != value:  # recompile quant.cu only when it changes
-                options = () if value == 2 else (f"-DOCTET_UNITS={value}",)
+        if key in QUANT_DEFINES:
+            attr = "bench_" + key
+            if getattr(backend, attr, QUANT_DEFINES[key][1]) != value:  # recompile quant.cu only when it changes
+                setattr(backend, attr, value)
+                if key == "mma_stages":
+                    backend.mma_stages = value  # its shared memory
+                options = tuple(f"-D{d}={getattr(backend, 'bench_' + k, v)}" for k, (d, v) in QUANT_DEFINES.items())
                 backend._module = kernel_module(*QUANT_SOURCES, options=options)
                 backend._kernels.clear()
-                backend.bench_units = value
         elif key in ("pf_warps", "dec_warps"):
             attr = "pf_warps" if key == "pf_warps" else "dec_max_warps"
             if getattr(backend, attr) != value:  # recompile ops.cu only when it changes
@@ -88,6 +93,10 @@ def main() -> None:
         "units": 2,
         "pf_warps": 4,
         "dec_warps": 16,
+        "use_mma": 1,
+        "mma_threads": 256,
+        "mma_blocks_per_sm": 2,
+        "mma_stages": 3,
     }
     variants = [parse_variant(v) for v in args.variants]
     args.out.mkdir(parents=True, exist_ok=True)

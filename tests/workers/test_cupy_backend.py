@@ -87,6 +87,56 @@ def test_quantized_kernels_match_dequantize(gpu, qtype, shape):
     assert rel_err(cp.asnumpy(gpu.matmul(cp.asarray(x), w)), x.astype(np.float64) @ dense.T) < TF32_REL
 
 
+# 4B down, gate+up, a tall matrix of many stages a block, the longest row q8_input takes, o, ragged tiles
+MMA_SHAPES = [(2560, 9728), (19456, 2560), (40000, 2560), (1024, 16384), (2560, 4096), (1000, 512), (1001, 2048)]
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("shape", MMA_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_tensor_core_products_match_the_dp4a_kernel(gpu, qtype, shape):
+    """gemv1m (the one-token product on the tensor cores, weights streamed through shared memory by bulk
+    copies: compute capability 9.0) against gemv1q (dp4a, weights in registers) on one x8: the same integer
+    sums of codes and quants, scaled and summed in another order, so ~1e-7 apart. The shapes cut rows into
+    several column stages, end in partial tiles of 16 rows, and give blocks of 1 to 10 tiles; with group sums
+    of squares both apply the same RMS factor. Repeats are bit-identical (no order depends on timing), and
+    sampled rows match the float64 product."""
+    import cupy as cp
+
+    if not gpu._mma:
+        pytest.skip("the tensor-core products need compute capability 9.0")
+    rng = np.random.default_rng()
+    rows, cols = shape
+    if qtype == Q.Q6_K and rows % 8:
+        rows += 8 - rows % 8  # Q6_K matrices of whole 16-byte lines (gemv1m reads rows widened to lines)
+    blocks = random_blocks(qtype, rows, cols, rng)
+    w = QuantWeight(cp.asarray(blocks.reshape(-1)), qtype, rows, cols)
+    x = rng.standard_normal((1, cols), dtype=np.float32)
+    x8 = gpu._q8_input(cp.asarray(x), cols)
+    ss = cp.asarray(rng.uniform(0.5, 2.0, cols // 32).astype(np.float32))
+
+    def product(mma: bool, norm_ss=None):
+        gpu.use_mma = mma
+        try:
+            assert (gpu._mma_tiles(w, x8, None) > 0) == mma
+            y = cp.full(rows, cp.nan, dtype=cp.float32)
+            gpu._gemv1q(w, x8, y, norm_ss, 1e-6)
+            return cp.asnumpy(y).astype(np.float64)
+        finally:
+            gpu.use_mma = True
+
+    got, dp4a = product(True), product(False)
+    assert np.isfinite(got).all()
+    assert rel_err(got, dp4a) < 1e-6
+    np.testing.assert_array_equal(product(True), got)
+    scaled = product(True, ss)
+    factor = 1.0 / np.sqrt(cp.asnumpy(ss).astype(np.float64).sum() / cols + 1e-6)
+    assert rel_err(scaled, dp4a * factor) < 1e-6
+    assert rel_err(scaled, product(False, ss)) < 1e-6
+    sample = rng.choice(rows, 64, replace=False)
+    dense = dequantize(blocks[sample], qtype).astype(np.float64)
+    assert rel_err(got[sample], (q8_activations(x) @ dense.T)[0]) < 1e-5
+
+
 def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
     import cupy as cp
 

@@ -219,6 +219,14 @@ class CupyBackend(NumpyBackend):
         self._coded: _Coded | None = None  # the last product's output coded for its consumer, until one takes it
         self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
         self.use_epilogues = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
+        # one-token Q4_K/Q6_K products on the tensor cores, weights streamed by bulk copies (gemv1m): compute
+        # capability 9.0 (gemv1q, dp4a, elsewhere)
+        self._mma = int(props["major"]) >= 9
+        self.use_mma = True
+        self.mma_threads = 256
+        self.mma_blocks_per_sm = 2
+        self.mma_stages = MMA_STAGES  # MMA_STAGES of quant.cu as built
+        self._smem_per_sm = int(props["sharedMemPerMultiprocessor"])
 
     @property
     def device_name(self) -> str:
@@ -359,6 +367,27 @@ class CupyBackend(NumpyBackend):
         )
         return x8
 
+    def _mma_tiles(self, w: QuantWeight, x8: Any, then: NextInput | None) -> int:
+        """Tiles of 16 rows a block of gemv1m (quant.cu: Q4_K and Q6_K on the tensor cores) takes for w, or 0
+        where that kernel does not apply: compute capability 9.0, 16-byte aligned weights and x8."""
+        if not (self._mma and self.use_mma) or w.qtype not in MMA_ROW_BYTES:
+            return 0
+        if w.data.data.ptr % 16 or x8.data.ptr % 16 or w.rows * w.row_bytes % 16:  # no copy past the end
+            return 0
+        tiles = -(-w.rows // 16)
+        per_block = -(-tiles // (self.n_sm * self._mma_shape(w)[0]))
+        return 0 if then is not None and 16 * per_block > EP_MAX_ROWS else per_block
+
+    def _mma_shape(self, w: QuantWeight) -> tuple[int, int, int]:
+        """gemv1m's blocks an SM, threads a block and dynamic shared memory for w: mma_blocks_per_sm blocks of
+        mma_threads where their rings fit an SM, else fewer blocks of more threads (the same warps an SM)."""
+        smem = self.mma_stages * 16 * MMA_ROW_BYTES[w.qtype] + 2 * w.cols + w.cols // 4  # the ring, x8
+        if w.qtype == GGMLQuantizationType.Q6_K:
+            smem += w.cols // 2  # x8's 16-value sums of codes
+        fit = self._smem_per_sm // (smem + MMA_STATIC_SMEM)
+        blocks = max(1, min(self.mma_blocks_per_sm, fit))
+        return blocks, min(MMA_MAX_THREADS, self.mma_threads * self.mma_blocks_per_sm // blocks), smem
+
     def _row_split(self, w: QuantWeight) -> int:
         """Warps a row of the dp4a GEMV is split over (a power of two, at most a block's 8): a matrix of too
         few rows to give every SM gemv_split_warps warps takes more warps a row, while each warp's slice keeps
@@ -374,14 +403,15 @@ class CupyBackend(NumpyBackend):
     ) -> _Coded | None:
         """out = w @ x for x coded in x8 (times its RMS factor from the group sums of squares norm_ss, when
         given); with `then`, the kernel's epilogue codes the consumer's input (see _Coded), which it returns."""
+        mma_tiles = self._mma_tiles(w, x8, then)
         ks = self._row_split(w)
         rows_per_warp = self._rows_per_warp(w) if ks == 1 else 1
-        rows_per_block = THREADS // 32 // ks * rows_per_warp
+        rows_per_block = 16 * mma_tiles or THREADS // 32 // ks * rows_per_warp
         null = np.uint64(0)
         mode, act, coded = _EP_NONE, 0, None
         if then is not None:
             len_ = w.rows // 2 if then.act is not None else w.rows
-            assert rows_per_block <= 32 and len_ % 32 == 0  # EP_MAX_GROUPS in quant.cu
+            assert rows_per_block <= EP_MAX_ROWS and len_ % 32 == 0  # EP_MAX_GROUPS in quant.cu
             cp = self.xp
             coded = _Coded(out, cp.empty(2 * len_ + len_ // 4, dtype=cp.int8), then)
             if then.act is not None:
@@ -394,10 +424,16 @@ class CupyBackend(NumpyBackend):
                 self._ep_cnt = cp.zeros(len_ // 32, dtype=cp.int32)
                 self._version += 1  # captured steps hold the old counters
         residual = None if then is None else then.residual
-        self._kernel("gemv1q", w.qtype)(
-            ((w.rows + rows_per_block - 1) // rows_per_block,),
-            (THREADS,),
-            (
+        grid = ((w.rows + rows_per_block - 1) // rows_per_block,)
+        if mma_tiles:
+            kernel = self._kernel("gemv1m", w.qtype)
+            _, threads, smem = self._mma_shape(w)
+            if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
+                kernel.max_dynamic_shared_size_bytes = smem
+            head: tuple = (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int32(mma_tiles))
+            launch = partial(kernel, grid, (threads,), shared_mem=smem)
+        else:
+            head = (
                 w.data,
                 x8,
                 out,
@@ -406,6 +442,11 @@ class CupyBackend(NumpyBackend):
                 np.int64(w.row_bytes),
                 np.int32(rows_per_warp),
                 np.int32(ks),
+            )
+            launch = partial(self._kernel("gemv1q", w.qtype), grid, (THREADS,))
+        launch(
+            (
+                *head,
                 null if norm_ss is None else norm_ss,
                 np.int32(0 if norm_ss is None else norm_ss.size),
                 np.float32(eps),
@@ -1057,6 +1098,11 @@ class CupyBackend(NumpyBackend):
 _X_GATED, _X_NORM = 1, 2  # q8_input's modes in quant.cu
 _EP_NONE, _EP_GATED, _EP_NORM = 0, 1, 2  # the dp4a products' epilogues (quant.cu)
 Q8_THREADS = 1024  # q8_input's block (one block per input vector)
+EP_MAX_ROWS = 224  # rows a block of a product with an epilogue (EP_MAX_GROUPS in quant.cu: 8 groups a run)
+MMA_STAGES = 3  # gemv1m's ring (quant.cu), of stages of 16 rows of MMA_U = 10 units, MmaRow bytes apart
+MMA_ROW_BYTES = {GGMLQuantizationType.Q4_K: 10 * 144 + 32, GGMLQuantizationType.Q6_K: 2128}
+MMA_STATIC_SMEM = 4096  # gemv1m's static shared memory (2 208 bytes) and the 1 KiB the GPU reserves a block
+MMA_MAX_THREADS = 512  # its __launch_bounds__
 Q8_MAX_COLS = 16 * Q8_THREADS  # Q8_MAX values per thread
 ARGMAX_BLOCKS, ARGMAX_THREADS = 64, 1024  # argmax_row's grid: the last block reduces one partial per thread
 # cuBLAS / CUDA enums (cublas_api.h, library_types.h): gemmEx's data and compute types

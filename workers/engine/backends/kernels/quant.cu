@@ -154,7 +154,7 @@ __device__ __forceinline__ void next_unit(int& r, int& b, int nb, int n_rows) {
 #define EP_NONE 0
 #define EP_GATED 1
 #define EP_NORM 2
-#define EP_MAX_GROUPS 8  // groups a block's rows touch: at most 32 rows a block (the backend checks), so <= 4
+#define EP_MAX_GROUPS 16  // groups a block's rows touch: at most 224 rows a block (the backend checks), so <= 8 a run
 struct Epilogue {
     int mode, act;
     signed char* x8;
@@ -291,8 +291,277 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
     }
     if (ep.mode != EP_NONE) gemv_epilogue(y, rows, ((blockDim.x >> 5) / ks) * rpw, ep);
 }
+// Shared-memory staging of the one-token products' weights (Hopper): bulk copies (cp.async.bulk) that complete
+// on an mbarrier, so one lane can keep tens of KB in flight without holding them in registers.
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {  // arrive, expecting `bytes`
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+}
+#endif
+
+// Q4_K and Q6_K on the tensor cores (Hopper). gemv1q's dp4a dot products spend 40-55 integer instructions of a
+// warp on each 256 weights (unpacking, scales, two dp4a chains), which bounds them near 1.4 TB/s, even with the
+// weights staged in shared memory (bench/NOTES.md v10). Here a warp takes 16 rows at a time and multiplies their
+// quants by x8's codes with mma.m16n8k32 (s8 x s8 -> s32): one instruction for 16 rows x 32 values.
+// Fragments (PTX ISA, m16n8k32 .s8; lane = 4 g + t): A a0/a2 row g, a1/a3 row g + 8, k = 4t..4t+3 (a0, a1)
+// and 16 + 4t.. (a2, a3); B b0 k = 4t.., b1 k = 16 + 4t.., column g; C c0, c1 row g, columns 2t, 2t + 1,
+// c2, c3 row g + 8. A dot product does not depend on the order of its k, so mma k 4t + i is value 8t + i of
+// the 32 and 16 + 4t + i is value 8t + 4 + i: a lane reads 8 consecutive quants of a row and 8 consecutive
+// codes of x (values 16-31 are the lanes t >= 2).
+// Only two of B's eight columns need x (xq and xr, the two codes of common.cuh), so the other columns carry
+// the next groups of the same rows, each in mma's of its own chained into one accumulator: lane t ends with
+// group t's integer sums for rows g and g + 8, and every lane applies its own group's scales.
+//   Q4_K (32-value groups): 4 chained mma's, sub-blocks 4q .. 4q + 3 of a unit in columns (2j, 2j + 1).
+//   Q6_K (16-value groups): 2 chained mma's of 2 sub-blocks, each sub-block's halves in columns of their own
+//   (a half's B is zero in the other half's lanes); quants go in as 0..63 and the 32 offset comes off the
+//   integer sums with x8's 16-value sums of codes, so the integers are the dp4a path's.
+// The weights stream through a ring of MMA_STAGES stages in shared memory by bulk copies, the first stages
+// issued before the wait for the predecessor (weights are constants). A block takes `tpb` tiles of 16 rows,
+// each in column stages of at most MMA_U units: 16 row copies a stage, rows MmaRow<T> bytes apart in shared
+// memory (the padding spreads them over the banks). Q6_K rows start at 2-byte boundaries, so each copy is the
+// row's bytes widened to 16-byte lines, the row `mma_off` bytes in. Warp w takes the (unit, half) items w,
+// w + n_warps, ... of a stage, and a tile's sums meet in shared memory in warp order: nothing depends on timing.
+#ifndef MMA_STAGES
+#define MMA_STAGES 3
+#endif
+#define MMA_U 10  // units a stage row: a Qwen3 row of 2 560 values in one stage
+template <int T> struct MmaRow;
+template <> struct MmaRow<12> { static const int bytes = MMA_U * 144 + 32; };  // 368 words: rows 16 banks apart
+template <> struct MmaRow<14> { static const int bytes = 2128; };  // 2 100 + 16 of widening + 12: 20 banks apart
+__device__ __forceinline__ void mma_s8(int* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ uint2 lds8_a2(const u8* p) {  // 8 bytes at a 2-byte aligned shared address
+    const unsigned* a = reinterpret_cast<const unsigned*>(reinterpret_cast<size_t>(p) & ~(size_t)3);
+    const unsigned sh = (unsigned)(reinterpret_cast<size_t>(p) & 2) * 8;
+    const unsigned w0 = a[0], w1 = a[1], w2 = a[2];
+    return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
+}
+__device__ __forceinline__ int mma_off(long long unit, int bytes) { return (int)((unit * bytes) & 15); }
+
+// One item: sub-blocks 4q .. 4q + 3 of unit u of the stage's rows g (r0) and g + 8 (r1); adds lane (g, t)'s
+// groups to acc0 (row g) and acc1 (row g + 8). xc: this lane's code of B (xq for even g, xr for odd g), sbu:
+// the item's first sub-block of x, gs: Q6_K's 16-value sums of codes (xq's, xr's) of x.
+template <int T> __device__ __forceinline__ void mma_item(const u8* r0, const u8* r1, int q, int g, int t, const signed char* xc,
+                                                          int sbu, const float* xd, const float* xs, const int2* gs,
+                                                          float& acc0, float& acc1);
+template <> __device__ __forceinline__ void mma_item<12>(const u8* r0, const u8* r1, int q, int g, int t, const signed char* xc,
+                                                         int sbu, const float* xd, const float* xs, const int2* gs,
+                                                         float& acc0, float& acc1) {
+    const uint2 w00 = *reinterpret_cast<const uint2*>(r0 + 16 + 64 * q + 8 * t);  // chunk 2q, row g
+    const uint2 w01 = *reinterpret_cast<const uint2*>(r1 + 16 + 64 * q + 8 * t);  // row g + 8
+    const uint2 w10 = *reinterpret_cast<const uint2*>(r0 + 48 + 64 * q + 8 * t);  // chunk 2q + 1
+    const uint2 w11 = *reinterpret_cast<const uint2*>(r1 + 48 + 64 * q + 8 * t);
+    const uint2 xb = *reinterpret_cast<const uint2*>(xc + 32 * (sbu + (g >> 1)) + 8 * t);
+    int c[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // sub-block 4q + j: chunk 2q + j / 2, low nibbles for even j
+        const uint2 wa = j < 2 ? w00 : w10, wb = j < 2 ? w01 : w11;
+        const int sh = (j & 1) * 4;
+        const bool mine = (g >> 1) == j;
+        mma_s8(c, (wa.x >> sh) & 0x0F0F0F0F, (wb.x >> sh) & 0x0F0F0F0F, (wa.y >> sh) & 0x0F0F0F0F,
+               (wb.y >> sh) & 0x0F0F0F0F, mine ? xb.x : 0u, mine ? xb.y : 0u);
+    }
+    // sub-block j = 4q + t of the unit: scale_min_k4 on the head's bytes 4..15, byte t of each word
+    const int sb = sbu + t;
+    const float xdv = xd[sb], xsv = xs[sb];
+    const uint4 h0 = *reinterpret_cast<const uint4*>(r0), h1 = *reinterpret_cast<const uint4*>(r1);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const uint4 h = r ? h1 : h0;
+        const int b1 = (h.y >> (8 * t)) & 0xFF, b2 = (h.z >> (8 * t)) & 0xFF, b3 = (h.w >> (8 * t)) & 0xFF;
+        const int sc = q ? (b3 & 0xF) | ((b1 >> 6) << 4) : b1 & 63;
+        const int mn = q ? (b3 >> 4) | ((b2 >> 6) << 4) : b2 & 63;
+        const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&h.x));
+        const float f = (float)c[2 * r] + (float)c[2 * r + 1] * (1.f / 254.f);
+        const float v = dm.x * (float)sc * xdv * f - dm.y * (float)mn * xsv;
+        if (r) acc1 += v; else acc0 += v;
+    }
+}
+template <> __device__ __forceinline__ void mma_item<14>(const u8* r0, const u8* r1, int q, int g, int t, const signed char* xc,
+                                                         int sbu, const float* xd, const float* xs, const int2* gs,
+                                                         float& acc0, float& acc1) {
+    // half q of the super-block: ql runs A (ql + 64q) and B (+ 32), qh run (128 + 32q); sub-block 4q + ts is
+    // A (even ts) or B (odd), low nibbles for ts < 2, with qh bits 2 ts, 2 ts + 1
+    uint2 a[2], b[2], h[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u8* u = r ? r1 : r0;
+        a[r] = lds8_a2(u + 64 * q + 8 * t);
+        b[r] = lds8_a2(u + 64 * q + 32 + 8 * t);
+        h[r] = lds8_a2(u + 128 + 32 * q + 8 * t);
+    }
+    int c[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    const int cp = g >> 1;  // this lane's column pair: sub-block cp / 2 of the chained pair, half cp & 1
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {  // sub-blocks 4q + 2p, 4q + 2p + 1
+        const uint2 xb = *reinterpret_cast<const uint2*>(xc + 32 * (sbu + 2 * p + (cp >> 1)) + 8 * t);
+        const bool half = (cp & 1) == (t >> 1);  // B's rows of this lane are in its column's half
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+            const int ts = 2 * p + m, ns = (ts >> 1) * 4, hs = 2 * ts;
+            unsigned w[2][2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const uint2 run = m ? b[r] : a[r];
+                w[r][0] = ((run.x >> ns) & 0x0F0F0F0F) | (((h[r].x >> hs) & 0x03030303) << 4);
+                w[r][1] = ((run.y >> ns) & 0x0F0F0F0F) | (((h[r].y >> hs) & 0x03030303) << 4);
+            }
+            const bool mine = half && (cp >> 1) == m;
+            mma_s8(c[p], w[0][0], w[1][0], w[0][1], w[1][1], mine ? xb.x : 0u, mine ? xb.y : 0u);
+        }
+    }
+    // lane t: pair p's sub-block 4q + 2p + t / 2, half t & 1: 16-value group gi of the super-block
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        const int sb = sbu + 2 * p + (t >> 1), gi = 2 * (4 * q + 2 * p + (t >> 1)) + (t & 1);
+        const int2 sums = gs[2 * sb + (t & 1)];
+        const float xdv = xd[sb];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const u8* u = r ? r1 : r0;
+            const float d = __half2float(*reinterpret_cast<const __half*>(u + 208));
+            const int sc = reinterpret_cast<const signed char*>(u)[192 + gi];
+            const float f = (float)(c[p][2 * r] - 32 * sums.x) + (float)(c[p][2 * r + 1] - 32 * sums.y) * (1.f / 254.f);
+            const float v = d * (float)sc * xdv * f;
+            if (r) acc1 += v; else acc0 += v;
+        }
+    }
+}
+
+// dynamic shared memory: MMA_STAGES * 16 * MmaRow<T>::bytes (the ring), x8 (2 cols + cols / 4 bytes), then for
+// Q6_K cols / 16 int2 sums of codes
+template <int T>
+__device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int rows, int cols, int tpb, const float* nss,
+                          int n_ss, float eps, const Epilogue& ep) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int ROW = MmaRow<T>::bytes, STAGE = 16 * ROW, UB = Blk<T>::bytes;
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ unsigned long long full[MMA_STAGES];
+    __shared__ float red[2][16][16], inv_s;  // a tile's sums: [tile parity][warp][row]
+    u8* ring = smem;
+    signed char* x8 = reinterpret_cast<signed char*>(smem + MMA_STAGES * STAGE);
+    int2* gs = reinterpret_cast<int2*>(x8 + 2 * cols + cols / 4);
+    const int nb = cols >> 8, ncs = (nb + MMA_U - 1) / MMA_U, cu = (nb + ncs - 1) / ncs;  // column stages a tile
+    const int tile0 = blockIdx.x * tpb, n_tiles = min(tpb, (rows + 15) / 16 - tile0), n_stages = n_tiles * ncs;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int n_warps = blockDim.x >> 5;
+    // stage s: tile s / ncs, units [cs * cu, min(nb, cs * cu + cu)) of its rows, a row a lane of warp 0
+    auto issue = [&](int s) {
+        const int tile = tile0 + s / ncs, cs = s % ncs, ub = cs * cu, nu = min(cu, nb - ub);
+        const int nr = min(16, rows - 16 * tile);
+        const long long unit = (long long)(16 * tile + lane) * nb + ub;
+        const int off = mma_off(unit, UB), bytes = lane < nr ? (off + nu * UB + 15) & ~15 : 0;
+        unsigned long long* bar = &full[s % MMA_STAGES];
+        const int total = __reduce_add_sync(FULL, bytes);
+        if (lane == 0) mbar_expect(bar, total);
+        __syncwarp();
+        if (lane < nr) bulk_copy(ring + (s % MMA_STAGES) * STAGE + lane * ROW, W + unit * UB - off, bytes, bar);
+    };
+    if (warp == 0) {
+        if (lane == 0) {
+            for (int i = 0; i < MMA_STAGES; ++i)
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[i])) : "memory");
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
+        for (int s = 0; s < min(MMA_STAGES, n_stages); ++s) issue(s);  // before the wait: weights are constants
+    }
+    GRID_DEP_START();
+    const int x8_lines = (2 * cols + cols / 4) / 16;
+    for (int i = threadIdx.x; i < x8_lines; i += blockDim.x)
+        reinterpret_cast<int4*>(x8)[i] = __ldcg(reinterpret_cast<const int4*>(x8g) + i);
+    if (warp == 0) {
+        float inv = 1.f;
+        if (nss != nullptr) {
+            float s = 0.f;
+            for (int i = lane; i < n_ss; i += 32) s += __ldcg(nss + i);
+            inv = rsqrtf(warp_sum(s) / cols + eps);
+        }
+        if (lane == 0) inv_s = inv;
+    }
+    if (T == 14) {  // the 16-value sums of both codes (from global memory: x8 in shared memory is not complete)
+        for (int i = threadIdx.x; i < cols / 16; i += blockDim.x) {
+            const int4 a = __ldcg(reinterpret_cast<const int4*>(x8g) + i), b = __ldcg(reinterpret_cast<const int4*>(x8g + cols) + i);
+            int sq = 0, sr = 0;
+            sq = __dp4a(a.x, 0x01010101, __dp4a(a.y, 0x01010101, __dp4a(a.z, 0x01010101, __dp4a(a.w, 0x01010101, sq))));
+            sr = __dp4a(b.x, 0x01010101, __dp4a(b.y, 0x01010101, __dp4a(b.z, 0x01010101, __dp4a(b.w, 0x01010101, sr))));
+            gs[i] = make_int2(sq, sr);
+        }
+    }
+    __syncthreads();  // the barriers' initialisation, x8, its sums and the norm factor
+    const float inv = inv_s;
+    const signed char* xc = x8 + (g & 1) * cols;  // this lane's code of B: xq (even g) or xr (odd g)
+    const float* xd = reinterpret_cast<const float*>(x8 + 2 * cols);
+    const float* xs = xd + cols / 32;
+    float acc0 = 0.f, acc1 = 0.f;  // rows g and g + 8 of the tile, this lane's groups
+    for (int s = 0; s < n_stages; ++s) {
+        const int tile = tile0 + s / ncs, cs = s % ncs, ub = cs * cu, nu = min(cu, nb - ub);
+        const u8* stage = ring + (s % MMA_STAGES) * STAGE;
+        const u8* g0 = stage + g * ROW + mma_off((long long)(16 * tile + g) * nb + ub, UB);
+        const u8* g8 = stage + (g + 8) * ROW + mma_off((long long)(16 * tile + g + 8) * nb + ub, UB);
+        mbar_wait(&full[s % MMA_STAGES], (s / MMA_STAGES) & 1);
+        for (int item = warp; item < 2 * nu; item += n_warps) {
+            const int u = item >> 1, q = item & 1;  // unit u of the stage, its sub-blocks 4q .. 4q + 3
+            mma_item<T>(g0 + u * UB, g8 + u * UB, q, g, t, xc, 8 * (ub + u) + 4 * q, xd, xs, gs, acc0, acc1);
+        }
+        const bool last = cs == ncs - 1;  // the tile's sums are complete
+        const int par = (s / ncs) & 1;
+        if (last) {
+            acc0 += __shfl_xor_sync(FULL, acc0, 1);
+            acc0 += __shfl_xor_sync(FULL, acc0, 2);
+            acc1 += __shfl_xor_sync(FULL, acc1, 1);
+            acc1 += __shfl_xor_sync(FULL, acc1, 2);
+            if (t == 0) red[par][warp][g] = acc0, red[par][warp][g + 8] = acc1;
+            acc0 = acc1 = 0.f;
+        }
+        __syncthreads();  // the stage is read (and a finished tile's sums are in red)
+        if (warp == 0 && s + MMA_STAGES < n_stages) {
+            if (lane == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the reads before the copy
+            issue(s + MMA_STAGES);
+        }
+        if (last && threadIdx.x < 16) {
+            const int row = 16 * tile + threadIdx.x;
+            float v = 0.f;
+            for (int w = 0; w < n_warps; ++w) v += red[par][w][threadIdx.x];
+            if (row < rows) y[row] = v * inv;
+        }
+    }
+    if (ep.mode != EP_NONE) gemv_epilogue(y, rows, 16 * tpb, ep);
+#endif
+}
+#define INSTANTIATE_M(T, NAME)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(512) gemv1m_##NAME(                                             \
+        const u8* W, const signed char* x8, float* y, int rows, int cols, int tpb, const float* nss, int n_ss,     \
+        float eps, int ep_mode, int ep_act, signed char* ep_x8, int* ep_cnt, const float* ep_res, const float* ep_w, \
+        float* ep_xnew, float* ep_ss) {                                                                           \
+        const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                          \
+        gemv1_mma<T>(W, x8, y, rows, cols, tpb, nss, n_ss, eps, ep);                                              \
+    }
+INSTANTIATE_M(12, q4_k)
+INSTANTIATE_M(14, q6_k)
+
 // The one-token products of the dp4a types, on an x8 buffer from q8_input or a producer's epilogue:
-// gemv1q_q4_k, gemv1q_q6_k.
+// gemv1q_q4_k, gemv1q_q6_k (gemv1m_* above is the tensor-core form, for compute capability 9.0).
 #define INSTANTIATE_Q(T, NAME)                                                                                \
     extern "C" __global__ void gemv1q_##NAME(const u8* W, const signed char* x8, float* y, int rows, int cols,  \
                                              long long row_bytes, int rpw, int ks, const float* nss, int n_ss,  \
