@@ -333,8 +333,9 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 // The weights stream through a ring of MMA_STAGES stages in shared memory by bulk copies, the first stages
 // issued before the wait for the predecessor (weights are constants). A block takes `tpb` tiles of 16 rows,
 // each in column stages of at most MMA_U units: 16 row copies a stage, rows MmaRow<T> bytes apart in shared
-// memory (the padding spreads them over the banks). Q6_K rows start at 2-byte boundaries, so each copy is the
-// row's bytes widened to 16-byte lines, the row `mma_off` bytes in. Warp w takes the (unit, half) items w,
+// memory (the padding spreads them over the banks); Q6_K rows start at 2-byte boundaries, so each copy is the
+// row's bytes widened to 16-byte lines, the row `mma_off` bytes in. A tile that is one column stage (rows of
+// up to MMA_U units) is one contiguous run: one copy, rows packed. Warp w takes the (unit, half) items w,
 // w + n_warps, ... of a stage, and a tile's sums meet in shared memory in warp order: nothing depends on timing.
 #ifndef MMA_STAGES
 #define MMA_STAGES 3
@@ -466,16 +467,27 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int n_warps = blockDim.x >> 5;
     // stage s: tile s / ncs, units [cs * cu, min(nb, cs * cu + cu)) of its rows, a row a lane of warp 0
+    // a tile of whole rows (one column stage) is one contiguous run of bytes, one copy, rows nb units apart
+    const bool whole = ncs == 1;
+    const int row_step = whole ? nb * UB : ROW;
     auto issue = [&](int s) {
         const int tile = tile0 + s / ncs, cs = s % ncs, ub = cs * cu, nu = min(cu, nb - ub);
         const int nr = min(16, rows - 16 * tile);
+        unsigned long long* bar = &full[s % MMA_STAGES];
+        u8* dst = ring + (s % MMA_STAGES) * STAGE;
+        if (whole) {  // nr rows of a matrix of whole 16-byte lines: a multiple of 16 bytes (the backend checks)
+            if (lane == 0) {
+                mbar_expect(bar, nr * nb * UB);
+                bulk_copy(dst, W + (long long)16 * tile * nb * UB, nr * nb * UB, bar);
+            }
+            return;
+        }
         const long long unit = (long long)(16 * tile + lane) * nb + ub;
         const int off = mma_off(unit, UB), bytes = lane < nr ? (off + nu * UB + 15) & ~15 : 0;
-        unsigned long long* bar = &full[s % MMA_STAGES];
         const int total = __reduce_add_sync(FULL, bytes);
         if (lane == 0) mbar_expect(bar, total);
         __syncwarp();
-        if (lane < nr) bulk_copy(ring + (s % MMA_STAGES) * STAGE + lane * ROW, W + unit * UB - off, bytes, bar);
+        if (lane < nr) bulk_copy(dst + lane * ROW, W + unit * UB - off, bytes, bar);
     };
     if (warp == 0) {
         if (lane == 0) {
@@ -517,8 +529,8 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
     for (int s = 0; s < n_stages; ++s) {
         const int tile = tile0 + s / ncs, cs = s % ncs, ub = cs * cu, nu = min(cu, nb - ub);
         const u8* stage = ring + (s % MMA_STAGES) * STAGE;
-        const u8* g0 = stage + g * ROW + mma_off((long long)(16 * tile + g) * nb + ub, UB);
-        const u8* g8 = stage + (g + 8) * ROW + mma_off((long long)(16 * tile + g + 8) * nb + ub, UB);
+        const u8* g0 = stage + g * row_step + (whole ? 0 : mma_off((long long)(16 * tile + g) * nb + ub, UB));
+        const u8* g8 = stage + (g + 8) * row_step + (whole ? 0 : mma_off((long long)(16 * tile + g + 8) * nb + ub, UB));
         mbar_wait(&full[s % MMA_STAGES], (s / MMA_STAGES) & 1);
         for (int item = warp; item < 2 * nu; item += n_warps) {
             const int u = item >> 1, q = item & 1;  // unit u of the stage, its sub-blocks 4q .. 4q + 3
