@@ -637,7 +637,8 @@ def test_prepare_qkv_is_the_unfused_sequence(gpu, cpu, kv_dtype, qk_norm, n, gem
 
 
 @pytest.mark.parametrize("down_type", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
-@pytest.mark.parametrize("d,ffn", [(2560, 9728), (1024, 3072), (768, 2048)])
+# d = 4 608: 288 tiles of 16 rows, more than gemv1m's grid has slots: its norm epilogue's blocks take two tiles
+@pytest.mark.parametrize("d,ffn", [(2560, 9728), (1024, 3072), (768, 2048), (4608, 12288)])
 def test_product_epilogues_code_the_next_input(gpu, down_type, d, ffn):
     """NextInput hints: the o product codes the residual add and norm for gate/up, gate/up codes act(gate) * up
     for down, down codes the next layer's norm, each in its own epilogue (quant.cu), against the same
