@@ -25,6 +25,9 @@ __device__ __forceinline__ void grid_dep_launch() {
         grid_dep_launch(); \
     } while (0)
 
+// a shared-memory address as the 32-bit form PTX's shared-state instructions take
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
 #define FULL 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)  // NVRTC has no math.h INFINITY
 

@@ -363,10 +363,9 @@ __device__ __forceinline__ void cluster_sync() {  // every thread of every block
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 __device__ __forceinline__ float ld_peer(const float* p, unsigned rank) {  // *p in block `rank`'s shared memory
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     unsigned b;
     float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(a), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_u32(p)), "r"(rank));
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(b) : "memory");
     return v;
 }

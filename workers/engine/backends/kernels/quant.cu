@@ -293,7 +293,6 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
 }
 // Shared-memory staging of the one-token products' weights (Hopper): bulk copies (cp.async.bulk) that complete
 // on an mbarrier, so one lane can keep tens of KB in flight without holding them in registers.
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {  // arrive, expecting `bytes`
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
