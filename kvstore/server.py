@@ -73,12 +73,14 @@ class KVStoreServer:
     def handle(self, frames: list[memoryview]) -> tuple[Message, list[memoryview]]:
         try:
             msg, side = decode(frames)
-        except ProtocolError as e:
+        except ProtocolError as e:  # logged here too: the sender may be a worker that cannot tell anyone
+            log.warning("event=kv_refused request=%s code=%s message=%r", e.request_id, e.code, e.message)
             return Error(request_id=e.request_id, code=e.code, message=e.message), []
         rid = getattr(msg, "request_id", None)
         try:
             return self._dispatch(msg, side)
         except ValueError as e:  # the request's fault: a bad conv id, frames that do not fit the layout
+            log.warning("event=kv_refused request=%s code=bad_request message=%r", rid, str(e))
             return Error(request_id=rid, code="bad_request", message=str(e)), []
         except OSError as e:  # the disk's: full, read-only, gone
             log.error("event=kv_io_error request=%s error=%r", rid, e)

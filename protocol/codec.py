@@ -16,7 +16,9 @@ from .messages import MESSAGE_TYPES, Message
 MESSAGE_TYPES.update({cls.TYPE: cls for cls in (KvSave, KvLookup, KvData, KvSaved)})
 
 MAX_BODY_BYTES = 4 << 20  # a GENERATE with a long conversation fits; anything larger is refused unread
-MAX_SIDE_FRAMES = 64
+# Side frames a message may carry are its type's own bound (Message.MAX_SIDE_FRAMES: 4 per KV pool for the
+# KV messages); more than any type allows is refused before the body is read.
+MAX_SIDE_FRAMES = max(cls.MAX_SIDE_FRAMES for cls in MESSAGE_TYPES.values())
 
 Frame = bytes | bytearray | memoryview
 
@@ -45,8 +47,9 @@ def decode(frames: Sequence[Frame], max_body_bytes: int = MAX_BODY_BYTES) -> tup
     be read) for anything else."""
     if not frames or len(frames[0]) == 0:
         raise ProtocolError(BAD_FRAME, "empty frame")
-    if len(frames) - 1 > MAX_SIDE_FRAMES:
-        raise ProtocolError(BAD_FRAME, f"{len(frames) - 1} side frames (at most {MAX_SIDE_FRAMES})")
+    n_side = len(frames) - 1
+    if n_side > MAX_SIDE_FRAMES:
+        raise ProtocolError(BAD_FRAME, f"{n_side} side frames (at most {MAX_SIDE_FRAMES})")
     head = memoryview(frames[0])
     if len(head) - 1 > max_body_bytes:
         raise ProtocolError(BAD_FRAME, f"body of {len(head) - 1} bytes (at most {max_body_bytes})")
@@ -60,6 +63,11 @@ def decode(frames: Sequence[Frame], max_body_bytes: int = MAX_BODY_BYTES) -> tup
         rid = body.get("request_id") if isinstance(body, dict) else None
         rid = rid if isinstance(rid, str) and 0 < len(rid) <= 128 and rid.isprintable() else None
         raise ProtocolError(BAD_FRAME, f"unknown message type 0x{head[0]:02x}", rid)
+    if n_side > cls.MAX_SIDE_FRAMES:
+        rid = body.get("request_id") if isinstance(body, dict) else None
+        rid = rid if isinstance(rid, str) and 0 < len(rid) <= 128 and rid.isprintable() else None
+        name = cls.__name__.upper()
+        raise ProtocolError(BAD_FRAME, f"{n_side} side frames (a {name} carries at most {cls.MAX_SIDE_FRAMES})", rid)
     return cls.from_body(body), list(frames[1:])
 
 

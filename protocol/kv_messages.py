@@ -21,6 +21,8 @@ LAYOUT = {
     "windows": Field("int_list", required=True, limit=1024),
 }
 LAYOUT_MAX = {"n_kv_heads": 1024, "head_dim": 4096, "v_head_dim": 4096}  # per entry
+# KV side frames: per pool K and V, and for INT8 their two scale arrays
+KV_MAX_SIDE_FRAMES = 4 * LAYOUT["n_layers"].limit
 
 
 @dataclass
@@ -67,6 +69,7 @@ class KvSave(_KvRequest):
     """Worker -> store at turn end: positions [0, len(token_ids)) of a conversation; answered by KV_SAVED."""
 
     TYPE = 0x30
+    MAX_SIDE_FRAMES = KV_MAX_SIDE_FRAMES
 
 
 @dataclass
@@ -84,6 +87,7 @@ class KvData(Message):
     """Store -> worker: positions [0, n_tokens) of the best entry in side frames; n_tokens 0 = a miss."""
 
     TYPE = 0x32
+    MAX_SIDE_FRAMES = KV_MAX_SIDE_FRAMES
     FIELDS = {"request_id": Field("id", required=True), "n_tokens": Field("int", required=True, limit=1 << 31)}
     request_id: str
     n_tokens: int

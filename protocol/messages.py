@@ -28,6 +28,7 @@ PARAMS = {
 class Message:
     TYPE: ClassVar[int]
     FIELDS: ClassVar[dict[str, Field]]
+    MAX_SIDE_FRAMES: ClassVar[int] = 64  # raw frames after the body (codec.py); the KV messages carry more
 
     def body(self) -> dict[str, Any]:
         # shallow on purpose: dataclasses.asdict deep-copies every list, and this runs once per token

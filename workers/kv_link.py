@@ -45,7 +45,7 @@ class KvLink:
         self._ids = itertools.count(1)
         self.saves_acked = 0
         self.saves_dropped = 0
-        self._saved: tuple[str | None, list[int]] = (None, [])  # (conv id, tokens) of this worker's last save
+        self._saved: tuple[str | None, list[int]] | None = None  # (conv id, tokens) of this worker's last save
 
     def close(self) -> None:
         self.sock.close()
@@ -64,9 +64,10 @@ class KvLink:
         held = common_prefix_len(self.engine.kv.resident[slot], prompt)
         if held >= len(prompt) - 1 or len(prompt) <= CHUNK_TOKENS:
             return 0
-        saved_conv, saved = self._saved
-        if conv_id == saved_conv and held >= len(saved) and common_prefix_len(saved, prompt) == len(saved):
-            return 0  # the next turn of what this worker saved last: the store has nothing longer to give
+        if self._saved is not None:  # (a fresh worker has saved nothing: everything on disk may help it)
+            saved_conv, saved = self._saved
+            if conv_id == saved_conv and held >= len(saved) and common_prefix_len(saved, prompt) == len(saved):
+                return 0  # the next turn of what this worker saved last: the store has nothing longer to give
         rid = f"l{next(self._ids)}"
         msg = KvLookup(
             request_id=rid,
@@ -147,6 +148,6 @@ class KvLink:
             return None, []
         if isinstance(msg, KvSaved):
             self.saves_acked += 1
-        elif isinstance(msg, Error) and msg.request_id and msg.request_id.startswith("s"):
-            log.warning("event=kv_save_failed code=%s message=%r", msg.code, msg.message)
+        elif isinstance(msg, Error) and not (msg.request_id or "").startswith("l"):  # lookups log their own
+            log.warning("event=kv_save_failed request=%s code=%s message=%r", msg.request_id, msg.code, msg.message)
         return msg, side

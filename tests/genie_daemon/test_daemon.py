@@ -22,19 +22,23 @@ ROOT = Path(__file__).resolve().parents[2]
 LONG = {"token_ids": [1] + [3 + i % 300 for i in range(200)], "params": {"max_tokens": 250, "ignore_eos": True}}
 
 
-def start_daemon(tmp: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    model = tmp / "tiny.gguf"
-    if not model.exists():
-        write_tiny_model("llama", model)
+def start_daemon(
+    tmp: Path, *extra: str, model: str | None = None, ctx: int = 512, ready_timeout_s: float = 30
+) -> tuple[subprocess.Popen, str]:
+    """A daemon on `model` (default: a tiny llama file written into `tmp`), its sockets and KV in `tmp`."""
+    if model is None:
+        model = str(tmp / "tiny.gguf")
+        if not Path(model).exists():
+            write_tiny_model("llama", Path(model))
     sock_dir = tmp / "run"
     cmd = [
         sys.executable,
         "-m",
         "genie_daemon",
         "-m",
-        str(model),
+        model,
         "--ctx",
-        "512",
+        str(ctx),
         "--socket-dir",
         str(sock_dir),
         "--kv-cache-dir",
@@ -45,7 +49,7 @@ def start_daemon(tmp: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True)
     endpoint = f"ipc://{sock_dir}/genie.sock"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         reply = asyncio.run(status(endpoint))
         if isinstance(reply, Reply) and reply.data["ready"]:

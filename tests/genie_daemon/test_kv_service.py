@@ -30,6 +30,19 @@ def turn(endpoint: str, token_ids: list[int], conv_id: str | None) -> tuple[list
     return [t for d in deltas for t in d.token_ids], end
 
 
+def turn_text(endpoint: str, prompt: str, conv_id: str | None, max_tokens: int = 12) -> tuple[str, Done]:
+    """One greedy turn on a text prompt: its answer and DONE."""
+
+    async def go():
+        async with GenieClient(endpoint, timeout_s=120) as client:
+            params = {"temperature": 0.0, "max_tokens": max_tokens}
+            return await collect(client, prompt=prompt, params=params, conv_id=conv_id)
+
+    deltas, end = asyncio.run(go())
+    assert isinstance(end, Done), end
+    return "".join(d.text for d in deltas), end
+
+
 def stop(proc) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)

@@ -32,3 +32,31 @@ def test_frames_that_do_not_fit_the_layout_name_the_problem():
     frames[4] = frames[4][:-1]  # pool 2's K (4 heads of 32): one byte short
     with pytest.raises(ValueError, match="KV frame 4 has 1279 bytes, the layout needs 1280"):
         snapshot_from_frames(lay, snap.token_ids, frames)
+
+
+@pytest.mark.parametrize("n_layers", [18, 28, 36])  # Gemma 3 270M, Qwen3-0.6B / 1.7B, Qwen3-4B
+@pytest.mark.parametrize("dtype", ["int8", "f16"])
+def test_real_layer_counts_cross_the_codec_both_ways(n_layers, dtype):
+    """A KV_SAVE (worker -> store) and a KV_DATA (store -> worker) of real models' layer counts decode
+    whole: 4 frames a layer with INT8 were once refused by a flat 64-frame limit, silently."""
+    from protocol.codec import decode, encode
+    from protocol.kv_messages import KvData, KvSave
+
+    lay = layout(dtype, n_layers=n_layers, n_kv_heads=1, head_dim=8)
+    snap = snapshot(lay, np.arange(70), np.random.default_rng(n_layers))
+    side = snapshot_frames(snap)
+    save = KvSave(request_id="s1", fingerprint="ab" * 32, layout=layout_body(lay), token_ids=list(range(70)))
+    for msg in (save, KvData(request_id="l1", n_tokens=70)):
+        out, frames = decode([bytes(f) for f in encode(msg, side)])
+        assert out == msg
+        assert_same(snap, snapshot_from_frames(lay, snap.token_ids, frames))
+
+
+def test_more_side_frames_than_the_type_carries_are_refused_with_the_request_id():
+    from protocol.codec import decode, encode
+    from protocol.errors import ProtocolError
+    from protocol.messages import Cancel
+
+    with pytest.raises(ProtocolError, match="CANCEL carries at most 64") as e:
+        decode(encode(Cancel(request_id="r7"), [b""] * 65))
+    assert e.value.request_id == "r7"
