@@ -202,7 +202,7 @@ from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
 directory, seed, n_ops, cap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rng = np.random.default_rng(seed)
 r = random.Random(seed)
-store = KVStore(StoreConfig(Path(directory), max_bytes=cap, stale_tmp_s=0.5), FINGERPRINT, layout())
+store = KVStore(StoreConfig(Path(directory), max_bytes=cap, stale_tmp_s=10), FINGERPRINT, layout())
 for i in range(n_ops):
     op = r.random()
     conv = f"p{{seed}}-{{r.randrange(20)}}"
