@@ -6,6 +6,7 @@ from __future__ import annotations
 from workers.engine.engine import Engine, common_prefix_len
 
 from .format import KVLayout
+from .policy import ReusePolicy
 from .store import KVStore, Saved
 
 
@@ -15,21 +16,31 @@ def engine_layout(engine: Engine) -> KVLayout:
     return KVLayout.of(engine.kv.config, tuple(cfg.layers[i].sliding_window for i in cfg.kv_layers))
 
 
-def hydrate(engine: Engine, store: KVStore, prompt_ids: list[int], conv_id: str = "", slot: int = 0) -> int:
-    """Loads the longest saved prefix of the prompt into `slot` when it beats what the slot already holds;
-    returns the tokens loaded (0: nothing better on disk)."""
+def hydrate(
+    engine: Engine,
+    store: KVStore,
+    prompt_ids: list[int],
+    conv_id: str = "",
+    slot: int = 0,
+    policy: ReusePolicy | None = None,
+) -> int:
+    """Loads the longest saved prefix of the prompt into `slot` when it beats what the slot already holds
+    and recomputing it (`policy`); returns the tokens loaded (0: nothing better on disk)."""
+    policy = policy or ReusePolicy()
     held = common_prefix_len(engine.kv.resident[slot], prompt_ids)
-    if held >= len(prompt_ids) - 1:
+    if not policy.worth_looking_up(len(prompt_ids), held, conv_id or None):
         return 0
-    snapshot = store.hydrate(prompt_ids, conv_id, longer_than=held)
+    snapshot = store.hydrate(prompt_ids, conv_id, longer_than=max(held, policy.shortest(conv_id or None) - 1))
     if snapshot is None:
         return 0
     engine.import_kv(snapshot, slot)
     return snapshot.n_tokens
 
 
-def save(engine: Engine, store: KVStore, conv_id: str = "", slot: int = 0) -> Saved | None:
-    """Saves what `slot` holds (prompt + generated tokens), when it is long enough to be worth hydrating."""
-    if len(engine.kv.resident[slot]) < store.config.min_hydrate_tokens:
+def save(
+    engine: Engine, store: KVStore, conv_id: str = "", slot: int = 0, policy: ReusePolicy | None = None
+) -> Saved | None:
+    """Saves what `slot` holds (prompt + generated tokens), when hydrating it would beat recomputing it."""
+    if not (policy or ReusePolicy()).worth_saving(len(engine.kv.resident[slot]), conv_id or None):
         return None
     return store.save(engine.export_kv(slot), conv_id)

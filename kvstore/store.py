@@ -53,7 +53,7 @@ class StoreConfig:
     directory: Path
     max_bytes: int = 1024 << 20  # total size of the entries; 0 = unlimited
     stale_tmp_s: float = 60.0  # temp files older than this are a crashed writer's: removed
-    min_hydrate_tokens: int = CHUNK_TOKENS  # shorter common prefixes are not worth a disk read
+    min_hydrate_tokens: int = 1  # shorter common prefixes are never served (the caller's policy.py decides more)
 
 
 @dataclass(frozen=True)

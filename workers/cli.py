@@ -64,6 +64,7 @@ class _ConvCache:
     def __init__(self, engine: Engine, conv_id: str) -> None:
         from genie_daemon.config import load_config
         from kvstore.engine_kv import engine_layout
+        from kvstore.policy import ReusePolicy
         from kvstore.store import KVStore, StoreConfig, check_conv_id
 
         try:
@@ -74,16 +75,19 @@ class _ConvCache:
         config = StoreConfig(Path(c.kv_cache_dir), c.kv_cache_max_mb << 20, c.kv_cache_stale_tmp_s)
         self.engine = engine
         self.store = KVStore(config, engine.model.fingerprint, engine_layout(engine))
+        self.policy = ReusePolicy()
 
     def before(self, ids: list[int]) -> None:
         from kvstore.engine_kv import hydrate
 
-        hydrate(self.engine, self.store, ids, self.conv_id)
+        hydrate(self.engine, self.store, ids, self.conv_id, policy=self.policy)
 
-    def after(self) -> None:
+    def after(self, completion: Completion) -> None:
         from kvstore.engine_kv import save
 
-        save(self.engine, self.store, self.conv_id)
+        n_prefilled = completion.prompt_tokens - completion.cached_tokens
+        self.policy.observe_prefill(n_prefilled, completion.timings.prefill_ms / 1000)
+        save(self.engine, self.store, self.conv_id, policy=self.policy)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,7 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         conv.before(ids)
     c = _stream(engine, ids, _sampling(args), args.think, echo=not args.json)
     if conv:
-        conv.after()
+        conv.after(c)
     if args.json:
         out: dict[str, Any] = {
             "text": c.text,
@@ -258,7 +262,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 conv.before(ids)
             c = _stream(engine, ids, params, args.think, echo=True)
             if conv:
-                conv.after()
+                conv.after(c)
         except GenieError as e:
             messages.pop()
             print(f"\ngenie: error: {e}", file=sys.stderr)

@@ -13,7 +13,7 @@ import time
 import zmq
 
 from kvstore.engine_kv import engine_layout
-from kvstore.store import CHUNK_TOKENS
+from kvstore.policy import ReusePolicy
 from kvstore.wire import layout_body, snapshot_frames, snapshot_from_frames
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
@@ -46,6 +46,7 @@ class KvLink:
         self.saves_acked = 0
         self.saves_dropped = 0
         self._saved: tuple[str | None, list[int]] | None = None  # (conv id, tokens) of this worker's last save
+        self.policy = ReusePolicy()  # what is worth saving and looking up on this backend (kvstore/policy.py)
 
     def close(self) -> None:
         self.sock.close()
@@ -62,7 +63,7 @@ class KvLink:
 
     def _hydrate(self, prompt: list[int], conv_id: str | None, slot: int) -> int:
         held = common_prefix_len(self.engine.kv.resident[slot], prompt)
-        if held >= len(prompt) - 1 or len(prompt) <= CHUNK_TOKENS:
+        if not self.policy.worth_looking_up(len(prompt), held, conv_id):
             return 0
         if self._saved is not None:  # (a fresh worker has saved nothing: everything on disk may help it)
             saved_conv, saved = self._saved
@@ -75,13 +76,14 @@ class KvLink:
             layout=self.layout,
             token_ids=list(prompt),
             conv_id=conv_id,
-            longer_than=held,
+            longer_than=max(held, self.policy.shortest(conv_id) - 1),
         )
         try:
             self.sock.send_multipart(encode(msg), flags=zmq.NOBLOCK)
         except zmq.Again:
             return 0
-        deadline = time.monotonic() + self.timeout_s
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout_s
         while (left := deadline - time.monotonic()) > 0 and self.sock.poll(int(left * 1000) + 1):
             reply, side = self._receive()
             if not isinstance(reply, (KvData, Error)) or reply.request_id != rid:
@@ -90,6 +92,7 @@ class KvLink:
                 log.warning("event=kv_lookup_failed code=%s message=%r", reply.code, reply.message)
                 return 0
             if reply.n_tokens == 0:
+                self.policy.observe_lookup(0, time.monotonic() - t0)
                 return 0
             if not held < reply.n_tokens <= len(prompt):
                 log.warning("event=kv_lookup_bad_answer n_tokens=%d prompt=%d", reply.n_tokens, len(prompt))
@@ -100,13 +103,18 @@ class KvLink:
             except ValueError as e:
                 log.warning("event=kv_lookup_bad_answer error=%r", str(e))
                 return 0
+            self.policy.observe_lookup(reply.n_tokens, time.monotonic() - t0)
             return reply.n_tokens
         log.warning("event=kv_lookup_timeout timeout_s=%s", self.timeout_s)
         return 0
 
+    def observe_prefill(self, n_tokens: int, seconds: float) -> None:
+        """A turn's prefill: what recomputing costs on this backend, against which a lookup is weighed."""
+        self.policy.observe_prefill(n_tokens, seconds)
+
     def save(self, conv_id: str | None, slot: int = 0) -> bool:
-        """Sends what `slot` holds to the store (when long enough to be worth hydrating); never blocks, and
-        never raises for the store's sake (the save is then lost, with a log line)."""
+        """Sends what `slot` holds to the store (when hydrating it would beat recomputing it); never blocks,
+        and never raises for the store's sake (the save is then lost, with a log line)."""
         try:
             return self._save(conv_id, slot)
         except zmq.ZMQError as e:
@@ -116,7 +124,7 @@ class KvLink:
 
     def _save(self, conv_id: str | None, slot: int) -> bool:
         self._drain()
-        if len(self.engine.kv.resident[slot]) < CHUNK_TOKENS:
+        if not self.policy.worth_saving(len(self.engine.kv.resident[slot]), conv_id):
             return False
         snapshot = self.engine.export_kv(slot)
         msg = KvSave(

@@ -182,6 +182,8 @@ class Worker:
             for ev in self.engine.generate(ids, params, cancel=lambda: rid in self.cancelled, constraint=constraint):
                 if isinstance(ev, Completion):
                     stream.flush()
+                    if self.kv:
+                        self.kv.observe_prefill(ev.prompt_tokens - ev.cached_tokens, ev.timings.prefill_ms / 1000)
                     usage = {
                         "prompt_tokens": ev.prompt_tokens,
                         "cached_tokens": ev.cached_tokens,

@@ -23,7 +23,12 @@ LONG = {"token_ids": [1] + [3 + i % 300 for i in range(200)], "params": {"max_to
 
 
 def start_daemon(
-    tmp: Path, *extra: str, model: str | None = None, ctx: int = 512, ready_timeout_s: float = 30
+    tmp: Path,
+    *extra: str,
+    model: str | None = None,
+    ctx: int = 512,
+    backend: str = "auto",
+    ready_timeout_s: float = 30,
 ) -> tuple[subprocess.Popen, str]:
     """A daemon on `model` (default: a tiny llama file written into `tmp`), its sockets and KV in `tmp`."""
     if model is None:
@@ -39,6 +44,8 @@ def start_daemon(
         model,
         "--ctx",
         str(ctx),
+        "--backend",
+        backend,
         "--socket-dir",
         str(sock_dir),
         "--kv-cache-dir",

@@ -12,7 +12,6 @@ import pytest
 from tests.genie_daemon.test_daemon import start_daemon
 from tests.genie_daemon.test_kv_service import ctl, stop, turn_text, wait_for_entries
 
-
 SYSTEM = (
     "You are the voice assistant of a house with a kitchen, a living room, two bedrooms and a garden. "
     "Answer in one short sentence. The kitchen lights are on, the living room is at 21 degrees, the "
@@ -45,5 +44,25 @@ def test_a_turn_saved_by_one_daemon_is_hydrated_by_the_next(tmp_path, kv, conv_i
         assert done.usage["cached_tokens"] >= 64, done.usage
         status = json.loads(ctl(sock_dir, "--json", "status").stdout)
         assert status["kv"]["hits"] == 1 and status["kv"]["hydrated_tokens"] == done.usage["cached_tokens"]
+    finally:
+        stop(proc)
+
+
+def test_a_short_voice_turn_is_saved_and_hydrated_after_a_restart(tmp_path):
+    """A voice turn of a dozen tokens is cheaper to read back than to prefill on a CPU: it is saved."""
+    prompt = "Turn off the kitchen lights."
+    proc, endpoint = start_daemon(tmp_path, model="gemma3-270m", ctx=1024, backend="numpy", ready_timeout_s=120)
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        answer, done = turn_text(endpoint, prompt, "voice-1", max_tokens=6)
+        assert done.usage["prompt_tokens"] < 16
+        entries = wait_for_entries(sock_dir, 1)
+        assert entries[0]["conv_id"] == "voice-1" and entries[0]["tokens"] < 64
+    finally:
+        stop(proc)
+    proc, endpoint = start_daemon(tmp_path, model="gemma3-270m", ctx=1024, backend="numpy", ready_timeout_s=120)
+    try:
+        _, done = turn_text(endpoint, prompt + answer + " And the hall?", "voice-1", max_tokens=4)
+        assert done.usage["cached_tokens"] >= done.usage["prompt_tokens"] // 2, done.usage
     finally:
         stop(proc)
