@@ -1,11 +1,13 @@
 """CPU throughput of genie beside llama-cpp-python (when installed), both models, same prompt.
 
-    python bench/cpu.py [--models gemma3-270m smollm2-135m] [--prompt-tokens 512] [--gen-tokens 64]
+    python bench/cpu.py [--models gemma3-270m smollm2-135m] [--prompt-tokens 512] [--gen-tokens 64] [--load N]
 
 Each engine runs in its own child process (so peak RSS is its own), prefills the same prompt of
 `--prompt-tokens` tokens and decodes `--gen-tokens` greedy tokens, three times; the table shows the
 median. llama-cpp-python is a dev-only reference (never a dependency): without it, only genie's
-column is printed.
+column is printed. `--load N` runs every engine twice, idle and beside N processes that each spin
+one core (a busy machine: the voice pipeline's speech models, a browser), and prints both with the
+ratio loaded / idle.
 """
 
 from __future__ import annotations
@@ -86,7 +88,12 @@ def child_llama(model: str, n_prompt: int, n_gen: int) -> dict:
     return {"load_ms": load_ms, "prefill": prefill, "decode": decode}
 
 
-def run_child(engine: str, model: str, args: argparse.Namespace) -> dict | None:
+def spinners(n: int) -> list[subprocess.Popen]:
+    """`n` processes that each keep one core busy until killed."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def run_child(engine: str, model: str, args: argparse.Namespace, load: int = 0) -> dict | None:
     cmd = [
         sys.executable,
         __file__,
@@ -99,7 +106,13 @@ def run_child(engine: str, model: str, args: argparse.Namespace) -> dict | None:
         "--gen-tokens",
         str(args.gen_tokens),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    busy = spinners(load)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
     if proc.returncode != 0:
         print(f"{engine} on {model} failed:\n{proc.stderr.strip()[-2000:]}", file=sys.stderr)
         return None
@@ -111,6 +124,7 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["gemma3-270m", "smollm2-135m"])
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=64)
+    p.add_argument("--load", type=int, default=0, help="also run beside this many processes spinning a core each")
     p.add_argument("--child", choices=["genie", "llama"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -129,35 +143,32 @@ def main() -> None:
         f"CPU bench: {os.cpu_count()} cores, prompt {args.prompt_tokens} tok, {args.gen_tokens} generated, "
         f"median of {REPEATS}; reference: {reference or 'not installed'}\n"
     )
-    cols = ["model", "engine", "load ms", "prefill tok/s", "decode tok/s", "peak RSS MB", "prefill / decode vs ref"]
+    cols = ["model", "engine", "busy cores", "load ms", "prefill tok/s", "decode tok/s", "peak RSS MB"]
+    cols += ["prefill / decode vs ref", "prefill / decode vs idle"]
     rows = []
+    engines = ["genie", "llama"] if reference else ["genie"]
     for model in args.models:
-        results = {
-            engine: run_child(engine, model, args) for engine in (["genie", "llama"] if reference else ["genie"])
-        }
-        ref = results.get("llama")
-        for engine, r in results.items():
-            if r is None:
-                continue
-            prefill, decode = statistics.median(r["prefill"]), statistics.median(r["decode"])
-            ratio = "-"
-            if ref is not None and engine == "genie":
-                ratio = (
-                    f"{prefill / statistics.median(ref['prefill']):.2f}x / "
-                    f"{decode / statistics.median(ref['decode']):.2f}x"
-                )
-            name = "genie (numpy)" if engine == "genie" else str(reference)
-            rows.append(
-                [
-                    model,
-                    name,
-                    f"{r['load_ms']:.0f}",
-                    f"{prefill:.1f}",
-                    f"{decode:.1f}",
-                    f"{r['peak_rss_mb']:.0f}",
-                    ratio,
-                ]
-            )
+        idle: dict[str, tuple[float, float]] = {}  # engine -> its idle medians
+        for load in sorted({0, args.load}):
+            results = {engine: run_child(engine, model, args, load) for engine in engines}
+            ref = results.get("llama")
+            for engine, r in results.items():
+                if r is None:
+                    continue
+                prefill, decode = statistics.median(r["prefill"]), statistics.median(r["decode"])
+                vs_ref = vs_idle = "-"
+                if ref is not None and engine == "genie":
+                    vs_ref = (
+                        f"{prefill / statistics.median(ref['prefill']):.2f}x / "
+                        f"{decode / statistics.median(ref['decode']):.2f}x"
+                    )
+                if load == 0:
+                    idle[engine] = (prefill, decode)
+                elif engine in idle:
+                    vs_idle = f"{prefill / idle[engine][0]:.2f}x / {decode / idle[engine][1]:.2f}x"
+                name = "genie (numpy)" if engine == "genie" else str(reference)
+                row = [model, name, str(load), f"{r['load_ms']:.0f}", f"{prefill:.1f}", f"{decode:.1f}"]
+                rows.append([*row, f"{r['peak_rss_mb']:.0f}", vs_ref, vs_idle])
     if not rows:
         raise SystemExit("every engine failed; see the errors above")
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]

@@ -172,3 +172,42 @@ def test_kernels_can_be_disabled_and_threads_set(tmp_path):
     assert len(list((tmp_path / "genie/kernels").glob("cpu_blocks-*.so"))) == 1  # compiled into the cache
     again = run_python(PROBE, GENIE_CPU_THREADS="1", XDG_CACHE_HOME=str(tmp_path))
     assert again.stdout == r.stdout and len(list((tmp_path / "genie/kernels").iterdir())) == 1
+
+
+BLAS_PROBE = """
+from threadpoolctl import threadpool_info
+from workers.engine.backends.numpy_backend import NumpyBackend
+b = NumpyBackend()
+print(b.device_name, [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"])
+"""
+
+
+@pytest.mark.parametrize(
+    "env, want",
+    [
+        ({"GENIE_CPU_THREADS": "2"}, "numpy (int8 blocks, 2 threads) [1]"),  # prefill's pool: BLAS single
+        ({"GENIE_CPU_THREADS": "2", "GENIE_CPU_KERNELS": "0"}, "numpy (float32 weights) [2]"),
+        ({"GENIE_CPU_THREADS": "1", "GENIE_CPU_KERNELS": "0"}, "numpy (float32 weights) [1]"),
+    ],
+)
+def test_blas_threads_follow_genies_thread_setting(tmp_path, env, want):
+    """BLAS left to itself took two spinning threads beside genie's: a 14-token prefill took 2.6-16.8 s
+    instead of 0.26 s on a busy 2-core machine, and GENIE_CPU_THREADS=1 did not help (issue 16)."""
+    r = run_python(BLAS_PROBE, XDG_CACHE_HOME=str(tmp_path), **env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == want
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_gemm_rows_claimed_by_a_pool_of_threads(threads):
+    lib = cpu_kernels.load()
+    if lib is None:
+        pytest.skip("no C kernels on this machine")
+    pooled = cpu_kernels.BlockKernels(lib, threads)
+    rng = np.random.default_rng(threads)
+    raw = signed_blocks(Q.Q6_K, 2047, 512, rng)
+    w = to_blocks(tensor_of(raw, Q.Q6_K, 2047, 512))
+    x = rng.standard_normal((77, 512), dtype=np.float32)
+    ref = x.astype(np.float64) @ dequantize(raw, Q.Q6_K).astype(np.float64).T
+    assert rel_err(pooled.gemm(x, w), ref) < 1e-5
+    lib.genie_set_threads(cpu_kernels.default_threads())  # the module's other tests' setting

@@ -7,9 +7,14 @@ Without a working compiler `load()` returns None and says why once in the log; t
 keeps float32 weights (slower, four times the memory), so nothing else changes. `GENIE_CPU_KERNELS=0`
 forces that fallback.
 
-The kernels split their row loops over OpenMP threads (one per core the process may use, or
-`GENIE_CPU_THREADS`); the OpenMP threads sleep between calls rather than spin, so they leave the
-cores to NumPy's BLAS threads in between.
+All threads are genie's, one setting (`GENIE_CPU_THREADS`, default one per core the process may use):
+the one-token products split their rows over OpenMP threads; the many-token products (prefill) run on a
+pool of as many Python threads, each claiming a run of weight rows, dequantizing it and multiplying it
+with single-threaded BLAS. BLAS's own threads are held to one with threadpoolctl: OpenBLAS splits a
+product statically and spins while it waits, so on a machine with another busy process its threads
+held each other up, and a 14-token prefill took 2.6-16.8 s instead of 0.26 s (issue 16). Claimed runs
+leave a thread that the scheduler holds up only its own run to finish late. The OpenMP threads sleep
+between calls rather than spin.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import platform
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
@@ -35,7 +41,8 @@ SOURCE = "cpu_blocks.c"
 # the later ones for compilers without OpenMP or -march=native
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])
 COMPILE_TIMEOUT_S = 120
-DEQUANT_CHUNK_BYTES = 1 << 20  # float32 rows dequantized per GEMM call in the many-token path
+DEQUANT_CHUNK_BYTES = 1 << 20  # float32 rows a pool thread dequantizes and multiplies per claim, at most
+CLAIMS_PER_THREAD = 4  # at least this many runs of rows per thread, so a held-up thread delays little
 
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
@@ -129,12 +136,23 @@ def _addr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
 
 
+def limit_blas_threads(n: int) -> None:
+    """NumPy's BLAS uses at most `n` threads (threadpoolctl; process-wide)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n, user_api="blas")
+
+
 class BlockKernels:
     """Matrix products against BlockWeight matrices."""
 
     def __init__(self, lib: ctypes.CDLL, threads: int | None = None) -> None:
         self.lib = lib
         self.threads = int(lib.genie_set_threads(threads or default_threads()))
+        limit_blas_threads(1)  # the many-token products are parallel in genie's own pool: see the top
+        # the calling thread is one of the workers: the pool holds the others
+        self._pool = ThreadPoolExecutor(self.threads - 1, "genie-gemm") if self.threads > 1 else None
+        self._buffers = threading.local()  # each pool thread's dequantized rows
 
     def gemv(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:
         """x [n, cols] float32 (small n) @ w.T -> [n, rows]: reads each weight row once for all n inputs."""
@@ -164,12 +182,32 @@ class BlockKernels:
         return dst
 
     def gemm(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:
-        """x [n, cols] (many rows) @ w.T: the weight dequantized a chunk of rows at a time, BLAS for the rest."""
+        """x [n, cols] (many rows) @ w.T: each thread claims a run of weight rows, dequantizes it and
+        multiplies it with single-threaded BLAS, until no run is left."""
         rows, cols = w.q.shape
-        step = max(1, DEQUANT_CHUNK_BYTES // (cols * 4))
-        buf = np.empty((min(step, rows), cols), dtype=np.float32)
+        step = max(1, min(DEQUANT_CHUNK_BYTES // (cols * 4), -(-rows // (self.threads * CLAIMS_PER_THREAD))))
         y = np.empty((x.shape[0], rows), dtype=np.float32)
-        for r0 in range(0, rows, step):
-            r1 = min(rows, r0 + step)
-            np.matmul(x, self.dequantize(w, r0, r1, buf).T, out=y[:, r0:r1])
+        starts = iter(range(0, rows, step))
+        claim = threading.Lock()
+
+        def work() -> None:
+            buf = self._buffer(step, cols)
+            while True:
+                with claim:
+                    r0 = next(starts, None)
+                if r0 is None:
+                    return
+                r1 = min(rows, r0 + step)
+                np.matmul(x, self.dequantize(w, r0, r1, buf).T, out=y[:, r0:r1])
+
+        helpers = [self._pool.submit(work) for _ in range(self.threads - 1)] if self._pool else []
+        work()
+        for f in helpers:
+            f.result()
         return y
+
+    def _buffer(self, n_rows: int, cols: int) -> np.ndarray:
+        buf = getattr(self._buffers, "buf", None)
+        if buf is None or buf.size < n_rows * cols:
+            buf = self._buffers.buf = np.empty(n_rows * cols, dtype=np.float32)
+        return buf[: n_rows * cols].reshape(n_rows, cols)

@@ -72,6 +72,8 @@ class NumpyBackend(Backend):
         self._rotations: dict[int, np.ndarray] = {}
         lib = cpu_kernels.load() if block_kernels else None
         self._blocks = cpu_kernels.BlockKernels(lib) if lib is not None else None
+        if self._blocks is None:  # float32 weights: every product is BLAS's, on genie's threads
+            cpu_kernels.limit_blas_threads(cpu_kernels.default_threads())
 
     @property
     def device_name(self) -> str:

@@ -15,6 +15,7 @@
 #endif
 
 #define PARALLEL_MIN_WORK (1 << 16)  // multiply-adds below which one thread is faster than waking others
+#define GEMV_ROWS_A_CLAIM 32         // rows a thread takes at a time in the dynamic schedule
 
 // Threads for the parallel loops (no-op without OpenMP); returns the number in effect.
 int genie_set_threads(int n) {
@@ -87,7 +88,9 @@ static inline void row_gemv(const int8_t *qr, const float *sr, const float *orow
 void genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs,
                     const float *x, const float *xsum, int64_t n, float *y, int64_t rows) {
     const int64_t nb = K / bs;
-#pragma omp parallel for schedule(static) if (rows * K * n >= PARALLEL_MIN_WORK)
+// dynamic: rows are claimed in small runs, so a thread that another process holds up (a busy machine)
+// delays only its own run, not the whole product behind a static share
+#pragma omp parallel for schedule(dynamic, GEMV_ROWS_A_CLAIM) if (rows * K * n >= PARALLEL_MIN_WORK)
     for (int64_t r = 0; r < rows; r++) {
         const float *orow = offset != NULL ? offset + r * nb : NULL;
         if (bs == 32)
@@ -99,10 +102,10 @@ void genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, in
 
 // out[(r - r0) * K + k] = w[r, k] for rows r in [r0, r1): float32 rows for a BLAS GEMM. Exact: every
 // scale * q product of a GGUF type fits a float32 significand, so this equals the reference dequant.
+// Serial: the many-token product runs one of these per thread of its own pool (cpu_kernels.py).
 void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs,
                        float *out, int64_t r0, int64_t r1) {
     const int64_t nb = K / bs;
-#pragma omp parallel for schedule(static) if ((r1 - r0) * K >= PARALLEL_MIN_WORK)
     for (int64_t r = r0; r < r1; r++) {
         const int8_t *qr = q + r * K;
         float *o = out + (r - r0) * K;
