@@ -27,6 +27,7 @@ class DaemonConfig:
     ctx: int = 4096  # context length in tokens
     fp16_kv: bool = False  # FP16 KV cache instead of INT8
     prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
+    max_tokens_default: int = 1024  # an answer's token cap when a request sets none (a voice answer is far shorter)
     stream_interval_ms: float = 5.0  # a request's DELTAs at most this often (first token, sentence ends at once)
     socket_dir: str = field(default_factory=lambda: str(default_socket_dir()))  # where the ipc:// sockets live
     client_endpoint: str = ""  # client socket; default ipc://<socket_dir>/genie.sock
@@ -51,6 +52,8 @@ class DaemonConfig:
     def __post_init__(self) -> None:
         if self.max_queue < 0 or self.ctx < 0 or self.prefill_chunk < 1 or not self.stream_interval_ms >= 0:
             raise ValueError("max_queue, ctx and stream_interval_ms must be >= 0, prefill_chunk >= 1")
+        if self.max_tokens_default < 1:
+            raise ValueError("max_tokens_default must be >= 1: a request that asks for no limit must still end")
         if self.kv_cache_max_mb < 0 or not self.kv_cache_stale_tmp_s >= 0:
             raise ValueError("kv_cache_max_mb and kv_cache_stale_tmp_s must be >= 0")
         if not 0 <= self.http_port <= 65535 or not self.http_max_body_mb > 0:

@@ -149,7 +149,10 @@ def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
     if params.get("seed", 0) < 0:  # -1 is Ollama's (and llama.cpp's) "a random seed"
         del params["seed"]
     n = get(options, "num_predict", "int", -1, where="options.")
-    params["max_tokens"] = ctx if n < 0 else n  # -1 (and -2): until a stop or the context is full
+    if n == -2:  # Ollama's "fill the context"
+        params["max_tokens"] = ctx
+    elif n >= 0:  # -1, Ollama's "infinite" and default: none here, so the daemon's max_tokens_default applies
+        params["max_tokens"] = n
     get(options, "num_ctx", "int", where="options.")  # the context is the daemon's (config ctx): checked only
     stop = stop_list(options.get("stop"), "options.stop")
     if stop:

@@ -244,6 +244,8 @@ class Daemon:
         if refusal:
             await reply(Error(request_id=msg.request_id, code=refusal[0], message=refusal[1]))
             return
+        if isinstance(msg, Generate) and "max_tokens" not in msg.params:  # no limit asked: still an end
+            msg = replace(msg, params={**msg.params, "max_tokens": self.config.max_tokens_default})
         priority = msg.priority if isinstance(msg, Generate) else "voice"
         self.queues[priority].append(Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}"))
         await self.dispatch()

@@ -149,7 +149,26 @@ def test_ollama_chat_not_streamed(served):
     assert r.prompt_eval_duration == 12_500_000 and r.eval_duration == 70_000_000
     msg = service.submitted[-1]
     assert msg.messages == [{"role": "user", "content": "hi"}] and msg.params["seed"] == 3
-    assert msg.params["max_tokens"] == 4096  # num_predict absent: until a stop or the context is full
+    assert "max_tokens" not in msg.params  # num_predict absent: the daemon's max_tokens_default applies
+
+
+@pytest.mark.parametrize(
+    ("num_predict", "max_tokens"),
+    [(None, None), (-1, None), (-2, 4096), (5, 5)],
+    ids=["absent", "infinite", "fill-the-context", "five"],
+)
+def test_ollama_num_predict_and_the_default_cap(served, num_predict, max_tokens):
+    """Ollama's -1 ("infinite", its default) gets the daemon's max_tokens_default, which the daemon adds to
+    a GENERATE without max_tokens (issue 16: answers ran until the context was full); -2 fills the
+    context; a cap that is hit is done_reason length, streamed or not."""
+    service, url = served
+    service.finish = "length"
+    options = {} if num_predict is None else {"num_predict": num_predict}
+    client = ollama_client(url)
+    r = client.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], options=options)
+    assert service.submitted[-1].params.get("max_tokens") == max_tokens and r.done_reason == "length"
+    chunks = list(client.generate(model="tiny", prompt="hi", options=options, stream=True))
+    assert service.submitted[-1].params.get("max_tokens") == max_tokens and chunks[-1].done_reason == "length"
 
 
 def test_ollama_chat_streamed(served):
@@ -336,6 +355,25 @@ def test_openai_completions_models_and_errors(served):
     service.finish = "length"
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
     assert r.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("field", [None, "max_tokens", "max_completion_tokens"])
+def test_openai_without_a_limit_gets_the_default_cap(served, field):
+    """No max_tokens: the daemon's max_tokens_default applies (issue 16); the cap hit is finish_reason
+    length, streamed or not, for chat and for completions."""
+    service, url = served
+    service.finish = "length"
+    client = openai_client(url)
+    extra = {} if field is None else {"extra_body": {field: 5}}
+    msgs = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, **extra)
+    assert service.submitted[-1].params.get("max_tokens") == (None if field is None else 5)
+    assert r.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(model="tiny", messages=msgs, stream=True, **extra))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    chunks = list(client.completions.create(model="tiny", prompt="Once", stream=True, **extra))
+    assert service.submitted[-1].params.get("max_tokens") == (None if field is None else 5)
+    assert chunks[-1].choices[0].finish_reason == "length"
 
 
 # -- both -----------------------------------------------------------------------------------------------

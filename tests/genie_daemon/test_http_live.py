@@ -20,6 +20,7 @@ import ollama
 import openai
 import pytest
 
+from genie_daemon.config import DaemonConfig
 from tests.child_env import child_env
 from tests.tiny_models import write_tiny_model
 
@@ -117,6 +118,22 @@ def test_ollama_and_openai_clients_stream_and_not(live):
         chunks = list(oa.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         assert chunks[-1].usage.completion_tokens == c.usage.completion_tokens and text
+
+
+def test_an_answer_without_a_limit_ends_at_the_default_cap(live):
+    """No num_predict, no max_tokens, and the EOS ignored so that only a cap can end it: the answer stops
+    at the daemon's max_tokens_default with done_reason / finish_reason length (issue 16: it ran until
+    the 4096-token context was full)."""
+    url, _, _ = live
+    name = served_name(url)
+    cap = DaemonConfig.max_tokens_default
+    msgs = [{"role": "user", "content": "hello"}]
+    with ollama.Client(host=url) as client:
+        r = client.chat(model=name, messages=msgs, options={"ignore_eos": True, "temperature": 0})
+        assert r.eval_count == cap and r.done_reason == "length"
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as oa:
+        c = oa.chat.completions.create(model=name, messages=msgs, temperature=0, extra_body={"ignore_eos": True})
+        assert c.usage.completion_tokens == cap and c.choices[0].finish_reason == "length"
 
 
 def test_format_constrains_the_output(live):
