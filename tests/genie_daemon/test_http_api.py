@@ -21,8 +21,9 @@ import pytest
 from genie_daemon.config import DaemonConfig
 from genie_daemon.http_server import HttpFront
 from genie_daemon.metrics import DaemonMetrics
-from genie_daemon.model_info import ModelInfo
+from genie_daemon.model_info import ModelInfo, describe
 from protocol.messages import Delta, Done, Error, Generate
+from tests.tiny_models import write_tiny_model
 
 QWEN_CALLS = [
     "<think>\nThe user wants the kitchen light on.\n</think>\n\n<tool",
@@ -58,6 +59,7 @@ class ScriptedService:
         self.submitted: list[Generate] = []
         self.cancelled: list[str] = []
         self.unloads = 0
+        self.info = ModelInfo("tiny", 123_456, "ab" * 32, "qwen3", "0.6B", "Q4_K_M", 1.7e9, 4096, "{{ tools }}", {})
 
     async def submit(self, owner: Any, reply: Any, msg: Generate) -> None:
         self.submitted.append(msg)
@@ -88,7 +90,7 @@ class ScriptedService:
         return {"enabled": True, "hits": 3, "misses": 1, "evictions": 2, "bytes": 4096, "entries": 2}
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo("tiny", 123_456, "ab" * 32, "qwen3", "0.6B", "Q4_K_M", 1.7e9, 4096, "{{ tools }}", {})
+        return self.info
 
     async def ensure_loaded(self, timeout_s: float) -> str | None:
         return None if self.ready else "the model is loading"
@@ -234,6 +236,32 @@ def test_ollama_tags_show_ps_version_pull(served):
     with pytest.raises(ollama.ResponseError) as e:
         client.pull("llama3:70b")
     assert e.value.status_code == 404
+
+
+def test_a_model_given_by_path_is_named_by_its_stem(served, tmp_path):
+    """`-m /models/x.gguf` is the model `x` in every listing and error, and either name addresses it
+    (issue 16: clients were shown, and had to send, the whole path)."""
+    service, url = served
+    path = tmp_path / "models" / "tiny-q8.gguf"
+    path.parent.mkdir()
+    write_tiny_model("llama", path)
+    service.info = describe(str(path))
+    client = ollama_client(url)
+    assert [m.model for m in client.list().models] == ["tiny-q8"]
+    assert [m.model for m in client.ps().models] == ["tiny-q8"]
+    assert client.show("tiny-q8").details.format == "gguf" and client.show(str(path)).details.format == "gguf"
+    for name in ("tiny-q8", "tiny-q8:latest", str(path)):
+        r = client.chat(model=name, messages=[{"role": "user", "content": "hi"}])
+        assert r.model == "tiny-q8" and r.message.content == "Hello!"
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="other", messages=[{"role": "user", "content": "x"}])
+    assert e.value.status_code == 404 and "'tiny-q8'" in str(e.value) and str(tmp_path) not in str(e.value)
+    oa = openai_client(url)
+    assert [m.id for m in oa.models.list().data] == ["tiny-q8"] and oa.models.retrieve("tiny-q8").id == "tiny-q8"
+    r = oa.chat.completions.create(model="tiny-q8", messages=[{"role": "user", "content": "hi"}])
+    assert r.model == "tiny-q8"
+    assert ModelInfo.named(str(path)).name == "tiny-q8"  # while the file is unread (first start, loading)
+    assert ModelInfo.named("qwen3-0.6b").name == "qwen3-0.6b"  # a name, not a path: kept whole
 
 
 def test_ollama_generate_raw_and_templated(served):
