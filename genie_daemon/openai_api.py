@@ -60,11 +60,23 @@ async def model(request: web.Request) -> web.Response:
     return web.json_response(_model_obj(info))
 
 
+BOUNDS = {  # OpenAI's ranges: outside them OpenAI answers 400, and so does genie
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "frequency_penalty": (-2.0, 2.0),  # checked for compatibility, not applied
+    "presence_penalty": (-2.0, 2.0),  # checked for compatibility, not applied
+}
+
+
 def _params(body: dict[str, Any]) -> dict[str, Any]:
     if get(body, "n", "int", 1) != 1:
         raise HttpError(400, "n must be 1: genie generates one choice")
     if get(body, "logprobs", "bool", False) or body.get("top_logprobs") is not None:
         raise HttpError(400, "logprobs are not supported")
+    for name, (low, high) in BOUNDS.items():
+        value = get(body, name, "number")
+        if value is not None and not low <= value <= high:
+            raise HttpError(400, f"{name} must be between {low:g} and {high:g}")
     params: dict[str, Any] = {}
     for name, kind in (("temperature", "number"), ("top_p", "number"), ("seed", "int")):
         value = get(body, name, kind)
@@ -77,8 +89,6 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
         raise HttpError(400, "max_tokens must be >= 0")
     if limit is not None:  # else none: the daemon's max_tokens_default applies
         params["max_tokens"] = limit
-    for name in ("frequency_penalty", "presence_penalty"):  # accepted for compatibility, not applied
-        get(body, name, "number")
     stop = stop_list(body.get("stop"), "stop")
     if stop:
         params["stop"] = stop

@@ -404,6 +404,40 @@ def test_openai_without_a_limit_gets_the_default_cap(served, field):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", 2.5),
+        ("temperature", -0.5),
+        ("top_p", 1.5),
+        ("top_p", -0.1),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -3),
+    ],
+)
+def test_openai_numbers_out_of_range_are_a_400(served, field, value):
+    """OpenAI's own bounds (temperature 0..2, top_p 0..1, penalties -2..2): what OpenAI refuses, genie
+    refuses too (issue 16: a temperature of 2.5 was sampled with)."""
+    service, url = served
+    client = openai_client(url)
+    n = len(service.submitted)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], **{field: value})
+    assert field in str(e.value)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="x", **{field: value})
+    assert len(service.submitted) == n
+
+
+def test_openai_numbers_at_their_bounds_are_accepted(served):
+    service, url = served
+    client = openai_client(url)
+    msgs = [{"role": "user", "content": "x"}]
+    for bounds in ({"temperature": 2, "top_p": 0}, {"temperature": 0, "top_p": 1}):
+        client.chat.completions.create(model="tiny", messages=msgs, presence_penalty=-2, frequency_penalty=2, **bounds)
+        assert service.submitted[-1].params["temperature"] == bounds["temperature"]
+
+
 # -- both -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("served", ["s3cret"], indirect=True)
 def test_api_key(served):
