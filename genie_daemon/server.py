@@ -363,6 +363,7 @@ class Daemon:
             "model": self.worker.info.get("model"),
             "backend": self.worker.info.get("backend"),
             "device": self.worker.info.get("device"),
+            "load_ms": self.worker.info.get("load_ms"),  # the serving worker's load (Ollama's load_duration)
             "ready": self.worker.ready,
             "uptime_s": round(time.monotonic() - self.started, 1),
             "daemon_pid": os.getpid(),

@@ -59,6 +59,7 @@ class ScriptedService:
         self.submitted: list[Generate] = []
         self.cancelled: list[str] = []
         self.unloads = 0
+        self.worker_pid = 1
         self.info = ModelInfo("tiny", 123_456, "ab" * 32, "qwen3", "0.6B", "Q4_K_M", 1.7e9, 4096, "{{ tools }}", {})
 
     async def submit(self, owner: Any, reply: Any, msg: Generate) -> None:
@@ -84,7 +85,14 @@ class ScriptedService:
         self.cancelled.append(rid)
 
     def status(self) -> dict[str, Any]:
-        return {"ready": self.ready, "loaded_model": "tiny", "worker_pid": 1, "queue": 0, "running": False}
+        return {
+            "ready": self.ready,
+            "loaded_model": "tiny",
+            "worker_pid": self.worker_pid,
+            "load_ms": 250.0,
+            "queue": 0,
+            "running": False,
+        }
 
     async def kv_metrics(self) -> dict[str, Any]:
         return {"enabled": True, "hits": 3, "misses": 1, "evictions": 2, "bytes": 4096, "entries": 2}
@@ -295,6 +303,20 @@ def test_ollama_errors(served):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "format": "xml"}
     status, reply = http(url + "/api/chat", body)
     assert status == 400 and "format" in json.loads(reply)["error"]
+
+
+def test_ollama_load_duration_on_the_first_reply_after_each_load(served):
+    """The worker's load time (READY's load_ms) in ns on the first reply after each (re)load, as Ollama
+    reports the load on the request that waited for it; 0 later (issue 16: it was always 0)."""
+    service, url = served
+    client = ollama_client(url)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert client.chat(model="tiny", messages=msgs).load_duration == 250_000_000
+    assert client.chat(model="tiny", messages=msgs).load_duration == 0
+    service.worker_pid = 2  # a restart or a reload: another worker, its own load
+    chunks = list(client.generate(model="tiny", prompt="hi", stream=True))
+    assert chunks[-1].load_duration == 250_000_000 and chunks[-1].total_duration > 0
+    assert client.generate(model="tiny", prompt="hi").load_duration == 0
 
 
 def test_ollama_cached_tokens_in_the_raw_reply(served):

@@ -136,6 +136,20 @@ def test_an_answer_without_a_limit_ends_at_the_default_cap(live):
         assert c.usage.completion_tokens == cap and c.choices[0].finish_reason == "length"
 
 
+def test_load_duration_after_a_reload(live):
+    """keep_alive 0 unloads; the next request loads the model again and its reply reports the worker's
+    load time, as Ollama reports a load; the reply after it loaded nothing (issue 16: always 0)."""
+    url, _, _ = live
+    name = served_name(url)
+    opts = {"num_predict": 2, "ignore_eos": True}
+    msgs = [{"role": "user", "content": "hi"}]
+    with ollama.Client(host=url) as client:
+        assert client.chat(model=name, messages=[], keep_alive=0).done_reason == "unload"
+        reloaded = client.chat(model=name, messages=msgs, options=opts)
+        again = client.chat(model=name, messages=msgs, options=opts)
+    assert 0 < reloaded.load_duration <= reloaded.total_duration and again.load_duration == 0
+
+
 def test_format_constrains_the_output(live):
     """The tiny model's random weights write whatever they like; with a schema they write it exactly."""
     url, _, _ = live
