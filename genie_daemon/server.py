@@ -138,7 +138,9 @@ class Daemon:
         if isinstance(msg, Health):
             return Reply(request_id=msg.request_id, data=self.status())
         if isinstance(msg, (Status, Metrics)):
-            return Reply(request_id=msg.request_id, data={**self.status(), "kv": await self.kv_metrics()})
+            state = {**self.status(), "kv": await self.kv_metrics()}
+            data = self.metrics.counters(state) if isinstance(msg, Metrics) else state  # METRICS: /metrics' figures
+            return Reply(request_id=msg.request_id, data=data)
         if isinstance(msg, (KvList, KvEvict, KvClear)):
             if self.kv is None:
                 return Error(request_id=rid, code="kv_disabled", message="the KV store is off (kv_store = false)")

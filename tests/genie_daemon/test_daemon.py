@@ -211,10 +211,14 @@ def test_genie_ctl(daemon, tmp_path):
     r = ctl(sock_dir, "status")
     assert r.returncode == 0 and "worker_pid" in r.stdout and "model" in r.stdout
     info = json.loads(ctl(sock_dir, "--json", "status").stdout)
-    assert info["ready"] is True and info["daemon_pid"] > 0
+    assert info["ready"] is True and info["daemon_pid"] > 0 and info["load_ms"] > 0
+    assert json.loads(ctl(sock_dir, "status", "--json").stdout)["daemon_pid"] == info["daemon_pid"]
     assert ctl(sock_dir, "health").returncode == 0
     r = ctl(sock_dir, "--json", "generate", "hello", "-n", "3")
     assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["usage"]["completion_tokens"] <= 3
+    counters = json.loads(ctl(sock_dir, "metrics", "--json").stdout)  # the counters, not the status again
+    assert counters["genie_generated_tokens_total"] >= 1 and counters["genie_ready"] == 1
+    assert "worker_pid" not in counters and "genie_generated_tokens_total" in ctl(sock_dir, "metrics").stdout
     r = ctl(tmp_path / "nothing-here", "status")
     assert r.returncode == 2 and "not running" in r.stderr and "Traceback" not in r.stderr
 
