@@ -24,6 +24,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fp16-kv", action="store_true", default=None, help="FP16 KV cache (default: INT8)")
     p.add_argument("--socket-dir", help=f"directory of the ipc sockets (default: {d.socket_dir})")
     p.add_argument("--max-queue", type=int, help=f"waiting requests before 'overloaded' (default: {d.max_queue})")
+    p.add_argument(
+        "--max-tokens-default",
+        type=int,
+        help=f"an answer's token cap when a request sets none (default: {d.max_tokens_default})",
+    )
     p.add_argument("--prefill-chunk", type=int, help=f"prompt tokens per forward pass (default: {d.prefill_chunk})")
     p.add_argument(
         "--stream-interval-ms",
@@ -48,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "fp16_kv": args.fp16_kv,
                 "socket_dir": args.socket_dir,
                 "max_queue": args.max_queue,
+                "max_tokens_default": args.max_tokens_default,
                 "prefill_chunk": args.prefill_chunk,
                 "stream_interval_ms": args.stream_interval_ms,
                 "kv_cache_dir": args.kv_cache_dir,

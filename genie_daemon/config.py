@@ -1,6 +1,7 @@
 """The daemon's one typed config: defaults, then the TOML file, then GENIE_* variables, then flags.
 
-Environment variables are read here and nowhere else.
+Environment variables are read here and nowhere else, but for XDG_RUNTIME_DIR: the default socket
+directory is protocol/endpoints.py's, which clients given no endpoint share.
 """
 
 from __future__ import annotations
@@ -11,15 +12,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from protocol.endpoints import client_endpoint, default_socket_dir
+
 
 def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME")
     return (Path(base) if base else Path.home() / ".cache") / "genie" / "kv"
-
-
-def _runtime_dir() -> Path:
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(base) / "genie" if base else Path("/run/genie")
 
 
 @dataclass(frozen=True)
@@ -29,8 +27,9 @@ class DaemonConfig:
     ctx: int = 4096  # context length in tokens
     fp16_kv: bool = False  # FP16 KV cache instead of INT8
     prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
+    max_tokens_default: int = 1024  # an answer's token cap when a request sets none (a voice answer is far shorter)
     stream_interval_ms: float = 5.0  # a request's DELTAs at most this often (first token, sentence ends at once)
-    socket_dir: str = field(default_factory=lambda: str(_runtime_dir()))  # where the ipc:// sockets live
+    socket_dir: str = field(default_factory=lambda: str(default_socket_dir()))  # where the ipc:// sockets live
     client_endpoint: str = ""  # client socket; default ipc://<socket_dir>/genie.sock
     worker_endpoint: str = ""  # daemon <-> worker socket; default ipc://<socket_dir>/worker.sock
     admin_endpoint: str = ""  # genie-ctl's socket (mode 0600 when ipc); default ipc://<socket_dir>/admin.sock
@@ -53,12 +52,14 @@ class DaemonConfig:
     def __post_init__(self) -> None:
         if self.max_queue < 0 or self.ctx < 0 or self.prefill_chunk < 1 or not self.stream_interval_ms >= 0:
             raise ValueError("max_queue, ctx and stream_interval_ms must be >= 0, prefill_chunk >= 1")
+        if self.max_tokens_default < 1:
+            raise ValueError("max_tokens_default must be >= 1: a request that asks for no limit must still end")
         if self.kv_cache_max_mb < 0 or not self.kv_cache_stale_tmp_s >= 0:
             raise ValueError("kv_cache_max_mb and kv_cache_stale_tmp_s must be >= 0")
         if not 0 <= self.http_port <= 65535 or not self.http_max_body_mb > 0:
             raise ValueError("http_port must be in 0..65535 (0: any free port) and http_max_body_mb > 0")
         if not self.client_endpoint:
-            object.__setattr__(self, "client_endpoint", f"ipc://{self.socket_dir}/genie.sock")
+            object.__setattr__(self, "client_endpoint", client_endpoint(self.socket_dir))
         if not self.worker_endpoint:
             object.__setattr__(self, "worker_endpoint", f"ipc://{self.socket_dir}/worker.sock")
         if not self.admin_endpoint:

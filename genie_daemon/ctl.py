@@ -126,21 +126,64 @@ def _load(config: DaemonConfig, model: str, as_json: bool, timeout_s: float = 60
     return 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _wait_ready(endpoint: str, wait_s: float) -> int:
+    """Polls STATUS until the daemon serves: 0, or 1 when its model failed to load (never retried), or 2
+    at the deadline. Says on stderr what it waits for, once each time that changes: a first start
+    (a packaged model assembled, then loaded) can take minutes."""
+    deadline = time.monotonic() + wait_s
+    said = ""
+    while True:
+        try:
+            reply = _admin_call(endpoint, Status(request_id="ctl-wait"))
+        except NotRunning:
+            waiting_for = f"waiting for the daemon at {endpoint}"
+        else:
+            data = reply.data if isinstance(reply, Reply) else {}
+            if data.get("ready"):
+                return 0
+            if data.get("load_error"):
+                print(f"genie-ctl: error: {data['load_error']}", file=sys.stderr)
+                return 1
+            model = data.get("loaded_model")
+            waiting_for = f"the worker is loading {model}" if model else "no model is loaded (genie-ctl load MODEL)"
+        if waiting_for != said:
+            print(f"genie-ctl: {waiting_for} …", file=sys.stderr)
+            said = waiting_for
+        if time.monotonic() > deadline:
+            print(f"genie-ctl: the daemon was not ready within {wait_s:.0f} s", file=sys.stderr)
+            return 2
+        time.sleep(0.25)
+
+
+def _add_global_options(p: argparse.ArgumentParser, with_defaults: bool) -> None:
+    """--socket-dir, --json, --wait: on the main parser (with defaults) and again on each command's
+    (without: argparse copies a command's defaults over what was given before the command)."""
     d = DaemonConfig()
-    p = argparse.ArgumentParser(prog="genie-ctl", description="talk to the running genie daemon")
-    p.add_argument("--socket-dir", default=d.socket_dir, help="the daemon's socket directory (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print JSON for scripts (default: readable tables)")
+
+    def default(value: Any) -> Any:
+        return value if with_defaults else argparse.SUPPRESS
+
+    p.add_argument(
+        "--socket-dir", default=default(d.socket_dir), help=f"the daemon's socket directory (default: {d.socket_dir})"
+    )
+    p.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON for scripts (default: readable tables)"
+    )
     p.add_argument(
         "--wait",
         type=float,
-        default=0.0,
-        help="wait up to this many seconds for the daemon to be ready (default: %(default)s)",
+        default=default(0.0),
+        help="wait up to this many seconds for the daemon to be ready (default: 0)",
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="genie-ctl", description="talk to the running genie daemon")
+    _add_global_options(p, with_defaults=True)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="model, backend, device, uptime, pids, queue, requests served")
+    sub.add_parser("status", help="model, backend, device, load time, uptime, pids, queue, requests served")
     sub.add_parser("health", help="exit code 0 when the daemon can serve, 1 when not")
-    sub.add_parser("metrics", help="counters")
+    sub.add_parser("metrics", help="the counters GET /metrics has: requests by outcome, tokens, timings, KV store")
     load = sub.add_parser("load", help="serve another model (waits until it is ready)")
     load.add_argument("model", help="GGUF path or installed model name")
     sub.add_parser("unload", help="stop serving; GENERATE is refused until the next load")
@@ -152,20 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     gen = sub.add_parser("generate", help="generate from a prompt through the daemon")
     gen.add_argument("prompt")
     gen.add_argument("-n", "--max-tokens", type=int, default=64, help="(default: %(default)s)")
+    for command in sub.choices.values():
+        _add_global_options(command, with_defaults=False)
     args = p.parse_args(argv)
     config = DaemonConfig(socket_dir=args.socket_dir)
-    deadline = time.monotonic() + args.wait
-    while args.wait > 0:  # a daemon just started: its socket appears, then its worker loads the model
-        try:
-            reply = _admin_call(config.admin_endpoint, Status(request_id="ctl-wait"))
-            if isinstance(reply, Reply) and reply.data.get("ready"):
-                break
-        except NotRunning:
-            pass
-        if time.monotonic() > deadline:
-            print(f"genie-ctl: the daemon was not ready within {args.wait:.0f} s", file=sys.stderr)
-            return 2
-        time.sleep(0.25)
+    if args.wait > 0:  # a daemon just started: its socket appears, then its worker loads the model
+        waited = _wait_ready(config.admin_endpoint, args.wait)
+        if waited:
+            return waited
     try:
         if args.command == "generate":
             text, end = asyncio.run(_generate(config.client_endpoint, args.prompt, args.max_tokens))

@@ -119,12 +119,11 @@ def stop_list(value: Any, name: str) -> list[str] | None:
 
 
 def check_model(service: Service, name: Any) -> ModelInfo:
-    """The served model when `name` addresses it (with or without an Ollama tag), else 404."""
+    """The served model when `name` addresses it (ModelInfo.is_named), else 404."""
     info = service.model_info()
     if not isinstance(name, str) or not name:
         raise HttpError(400, "model is required and must be a string")
-    base = name.removesuffix(":latest")
-    if base != info.name and name != info.name:
+    if not info.is_named(name):
         raise HttpError(404, f"model {name!r} not found (genie serves {info.name!r})", "model_not_found")
     return info
 

@@ -1,5 +1,6 @@
-"""The daemon's Prometheus metrics (GET /metrics): per-request figures observed as each request ends,
-whichever front it came through, and gauges read from the daemon's state when scraped."""
+"""The daemon's Prometheus metrics (GET /metrics, and METRICS for `genie-ctl metrics`): per-request figures
+observed as each request ends, whichever front it came through, and gauges read from the daemon's state
+when scraped."""
 
 from __future__ import annotations
 
@@ -54,10 +55,28 @@ class DaemonMetrics:
 
     def render(self, state: dict[str, Any]) -> bytes:
         """The text exposition, with gauges from `state`: the daemon's status with its `kv` section."""
+        self._read_state(state)
+        return generate_latest(self.registry)
+
+    def counters(self, state: dict[str, Any]) -> dict[str, float]:
+        """The same figures as one flat map for `genie-ctl metrics` (METRICS): each sample by its name and
+        labels as the text has them; histograms by their _count and _sum (buckets are for Prometheus)."""
+        self._read_state(state)
+        out: dict[str, float] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith(("_bucket", "_created")):
+                    continue
+                labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+                key = f"{sample.name}{{{labels}}}" if labels else sample.name
+                value = float(sample.value)
+                out[key] = int(value) if value.is_integer() else value  # a count reads as one
+        return out
+
+    def _read_state(self, state: dict[str, Any]) -> None:
         self.requests_running.set(1 if state.get("running") else 0)
         self.requests_waiting.set(int(state.get("queue", 0)))
         self._state.snapshot = state
-        return generate_latest(self.registry)
 
 
 class _StateCollector(Collector):

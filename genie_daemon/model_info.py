@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gguf import LlamaFileType
@@ -18,9 +19,18 @@ from workers.engine.gguf_file import GGUFFile
 from workers.engine.registry import MODELS, installed_path
 
 
+def client_name(model: str) -> str:
+    """How clients see `model` (config.model): an installed model by its name, a GGUF path by its file's
+    stem, as Ollama names models (a path in /api/tags and every reply was long and leaked the layout)."""
+    if model in MODELS:
+        return model
+    name = Path(model).name
+    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+
+
 @dataclass(frozen=True)
 class ModelInfo:
-    name: str  # as clients address it (config.model)
+    name: str  # as clients see it: client_name(config.model)
     size: int  # file bytes
     digest: str  # hex: the GGUF fingerprint (sha256 of its size, header and tensor table); "" when unknown
     family: str  # the GGUF architecture, e.g. qwen3, gemma3
@@ -30,11 +40,26 @@ class ModelInfo:
     context_length: int = 0
     chat_template: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)  # scalar general.* and <arch>.* keys
+    configured: str = ""  # config.model as given (a path or an installed name): requests may name it too
 
     @classmethod
-    def named(cls, name: str, size: int = 0) -> ModelInfo:
+    def named(cls, model: str, size: int = 0) -> ModelInfo:
         """What is known of a model before its file is read: its name (and a packaged model's size)."""
-        return cls(name=name, size=size, digest="", family="", parameter_size="", quantization="", modified_at=0.0)
+        return cls(
+            name=client_name(model),
+            size=size,
+            digest="",
+            family="",
+            parameter_size="",
+            quantization="",
+            modified_at=0.0,
+            configured=model,
+        )
+
+    def is_named(self, name: str) -> bool:
+        """Whether a request's `model` addresses this one: its name, with or without Ollama's `:latest`, or
+        the path it was configured with."""
+        return name in (self.name, f"{self.name}:latest") or (bool(self.configured) and name == self.configured)
 
     @property
     def capabilities(self) -> list[str]:
@@ -58,7 +83,7 @@ def describe(model: str) -> ModelInfo:
     return ModelInfo.named(model, packaged.size_bytes if packaged else 0)
 
 
-def _from_file(name: str, path: Any) -> ModelInfo:
+def _from_file(model: str, path: Any) -> ModelInfo:
     with GGUFFile(path) as gf:
         arch = gf.architecture
         n_params = sum(_elements(t.shape) for t in gf.tensors.values())
@@ -73,7 +98,7 @@ def _from_file(name: str, path: Any) -> ModelInfo:
         }
         meta["general.parameter_count"] = n_params
         return ModelInfo(
-            name=name,
+            name=client_name(model),
             size=gf.file_size,
             digest=gf.fingerprint().hex(),
             family=arch,
@@ -83,6 +108,7 @@ def _from_file(name: str, path: Any) -> ModelInfo:
             context_length=int(ctx) if isinstance(ctx, int) else 0,
             chat_template=template if isinstance(template, str) else "",
             metadata=meta,
+            configured=model,
         )
 
 

@@ -33,14 +33,17 @@ from .http_turn import (
     stop_list,
     tool_call_in,
 )
+from .load_report import LoadReport
 from .model_info import ModelInfo, iso_time
 from .output_parser import Piece, ToolCall
 
 VERSION = "0.12.0"  # the Ollama API version whose endpoints and fields genie implements
 NS = 1_000_000  # ms -> ns
+LOAD_REPORT: web.AppKey[LoadReport] = web.AppKey("ollama_load_report")
 
 
 def add_routes(app: web.Application) -> None:
+    app[LOAD_REPORT] = LoadReport()
     app.router.add_get("/", root)
     app.router.add_get("/api/version", version)
     app.router.add_get("/api/tags", tags)
@@ -149,7 +152,10 @@ def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
     if params.get("seed", 0) < 0:  # -1 is Ollama's (and llama.cpp's) "a random seed"
         del params["seed"]
     n = get(options, "num_predict", "int", -1, where="options.")
-    params["max_tokens"] = ctx if n < 0 else n  # -1 (and -2): until a stop or the context is full
+    if n == -2:  # Ollama's "fill the context"
+        params["max_tokens"] = ctx
+    elif n >= 0:  # -1, Ollama's "infinite" and default: none here, so the daemon's max_tokens_default applies
+        params["max_tokens"] = n
     get(options, "num_ctx", "int", where="options.")  # the context is the daemon's (config ctx): checked only
     stop = stop_list(options.get("stop"), "options.stop")
     if stop:
@@ -278,32 +284,33 @@ async def _run(
     unload_after: bool,
 ) -> web.StreamResponse:
     msg = build_generate(fields)
+    t0 = time.monotonic()  # before a wait for the model to load: Ollama's total_duration includes the load
     await ensure_ready(service)
-    t0 = time.monotonic()
+    load_ns = request.app[LOAD_REPORT].take_ns(service.status())
     async with Turn(service, msg) as turn:
         first, events = await first_then_rest(turn.parsed())
         if stream:
             resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
             await resp.prepare(request)
             async for ev in events:
-                line = _line(ev, info, kind, t0)
+                line = _line(ev, info, kind, t0, load_ns)
                 if line is not None:
                     await resp.write(dumps(line) + b"\n")
             await resp.write_eof()
             result: web.StreamResponse = resp
         else:
-            result = web.json_response(await _collect(events, info, kind, t0))
+            result = web.json_response(await _collect(events, info, kind, t0, load_ns))
     if unload_after:
         await service.unload(only_if_idle=True)
     return result
 
 
-def _line(ev: Any, info: ModelInfo, kind: str, t0: float) -> dict[str, Any] | None:
+def _line(ev: Any, info: ModelInfo, kind: str, t0: float, load_ns: int) -> dict[str, Any] | None:
     head = {"model": info.name, "created_at": iso_time()}
     if isinstance(ev, Error):
         return {"error": ev.message}
     if isinstance(ev, Done):
-        return {**head, **_empty(kind), **_final(ev, t0)}
+        return {**head, **_empty(kind), **_final(ev, t0, load_ns)}
     if kind == "generate":
         if isinstance(ev, Piece):
             return {**head, "response": ev.text if ev.kind == "content" else "", "done": False} | (
@@ -324,14 +331,14 @@ def _empty(kind: str) -> dict[str, Any]:
     return {"message": {"role": "assistant", "content": ""}} if kind == "chat" else {"response": ""}
 
 
-def _final(done: Done, t0: float) -> dict[str, Any]:
+def _final(done: Done, t0: float, load_ns: int) -> dict[str, Any]:
     usage, t = done.usage, done.timings
     prompt, cached = int(usage.get("prompt_tokens", 0)), int(usage.get("cached_tokens", 0))
     return {
         "done": True,
         "done_reason": done.finish_reason,
         "total_duration": int((time.monotonic() - t0) * 1e9),
-        "load_duration": 0,
+        "load_duration": load_ns,  # the first reply after each load only (load_report.py)
         "prompt_eval_count": prompt - cached,
         "prompt_eval_duration": int(float(t.get("prefill_ms", 0.0)) * NS),
         "eval_count": int(usage.get("completion_tokens", 0)),
@@ -340,15 +347,15 @@ def _final(done: Done, t0: float) -> dict[str, Any]:
     }
 
 
-async def _collect(events: Any, info: ModelInfo, kind: str, t0: float) -> dict[str, Any]:
+async def _collect(events: Any, info: ModelInfo, kind: str, t0: float, load_ns: int) -> dict[str, Any]:
     r = await gather(events)
     head: dict[str, Any] = {"model": info.name, "created_at": iso_time()}
     if kind == "generate":
         out = {**head, "response": r.content} | ({"thinking": r.thinking} if r.thinking else {})
-        return {**out, **_final(r.done, t0)}
+        return {**out, **_final(r.done, t0, load_ns)}
     message: dict[str, Any] = {"role": "assistant", "content": r.content}
     if r.thinking:
         message["thinking"] = r.thinking
     if r.calls:
         message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in r.calls]
-    return {**head, "message": message, **_final(r.done, t0)}
+    return {**head, "message": message, **_final(r.done, t0, load_ns)}

@@ -60,11 +60,23 @@ async def model(request: web.Request) -> web.Response:
     return web.json_response(_model_obj(info))
 
 
-def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
+BOUNDS = {  # OpenAI's ranges: outside them OpenAI answers 400, and so does genie
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "frequency_penalty": (-2.0, 2.0),  # checked for compatibility, not applied
+    "presence_penalty": (-2.0, 2.0),  # checked for compatibility, not applied
+}
+
+
+def _params(body: dict[str, Any]) -> dict[str, Any]:
     if get(body, "n", "int", 1) != 1:
         raise HttpError(400, "n must be 1: genie generates one choice")
     if get(body, "logprobs", "bool", False) or body.get("top_logprobs") is not None:
         raise HttpError(400, "logprobs are not supported")
+    for name, (low, high) in BOUNDS.items():
+        value = get(body, name, "number")
+        if value is not None and not low <= value <= high:
+            raise HttpError(400, f"{name} must be between {low:g} and {high:g}")
     params: dict[str, Any] = {}
     for name, kind in (("temperature", "number"), ("top_p", "number"), ("seed", "int")):
         value = get(body, name, kind)
@@ -75,9 +87,8 @@ def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
     limit = get(body, "max_completion_tokens", "int", get(body, "max_tokens", "int"))
     if limit is not None and limit < 0:
         raise HttpError(400, "max_tokens must be >= 0")
-    params["max_tokens"] = ctx if limit is None else limit
-    for name in ("frequency_penalty", "presence_penalty"):  # accepted for compatibility, not applied
-        get(body, name, "number")
+    if limit is not None:  # else none: the daemon's max_tokens_default applies
+        params["max_tokens"] = limit
     stop = stop_list(body.get("stop"), "stop")
     if stop:
         params["stop"] = stop
@@ -194,7 +205,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     think = get(body, "reasoning_effort", "str") not in (None, "none", "minimal")
     fields = {
         "messages": _messages(raw),
-        "params": _params(body, service.config.ctx),
+        "params": _params(body),
         "tools": tools,
         "think": think,
         "format": _format(body),
@@ -213,7 +224,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise HttpError(400, "prompt must be a non-empty string")
     if get(body, "echo", "bool", False) or get(body, "suffix", "str"):
         raise HttpError(400, "echo and suffix are not supported")
-    fields = {"prompt": prompt, "params": _params(body, service.config.ctx), "format": _format(body)}
+    fields = {"prompt": prompt, "params": _params(body), "format": _format(body)}
     return await _run(request, service, info, body, fields, "text")
 
 

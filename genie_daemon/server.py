@@ -138,7 +138,9 @@ class Daemon:
         if isinstance(msg, Health):
             return Reply(request_id=msg.request_id, data=self.status())
         if isinstance(msg, (Status, Metrics)):
-            return Reply(request_id=msg.request_id, data={**self.status(), "kv": await self.kv_metrics()})
+            state = {**self.status(), "kv": await self.kv_metrics()}
+            data = self.metrics.counters(state) if isinstance(msg, Metrics) else state  # METRICS: /metrics' figures
+            return Reply(request_id=msg.request_id, data=data)
         if isinstance(msg, (KvList, KvEvict, KvClear)):
             if self.kv is None:
                 return Error(request_id=rid, code="kv_disabled", message="the KV store is off (kv_store = false)")
@@ -244,6 +246,8 @@ class Daemon:
         if refusal:
             await reply(Error(request_id=msg.request_id, code=refusal[0], message=refusal[1]))
             return
+        if isinstance(msg, Generate) and "max_tokens" not in msg.params:  # no limit asked: still an end
+            msg = replace(msg, params={**msg.params, "max_tokens": self.config.max_tokens_default})
         priority = msg.priority if isinstance(msg, Generate) else "voice"
         self.queues[priority].append(Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}"))
         await self.dispatch()
@@ -361,6 +365,7 @@ class Daemon:
             "model": self.worker.info.get("model"),
             "backend": self.worker.info.get("backend"),
             "device": self.worker.info.get("device"),
+            "load_ms": self.worker.info.get("load_ms"),  # the serving worker's load (Ollama's load_duration)
             "ready": self.worker.ready,
             "uptime_s": round(time.monotonic() - self.started, 1),
             "daemon_pid": os.getpid(),

@@ -1,6 +1,6 @@
 """`GenieClient`: the async client library voice pipelines use.
 
-    async with GenieClient("ipc:///run/genie/genie.sock") as client:
+    async with GenieClient() as client:  # the daemon's default socket; or GenieClient("ipc://...")
         async for ev in client.generate(messages=[{"role": "user", "content": "Lights off?"}]):
             if isinstance(ev, Delta): speak(ev.text)
 
@@ -20,18 +20,20 @@ import zmq
 import zmq.asyncio
 
 from .codec import decode, encode
+from .endpoints import client_endpoint
 from .errors import ProtocolError
 from .messages import Cancel, Delta, Done, Error, Generate, Health, Message, Prewarm, Reply, Status
 
 
 class GenieClient:
-    def __init__(self, endpoint: str, timeout_s: float = 60.0) -> None:
-        self.endpoint = endpoint
+    def __init__(self, endpoint: str | None = None, timeout_s: float = 60.0) -> None:
+        """`endpoint` None: the daemon's default socket, in $XDG_RUNTIME_DIR/genie/ else /run/genie/."""
+        self.endpoint = endpoint or client_endpoint()
         self.timeout_s = timeout_s
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)  # ZeroMQ reconnects by itself after a daemon restart
+        self.sock.connect(self.endpoint)  # ZeroMQ reconnects by itself after a daemon restart
         self._ids = itertools.count(1)
         self._prefix = f"{os.getpid()}-{id(self):x}-"
         self._pending: dict[str, asyncio.Queue[Message]] = {}

@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 from .errors import BAD_MESSAGE, ProtocolError
 from .schema import Field, validate
 
-# Sampling parameters a GENERATE may carry (all optional; the engine's defaults apply).
+# Sampling parameters a GENERATE may carry (all optional; the engine's defaults apply, but the daemon sets
+# max_tokens when it is absent: SPEC.md).
 PARAMS = {
     "temperature": Field("float"),
     "top_k": Field("int", limit=1 << 20),

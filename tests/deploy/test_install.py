@@ -106,3 +106,13 @@ def test_systemd_analyze_verify(tmp_path):
 def test_shellcheck(script):
     r = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
+
+
+@pytest.mark.skipif(not shutil.which("git"), reason="git not installed")
+def test_the_quickstart_log_is_ignored_by_git():
+    """README's Quickstart writes genie-daemon.log in the clone: it must not show as untracked (issue 16)."""
+    root = DEPLOY.parent
+    if subprocess.run(["git", "-C", str(root), "rev-parse"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    r = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", "genie-daemon.log"], capture_output=True)
+    assert r.returncode == 0, "genie-daemon.log is not in .gitignore"

@@ -38,3 +38,12 @@ def test_unknown_toml_option_is_an_error(tmp_path):
     toml.write_text("strem_interval_ms = 1\n")
     with pytest.raises(ValueError, match="unknown option"):
         load_config(toml)
+
+
+def test_max_tokens_default_is_an_option_of_at_least_one(tmp_path, monkeypatch):
+    """The cap of an answer that asks for none (issue 16): set like every option, and never 0."""
+    assert DaemonConfig().max_tokens_default == 1024
+    monkeypatch.setenv("GENIE_MAX_TOKENS_DEFAULT", "200")
+    assert load_config(tmp_path / "none.toml").max_tokens_default == 200
+    with pytest.raises(ValueError, match="max_tokens_default must be >= 1"):
+        load_config(tmp_path / "none.toml", {"max_tokens_default": 0})

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from genie_daemon.config import DaemonConfig
+from genie_daemon.server import Daemon
 from protocol.client import GenieClient
 from protocol.codec import decode
-from protocol.messages import Delta, Done, Error, Reply
+from protocol.messages import Delta, Done, Error, Generate, Prewarm, Reply
 from tests.child_env import child_env
 from tests.tiny_models import write_tiny_model
 
@@ -220,10 +222,14 @@ def test_genie_ctl(daemon, tmp_path):
     r = ctl(sock_dir, "status")
     assert r.returncode == 0 and "worker_pid" in r.stdout and "model" in r.stdout
     info = json.loads(ctl(sock_dir, "--json", "status").stdout)
-    assert info["ready"] is True and info["daemon_pid"] > 0
+    assert info["ready"] is True and info["daemon_pid"] > 0 and info["load_ms"] > 0
+    assert json.loads(ctl(sock_dir, "status", "--json").stdout)["daemon_pid"] == info["daemon_pid"]
     assert ctl(sock_dir, "health").returncode == 0
     r = ctl(sock_dir, "--json", "generate", "hello", "-n", "3")
     assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["usage"]["completion_tokens"] <= 3
+    counters = json.loads(ctl(sock_dir, "metrics", "--json").stdout)  # the counters, not the status again
+    assert counters["genie_generated_tokens_total"] >= 1 and counters["genie_ready"] == 1
+    assert "worker_pid" not in counters and "genie_generated_tokens_total" in ctl(sock_dir, "metrics").stdout
     r = ctl(tmp_path / "nothing-here", "status")
     assert r.returncode == 2 and "not running" in r.stderr and "Traceback" not in r.stderr
 
@@ -416,3 +422,32 @@ def test_client_survives_a_daemon_restart(tmp_path):
 
     first, second = asyncio.run(go())
     assert isinstance(first, Done) and isinstance(second, Done)
+
+
+def test_a_generate_without_max_tokens_gets_the_default_cap(tmp_path):
+    """Every front's GENERATE passes through submit: one that asks for no limit gets max_tokens_default
+    (issue 16: answers that ran until the context was full); one that asks keeps its own."""
+    config = DaemonConfig(socket_dir=str(tmp_path / "run"), kv_store=False, http=False, max_tokens_default=7)
+
+    async def go():
+        daemon = Daemon(config)  # no worker started: the requests stay queued where they can be read
+        refused: list = []
+
+        async def reply(msg):
+            refused.append(msg)
+
+        try:
+            for msg in (
+                Generate(request_id="a", prompt="x"),
+                Generate(request_id="b", prompt="x", params={"max_tokens": 3, "temperature": 0.0}),
+                Prewarm(request_id="c", prompt="x"),
+            ):
+                await daemon.submit("owner", reply, msg)
+            return refused, [req.msg for req in daemon.queues["voice"]]
+        finally:
+            await daemon.shutdown()
+
+    refused, (a, b, c) = asyncio.run(go())
+    assert refused == []
+    assert a.params == {"max_tokens": 7} and b.params == {"max_tokens": 3, "temperature": 0.0}
+    assert isinstance(c, Prewarm)

@@ -21,8 +21,9 @@ import pytest
 from genie_daemon.config import DaemonConfig
 from genie_daemon.http_server import HttpFront
 from genie_daemon.metrics import DaemonMetrics
-from genie_daemon.model_info import ModelInfo
+from genie_daemon.model_info import ModelInfo, describe
 from protocol.messages import Delta, Done, Error, Generate
+from tests.tiny_models import write_tiny_model
 
 QWEN_CALLS = [
     "<think>\nThe user wants the kitchen light on.\n</think>\n\n<tool",
@@ -58,6 +59,8 @@ class ScriptedService:
         self.submitted: list[Generate] = []
         self.cancelled: list[str] = []
         self.unloads = 0
+        self.worker_pid = 1
+        self.info = ModelInfo("tiny", 123_456, "ab" * 32, "qwen3", "0.6B", "Q4_K_M", 1.7e9, 4096, "{{ tools }}", {})
 
     async def submit(self, owner: Any, reply: Any, msg: Generate) -> None:
         self.submitted.append(msg)
@@ -82,13 +85,20 @@ class ScriptedService:
         self.cancelled.append(rid)
 
     def status(self) -> dict[str, Any]:
-        return {"ready": self.ready, "loaded_model": "tiny", "worker_pid": 1, "queue": 0, "running": False}
+        return {
+            "ready": self.ready,
+            "loaded_model": "tiny",
+            "worker_pid": self.worker_pid,
+            "load_ms": 250.0,
+            "queue": 0,
+            "running": False,
+        }
 
     async def kv_metrics(self) -> dict[str, Any]:
         return {"enabled": True, "hits": 3, "misses": 1, "evictions": 2, "bytes": 4096, "entries": 2}
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo("tiny", 123_456, "ab" * 32, "qwen3", "0.6B", "Q4_K_M", 1.7e9, 4096, "{{ tools }}", {})
+        return self.info
 
     async def ensure_loaded(self, timeout_s: float) -> str | None:
         return None if self.ready else "the model is loading"
@@ -149,7 +159,26 @@ def test_ollama_chat_not_streamed(served):
     assert r.prompt_eval_duration == 12_500_000 and r.eval_duration == 70_000_000
     msg = service.submitted[-1]
     assert msg.messages == [{"role": "user", "content": "hi"}] and msg.params["seed"] == 3
-    assert msg.params["max_tokens"] == 4096  # num_predict absent: until a stop or the context is full
+    assert "max_tokens" not in msg.params  # num_predict absent: the daemon's max_tokens_default applies
+
+
+@pytest.mark.parametrize(
+    ("num_predict", "max_tokens"),
+    [(None, None), (-1, None), (-2, 4096), (5, 5)],
+    ids=["absent", "infinite", "fill-the-context", "five"],
+)
+def test_ollama_num_predict_and_the_default_cap(served, num_predict, max_tokens):
+    """Ollama's -1 ("infinite", its default) gets the daemon's max_tokens_default, which the daemon adds to
+    a GENERATE without max_tokens (issue 16: answers ran until the context was full); -2 fills the
+    context; a cap that is hit is done_reason length, streamed or not."""
+    service, url = served
+    service.finish = "length"
+    options = {} if num_predict is None else {"num_predict": num_predict}
+    client = ollama_client(url)
+    r = client.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], options=options)
+    assert service.submitted[-1].params.get("max_tokens") == max_tokens and r.done_reason == "length"
+    chunks = list(client.generate(model="tiny", prompt="hi", options=options, stream=True))
+    assert service.submitted[-1].params.get("max_tokens") == max_tokens and chunks[-1].done_reason == "length"
 
 
 def test_ollama_chat_streamed(served):
@@ -217,6 +246,32 @@ def test_ollama_tags_show_ps_version_pull(served):
     assert e.value.status_code == 404
 
 
+def test_a_model_given_by_path_is_named_by_its_stem(served, tmp_path):
+    """`-m /models/x.gguf` is the model `x` in every listing and error, and either name addresses it
+    (issue 16: clients were shown, and had to send, the whole path)."""
+    service, url = served
+    path = tmp_path / "models" / "tiny-q8.gguf"
+    path.parent.mkdir()
+    write_tiny_model("llama", path)
+    service.info = describe(str(path))
+    client = ollama_client(url)
+    assert [m.model for m in client.list().models] == ["tiny-q8"]
+    assert [m.model for m in client.ps().models] == ["tiny-q8"]
+    assert client.show("tiny-q8").details.format == "gguf" and client.show(str(path)).details.format == "gguf"
+    for name in ("tiny-q8", "tiny-q8:latest", str(path)):
+        r = client.chat(model=name, messages=[{"role": "user", "content": "hi"}])
+        assert r.model == "tiny-q8" and r.message.content == "Hello!"
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="other", messages=[{"role": "user", "content": "x"}])
+    assert e.value.status_code == 404 and "'tiny-q8'" in str(e.value) and str(tmp_path) not in str(e.value)
+    oa = openai_client(url)
+    assert [m.id for m in oa.models.list().data] == ["tiny-q8"] and oa.models.retrieve("tiny-q8").id == "tiny-q8"
+    r = oa.chat.completions.create(model="tiny-q8", messages=[{"role": "user", "content": "hi"}])
+    assert r.model == "tiny-q8"
+    assert ModelInfo.named(str(path)).name == "tiny-q8"  # while the file is unread (first start, loading)
+    assert ModelInfo.named("qwen3-0.6b").name == "qwen3-0.6b"  # a name, not a path: kept whole
+
+
 def test_ollama_generate_raw_and_templated(served):
     service, url = served
     client = ollama_client(url)
@@ -248,6 +303,20 @@ def test_ollama_errors(served):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "format": "xml"}
     status, reply = http(url + "/api/chat", body)
     assert status == 400 and "format" in json.loads(reply)["error"]
+
+
+def test_ollama_load_duration_on_the_first_reply_after_each_load(served):
+    """The worker's load time (READY's load_ms) in ns on the first reply after each (re)load, as Ollama
+    reports the load on the request that waited for it; 0 later (issue 16: it was always 0)."""
+    service, url = served
+    client = ollama_client(url)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert client.chat(model="tiny", messages=msgs).load_duration == 250_000_000
+    assert client.chat(model="tiny", messages=msgs).load_duration == 0
+    service.worker_pid = 2  # a restart or a reload: another worker, its own load
+    chunks = list(client.generate(model="tiny", prompt="hi", stream=True))
+    assert chunks[-1].load_duration == 250_000_000 and chunks[-1].total_duration > 0
+    assert client.generate(model="tiny", prompt="hi").load_duration == 0
 
 
 def test_ollama_cached_tokens_in_the_raw_reply(served):
@@ -336,6 +405,59 @@ def test_openai_completions_models_and_errors(served):
     service.finish = "length"
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
     assert r.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("field", [None, "max_tokens", "max_completion_tokens"])
+def test_openai_without_a_limit_gets_the_default_cap(served, field):
+    """No max_tokens: the daemon's max_tokens_default applies (issue 16); the cap hit is finish_reason
+    length, streamed or not, for chat and for completions."""
+    service, url = served
+    service.finish = "length"
+    client = openai_client(url)
+    extra = {} if field is None else {"extra_body": {field: 5}}
+    msgs = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, **extra)
+    assert service.submitted[-1].params.get("max_tokens") == (None if field is None else 5)
+    assert r.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(model="tiny", messages=msgs, stream=True, **extra))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    chunks = list(client.completions.create(model="tiny", prompt="Once", stream=True, **extra))
+    assert service.submitted[-1].params.get("max_tokens") == (None if field is None else 5)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", 2.5),
+        ("temperature", -0.5),
+        ("top_p", 1.5),
+        ("top_p", -0.1),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -3),
+    ],
+)
+def test_openai_numbers_out_of_range_are_a_400(served, field, value):
+    """OpenAI's own bounds (temperature 0..2, top_p 0..1, penalties -2..2): what OpenAI refuses, genie
+    refuses too (issue 16: a temperature of 2.5 was sampled with)."""
+    service, url = served
+    client = openai_client(url)
+    n = len(service.submitted)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], **{field: value})
+    assert field in str(e.value)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="x", **{field: value})
+    assert len(service.submitted) == n
+
+
+def test_openai_numbers_at_their_bounds_are_accepted(served):
+    service, url = served
+    client = openai_client(url)
+    msgs = [{"role": "user", "content": "x"}]
+    for bounds in ({"temperature": 2, "top_p": 0}, {"temperature": 0, "top_p": 1}):
+        client.chat.completions.create(model="tiny", messages=msgs, presence_penalty=-2, frequency_penalty=2, **bounds)
+        assert service.submitted[-1].params["temperature"] == bounds["temperature"]
 
 
 # -- both -----------------------------------------------------------------------------------------------

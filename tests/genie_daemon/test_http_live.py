@@ -20,6 +20,7 @@ import ollama
 import openai
 import pytest
 
+from genie_daemon.config import DaemonConfig
 from tests.child_env import child_env
 from tests.tiny_models import write_tiny_model
 
@@ -92,7 +93,7 @@ def test_tags_answer_while_loading(live):
     assert early[0][0] == 503, "the first /health answer came after the model had loaded"
     for _, (status, tags) in early:  # every /api/tags answer, loading or not, lists the served model
         assert status == 200 and len(tags["models"]) == 1
-        assert tags["models"][0]["name"].endswith("tiny.gguf") and tags["models"][0]["size"] > 0
+        assert tags["models"][0]["name"] == "tiny" and tags["models"][0]["size"] > 0  # -m .../tiny.gguf
     final = early[-1][1][1]["models"][0]
     assert final["details"]["family"] == "qwen3" and len(final["digest"]) == 64
 
@@ -117,6 +118,36 @@ def test_ollama_and_openai_clients_stream_and_not(live):
         chunks = list(oa.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         assert chunks[-1].usage.completion_tokens == c.usage.completion_tokens and text
+
+
+def test_an_answer_without_a_limit_ends_at_the_default_cap(live):
+    """No num_predict, no max_tokens, and the EOS ignored so that only a cap can end it: the answer stops
+    at the daemon's max_tokens_default with done_reason / finish_reason length (issue 16: it ran until
+    the 4096-token context was full)."""
+    url, _, _ = live
+    name = served_name(url)
+    cap = DaemonConfig.max_tokens_default
+    msgs = [{"role": "user", "content": "hello"}]
+    with ollama.Client(host=url) as client:
+        r = client.chat(model=name, messages=msgs, options={"ignore_eos": True, "temperature": 0})
+        assert r.eval_count == cap and r.done_reason == "length"
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as oa:
+        c = oa.chat.completions.create(model=name, messages=msgs, temperature=0, extra_body={"ignore_eos": True})
+        assert c.usage.completion_tokens == cap and c.choices[0].finish_reason == "length"
+
+
+def test_load_duration_after_a_reload(live):
+    """keep_alive 0 unloads; the next request loads the model again and its reply reports the worker's
+    load time, as Ollama reports a load; the reply after it loaded nothing (issue 16: always 0)."""
+    url, _, _ = live
+    name = served_name(url)
+    opts = {"num_predict": 2, "ignore_eos": True}
+    msgs = [{"role": "user", "content": "hi"}]
+    with ollama.Client(host=url) as client:
+        assert client.chat(model=name, messages=[], keep_alive=0).done_reason == "unload"
+        reloaded = client.chat(model=name, messages=msgs, options=opts)
+        again = client.chat(model=name, messages=msgs, options=opts)
+    assert 0 < reloaded.load_duration <= reloaded.total_duration and again.load_duration == 0
 
 
 def test_format_constrains_the_output(live):

@@ -1,0 +1,101 @@
+"""genie-ctl against a scripted admin socket: where its options may stand, what `metrics` prints, and
+what `--wait` says while the daemon starts. tests/genie_daemon/test_daemon.py drives it against the
+real daemon."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from genie_daemon import ctl
+from genie_daemon.metrics import DaemonMetrics
+from protocol.messages import Message, Metrics, Reply, Status
+
+READY = {"ready": True, "model": "tiny", "loaded_model": "tiny", "load_error": None}
+
+
+class ScriptedAdmin:
+    """Stands in for `_admin_call`: answers each call with the next scripted step (a dict is a REPLY's
+    data, an exception is raised), repeating the last one; records where and what was asked."""
+
+    def __init__(self, steps: list[Any]) -> None:
+        self.steps = steps
+        self.calls: list[tuple[str, Message]] = []
+
+    def __call__(self, endpoint: str, msg: Message) -> Message:
+        self.calls.append((endpoint, msg))
+        step = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
+        if isinstance(step, Exception):
+            raise step
+        return Reply(request_id=msg.request_id, data=step)
+
+
+@pytest.fixture
+def admin(monkeypatch) -> Iterator[ScriptedAdmin]:
+    scripted = ScriptedAdmin([READY])
+    monkeypatch.setattr(ctl, "_admin_call", scripted)
+    monkeypatch.setattr(ctl.time, "sleep", lambda s: None)  # --wait polls: no need to pause in a test
+    yield scripted
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--json", "--socket-dir", "/tmp/g", "status"],
+        ["status", "--json", "--socket-dir", "/tmp/g"],
+        ["--socket-dir", "/tmp/g", "status", "--json"],
+        ["--json", "status", "--socket-dir", "/tmp/g", "--wait", "5"],
+    ],
+)
+def test_global_options_before_or_after_the_command(admin, capsys, argv):
+    """`genie-ctl status --json` was a usage error: only `genie-ctl --json status` worked (issue 16)."""
+    assert ctl.main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == READY
+    assert {endpoint for endpoint, _ in admin.calls} == {"ipc:///tmp/g/admin.sock"}
+    assert isinstance(admin.calls[-1][1], Status)
+
+
+def test_metrics_prints_the_counters(admin, capsys):
+    """`genie-ctl metrics` printed the same as `status`: it asks METRICS and prints the daemon's counters,
+    the figures GET /metrics has."""
+    metrics = DaemonMetrics()
+    metrics.observe_done("stop", {"prompt_tokens": 12, "cached_tokens": 4, "completion_tokens": 7}, {"ttft_ms": 30})
+    metrics.observe_error("overloaded")
+    counters = metrics.counters({"ready": True, "running": False, "queue": 2, "kv": {"hits": 3}})
+    assert counters['genie_requests_total{finish="stop"}'] == 1
+    assert counters['genie_requests_total{finish="error:overloaded"}'] == 1
+    assert counters["genie_generated_tokens_total"] == 7 and counters["genie_cached_tokens_total"] == 4
+    assert counters["genie_time_to_first_token_seconds_count"] == 1 and counters["genie_requests_waiting"] == 2
+    assert counters["genie_kv_store_hits"] == 3 and counters["genie_ready"] == 1
+    assert not [k for k in counters if k.endswith(("_bucket", "_created"))]  # for Prometheus, not people
+    admin.steps = [counters]
+    assert ctl.main(["metrics"]) == 0
+    out = capsys.readouterr().out
+    assert isinstance(admin.calls[-1][1], Metrics)
+    assert any(line.split() == ["genie_generated_tokens_total", "7"] for line in out.splitlines()), out
+    assert ctl.main(["metrics", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == counters
+
+
+def test_wait_says_what_it_waits_for_once_per_change(admin, capsys):
+    """The first start took minutes in silence (issue 16): the daemon not up, then the worker loading."""
+    loading = {"ready": False, "loaded_model": "gemma3-270m", "load_error": None}
+    down = ctl.NotRunning("no daemon socket at /tmp/g/admin.sock")
+    admin.steps = [down, down, down, loading, loading, loading, READY]
+    assert ctl.main(["--socket-dir", "/tmp/g", "--wait", "60", "health"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 2, lines
+    assert "waiting for the daemon" in lines[0] and "/tmp/g" in lines[0]
+    assert "loading gemma3-270m" in lines[1]
+    assert captured.out.strip() == "healthy"
+
+
+def test_wait_stops_at_a_failed_load(admin, capsys):
+    """A model the worker cannot load is not retried: waiting on would only end at the deadline."""
+    admin.steps = [{"ready": False, "loaded_model": "x", "load_error": "the worker could not load 'x'"}]
+    assert ctl.main(["--wait", "5", "status"]) == 1
+    assert "could not load 'x'" in capsys.readouterr().err
