@@ -91,9 +91,11 @@ def test_cancel_during_prefill_stops_between_chunks(make_engine):
     ids = e.text_prompt("word " * 700)
     calls = []
 
+    asks_a_chunk = 1 + e.model.config.n_layers  # before the chunk, then after each layer
+
     def cancel():
         calls.append(1)
-        return len(calls) > 1  # let the first chunk run, cancel before the second
+        return len(calls) > asks_a_chunk  # let the first chunk run, cancel before the second
 
     _, done = run(e, ids, cancel=cancel)
     assert done.finish_reason == "cancelled" and done.token_ids == []
@@ -102,14 +104,36 @@ def test_cancel_during_prefill_stops_between_chunks(make_engine):
     assert after.cached_tokens == e.config.prefill_chunk
 
 
+@pytest.mark.parametrize("model", ["gemma3-270m", "smollm2-135m"])
+def test_cancel_during_prefill_stops_after_the_layer_it_arrives_in(make_engine, model):
+    """A 256-token chunk takes 0.3-1 s on 2 cores: a barge-in must not wait for the chunk to end (the
+    CPU backend asks after every layer; issue 16 item 9: 0.76 s and 5.75 s before)."""
+    e = make_engine(model)
+    forget(e)
+    ids = e.text_prompt("word " * 300)
+    calls = []
+
+    def cancel():
+        calls.append(1)
+        return len(calls) >= 4  # arrives while layer 3 of the first chunk runs
+
+    _, done = run(e, ids, cancel=cancel)
+    assert done.finish_reason == "cancelled" and done.token_ids == []
+    assert len(calls) == 4  # asked once more after that layer, and no layer ran after the answer
+    assert e.kv.resident[0] == []  # the chunk's half-written rows are not counted as held
+    _, after = run(e, ids, SamplingParams(temperature=0, max_tokens=1))
+    assert after.cached_tokens == 0 and after.finish_reason == "length"
+
+
 def test_cancel_during_decode(make_engine):
     e = make_engine("gemma3-270m")
     n = []
+    prefill_asks = 1 + e.model.config.n_layers
     _, done = run(
         e,
         e.text_prompt("Hello"),
         SamplingParams(temperature=0, max_tokens=50),
-        cancel=lambda: n.append(1) or len(n) > 4,
+        cancel=lambda: n.append(1) or len(n) > prefill_asks + 4,
     )
     assert done.finish_reason == "cancelled" and 0 < done.completion_tokens < 50
 

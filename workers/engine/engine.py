@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .arch.layers import forward
+from .arch.layers import Interrupted, forward
 from .backends import BACKEND_CHOICES, select_backend
 from .backends.numpy_backend import NumpyBackend
 from .chat_template import builtin_template, chat_prompt_ids
@@ -152,14 +152,25 @@ class Engine:
         return ids
 
     # -- generation -------------------------------------------------------------------------------
-    def _run(self, slot: int, ids: Sequence[int], pos0: int, logit_rows: slice | None) -> Any:
+    def _run(
+        self,
+        slot: int,
+        ids: Sequence[int],
+        pos0: int,
+        logit_rows: slice | None,
+        interrupt: Callable[[], bool] | None = None,
+    ) -> Any:
+        """One forward pass; with `interrupt` (a prefill chunk on a backend that stops between layers) it
+        may raise Interrupted, and the slot then holds what it held before."""
         # the kernels write K/V at these positions unchecked: past the cache they would corrupt other memory
         assert 0 <= pos0 and pos0 + len(ids) <= self.n_ctx, (pos0, len(ids), self.n_ctx)
         arr = np.asarray(ids, dtype=np.int64)
         m = self.model
+        if not self.backend.stops_between_layers:
+            interrupt = None
 
         def run() -> Any:
-            return forward(m.config, m.weights, self.backend, self.kv, slot, arr, pos0, logit_rows)
+            return forward(m.config, m.weights, self.backend, self.kv, slot, arr, pos0, logit_rows, interrupt)
 
         out = None
         if len(arr) == 1 and logit_rows is not None:  # a decode step: the backend's fused path if it has one
@@ -193,12 +204,16 @@ class Engine:
         logits = None
         chunk = self.config.prefill_chunk
         while pos < len(prompt):
-            if cancel():
-                yield Completion("cancelled", "", [], len(prompt), cached)
-                return
             ids = prompt[pos : pos + chunk]
             is_last = pos + len(ids) == len(prompt)
-            logits = self._run(slot, ids, pos, slice(-1, None) if is_last else None)
+            try:
+                if cancel():
+                    raise Interrupted
+                # a chunk stops between layers when cancelled: a barge-in ends within a layer's time
+                logits = self._run(slot, ids, pos, slice(-1, None) if is_last else None, cancel)
+            except Interrupted:
+                yield Completion("cancelled", "", [], len(prompt), cached)
+                return
             pos += len(ids)
         t_prefill = time.perf_counter()
 

@@ -8,6 +8,7 @@ Shapes: n tokens, d = d_model, H / Hkv query / KV heads, hd / hdv head dims (per
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +16,10 @@ import numpy as np
 from ..backends.base import Array, Backend, NextInput, Weight
 from ..kv_cache import KVCache
 from ..model_config import LayerConfig, ModelConfig
+
+
+class Interrupted(Exception):
+    """A forward pass stopped between layers because its caller asked (a cancelled request)."""
 
 
 @dataclass
@@ -59,11 +64,13 @@ def forward(
     ids: np.ndarray,
     pos0: int,
     logit_rows: slice | None,
+    interrupt: Callable[[], bool] | None = None,
 ) -> Array | None:
     """Run tokens `ids` [n] at positions pos0.. of `slot`, writing their K/V.
 
     Returns logits [rows, vocab] for `ids[logit_rows]` (None: no logits, e.g. a prefill chunk that
-    is not the last)."""
+    is not the last). `interrupt` is asked after every layer; when it says yes the pass stops with
+    Interrupted, and the K/V rows it wrote are garbage the caller must not count as resident."""
     b = backend
     positions = np.arange(pos0, pos0 + len(ids))
     dev_ids = b.stage_inputs(ids, pos0)
@@ -101,6 +108,8 @@ def forward(
                 x = x + _ple_branch(cfg, lc, lw, b, x, ple[:, i])
             if "layer_scale" in opt:
                 x = x * opt["layer_scale"]
+        if interrupt is not None and interrupt():
+            raise Interrupted
     if pending is not None:
         x = x + pending
     if logit_rows is None:

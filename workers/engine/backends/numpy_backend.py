@@ -65,6 +65,7 @@ class _RopeTable:
 class NumpyBackend(Backend):
     name = "numpy"
     xp = np
+    stops_between_layers = True
 
     def __init__(self, block_kernels: bool = True) -> None:
         """`block_kernels=False` keeps every matrix as float32 (the fallback when no C compiler works)."""
