@@ -42,7 +42,7 @@ class DaemonConfig:
     heartbeat_timeout_s: float = 3.0  # a worker silent this long is dead (three missed 1 s beats)
     restart_backoff_s: float = 0.5  # first restart delay; doubles up to restart_backoff_max_s
     restart_backoff_max_s: float = 10.0
-    drain_timeout_s: float = 25.0  # on SIGTERM, how long a running turn may finish before it is cancelled
+    drain_timeout_s: float = 0.0  # on SIGTERM, how long a running turn may go on before it is cancelled
     http: bool = True  # serve the Ollama- and OpenAI-compatible HTTP API (Home Assistant's way in)
     http_host: str = "127.0.0.1"  # bind address of the HTTP API; 0.0.0.0 to reach it from the network
     http_port: int = 11434  # Ollama's port, where Home Assistant looks first

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -43,8 +44,8 @@ class NotRunning(Exception):
 
 def _admin_call(endpoint: str, msg: Message) -> Message:
     path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
-    if path is not None and not os.path.exists(path):
-        raise NotRunning(f"no daemon socket at {path}")
+    if path is not None:
+        _check_listening(path)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -60,6 +61,22 @@ def _admin_call(endpoint: str, msg: Message) -> Message:
     finally:
         sock.close()
         ctx.term()
+
+
+def _check_listening(path: str) -> None:
+    """NotRunning at once for a missing socket file, or one no process listens on (a daemon that was
+    killed leaves its file): ZeroMQ would wait out the whole timeout on it."""
+    if not os.path.exists(path):
+        raise NotRunning(f"no daemon socket at {path}")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        raise NotRunning(f"no daemon listens at {path} (a socket file left by one that stopped)") from None
+    except OSError:
+        pass  # not ours to judge (permissions, a path too long for AF_UNIX): ZeroMQ will say
+    finally:
+        probe.close()
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

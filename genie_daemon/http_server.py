@@ -98,7 +98,7 @@ class HttpFront:
     def __init__(self, service: Service) -> None:
         self.service = service
         # on shutdown open streams get a few seconds, not aiohttp's default minute (the daemon drains first)
-        self.runner = web.AppRunner(make_app(service), handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
+        self.runner = web.AppRunner(make_app(service), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         self.port = 0
 
     async def start(self) -> None:

@@ -4,6 +4,7 @@ one running generation, relaying the worker's answers to whoever asked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -51,6 +52,7 @@ from .worker_handle import WorkerHandle
 
 log = logging.getLogger("genie.daemon")
 MAX_CLIENT_MSG_BYTES = 8 << 20
+CANCEL_GRACE_S = 1.5  # on SIGTERM, how long a cancelled turn may take to end (a CPU layer is ~50 ms)
 
 
 ReplyFn = Callable[[Message], Awaitable[None]]
@@ -396,7 +398,8 @@ class Daemon:
         await self.shutdown()
 
     async def shutdown(self) -> None:
-        """Stops the HTTP server, the worker and the KV store and closes the sockets."""
+        """Stops the HTTP server, the worker and then the KV store (which writes the last turn's KV the
+        worker handed it), closes the sockets and removes their files."""
         if self.http:
             await self.http.stop()
         await self.worker.stop()
@@ -405,18 +408,26 @@ class Daemon:
         for sock in (self.clients, self.workers, self.admin):
             sock.close()
         self.ctx.term()
+        endpoints = [self.config.client_endpoint, self.config.worker_endpoint, self.config.admin_endpoint]
+        for endpoint in endpoints + ([self.config.kv_endpoint] if self.kv else []):
+            if endpoint.startswith("ipc://"):  # a file left behind would look like a daemon to genie-ctl
+                with contextlib.suppress(OSError):
+                    os.unlink(endpoint[len("ipc://") :])
 
     async def drain(self) -> None:
-        """SIGTERM: queued requests end as cancelled; the running one may finish, then is cancelled."""
+        """SIGTERM: queued requests end as cancelled; the running one goes on for drain_timeout_s (default
+        0), then is cancelled, and its DONE is awaited a bounded time (the worker saves its KV after it)."""
         for q in self.queues.values():
             while q:
                 req = q.popleft()
                 await req.reply(Done(request_id=req.client_rid, finish_reason="cancelled"))
         deadline = time.monotonic() + self.config.drain_timeout_s
         while self.running and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
         if self.running:
             await self.cancel(self.running.owner, self.running.client_rid)
-            end = time.monotonic() + 3
+            end = time.monotonic() + CANCEL_GRACE_S
             while self.running and time.monotonic() < end:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.02)
+            if self.running:  # the worker did not answer the cancel: the client still gets an end
+                await self._drop_running("shutting_down", "genie stopped during this request")

@@ -11,6 +11,7 @@ gets an ERROR and the loop goes on; so does a failed disk write (the save is los
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,8 @@ from .wire import layout_from_body, snapshot_frames, snapshot_from_frames
 
 log = logging.getLogger("genie.kvstore")
 
-POLL_MS = 1000  # only for noticing SIGTERM: idle, the store wakes once a second
+POLL_MS = 200  # only for noticing SIGTERM: idle, the store wakes five times a second
+DRAIN_S = 2.0  # on SIGTERM, how long the store goes on serving what already arrived (the last turn's save)
 
 
 @dataclass(frozen=True)
@@ -62,13 +64,21 @@ class KVStoreServer:
         try:
             while not self.stopping:
                 if self.sock.poll(POLL_MS):
-                    peer, *frames = self.sock.recv_multipart(copy=False)
-                    reply, side = self.handle([f.buffer for f in frames])
-                    self.sock.send_multipart([peer.bytes, *encode(reply, side)], copy=False)
+                    self._serve_one()
+            # what arrived before SIGTERM is still served: the daemon stops the worker first, whose last
+            # save may be waiting here
+            deadline = time.monotonic() + DRAIN_S
+            while time.monotonic() < deadline and self.sock.poll(0):
+                self._serve_one()
             return 0
         finally:
             self.sock.close()
             self.ctx.term()
+
+    def _serve_one(self) -> None:
+        peer, *frames = self.sock.recv_multipart(copy=False)
+        reply, side = self.handle([f.buffer for f in frames])
+        self.sock.send_multipart([peer.bytes, *encode(reply, side)], copy=False)
 
     def handle(self, frames: list[memoryview]) -> tuple[Message, list[memoryview]]:
         try:

@@ -179,7 +179,9 @@ class Worker:
                 self.kv.hydrate(ids, msg.conv_id)
             fmt = msg.format if isinstance(msg, Generate) else None
             constraint = self.engine.json_constraint(fmt) if fmt is not None else None
-            for ev in self.engine.generate(ids, params, cancel=lambda: rid in self.cancelled, constraint=constraint):
+            # SIGTERM (the daemon stopping, or the daemon gone: exit_with_parent) ends the turn like a CANCEL
+            cancel = lambda: rid in self.cancelled or self.stopping  # noqa: E731
+            for ev in self.engine.generate(ids, params, cancel=cancel, constraint=constraint):
                 if isinstance(ev, Completion):
                     stream.flush()
                     if self.kv:
