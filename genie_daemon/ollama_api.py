@@ -344,6 +344,8 @@ def _final(done: Done, t0: float, load_ns: int) -> dict[str, Any]:
         "eval_count": int(usage.get("completion_tokens", 0)),
         "eval_duration": int(float(t.get("decode_ms", 0.0)) * NS),
         "cached_tokens": cached,
+        # the oldest messages left out to fit the context (genie's; Ollama only logs it)
+        "dropped_messages": int(usage.get("dropped_messages", 0)),
     }
 
 

@@ -176,6 +176,7 @@ def _usage(done: Done) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": int(u.get("cached_tokens", 0))},
+        "dropped_messages": int(u.get("dropped_messages", 0)),  # genie's: oldest messages left out to fit
     }
 
 

@@ -257,7 +257,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": line})
         try:
-            ids = engine.chat_prompt(messages, think=args.think)
+            fitted = engine.fit_chat(messages, params.max_tokens, think=args.think)
+            if fitted.dropped:
+                print(f"genie: the {fitted.dropped} oldest messages no longer fit the context", file=sys.stderr)
+            ids = fitted.ids
             if conv:
                 conv.before(ids)
             c = _stream(engine, ids, params, args.think, echo=True)

@@ -14,6 +14,7 @@ for the daemon to restart it. A failing KV store is never fatal: the turn runs c
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import queue
 import signal
@@ -50,6 +51,8 @@ from .engine.registry import DEFAULT_MODEL
 from .engine.sampling import SamplingParams
 from .kv_link import KvLink
 from .lifetime import exit_with_parent
+
+log = logging.getLogger("genie.worker")
 
 
 @dataclass(frozen=True)
@@ -173,8 +176,10 @@ class Worker:
         rid = msg.request_id
         stream = DeltaStream(rid, self.send, self.config.stream_interval_s)
         try:
-            ids = self._prompt_ids(msg)
             params = SamplingParams(max_tokens=0) if isinstance(msg, Prewarm) else _sampling(msg.params)
+            ids, dropped = self._prompt_ids(msg, params.max_tokens)
+            if dropped:
+                log.warning("event=context_truncated request=%s dropped_messages=%d", rid, dropped)
             if self.kv:
                 self.kv.hydrate(ids, msg.conv_id)
             fmt = msg.format if isinstance(msg, Generate) else None
@@ -190,6 +195,7 @@ class Worker:
                         "prompt_tokens": ev.prompt_tokens,
                         "cached_tokens": ev.cached_tokens,
                         "completion_tokens": ev.completion_tokens,
+                        "dropped_messages": dropped,  # the oldest turns left out to fit the context
                     }
                     t = ev.timings
                     timings = {
@@ -210,14 +216,16 @@ class Worker:
         finally:
             self.cancelled.discard(rid)
 
-    def _prompt_ids(self, msg: Generate | Prewarm) -> list[int]:
+    def _prompt_ids(self, msg: Generate | Prewarm, answer_tokens: int) -> tuple[list[int], int]:
+        """The prompt's tokens, and how many of its oldest messages were dropped to fit the context."""
         if msg.messages is not None:
             tools = msg.tools if isinstance(msg, Generate) else None
-            return self.engine.chat_prompt(msg.messages, think=getattr(msg, "think", False), tools=tools)
+            fitted = self.engine.fit_chat(msg.messages, answer_tokens, think=getattr(msg, "think", False), tools=tools)
+            return fitted.ids, fitted.dropped
         if msg.prompt is not None:
-            return self.engine.text_prompt(msg.prompt)
+            return self.engine.text_prompt(msg.prompt), 0
         assert isinstance(msg, Generate) and msg.token_ids is not None
-        return list(msg.token_ids)
+        return list(msg.token_ids), 0
 
 
 def _sampling(params: dict) -> SamplingParams:

@@ -451,3 +451,33 @@ def test_a_generate_without_max_tokens_gets_the_default_cap(tmp_path):
     assert refused == []
     assert a.params == {"max_tokens": 7} and b.params == {"max_tokens": 3, "temperature": 0.0}
     assert isinstance(c, Prewarm)
+
+
+def test_a_conversation_longer_than_the_context_keeps_its_newest_turns(daemon):
+    """Home Assistant's long conversations were refused (400 '… do not fit the context'); now the oldest
+    turns are dropped, as Ollama does, and DONE says how many."""
+    _, endpoint = daemon
+    messages = [{"role": "system", "content": "You are terse."}]
+    for i in range(12):
+        messages += [
+            {"role": "user", "content": f"question {i}: " + "lights " * 40},
+            {"role": "assistant", "content": "answer " * 40},
+        ]
+    messages.append({"role": "user", "content": "And now?"})
+
+    async def go():
+        async with GenieClient(endpoint, timeout_s=60) as client:
+            return await collect(client, messages=messages, params={"max_tokens": 4})
+
+    _, end = asyncio.run(go())
+    assert isinstance(end, Done), end
+    assert end.usage["dropped_messages"] > 0 and end.usage["dropped_messages"] % 2 == 0  # whole turns
+    assert end.usage["prompt_tokens"] <= 512 - 4
+    too_long = [{"role": "system", "content": "rules " * 600}, {"role": "user", "content": "hi"}]
+
+    async def refused():
+        async with GenieClient(endpoint, timeout_s=60) as client:
+            return await collect(client, messages=too_long, params={"max_tokens": 4})
+
+    _, err = asyncio.run(refused())
+    assert isinstance(err, Error) and "the system message and the last user message alone" in err.message

@@ -20,6 +20,7 @@ from .backends import BACKEND_CHOICES, select_backend
 from .backends.numpy_backend import NumpyBackend
 from .chat_template import builtin_template, chat_prompt_ids
 from .constraint import JsonConstraint
+from .context_fit import Fitted, fit_messages
 from .errors import BackendUnsupportedError, ModelError, RequestError
 from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
 from .model import Model
@@ -127,6 +128,18 @@ class Engine:
     ) -> list[int]:
         template = self.model.chat_template or builtin_template(self.model.config.arch)
         return chat_prompt_ids(self.tokenizer, template, messages, tools=tools, enable_thinking=think)
+
+    def fit_chat(
+        self,
+        messages: Sequence[Any],
+        answer_tokens: int,
+        think: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Fitted:
+        """chat_prompt, with the oldest turns dropped when the conversation does not leave room for an
+        answer of `answer_tokens` (at most a quarter of the context) in the context (context_fit.py)."""
+        room = max(1, min(answer_tokens, self.n_ctx // 4))
+        return fit_messages(lambda m: self.chat_prompt(m, think, tools), messages, self.n_ctx - room)
 
     def json_constraint(self, fmt: str | dict[str, Any]) -> JsonConstraint:
         """A request's output constraint: "json" (any JSON object) or a JSON schema."""
