@@ -353,6 +353,7 @@ class Daemon:
                 log.error("event=load_failed model=%r", self.config.model)
                 continue
             log.error("event=worker_lost pid=%s returncode=%s", self.worker.pid, code)
+            self.worker.mark_lost()  # first: a request that arrives meanwhile waits for the new worker
             await self._drop_running("worker_died", "the worker stopped during this request; it is being restarted")
             await self.worker.restart()
 

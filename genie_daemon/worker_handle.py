@@ -54,11 +54,17 @@ class WorkerHandle:
         # heartbeats start with the I/O thread, after the model loaded; until then only the exit counts
         return not self.ready or time.monotonic() - self.last_seen < self.config.heartbeat_timeout_s
 
+    def mark_lost(self) -> None:
+        """Takes no more requests (it stopped answering, or exited) until a new worker is READY."""
+        self.ready, self.identity = False, None
+
     async def kill(self) -> None:
+        # not ready before the first await: a request arriving while the process dies must wait for the
+        # next worker, not go to this one and stay "running" for ever
+        self.mark_lost()
         if self.proc and self.proc.returncode is None:
             self.proc.kill()
             await self.proc.wait()
-        self.ready = False
 
     async def restart(self) -> None:
         await self.kill()
@@ -70,7 +76,7 @@ class WorkerHandle:
         await self.start()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        self.ready = False
+        self.mark_lost()
         if self.proc and self.proc.returncode is None:
             self.proc.terminate()
             try:

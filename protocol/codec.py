@@ -9,7 +9,7 @@ from typing import Any
 
 import msgpack
 
-from .errors import BAD_FRAME, ProtocolError
+from .errors import BAD_FRAME, BAD_MESSAGE, ProtocolError
 from .kv_messages import KvData, KvLookup, KvSave, KvSaved
 from .messages import MESSAGE_TYPES, Message
 
@@ -24,7 +24,13 @@ Frame = bytes | bytearray | memoryview
 
 
 def encode(msg: Message, side: Sequence[Frame] = ()) -> list[Frame]:
-    body = msgpack.packb(msg.body(), use_bin_type=True)
+    """The frames of `msg`; a ProtocolError (with its request id) for a value msgpack cannot carry, such
+    as an integer beyond 64 bits."""
+    try:
+        body = msgpack.packb(msg.body(), use_bin_type=True)
+    except (OverflowError, TypeError, ValueError) as e:
+        rid = getattr(msg, "request_id", None)
+        raise ProtocolError(BAD_MESSAGE, f"{type(msg).__name__.upper()} cannot be encoded: {e}", rid) from None
     return [bytes((msg.TYPE,)) + body, *side]
 
 

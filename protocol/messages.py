@@ -12,12 +12,14 @@ from .schema import Field, validate
 
 # Sampling parameters a GENERATE may carry (all optional; the engine's defaults apply, but the daemon sets
 # max_tokens when it is absent: SPEC.md).
+# Every number is bounded here, at the boundary; the engine checks the finer ranges (temperature >= 0, ...).
 PARAMS = {
-    "temperature": Field("float"),
+    "temperature": Field("float", limit=100),
     "top_k": Field("int", limit=1 << 20),
-    "top_p": Field("float"),
-    "min_p": Field("float"),
-    "repeat_penalty": Field("float"),
+    "top_p": Field("float", limit=1),
+    "min_p": Field("float", limit=1),
+    "repeat_penalty": Field("float", limit=100),
+    "repeat_last_n": Field("int", limit=1 << 20),
     "seed": Field("int", limit=(1 << 63) - 1),
     "max_tokens": Field("int", limit=1 << 20),
     "stop": Field("str_list"),

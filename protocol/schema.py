@@ -1,7 +1,7 @@
 """Field rules for message bodies: declared as data, checked by one function.
 
 A rule is (kind, required, limit): kind is one of the keys of `_CHECKS`; limit bounds a string's length,
-a list's length, or an integer's magnitude. Nothing from the wire reaches genie without passing here.
+a list's length, or a number's magnitude. Nothing from the wire reaches genie without passing here.
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ def check(kind: str, value: Any, limit: int) -> str | None:
         n = limit or (1 << 62)
         return None if _is_int(value) and abs(value) <= n else f"must be an integer within ±{n}"
     if kind == "float":
+        bound = limit or 1e300
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        return None if ok else "must be a finite number"
+        return None if ok and abs(value) <= bound else f"must be a finite number within ±{bound:g}"
     if kind == "bool":
         return None if isinstance(value, bool) else "must be true or false"
     if kind == "token_ids":

@@ -132,7 +132,14 @@ class Worker:
         self.stopping = False
 
     def send(self, msg: Message) -> None:
-        self.out.send_multipart(encode(msg))
+        """Never blocks: a daemon that takes nothing (gone, or stuck for a thousand messages) stops this
+        worker, which ends its turn as cancelled and exits (a child never outlives its daemon)."""
+        try:
+            self.out.send_multipart(encode(msg), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            if not self.stopping:
+                log.error("event=daemon_unreachable: stopping")
+            self.stopping = True
 
     def serve(self) -> int:
         """Runs until SIGTERM/SIGINT (exit 0) or a fatal error (DEAD, exit 1)."""
@@ -213,6 +220,14 @@ class Worker:
         except GenieError as e:  # the request's fault: reply and go on
             stream.flush()
             self.send(Error(request_id=rid, code="bad_request", message=str(e)))
+        except Exception as e:
+            if _device_state_unknown(e):
+                raise  # fatal: DEAD, and the daemon starts a fresh worker
+            # a bug met by one request: that request fails, the others go on (the engine's state is whole:
+            # a slot counts a token as held only once its forward pass returned)
+            log.exception("event=request_failed request=%s", rid)
+            stream.flush()
+            self.send(Error(request_id=rid, code="internal", message=f"{type(e).__name__}: {e}"[:2000]))
         finally:
             self.cancelled.discard(rid)
 
@@ -226,6 +241,12 @@ class Worker:
             return self.engine.text_prompt(msg.prompt), 0
         assert isinstance(msg, Generate) and msg.token_ids is not None
         return list(msg.token_ids), 0
+
+
+def _device_state_unknown(e: Exception) -> bool:
+    """An error after which the device (GPU memory, a CUDA context) cannot be trusted: CuPy's and CUDA's
+    own errors, and running out of memory."""
+    return isinstance(e, MemoryError) or type(e).__module__.split(".")[0] in ("cupy", "cupy_backends", "cuda")
 
 
 def _sampling(params: dict) -> SamplingParams:

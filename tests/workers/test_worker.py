@@ -150,3 +150,44 @@ def test_heartbeats_arrive_every_second(daemon):
         if isinstance(daemon.recv(timeout_s=3, skip_heartbeats=False), Heartbeat):
             beats += 1
     assert time.monotonic() - start < 3
+
+
+class _Boom:
+    """An engine whose generation fails with the given exception (a bug met by one request)."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def text_prompt(self, text: str) -> list[int]:
+        return [1, 2, 3]
+
+    def generate(self, *args, **kwargs):
+        raise self.exc
+        yield
+
+
+def _cuda_error() -> Exception:
+    cls = type("CUDARuntimeError", (RuntimeError,), {"__module__": "cupy_backends.cuda.api.runtime"})
+    return cls("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+
+@pytest.mark.parametrize(
+    "exc, fatal", [(ValueError("Probabilities contain NaN"), False), (_cuda_error(), True), (MemoryError(), True)]
+)
+def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worker(exc, fatal):
+    from protocol.messages import Error, Generate
+    from workers.worker import Worker
+
+    sent: list = []
+    worker = Worker.__new__(Worker)  # no sockets: handle() is what is under test
+    worker.engine, worker.kv, worker.cancelled, worker.stopping = _Boom(exc), None, set(), False
+    worker.config = type("C", (), {"stream_interval_s": 0.0})()
+    worker.send = sent.append  # type: ignore[method-assign]
+    msg = Generate(request_id="r1", prompt="hi", params={"max_tokens": 4})
+    if fatal:
+        with pytest.raises(type(exc)):
+            worker.handle(msg)
+        return
+    worker.handle(msg)
+    assert len(sent) == 1 and isinstance(sent[0], Error)
+    assert sent[0].request_id == "r1" and sent[0].code == "internal" and "NaN" in sent[0].message

@@ -13,6 +13,8 @@ import numpy as np
 
 from .errors import RequestError
 
+FLOAT32_BIG = float(np.finfo(np.float32).max) / 4  # penalized logits stay within this: differences stay finite
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -56,7 +58,7 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
 
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
-        """logits [vocab] float32 (not modified) -> token id."""
+        """logits [vocab] float32, finite (not modified) -> token id, for any valid parameters."""
         p = self.params
         logits = apply_repeat_penalty(logits, history[-p.repeat_last_n :] if p.repeat_last_n else [], p.repeat_penalty)
         if p.is_greedy:
@@ -85,8 +87,11 @@ def apply_repeat_penalty(logits: np.ndarray, recent: list[int], penalty: float) 
         return logits
     out = logits.copy()
     ids = np.unique(np.asarray(recent))
-    vals = out[ids]
-    out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+    vals = out[ids].astype(np.float64)
+    penalized = np.where(vals > 0, vals / penalty, vals * penalty)
+    # an extreme penalty (1e-300, 1e300) must not make infinities: inf - inf is the NaN that once reached
+    # rng.choice and killed the worker; clipped, the order of the logits is what it would have been
+    out[ids] = np.clip(penalized, -FLOAT32_BIG, FLOAT32_BIG)
     return out
 
 

@@ -1,0 +1,89 @@
+"""Faults that once wedged or leaked the service (issue 21): a request sent while a hung worker is being
+replaced, and a daemon killed with SIGKILL in the middle of an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from protocol.client import GenieClient
+from protocol.messages import Delta, Done, Error
+from tests.genie_daemon.test_daemon import collect, ctl, start_daemon
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def test_requests_sent_while_a_hung_worker_is_replaced_are_all_answered(tmp_path):
+    proc, endpoint = start_daemon(tmp_path)
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        pid = json.loads(ctl(sock_dir, "--json", "status").stdout)["worker_pid"]
+        long = {"token_ids": [1] + list(range(3, 60)), "params": {"max_tokens": 400, "ignore_eos": True}}
+        short = {"token_ids": [1, 5, 6, 7], "params": {"max_tokens": 3, "ignore_eos": True}}
+
+        async def go() -> list:
+            async with GenieClient(endpoint, timeout_s=60) as client:
+                ends = []
+                async for ev in client.generate(**long):
+                    if isinstance(ev, Delta):
+                        os.kill(pid, signal.SIGSTOP)  # hung: no more heartbeats, no more answers
+                    else:
+                        ends.append(ev)
+                # at once, in the restart window, then after it
+                window = await asyncio.gather(*(collect(client, **short) for _ in range(3)))
+                ends += [end for _, end in window]
+                ends.append((await collect(client, **short))[1])
+                return ends
+
+        ends = asyncio.run(go())
+        assert isinstance(ends[0], Error) and ends[0].code == "worker_died", ends[0]
+        assert all(isinstance(e, Done) for e in ends[1:]), ends
+        status = json.loads(ctl(sock_dir, "--json", "status").stdout)
+        assert status["ready"] and not status["running"] and status["queue"] == 0, status
+        assert status["worker_restarts"] == 1 and status["worker_pid"] != pid
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_no_child_outlives_a_daemon_killed_mid_answer(tmp_path):
+    proc, endpoint = start_daemon(tmp_path, model="gemma3-270m", ctx=2048, backend="numpy", ready_timeout_s=120)
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    status = json.loads(ctl(sock_dir, "--json", "status").stdout)
+    children = [status["worker_pid"], status["kv_store_pid"]]
+
+    async def go() -> None:
+        params = {"temperature": 0.0, "max_tokens": 1500, "ignore_eos": True}
+        async with GenieClient(endpoint, timeout_s=5) as client:
+            async for ev in client.generate(prompt="Tell a long story.", params=params, conv_id="attic"):
+                if isinstance(ev, Delta):
+                    proc.kill()  # SIGKILL: no handler runs, nothing is cleaned up by the daemon
+                    return
+
+    try:
+        asyncio.run(go())
+        proc.communicate(timeout=10)
+        deadline = time.monotonic() + 5
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in children if alive(pid)], "a child of the killed daemon is still running"
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
