@@ -3,7 +3,7 @@
 llguidance compiles a JSON schema to a grammar and, before each token, gives the set of tokens that keep
 the output a valid prefix of it; the engine masks the rest of the logits to -inf, samples as usual, and
 feeds the token back. Its tokenizer view is built once per model from genie's own tokenizer: each token's
-bytes, the control tokens, and genie's encode for the rare strings llguidance tokenizes itself.
+bytes, the markup tokens, and genie's encode for the rare strings llguidance tokenizes itself.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ class _TokenizerView:
         vocab = tok.vocab
         self.eos_token_id = vocab.eos_id if vocab.eos_id is not None else min(vocab.eog_ids, default=0)
         self.bos_token_id = vocab.bos_id
-        self.special_token_ids = [i for i in range(vocab.n_vocab) if vocab.is_control(i)]
-        # control tokens are marked with a 0xFF first byte (llguidance's convention): never literal text
+        self.special_token_ids = [i for i in range(vocab.n_vocab) if vocab.is_markup(i)]
+        # markup is marked with a 0xFF first byte (llguidance's convention), so the grammar never takes it
+        # for literal text: the answer prints it as nothing, and a JSON string holding it would lose bytes
         special = set(self.special_token_ids)
         self.tokens = [
             (b"\xff" if i in special else b"") + tok.token_to_bytes(i, special=True) for i in range(vocab.n_vocab)
