@@ -7,7 +7,9 @@ import json
 
 import pytest
 
+from tests.json_schema_check import violations
 from tests.tiny_models import write_tiny_model
+from workers.engine.constraint import ANY_OBJECT
 from workers.engine.engine import Completion, Engine, EngineConfig
 from workers.engine.errors import RequestError
 from workers.engine.sampling import SamplingParams
@@ -79,3 +81,128 @@ def test_real_model_answers_in_the_schema(make_engine):
     assert isinstance(done, Completion) and done.finish_reason == "stop", done
     value = json.loads(done.text)
     assert set(value) == {"name", "on"} and isinstance(value["on"], bool)
+
+
+# What Home Assistant's AI Task sends as Ollama's `format` (its structure, converted to a schema): no
+# bounds on any value (issue 16).
+HA_TASK = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "description": "Name of the person"},
+        "age": {"type": "integer"},
+        "height_m": {"type": "number"},
+        "is_member": {"type": "boolean"},
+        "hobbies": {"type": "array", "items": {"type": "string"}},
+        "colour": {"type": "string", "enum": ["red", "green", "blue"]},
+    },
+    "required": ["name", "age", "height_m", "is_member", "hobbies", "colour"],
+}
+HA_OPTIONAL = {
+    "type": "object",
+    "properties": {
+        "brightness": {"type": "integer", "minimum": 0, "maximum": 255},
+        "temperature": {"type": "number"},
+        "note": {"type": "string"},
+    },
+}
+HA_NESTED = {
+    "type": "object",
+    "properties": {
+        "rooms": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "lights_on": {"type": "integer"},
+                    "temp_c": {"type": "number"},
+                },
+                "required": ["name", "lights_on"],
+            },
+        },
+        "summary": {"type": "string"},
+        "mode": {"enum": ["home", "away", "night"]},
+    },
+    "required": ["rooms", "summary", "mode"],
+    "additionalProperties": False,
+}
+TASK = [
+    {"role": "system", "content": "You are a Home Assistant AI task. Answer with data only."},
+    {
+        "role": "user",
+        "content": "Generate a made-up person: name, age, height, membership, hobbies and favourite colour.",
+    },
+]
+CAP_TOKENS = 400
+
+
+def answer_ends_valid(engine: Engine, fmt, seed: int) -> None:
+    """Sampled at llama.cpp's default temperature, the answer ends where the schema does, long before the
+    cap, and is valid JSON that the client's own (unbounded) schema accepts."""
+    params = SamplingParams(temperature=0.8, seed=seed, max_tokens=CAP_TOKENS)
+    done = list(engine.generate(engine.chat_prompt(TASK), params, constraint=engine.json_constraint(fmt)))[-1]
+    assert isinstance(done, Completion)
+    assert done.finish_reason == "stop", (seed, done.completion_tokens, done.text[:200])
+    value = json.loads(done.text)
+    assert not violations(value, ANY_OBJECT if fmt == "json" else fmt), (seed, done.text)
+
+
+@pytest.mark.parametrize("fmt", [HA_TASK, HA_OPTIONAL, "json"], ids=["ha-task", "ha-optional", "json"])
+def test_default_model_ends_unbounded_schemas_as_valid_json(make_engine, fmt):
+    engine = make_engine("gemma3-270m")
+    for seed in (0, 1):
+        answer_ends_valid(engine, fmt, seed)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize(
+    "fmt", [HA_TASK, HA_OPTIONAL, HA_NESTED, "json"], ids=["ha-task", "ha-optional", "ha-nested", "json"]
+)
+def test_default_model_ends_unbounded_schemas_as_valid_json_soak(make_engine, fmt):
+    engine = make_engine("gemma3-270m")
+    for seed in range(2, 22):
+        answer_ends_valid(engine, fmt, seed)
+
+
+def accepts(engine: Engine, fmt, text: str) -> bool:
+    """Whether the constraint for `fmt` lets `text` be written, whole, as the answer."""
+    constraint = engine.json_constraint(fmt)
+    ids = engine.tokenizer.encode_piece(text)
+    return all(constraint.matcher.consume_token(t) for t in ids) and constraint.matcher.is_accepting()
+
+
+def test_unbounded_values_get_bounds_that_end_them(make_engine):
+    engine = make_engine("gemma3-270m")
+    person = {"name": "Ann", "age": 41, "height_m": 1.7, "is_member": True, "hobbies": ["chess"], "colour": "red"}
+
+    def with_(**changes) -> str:
+        return json.dumps({**person, **changes}, separators=(",", ":"))
+
+    assert accepts(engine, HA_TASK, with_())
+    assert accepts(engine, HA_TASK, with_(age=-999_999_999_999_999, height_m=123.456789, hobbies=["x"] * 10))
+    assert not accepts(engine, HA_TASK, with_(age=10**15))  # 16 digits
+    assert not accepts(engine, HA_TASK, with_(height_m=1.1234567))  # 7 decimals
+    assert not accepts(engine, HA_TASK, with_(name="a" * 129))
+    assert not accepts(engine, HA_TASK, with_(hobbies=["x"] * 11))
+    assert not accepts(engine, HA_TASK, with_(extra=1))  # declared properties only, as llama.cpp reads it
+
+    assert accepts(engine, "json", '{"a":[1,"x",null],"b":{"c":true},"d":-2.5}')
+    assert not accepts(engine, "json", '{"a":{"b":{"c":1}}}')  # containers one level deep
+    assert not accepts(engine, "json", json.dumps({f"k{i}": i for i in range(11)}, separators=(",", ":")))
+    assert not accepts(engine, "json", json.dumps({"k" * 33: 1}, separators=(",", ":")))
+    assert not accepts(engine, "json", '{"a":5' + "0" * 15 + "}")
+
+
+def test_the_clients_own_bounds_stay(make_engine):
+    engine = make_engine("gemma3-270m")
+    schema = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 300}, "maxItems": 40},
+            "big": {"type": "integer", "minimum": 10**17},
+        },
+        "required": ["tags", "big"],
+        "additionalProperties": {"type": "integer"},
+    }
+    many = json.dumps({"tags": ["t" * 300] * 40, "big": 10**17 + 1}, separators=(",", ":"))
+    assert accepts(engine, schema, many)

@@ -241,3 +241,20 @@ def test_import_rejects_wrong_dtypes_and_short_scale_lists_without_touching_the_
             e.import_kv(broken)
     e.import_kv(snap)
     assert e.kv.resident[0] == list(snap.token_ids)
+
+
+def test_media_placeholders_the_model_writes_reach_the_token_ids_but_never_the_text(make_engine):
+    """Gemma 3 270M writes "<start_of_image>" (USER_DEFINED in its GGUF) between sentences (issue 16: in
+    "The capital of France is" at temperature 0.8). Every path's text comes from the engine's deltas,
+    which must leave it out while still carrying its id. After this prompt greedy decoding writes it
+    first (logit 23.6 against 21.8 for the next token, "\n\n")."""
+    e = make_engine("gemma3-270m")
+    forget(e)
+    start_of_image = e.tokenizer.vocab.token_to_id["<start_of_image>"]
+    capitals = "The capital of France is Paris.<start_of_image>The capital of Spain is Madrid."
+    deltas, done = run(e, e.text_prompt(capitals))
+    assert start_of_image in done.token_ids, "the model no longer writes it here: the test shows nothing"
+    assert [t for d in deltas for t in d.token_ids] == done.token_ids
+    assert "".join(d.text for d in deltas) == done.text == e.tokenizer.decode(done.token_ids)
+    for text in [done.text] + [d.text for d in deltas]:
+        assert "<start_of_image>" not in text, text

@@ -12,7 +12,7 @@ import pytest
 
 from tests.vocab_files import vocab_gguf
 from workers.engine.gguf_file import GGUFFile
-from workers.engine.tokenizer import Tokenizer
+from workers.engine.tokenizer import Tokenizer, TokenType
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tokenizer"
 MODELS = ("gemma3-270m", "smollm2-135m", "gemma-4")
@@ -78,7 +78,65 @@ def test_round_trip(tokenizers, model: str, case: dict) -> None:
     if not case["roundtrip"]:
         pytest.skip("llama.cpp's own detokenize does not give this text back")
     tok = tokenizers(model)
-    assert tok.decode(tok.encode(case["text"], add_bos=False)) == case["text"]
+    # special=True: every token's own text, as llama.cpp's detokenize prints it (it prints media
+    # placeholders such as Gemma 3's "<start_of_image>" as text; genie's answers leave them out)
+    assert tok.decode(tok.encode(case["text"], add_bos=False), special=True) == case["text"]
+
+
+# Gemma 3 270M's markup-looking tokens: (text, type in the file, prints as nothing in an answer). The media
+# placeholders are USER_DEFINED, like the HTML tags and whitespace runs that are real text.
+GEMMA3_MARKUP = [
+    ("<pad>", TokenType.CONTROL, True),
+    ("<eos>", TokenType.CONTROL, True),
+    ("<mask>", TokenType.CONTROL, True),
+    ("<start_of_turn>", TokenType.CONTROL, True),
+    ("<end_of_turn>", TokenType.CONTROL, True),
+    ("<unused0>", TokenType.CONTROL, True),
+    ("<start_of_image>", TokenType.USER_DEFINED, True),
+    ("<end_of_image>", TokenType.USER_DEFINED, True),
+    ("[multimodal]", TokenType.USER_DEFINED, True),
+    ("<b>", TokenType.USER_DEFINED, False),
+    ("</table>", TokenType.USER_DEFINED, False),
+    ("\n\n", TokenType.USER_DEFINED, False),
+    ("    ", TokenType.USER_DEFINED, False),
+]
+
+
+@pytest.fixture(scope="module")
+def gemma3_file_types():
+    """The token types as the file stores them (the Vocab forces end-of-generation texts to CONTROL)."""
+    with GGUFFile(model_path("gemma3-270m")) as gf:
+        return gf.metadata["tokenizer.ggml.token_type"].copy()
+
+
+@pytest.mark.parametrize(("text", "file_type", "hidden"), GEMMA3_MARKUP, ids=[repr(m[0]) for m in GEMMA3_MARKUP])
+def test_gemma3_markup_prints_as_nothing_and_real_text_stays(
+    tokenizers, gemma3_file_types, text, file_type, hidden
+) -> None:
+    tok = tokenizers("gemma3-270m")
+    token_id = tok.vocab.token_to_id[text]
+    assert gemma3_file_types[token_id] == file_type
+    assert tok.decode([token_id]) == ("" if hidden else text)
+    assert tok.decode([token_id], special=True) == text
+    stream = tok.stream()
+    assert stream.add(token_id) + stream.flush() == ("" if hidden else text)
+
+
+def test_media_placeholders_in_text_keep_llama_cpp_ids_but_print_as_nothing(tokenizers) -> None:
+    tok = tokenizers("gemma3-270m")
+    ids = tok.encode("text before <start_of_image> and after", add_bos=False)
+    assert tok.vocab.token_to_id["<start_of_image>"] in ids
+    assert tok.decode(ids) == "text before  and after"
+
+
+@pytest.mark.parametrize(
+    ("text", "hidden"),
+    [("<|image|>", True), ("<image|>", True), ("<|audio>", True), ("[multimodal]", False), ("<img>", False)],
+)
+def test_gemma4_media_placeholders_print_as_nothing(tokenizers, text, hidden) -> None:
+    """Gemma 4's placeholders are CONTROL already; its "[multimodal]" and "<img>" are NORMAL: text."""
+    tok = tokenizers("gemma-4")
+    assert tok.decode([tok.vocab.token_to_id[text]]) == ("" if hidden else text)
 
 
 @pytest.mark.parametrize(("model", "case"), CASES)

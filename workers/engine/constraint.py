@@ -3,7 +3,8 @@
 llguidance compiles a JSON schema to a grammar and, before each token, gives the set of tokens that keep
 the output a valid prefix of it; the engine masks the rest of the logits to -inf, samples as usual, and
 feeds the token back. Its tokenizer view is built once per model from genie's own tokenizer: each token's
-bytes, the control tokens, and genie's encode for the rare strings llguidance tokenizes itself.
+bytes, the markup tokens, and genie's encode for the rare strings llguidance tokenizes itself. The schema
+is first given bounds (json_bounds.py) so that the output also ends.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 import numpy as np
 
 from .errors import ModelError, RequestError
+from .json_bounds import bounded_schema
 from .tokenizer import Tokenizer
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # Ollama's "json" and OpenAI's json_object
+GUIDANCE_DEFAULTS = {"whitespace_flexible": False, "lenient": True}
 
 
 class _TokenizerView:
@@ -26,8 +29,9 @@ class _TokenizerView:
         vocab = tok.vocab
         self.eos_token_id = vocab.eos_id if vocab.eos_id is not None else min(vocab.eog_ids, default=0)
         self.bos_token_id = vocab.bos_id
-        self.special_token_ids = [i for i in range(vocab.n_vocab) if vocab.is_control(i)]
-        # control tokens are marked with a 0xFF first byte (llguidance's convention): never literal text
+        self.special_token_ids = [i for i in range(vocab.n_vocab) if vocab.is_markup(i)]
+        # markup is marked with a 0xFF first byte (llguidance's convention), so the grammar never takes it
+        # for literal text: the answer prints it as nothing, and a JSON string holding it would lose bytes
         special = set(self.special_token_ids)
         self.tokens = [
             (b"\xff" if i in special else b"") + tok.token_to_bytes(i, special=True) for i in range(vocab.n_vocab)
@@ -84,10 +88,12 @@ class JsonConstraint:
         import llguidance
         import llguidance.numpy as llnp
 
-        schema = dict(schema or ANY_OBJECT)
-        # compact JSON unless the schema says otherwise: free whitespace lets a weak model pad forever
-        schema.setdefault("x-guidance", {"whitespace_flexible": False})
+        schema = bounded_schema(dict(schema or ANY_OBJECT))
+        # unless the schema's own x-guidance says otherwise: compact JSON, since free whitespace lets a weak
+        # model pad forever; keywords llguidance does not implement (propertyNames, an unknown string
+        # format) are ignored, as Ollama's converter ignores them, rather than refuse the request
         try:
+            schema["x-guidance"] = {**GUIDANCE_DEFAULTS, **(schema.get("x-guidance") or {})}
             grammar = llguidance.grammar_from("json_schema", json.dumps(schema))
         except (ValueError, TypeError) as e:
             raise RequestError(f"format: not a usable JSON schema: {e}") from None

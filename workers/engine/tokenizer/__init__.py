@@ -65,11 +65,11 @@ class Tokenizer:
         return self._impl.encode(text) if text else []
 
     def token_to_bytes(self, token_id: int, special: bool = False) -> bytes:
-        """The bytes a token stands for; control tokens are empty unless `special`."""
+        """The bytes a token stands for; markup (control tokens, media placeholders) is empty unless `special`."""
         vocab = self.vocab
         if not 0 <= token_id < vocab.n_vocab:
             raise ValueError(f"token id {token_id} is outside the vocabulary of {vocab.n_vocab}")
-        if vocab.is_control(token_id):
+        if vocab.is_markup(token_id):
             return vocab.tokens[token_id].encode("utf-8", "surrogateescape") if special else b""
         cached = self._pieces[token_id]
         if cached is None:

@@ -51,6 +51,37 @@ EOG_TEXTS = (
 # Where one of these markers ends generation, "</s>" is an ordinary token (Gemma 4 writes it as text):
 # llama.cpp then takes it back out of the end-of-generation set and makes it NORMAL.
 NORMAL_S_MARKERS = ("<|tool_response>", "<|plamo:eos|>")
+# Placeholders that stand for an image, audio or video clip in a multimodal prompt (Gemma 3, 3n and 4;
+# Qwen2-VL; Llama 3.2 Vision). An answer is text for a reader or a speech engine, so they print as nothing,
+# like control tokens. Gemma 3's GGUFs mark "<start_of_image>", "<end_of_image>" and "[multimodal]"
+# USER_DEFINED, which llama.cpp prints as text, and Gemma 3 270M writes "<start_of_image>" between the
+# sentences of plain answers (2 of 8 seeds of "The capital of France is" within 48 tokens). Their type
+# stays as the file says, so prompts still split them out whole and token ids stay llama.cpp's; a NORMAL
+# token of the same spelling (Gemma 4's "[multimodal]") is what plain text merges into, and stays text.
+MEDIA_TEXTS = (
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+    "<start_of_audio>",
+    "<end_of_audio>",
+    "<audio_soft_token>",
+    "[multimodal]",
+    "<|image>",
+    "<image|>",
+    "<|audio>",
+    "<audio|>",
+    "<|image|>",
+    "<|audio|>",
+    "<|video|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# token types that print as nothing unless special text is asked for (llama.cpp: CONTROL and UNKNOWN, and
+# UNUSED, which its detokenizer has no case for)
+HIDDEN_TYPES = (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.UNUSED)
 
 Fragment = str | int  # raw text still to tokenize, or a token id already decided
 
@@ -71,6 +102,7 @@ class Vocab:
     token_to_id: dict[str, int] = field(repr=False, default_factory=dict)
     _special_all: list[int] = field(repr=False, default_factory=list)
     _special_user: list[int] = field(repr=False, default_factory=list)
+    _markup: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, bool))  # [n_vocab] is_markup
 
     def __post_init__(self) -> None:
         self.token_to_id = dict(zip(self.tokens, range(len(self.tokens)), strict=True))
@@ -83,6 +115,9 @@ class Vocab:
             eog.discard(s_id)
             self.types[s_id] = TokenType.NORMAL
         self.eog_ids = frozenset(eog)
+        self._markup = np.isin(self.types, [int(t) for t in HIDDEN_TYPES])
+        media = [self.token_to_id.get(text) for text in MEDIA_TEXTS]
+        self._markup[[i for i in media if i is not None and self.types[i] != TokenType.NORMAL]] = True
         special_types = [int(TokenType.CONTROL), int(TokenType.USER_DEFINED), int(TokenType.UNKNOWN)]
         tokens = self.tokens
         ids = [i for i in np.nonzero(np.isin(self.types, special_types))[0].tolist() if tokens[i]]
@@ -100,8 +135,9 @@ class Vocab:
         than in GPT-2's byte-to-character alphabet."""
         return self.model in ("llama", "gemma4")
 
-    def is_control(self, token_id: int) -> bool:
-        return int(self.types[token_id]) in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.UNUSED)
+    def is_markup(self, token_id: int) -> bool:
+        """Never text of an answer: control, unknown and unused tokens, and media placeholders."""
+        return bool(self._markup[token_id])
 
     def partition(self, text: str, parse_special: bool) -> list[Fragment]:
         """Split `text` into raw-text pieces and special-token ids, as llama.cpp does."""
