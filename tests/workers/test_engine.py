@@ -252,9 +252,22 @@ def test_media_placeholders_the_model_writes_reach_the_token_ids_but_never_the_t
     forget(e)
     start_of_image = e.tokenizer.vocab.token_to_id["<start_of_image>"]
     capitals = "The capital of France is Paris.<start_of_image>The capital of Spain is Madrid."
-    deltas, done = run(e, e.text_prompt(capitals))
+    ids = e.text_prompt(capitals)
+    banned, e._banned = e._banned, None  # as before: the sampler free to write it
+    try:
+        deltas, done = run(e, ids)
+    finally:
+        e._banned = banned
     assert start_of_image in done.token_ids, "the model no longer writes it here: the test shows nothing"
     assert [t for d in deltas for t in d.token_ids] == done.token_ids
     assert "".join(d.text for d in deltas) == done.text == e.tokenizer.decode(done.token_ids)
     for text in [done.text] + [d.text for d in deltas]:
         assert "<start_of_image>" not in text, text
+    # and it is never sampled: the model's next choice, a paragraph break, keeps the sentences apart
+    for params in (GREEDY, SamplingParams(temperature=0.8, seed=1, max_tokens=12)):
+        forget(e)
+        _, done = run(e, ids, params)
+        assert not set(done.token_ids) & set(e.tokenizer.vocab.media_ids)
+    assert done.text  # (sampled) still an answer
+    forget(e)
+    assert run(e, ids)[1].text.startswith("\n\n")

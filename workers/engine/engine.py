@@ -32,6 +32,7 @@ from .text_filters import StopMatcher
 log = logging.getLogger("genie.engine")
 FinishReason = str  # "stop" | "length" | "cancelled"
 DEFAULT_SAMPLING = SamplingParams()
+NEVER = float(np.finfo(np.float32).min)  # the logit of a token that is never sampled
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,11 @@ class Engine:
         mc = self.model.config
         self.n_ctx = min(config.n_ctx or mc.n_ctx_train, mc.n_ctx_train)
         self.kv = KVCache(kv_cache_config(mc, self.n_ctx, config.n_slots, config.kv_dtype), self.backend.xp)
+        # never sampled: a text answer has no image or audio in it. Gemma 3 270M writes "<start_of_image>"
+        # between sentences, which then printed as nothing glues them together ("people.But"); Google's own
+        # Gemma sampler forbids these tokens too (its FORBIDDEN_TOKENS)
+        banned = np.asarray(self.tokenizer.vocab.media_ids, dtype=np.int64)
+        self._banned = (banned, self.backend.xp.asarray(banned)) if banned.size else None
         self._steps: dict[Any, Any] = {}  # decode steps the backend captured for this engine's KV cache
 
     # -- prompts ----------------------------------------------------------------------------------
@@ -243,13 +249,18 @@ class Engine:
         stop_hit = False  # a stop string matched: what follows it is dropped, not flushed
         # argmax where the logits are, unless the sampler or a grammar needs them on the host
         on_device = params.is_greedy and params.repeat_penalty == 1.0 and constraint is None
+        assert logits is not None  # the prompt's last token always runs (cached <= len(prompt) - 1)
         while len(generated) < params.max_tokens:
             if on_device:
+                if self._banned is not None:
+                    logits[..., self._banned[1]] = NEVER  # finite: the argmax reads -inf as corrupt weights
                 token = self.backend.greedy_token(logits)
             else:
                 row = self.backend.to_host(logits)[-1]
                 token = -1
                 if np.isfinite(row).all():
+                    if self._banned is not None:
+                        row[self._banned[0]] = NEVER
                     token = sampler.sample(constraint.mask(row) if constraint else row, history)
             if token < 0:
                 raise ModelError("the model produced non-finite logits (corrupt weights?)")

@@ -103,6 +103,7 @@ class Vocab:
     _special_all: list[int] = field(repr=False, default_factory=list)
     _special_user: list[int] = field(repr=False, default_factory=list)
     _markup: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, bool))  # [n_vocab] is_markup
+    media_ids: tuple[int, ...] = ()  # the media placeholders (MEDIA_TEXTS) this vocabulary has
 
     def __post_init__(self) -> None:
         self.token_to_id = dict(zip(self.tokens, range(len(self.tokens)), strict=True))
@@ -117,7 +118,8 @@ class Vocab:
         self.eog_ids = frozenset(eog)
         self._markup = np.isin(self.types, [int(t) for t in HIDDEN_TYPES])
         media = [self.token_to_id.get(text) for text in MEDIA_TEXTS]
-        self._markup[[i for i in media if i is not None and self.types[i] != TokenType.NORMAL]] = True
+        self.media_ids = tuple(i for i in media if i is not None and self.types[i] != TokenType.NORMAL)
+        self._markup[list(self.media_ids)] = True
         special_types = [int(TokenType.CONTROL), int(TokenType.USER_DEFINED), int(TokenType.UNKNOWN)]
         tokens = self.tokens
         ids = [i for i in np.nonzero(np.isin(self.types, special_types))[0].tolist() if tokens[i]]
