@@ -146,8 +146,9 @@ def test_bad_and_foreign_files_are_misses_never_served(tmp_path, caplog):
 
 
 def test_thousand_corrupted_entries_each_a_miss_with_its_reason(tmp_path, caplog):
-    """1 000 bad files named as conversations: each is rejected with a log line naming why and removed,
-    never served; every request is answered from the sound entry of the same tokens."""
+    """1 000 bad files named as conversations: each is rejected with a log line naming why, never served;
+    every request is answered from the sound entry of the same tokens. Genie's files are removed; those
+    whose magic is not genie's are a stranger's, and left alone (issue 21 item 4)."""
     from tests.kvstore.test_format import corrupt
 
     rng = np.random.default_rng(11)
@@ -161,10 +162,13 @@ def test_thousand_corrupted_entries_each_a_miss_with_its_reason(tmp_path, caplog
     caplog.clear()
     for i in range(1000):  # the same tokens as the good entry: whatever is served must be the good one
         assert_same(good_snap, store.hydrate(history, conv_id=f"bad{i}"))
+    strangers = {store._name("c", f"bad{i}") for i in range(1000) if i % 6 == 4}  # corrupt() kind 4: bad magic
     rejected = [r.getMessage() for r in caplog.records if "kv_rejected" in r.getMessage()]
-    assert len(rejected) == 1000 and all("reason=" in m for m in rejected)
+    assert len(rejected) == 1000 - len(strangers) and all("reason=" in m for m in rejected)
+    left = [r.getMessage() for r in caplog.records if "kv_left_alone" in r.getMessage()]
+    assert len(left) == len(strangers) and all("magic" in m for m in left)
     assert store.metrics.rejected == 1000
-    assert [p.name for p in store.dir.glob("*.kv")] == [store._name("c", "good")]
+    assert {p.name for p in store.dir.glob("*.kv")} == {store._name("c", "good")} | strangers
     assert_same(good_snap, store.hydrate(history, conv_id="good"))
 
 
