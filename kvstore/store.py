@@ -6,11 +6,11 @@ found from its tokens alone (Home Assistant sends no id). An in-memory index map
 64-token chunks to entries, so a prompt finds every entry sharing at least its first chunk; the match is
 then verified token by token, and the file's checksum is verified before any of it is served.
 
-Recency is the file's mtime: a save writes it, a hydrate touches it. Eviction (least recently used first,
-down to `max_bytes`) and stale temp-file cleanup run under one `filelock` lock on the directory; saves
-themselves need no lock, since each writes its own temp file and renames it into place (atomic_path).
-Other processes' saves and evictions are picked up by rescanning when the directory's mtime changes.
-What in the directory is genie's, and what is left alone, is cache_dir.py's.
+Recency is the file's mtime: a save writes it, a hydrate touches it. A save runs under one `filelock` lock
+on the directory: it first evicts (least recently used first) until the entries and the new one fit
+`max_bytes`, then writes its temp file and renames it into place (atomic_path), then removes stale temp
+files. Other processes' saves and evictions are picked up by rescanning when the directory's mtime
+changes. What in the directory is genie's, and what is left alone, is cache_dir.py's.
 """
 
 from __future__ import annotations
@@ -184,14 +184,14 @@ class KVStore:
         now, or was replaced since its header was read, is only forgotten (the next look reads it again)."""
         self._forget(path.name)
         if isinstance(error, EntryUnavailable):
-            log.warning("event=kv_unavailable file=%s reason=%r", path.name, str(error))
+            log.warning("event=kv_unavailable file=%r reason=%r", path.name, str(error))
             self._dir_mtime_ns = -1
             return
         self.metrics.rejected += 1
         if isinstance(error, ForeignEntryError):
             self.files.note(path.name, str(error))
             return
-        log.warning("event=kv_rejected file=%s reason=%r", path.name, str(error))
+        log.warning("event=kv_rejected file=%r reason=%r", path.name, str(error))
         self.files.remove(path)
 
     # -- lookup and hydrate -----------------------------------------------------------------------------
@@ -258,8 +258,8 @@ class KVStore:
 
     # -- save -------------------------------------------------------------------------------------------
     def save(self, snapshot: KVSnapshot, conv_id: str = "") -> Saved | None:
-        """Writes the snapshot durably (returns once it is safe on disk), then applies the size cap; None
-        when the entry alone would exceed the cap (saving it would only evict everything else)."""
+        """Writes the snapshot durably (returns once it is safe on disk) within the size cap; None when the
+        entry alone would exceed the cap (saving it would only evict everything else)."""
         ids = np.asarray(snapshot.token_ids, dtype=np.int32)
         if conv_id:
             name = self._name("c", check_conv_id(conv_id))
@@ -275,14 +275,16 @@ class KVStore:
         previous = self._entries.get(name)
         if previous is not None:
             created = previous.header.created_ns
-        size = write_entry(path, self.fingerprint, self.layout, snapshot, conv_id, created)
+        # room is made before the write, for its size, and the write runs under the lock: writers that each
+        # made room after writing held the directory at up to 1.8x the cap meanwhile (issue 21 item 8)
+        with self.lock:
+            if not conv_id:  # first: what the new entry supersedes makes room, not some other conversation
+                self._drop_superseded(name, ids)
+            self._make_room(size, name)
+            size = write_entry(path, self.fingerprint, self.layout, snapshot, conv_id, created)
+            self.files.remove_stale_temp(self.config.stale_tmp_s)
         self.metrics.saves += 1
         self.metrics.saved_bytes += size
-        with self.lock:
-            if not conv_id:
-                self._drop_superseded(name, ids)
-            self._enforce_cap(keep=path)
-            self.files.remove_stale_temp(self.config.stale_tmp_s)
         return Saved(path, size)
 
     def _drop_superseded(self, name: str, ids: np.ndarray) -> None:
@@ -295,19 +297,20 @@ class KVStore:
                     self.files.remove(self.dir / other)
                     self._forget(other)
 
-    def _enforce_cap(self, keep: Path) -> None:
-        """Least recently used first until the entries (every model's) fit max_bytes, `keep` (the save just
-        made) last of all (caller holds the lock)."""
+    def _make_room(self, incoming_bytes: int, name: str) -> None:
+        """Least recently used first, evicts entries (every model's) until they and a new one of
+        `incoming_bytes` fit max_bytes; `name`, which the new one replaces, is not counted (caller holds the
+        lock)."""
         if self.config.max_bytes <= 0:
             return
-        files = self.files.entry_files()
-        total = sum(f.stat.st_size for f in files)
-        for f in sorted(files, key=lambda f: (f.path == keep, f.stat.st_mtime_ns, f.path.name)):
+        files = [f for f in self.files.entry_files() if f.path.name != name]
+        total = incoming_bytes + sum(f.stat.st_size for f in files)
+        for f in sorted(files, key=lambda f: (f.stat.st_mtime_ns, f.path.name)):
             if total <= self.config.max_bytes:
                 break
             if self.files.remove(f.path):
                 self.metrics.evictions += 1
-                log.info("event=kv_evicted file=%s bytes=%d", f.path.name, f.stat.st_size)
+                log.info("event=kv_evicted file=%r bytes=%d", f.path.name, f.stat.st_size)
             self._forget(f.path.name)
             total -= f.stat.st_size
 
