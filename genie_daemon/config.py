@@ -56,6 +56,8 @@ class DaemonConfig:
             raise ValueError("max_tokens_default must be >= 1: a request that asks for no limit must still end")
         if self.kv_cache_max_mb < 0 or not self.kv_cache_stale_tmp_s >= 0:
             raise ValueError("kv_cache_max_mb and kv_cache_stale_tmp_s must be >= 0")
+        if not self.http_host.strip():  # aiohttp binds every interface for "": never by an empty variable
+            raise ValueError("http_host must not be empty: name the address to bind (0.0.0.0 for every interface)")
         if not 0 <= self.http_port <= 65535 or not self.http_max_body_mb > 0:
             raise ValueError("http_port must be in 0..65535 (0: any free port) and http_max_body_mb > 0")
         if not self.client_endpoint:

@@ -1,7 +1,9 @@
 """The daemon's HTTP server (aiohttp): the Ollama API (ollama_api.py) and the OpenAI API (openai_api.py) on
 one port, /health and /metrics; an optional API key; every refusal a 4xx in the API's own error shape.
 
-A client that disconnects cancels its request (aiohttp's handler cancellation), during prefill too.
+A client that disconnects cancels its request (aiohttp's handler cancellation), during prefill too. A
+connection that has not sent a whole request's headers within HEADER_TIMEOUT_S of opening (or of its
+previous answer) is closed, and a malformed request costs one log line.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from . import ollama_api, openai_api
 from .http_turn import SERVICE, HttpError, Service
@@ -19,6 +22,9 @@ from .metrics import CONTENT_TYPE
 log = logging.getLogger("genie.http")
 MAX_BODY: web.AppKey[int] = web.AppKey("max_body")
 OPEN_PATHS = frozenset({"/", "/health", "/api/version"})  # answered without the API key (liveness probes)
+# aiohttp kept a connection that never finished its headers for an hour (its keep-alive default): ten
+# slowloris connections held that long (issue 21 item 7)
+HEADER_TIMEOUT_S = 30.0
 
 
 def error_response(path: str, status: int, message: str, code: str = "invalid_request_error") -> web.Response:
@@ -92,13 +98,42 @@ def make_app(service: Service) -> web.Application:
     return app
 
 
+class OneLineBadRequests(logging.LoggerAdapter):
+    """What aiohttp's connection handler logs, but a malformed request (a bad request line, header or chunk:
+    the client's fault, answered 400) is one escaped line at INFO, not a traceback at ERROR: 10 000 of them
+    made 11 263 log lines (issue 21 item 7). Anything else is passed on as it is."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            remote = args[0] if len(args) == 1 else None  # aiohttp's "Error handling request from %s"
+            self.logger.log(
+                min(level, logging.INFO),
+                "event=http_bad_request remote=%r status=%d error=%r",
+                remote,
+                exc.code,
+                exc.message,
+            )
+            return
+        super().log(level, msg, *args, **kwargs)
+
+
 class HttpFront:
     """Binds the app to config.http_host:http_port (port 0: any free one, see `port`)."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
         self.service = service
-        # on shutdown open streams get a few seconds, not aiohttp's default minute (the daemon drains first)
-        self.runner = web.AppRunner(make_app(service), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        self.runner = web.AppRunner(
+            make_app(service),
+            handler_cancellation=True,
+            access_log=None,
+            # on shutdown open streams get a few seconds, not aiohttp's default minute (the daemon drains first)
+            shutdown_timeout=1.0,
+            # aiohttp closes a connection still waiting for a whole request this long after it opened or was
+            # last answered: the header deadline, which also closes idle keep-alive connections
+            keepalive_timeout=header_timeout_s,
+            logger=OneLineBadRequests(logging.getLogger("genie.http.protocol")),
+        )
         self.port = 0
 
     async def start(self) -> None:

@@ -2,7 +2,8 @@
 
 The store needs no handshake: it serves as soon as its socket is bound, and the daemon only asks it
 admin questions (KV_LIST, KV_EVICT, KV_CLEAR, METRICS) on behalf of `genie-ctl`. If it exits, it is
-restarted with backoff; the worker's lookups meanwhile time out and turns run cold.
+restarted with backoff; the worker's lookups meanwhile time out and turns run cold. The backoff doubles
+while the store keeps crashing and starts again from the first delay once it has run STABLE_AFTER_S.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 import itertools
 import logging
 import sys
+import time
+from collections.abc import Awaitable, Callable
 
 import zmq
 import zmq.asyncio
@@ -23,14 +26,30 @@ from .config import DaemonConfig
 
 log = logging.getLogger("genie.daemon")
 ADMIN_TIMEOUT_S = 2.0
+# a store up this long before it exits ran stably: its restart waits the first delay again. It has no READY
+# (the worker's backoff resets on READY), so uptime tells; without a reset every crash after the fifth cost
+# 10 s of turns without saves or lookups, however long the run before it (issue 21 item 6)
+STABLE_AFTER_S = 60.0
 
 
 class KvStoreHandle:
-    def __init__(self, config: DaemonConfig, ctx: zmq.asyncio.Context) -> None:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        ctx: zmq.asyncio.Context,
+        stable_after_s: float = STABLE_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """`clock` and `sleep` are time as the backoff sees it (a test gives its own)."""
         self.config = config
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.stable_after_s = stable_after_s
+        self._clock = clock
+        self._sleep = sleep
         self._backoff = config.restart_backoff_s
+        self._started_at = clock()
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
@@ -45,6 +64,7 @@ class KvStoreHandle:
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kvstore", *self.config.kv_store_args())
+        self._started_at = self._clock()
         log.info("event=kv_store_start pid=%s dir=%s", self.proc.pid, self.config.kv_cache_dir)
 
     def is_alive(self) -> bool:
@@ -52,11 +72,20 @@ class KvStoreHandle:
 
     async def restart(self) -> None:
         code = self.proc.returncode if self.proc else None
+        uptime_s = self._clock() - self._started_at
+        if uptime_s >= self.stable_after_s:
+            self._backoff = self.config.restart_backoff_s
         delay = self._backoff
         self._backoff = min(self._backoff * 2, self.config.restart_backoff_max_s)
         self.restarts += 1
-        log.error("event=kv_store_lost returncode=%s restarts=%d delay_s=%.1f", code, self.restarts, delay)
-        await asyncio.sleep(delay)
+        log.error(
+            "event=kv_store_lost returncode=%s restarts=%d uptime_s=%.1f delay_s=%.1f",
+            code,
+            self.restarts,
+            uptime_s,
+            delay,
+        )
+        await self._sleep(delay)
         await self.start()
 
     async def stop(self, timeout_s: float = 10.0) -> None:

@@ -5,20 +5,24 @@
 Every field is checked before it is trusted: a file that is truncated, padded, bit-flipped, of another
 version, another model (fingerprint) or another KV layout raises EntryError with the reason, and is never
 served. Lengths are checked against limits and against the file's actual size before anything is
-allocated from them.
+allocated from them. A file is opened only as a regular file (open_entry); one that is not, or whose magic
+is not genie's, raises NotAnEntry: not genie's, so never deleted either.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
+import stat
 import struct
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -47,6 +51,11 @@ class EntryError(Exception):
 
 class ForeignEntryError(EntryError):
     """A sound entry of another model or KV layout: never served here, but not ours to delete."""
+
+
+class NotAnEntry(ForeignEntryError):
+    """Not genie's at all: not a regular file (a symlink, a directory, a FIFO), or one whose first bytes are
+    not genie's magic. Never served, and never deleted: whoever put it there owns it."""
 
 
 class EntryUnavailable(EntryError):
@@ -226,17 +235,47 @@ def write_entry(
     return size + CHECKSUM_BYTES
 
 
+def open_entry(path: Path) -> BinaryIO:
+    """An entry file opened for reading, only if it is a regular file: never through a symlink, and without
+    blocking on a FIFO (a `*.kv` FIFO in the cache directory blocked the store in open() for ever, issue 21
+    item 4). NotAnEntry for anything else; OSError when it cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a socket
+            raise NotAnEntry("not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotAnEntry("not a regular file")
+        return os.fdopen(fd, "rb")  # (O_NONBLOCK changes nothing for a regular file)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def is_genie_file(path: Path) -> bool:
+    """Whether the regular file at `path` begins with genie's magic, or with part of it (an entry cut short is
+    still genie's, to reject); NotAnEntry or OSError as open_entry."""
+    with open_entry(path) as f:
+        head = f.read(len(MAGIC))
+    return head == MAGIC[: len(head)]
+
+
 def read_header(path: Path) -> EntryHeader:
     """The header of an entry, every field range-checked against limits and the file's size (the body and
     checksum are checked by read_entry)."""
     try:
-        with open(path, "rb") as f:
+        with open_entry(path) as f:
             file_bytes = os.fstat(f.fileno()).st_size
             fixed = f.read(FIXED.size)
+            head = fixed[: len(MAGIC)]
+            if head != MAGIC[: len(head)]:
+                raise NotAnEntry("bad magic: not a genie KV file")
             if len(fixed) < FIXED.size:
                 raise EntryError(f"truncated: {file_bytes} bytes, not even a header")
             (
-                magic,
+                _magic,  # checked above, before the length: a short stranger's file is not a truncated entry
                 version,
                 header_bytes,
                 _flags,
@@ -249,8 +288,6 @@ def read_header(path: Path) -> EntryHeader:
                 created_ns,
                 last_used_ns,
             ) = FIXED.unpack(fixed)
-            if magic != MAGIC:
-                raise EntryError("bad magic: not a genie KV file")
             if version != VERSION:
                 raise EntryError(f"version {version} (this genie reads {VERSION})")
             dtype = DTYPE_NAMES.get(dtype_code)
@@ -306,7 +343,7 @@ def read_entry(header: EntryHeader, n_tokens: int) -> KVSnapshot:
     # (A read error in a mapped page is SIGBUS, not an exception: the store process dies and the daemon
     # restarts it. Files here are only ever renamed into place, never truncated, so that needs a failing disk.)
     try:
-        with open(header.path, "rb") as f:
+        with open_entry(header.path) as f:
             if os.fstat(f.fileno()).st_size != header.file_bytes:
                 raise EntryUnavailable("replaced since its header was read")
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
-from filelock import FileLock
 
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
 from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
 from protocol.messages import Error, KvClear, KvEvict, KvList, Message, Metrics, Reply, Status
 
+from .cache_dir import CacheDir
 from .format import KVLayout
-from .store import KVStore, StoreConfig, StoreMetrics, clear_entries, evict_entry, list_entries
+from .store import KVStore, StoreConfig, StoreMetrics
 from .wire import layout_from_body, snapshot_frames, snapshot_from_frames
 
 log = logging.getLogger("genie.kvstore")
@@ -43,8 +43,7 @@ class ServerConfig:
 class KVStoreServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        config.store.directory.mkdir(parents=True, exist_ok=True)
-        self.lock = FileLock(str(config.store.directory / ".lock"), timeout=30)
+        self.files = CacheDir(config.store.directory)  # made private before any store writes there
         self.stores: dict[tuple[bytes, KVLayout], KVStore] = {}
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -56,7 +55,7 @@ class KVStoreServer:
     def _store(self, fingerprint_hex: str, layout: KVLayout) -> KVStore:
         key = (bytes.fromhex(fingerprint_hex), layout)
         if key not in self.stores:
-            self.stores[key] = KVStore(self.config.store, key[0], layout)
+            self.stores[key] = KVStore(self.config.store, key[0], layout, self.files)
         return self.stores[key]
 
     def serve(self) -> int:
@@ -97,7 +96,6 @@ class KVStoreServer:
             return Error(request_id=rid, code="kv_io", message=f"{type(e).__name__}: {e}"), []
 
     def _dispatch(self, msg: Message, side: list) -> tuple[Message, list[memoryview]]:
-        directory = self.config.store.directory
         if isinstance(msg, KvSave):
             layout = layout_from_body(msg.layout)
             snapshot = snapshot_from_frames(layout, msg.token_ids, side)
@@ -114,13 +112,11 @@ class KVStoreServer:
                 return KvData(request_id=msg.request_id, n_tokens=0), []
             return KvData(request_id=msg.request_id, n_tokens=snap.n_tokens), snapshot_frames(snap)
         if isinstance(msg, KvList):
-            return Reply(request_id=msg.request_id, data={"entries": list_entries(directory)}), []
+            return Reply(request_id=msg.request_id, data={"entries": self.files.list_entries()}), []
         if isinstance(msg, KvEvict):
-            return Reply(
-                request_id=msg.request_id, data={"evicted": evict_entry(directory, msg.entry_id, self.lock)}
-            ), []
+            return Reply(request_id=msg.request_id, data={"evicted": self.files.evict(msg.entry_id)}), []
         if isinstance(msg, KvClear):
-            return Reply(request_id=msg.request_id, data={"cleared": clear_entries(directory, self.lock)}), []
+            return Reply(request_id=msg.request_id, data={"cleared": self.files.clear()}), []
         if isinstance(msg, (Metrics, Status)):
             return Reply(request_id=msg.request_id, data=self.metrics()), []
         name = type(msg).__name__.upper()
@@ -133,12 +129,8 @@ class KVStoreServer:
         for store in self.stores.values():
             for k, v in store.metrics.as_dict().items():
                 setattr(total, k, getattr(total, k) + v)
-        sizes = []  # stat only: STATUS is polled, and reading every header would hold up the worker's lookups
-        for p in self.config.store.directory.glob("*.kv"):
-            try:
-                sizes.append(p.stat().st_size)
-            except FileNotFoundError:
-                continue
+        # no header read: STATUS is polled, and reading every header would hold up the worker's lookups
+        sizes = [f.stat.st_size for f in self.files.entry_files()]
         return {**total.as_dict(), "entries": len(sizes), "bytes": sum(sizes), "max_bytes": self.config.store.max_bytes}
 
 

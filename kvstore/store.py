@@ -6,10 +6,11 @@ found from its tokens alone (Home Assistant sends no id). An in-memory index map
 64-token chunks to entries, so a prompt finds every entry sharing at least its first chunk; the match is
 then verified token by token, and the file's checksum is verified before any of it is served.
 
-Recency is the file's mtime: a save writes it, a hydrate touches it. Eviction (least recently used first,
-down to `max_bytes`) and stale temp-file cleanup run under one `filelock` lock on the directory; saves
-themselves need no lock, since each writes its own temp file and renames it into place (atomic_path).
-Other processes' saves and evictions are picked up by rescanning when the directory's mtime changes.
+Recency is the file's mtime: a save writes it, a hydrate touches it. A save runs under one `filelock` lock
+on the directory: it first evicts (least recently used first) until the entries and the new one fit
+`max_bytes`, then writes its temp file and renames it into place (atomic_path), then removes stale temp
+files. Other processes' saves and evictions are picked up by rescanning when the directory's mtime
+changes. What in the directory is genie's, and what is left alone, is cache_dir.py's.
 """
 
 from __future__ import annotations
@@ -17,23 +18,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from filelock import FileLock
 
 from protocol.schema import CONV_ID
 from workers.engine.kv_cache import KVSnapshot
 
+from .cache_dir import CacheDir
 from .format import (
     EntryError,
     EntryHeader,
     EntryUnavailable,
     ForeignEntryError,
     KVLayout,
+    NotAnEntry,
     check_compatible,
     entry_bytes,
     read_entry,
@@ -44,7 +44,6 @@ from .format import (
 log = logging.getLogger("genie.kvstore")
 
 CHUNK_TOKENS = 64
-LOCK_TIMEOUT_S = 30.0
 HYDRATE_UNAVAILABLE_TRIES = 3  # an entry that is kept but cannot be read now: tries before a miss
 
 
@@ -114,16 +113,20 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class KVStore:
-    def __init__(self, config: StoreConfig, fingerprint: bytes, layout: KVLayout) -> None:
+    def __init__(
+        self, config: StoreConfig, fingerprint: bytes, layout: KVLayout, files: CacheDir | None = None
+    ) -> None:
+        """`files`: the process's view of the directory, shared by its stores (one per model and layout)
+        so that each file left alone is logged once."""
         self.config = config
         self.fingerprint = fingerprint
         self.layout = layout
-        self.dir = config.directory
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # token ids are the conversations' text
+        self.files = files or CacheDir(config.directory)
+        self.dir = self.files.path
         # this model's and layout's entries carry its tag: daemons of other models (or the same model with
         # the other KV dtype) sharing the directory never write the same names
         self.tag = hashlib.sha256(fingerprint + repr(layout).encode()).hexdigest()[:8]
-        self.lock = FileLock(str(self.dir / ".lock"), timeout=LOCK_TIMEOUT_S)
+        self.lock = self.files.lock
         self.metrics = StoreMetrics()
         self._entries: dict[str, _Entry] = {}  # file name -> entry
         self._by_chunk: dict[bytes, set[str]] = {}
@@ -137,28 +140,27 @@ class KVStore:
         if mtime == self._dir_mtime_ns:
             return
         self._dir_mtime_ns = mtime
-        names = {p.name for p in self.dir.glob("*.kv")}
-        for gone in set(self._entries) - names:
+        files = self.files.entry_files()
+        for gone in set(self._entries) - {f.path.name for f in files}:
             self._forget(gone)
-        for name in names:
+        for f in files:
+            name = f.path.name
             known = self._entries.get(name)
-            path = self.dir / name
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                continue
-            if known and known.inode == st.st_ino:
+            if known and known.inode == f.stat.st_ino:
                 continue
             self._forget(name)
             try:
-                header = read_header(path)
+                header = read_header(f.path)
                 check_compatible(header, self.fingerprint, self.layout)
+            except NotAnEntry as e:  # replaced since the listing
+                self.files.note(name, str(e))
+                continue
             except ForeignEntryError:
                 continue  # another model's entry (two daemons may share the directory): not ours to serve or delete
             except EntryError as e:
-                self._reject(path, e)
+                self._reject(f.path, e)
                 continue
-            self._add(name, header, st.st_ino)
+            self._add(name, header, f.stat.st_ino)
 
     def _add(self, name: str, header: EntryHeader, inode: int) -> None:
         entry = _Entry(header, inode, chunk_chain(header.token_ids))
@@ -177,19 +179,20 @@ class KVStore:
                         del self._by_chunk[h]
 
     def _reject(self, path: Path, error: EntryError) -> None:
-        """A bad file is never served: logged once and deleted. One that could not be read now, or was
-        replaced since its header was read, is only forgotten (the next look reads it again)."""
+        """A bad file is never served. One of genie's that fails a check is logged and deleted; one that is
+        not this model's, or not genie's at all, is left alone (logged once); one that could not be read
+        now, or was replaced since its header was read, is only forgotten (the next look reads it again)."""
         self._forget(path.name)
         if isinstance(error, EntryUnavailable):
-            log.warning("event=kv_unavailable file=%s reason=%r", path.name, str(error))
+            log.warning("event=kv_unavailable file=%r reason=%r", path.name, str(error))
             self._dir_mtime_ns = -1
             return
-        log.warning("event=kv_rejected file=%s reason=%r", path.name, str(error))
         self.metrics.rejected += 1
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as e:  # not ours to remove (permissions, a directory of that name): never served anyway
-            log.error("event=kv_reject_unlink_failed file=%s error=%r", path.name, e)
+        if isinstance(error, ForeignEntryError):
+            self.files.note(path.name, str(error))
+            return
+        log.warning("event=kv_rejected file=%r reason=%r", path.name, str(error))
+        self.files.remove(path)
 
     # -- lookup and hydrate -----------------------------------------------------------------------------
     def lookup(self, token_ids: list[int] | np.ndarray, conv_id: str = "", longer_than: int = 0) -> Match | None:
@@ -206,10 +209,7 @@ class KVStore:
                     header = read_header(path)
                     check_compatible(header, self.fingerprint, self.layout)
                     candidates.append(header)
-                except ForeignEntryError as e:  # a miss; the file stays for the model that wrote it
-                    log.warning("event=kv_rejected file=%s reason=%r", path.name, str(e))
-                    self.metrics.rejected += 1
-                except EntryError as e:
+                except EntryError as e:  # a miss; another model's file, or a stranger's, stays
                     self._reject(path, e)
         chain = chunk_chain(prompt)
         for h in reversed(chain):
@@ -233,7 +233,7 @@ class KVStore:
             self._reject(match.header.path, e)
             return None
         try:
-            os.utime(match.header.path)
+            os.utime(match.header.path, follow_symlinks=False)
         except FileNotFoundError:
             pass  # evicted by another process after we read it: what we read was whole and checked
         self.metrics.hits += 1
@@ -258,8 +258,8 @@ class KVStore:
 
     # -- save -------------------------------------------------------------------------------------------
     def save(self, snapshot: KVSnapshot, conv_id: str = "") -> Saved | None:
-        """Writes the snapshot durably (returns once it is safe on disk), then applies the size cap; None
-        when the entry alone would exceed the cap (saving it would only evict everything else)."""
+        """Writes the snapshot durably (returns once it is safe on disk) within the size cap; None when the
+        entry alone would exceed the cap (saving it would only evict everything else)."""
         ids = np.asarray(snapshot.token_ids, dtype=np.int32)
         if conv_id:
             name = self._name("c", check_conv_id(conv_id))
@@ -275,14 +275,16 @@ class KVStore:
         previous = self._entries.get(name)
         if previous is not None:
             created = previous.header.created_ns
-        size = write_entry(path, self.fingerprint, self.layout, snapshot, conv_id, created)
+        # room is made before the write, for its size, and the write runs under the lock: writers that each
+        # made room after writing held the directory at up to 1.8x the cap meanwhile (issue 21 item 8)
+        with self.lock:
+            if not conv_id:  # first: what the new entry supersedes makes room, not some other conversation
+                self._drop_superseded(name, ids)
+            self._make_room(size, name)
+            size = write_entry(path, self.fingerprint, self.layout, snapshot, conv_id, created)
+            self.files.remove_stale_temp(self.config.stale_tmp_s)
         self.metrics.saves += 1
         self.metrics.saved_bytes += size
-        with self.lock:
-            if not conv_id:
-                self._drop_superseded(name, ids)
-            self._enforce_cap(keep=path)
-            self._cleanup_stale_tmp()
         return Saved(path, size)
 
     def _drop_superseded(self, name: str, ids: np.ndarray) -> None:
@@ -292,102 +294,36 @@ class KVStore:
             h = entry.header
             if other != name and other.startswith("t-") and h.n_tokens <= len(ids):  # (the index: this tag only)
                 if common_prefix(h.token_ids, ids) == h.n_tokens:
-                    (self.dir / other).unlink(missing_ok=True)
+                    self.files.remove(self.dir / other)
                     self._forget(other)
 
-    def _enforce_cap(self, keep: Path) -> None:
-        """Least recently used first until the entries fit max_bytes, `keep` (the save just made) last of
-        all (caller holds the lock)."""
+    def _make_room(self, incoming_bytes: int, name: str) -> None:
+        """Least recently used first, evicts entries (every model's) until they and a new one of
+        `incoming_bytes` fit max_bytes; `name`, which the new one replaces, is not counted (caller holds the
+        lock)."""
         if self.config.max_bytes <= 0:
             return
-        files = []
-        for p in self.dir.glob("*.kv"):
-            try:
-                st = p.stat()
-            except FileNotFoundError:
-                continue
-            files.append((st.st_mtime_ns, st.st_size, p))
-        total = sum(size for _, size, _ in files)
-        for _, size, p in sorted(files, key=lambda f: (f[2] == keep, f[0], f[2].name)):
+        files = [f for f in self.files.entry_files() if f.path.name != name]
+        total = incoming_bytes + sum(f.stat.st_size for f in files)
+        for f in sorted(files, key=lambda f: (f.stat.st_mtime_ns, f.path.name)):
             if total <= self.config.max_bytes:
                 break
-            p.unlink(missing_ok=True)
-            self._forget(p.name)
-            total -= size
-            self.metrics.evictions += 1
-            log.info("event=kv_evicted file=%s bytes=%d", p.name, size)
-
-    def _cleanup_stale_tmp(self) -> int:
-        """Removes temp files older than stale_tmp_s: a writer that died mid-save (caller holds the lock)."""
-        cutoff = time.time() - self.config.stale_tmp_s
-        removed = 0
-        for p in self.dir.glob(".*.tmp"):
-            try:
-                if p.stat().st_mtime < cutoff:
-                    p.unlink()
-                    removed += 1
-            except FileNotFoundError:
-                continue
-        return removed
+            if self.files.remove(f.path):
+                self.metrics.evictions += 1
+                log.info("event=kv_evicted file=%r bytes=%d", f.path.name, f.stat.st_size)
+            self._forget(f.path.name)
+            total -= f.stat.st_size
 
     # -- admin ------------------------------------------------------------------------------------------
     def entries(self) -> list[dict[str, object]]:
-        return list_entries(self.dir)
+        return self.files.list_entries()
 
     def evict(self, entry_id: str) -> bool:
-        existed = evict_entry(self.dir, entry_id, self.lock)
+        existed = self.files.evict(entry_id)
         self._forget(f"{entry_id}.kv")
         return existed
 
     def clear(self) -> int:
-        n = clear_entries(self.dir, self.lock)
+        n = self.files.clear()
         self._refresh()
         return n
-
-
-# -- the directory as a whole (any model's entries): what genie-ctl kv ls|evict|clear act on -----------------
-ENTRY_ID = re.compile(r"[ct]-[A-Za-z0-9][A-Za-z0-9._-]{0,160}")
-
-
-def list_entries(directory: Path) -> list[dict[str, object]]:
-    """Every entry whose header reads, oldest use first; a bad file is left for the store to reject on use."""
-    out = []
-    for p in directory.glob("*.kv"):
-        try:
-            h = read_header(p)
-            used = p.stat().st_mtime_ns
-        except (EntryError, FileNotFoundError):
-            continue
-        out.append(
-            {
-                "id": p.stem,
-                "conv_id": h.conv_id,
-                "tokens": h.n_tokens,
-                "bytes": h.file_bytes,
-                "dtype": h.layout.dtype,
-                "model": h.fingerprint.hex()[:12],
-                "created_ns": h.created_ns,
-                "last_used_ns": used,
-            }
-        )
-    return sorted(out, key=lambda e: (e["last_used_ns"], e["id"]))
-
-
-def evict_entry(directory: Path, entry_id: str, lock: FileLock) -> bool:
-    """Removes one entry by its id (its file name without .kv); False if there was none."""
-    if not ENTRY_ID.fullmatch(entry_id) or ".." in entry_id:
-        raise ValueError(f"{entry_id[:40]!r} is not an entry id (as `kv ls` shows: c-<conv id>.<tag>, t-<hash>.<tag>)")
-    with lock:
-        path = directory / f"{entry_id}.kv"
-        existed = path.exists()
-        path.unlink(missing_ok=True)
-    return existed
-
-
-def clear_entries(directory: Path, lock: FileLock) -> int:
-    with lock:
-        n = 0
-        for p in directory.glob("*.kv"):
-            p.unlink(missing_ok=True)
-            n += 1
-    return n

@@ -47,3 +47,13 @@ def test_max_tokens_default_is_an_option_of_at_least_one(tmp_path, monkeypatch):
     assert load_config(tmp_path / "none.toml").max_tokens_default == 200
     with pytest.raises(ValueError, match="max_tokens_default must be >= 1"):
         load_config(tmp_path / "none.toml", {"max_tokens_default": 0})
+
+
+@pytest.mark.parametrize("host", ["", "  "])
+def test_an_empty_http_host_is_an_error_not_every_interface(tmp_path, monkeypatch, host):
+    """aiohttp binds every interface for host "": GENIE_HTTP_HOST= must not expose the API (issue 21 item 7)."""
+    monkeypatch.setenv("GENIE_HTTP_HOST", host)
+    with pytest.raises(ValueError, match="http_host"):
+        load_config(tmp_path / "none.toml")
+    with pytest.raises(ValueError, match="0.0.0.0"):
+        DaemonConfig(http_host=host)

@@ -3,6 +3,7 @@ and several processes on one directory."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore.format import read_entry, read_header, write_entry
+from kvstore.format import entry_bytes, read_entry, read_header, write_entry
 from kvstore.store import CHUNK_TOKENS, KVStore, StoreConfig
 from tests.kvstore.kv_data import FINGERPRINT, OTHER_MODEL, assert_same, layout, snapshot
 
@@ -146,8 +147,9 @@ def test_bad_and_foreign_files_are_misses_never_served(tmp_path, caplog):
 
 
 def test_thousand_corrupted_entries_each_a_miss_with_its_reason(tmp_path, caplog):
-    """1 000 bad files named as conversations: each is rejected with a log line naming why and removed,
-    never served; every request is answered from the sound entry of the same tokens."""
+    """1 000 bad files named as conversations: each is rejected with a log line naming why, never served;
+    every request is answered from the sound entry of the same tokens. Genie's files are removed; those
+    whose magic is not genie's are a stranger's, and left alone (issue 21 item 4)."""
     from tests.kvstore.test_format import corrupt
 
     rng = np.random.default_rng(11)
@@ -161,10 +163,13 @@ def test_thousand_corrupted_entries_each_a_miss_with_its_reason(tmp_path, caplog
     caplog.clear()
     for i in range(1000):  # the same tokens as the good entry: whatever is served must be the good one
         assert_same(good_snap, store.hydrate(history, conv_id=f"bad{i}"))
+    strangers = {store._name("c", f"bad{i}") for i in range(1000) if i % 6 == 4}  # corrupt() kind 4: bad magic
     rejected = [r.getMessage() for r in caplog.records if "kv_rejected" in r.getMessage()]
-    assert len(rejected) == 1000 and all("reason=" in m for m in rejected)
+    assert len(rejected) == 1000 - len(strangers) and all("reason=" in m for m in rejected)
+    left = [r.getMessage() for r in caplog.records if "kv_left_alone" in r.getMessage()]
+    assert len(left) == len(strangers) and all("magic" in m for m in left)
     assert store.metrics.rejected == 1000
-    assert [p.name for p in store.dir.glob("*.kv")] == [store._name("c", "good")]
+    assert {p.name for p in store.dir.glob("*.kv")} == {store._name("c", "good")} | strangers
     assert_same(good_snap, store.hydrate(history, conv_id="good"))
 
 
@@ -323,3 +328,78 @@ def test_files_are_private_and_models_do_not_share_names(tmp_path):
     assert int8.hydrate(history, conv_id="same").dtype == "int8"
     assert f16.hydrate(history, conv_id="same").dtype == "f16"
     assert int8.metrics.rejected == f16.metrics.rejected == 0
+
+
+def test_file_names_from_the_directory_are_escaped_in_the_log(tmp_path, caplog):
+    """A newline in a file name must not forge a log line (issue 21 item 8)."""
+    rng = np.random.default_rng(3)
+    store = make_store(tmp_path)
+    saved = store.save(snapshot(store.layout, ids(rng, 100), rng), conv_id="a")
+    blob = saved.path.read_bytes()
+    (store.dir / f"t-x\nevent=kv_forged.{store.tag}.kv").write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
+    (store.dir / f"t-y\nevent=kv_forged.{store.tag}.kv").write_bytes(blob[:300])
+    store.config = StoreConfig(store.dir, max_bytes=2 * saved.bytes)
+    caplog.set_level(logging.INFO, logger="genie.kvstore")
+    for i in range(3):  # rejected on a rescan, or evicted: logged either way
+        store.save(snapshot(store.layout, ids(rng, 100), rng), conv_id=f"b{i}")
+        store.hydrate(ids(rng, 300))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("kv_forged" in m for m in messages)
+    assert not any("\n" in m for m in messages), messages
+
+
+SAVER = """
+import sys, numpy as np
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from kvstore.store import KVStore, StoreConfig
+from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
+directory, seed, n_saves, cap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rng = np.random.default_rng(seed)
+store = KVStore(StoreConfig(Path(directory), max_bytes=cap), FINGERPRINT, layout())
+for i in range(n_saves):
+    store.save(snapshot(store.layout, rng.integers(0, 1000, {n_tokens}), rng), conv_id=f"w{{seed}}-{{i}}")
+"""
+
+
+def test_several_writers_never_exceed_the_cap_by_more_than_one_entry(tmp_path):
+    """Sampled while 4 processes save entries of one size under a cap of 3: each made room after its write,
+    and the directory held up to 1.8x the cap (issue 21 item 8)."""
+    n_tokens, n_saves = 1000, 25
+    entry = make_store(tmp_path).save(snapshot(layout(), np.arange(n_tokens), np.random.default_rng()), "probe")
+    cap = 3 * entry.bytes
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER.format(root=str(ROOT), n_tokens=n_tokens))
+    directory = tmp_path / "shared"
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(directory), str(seed), str(n_saves), str(cap)])
+        for seed in range(4)
+    ]
+    most = 0
+    deadline = time.monotonic() + 300  # hang guard
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        total = 0
+        for p in directory.glob("*.kv") if directory.exists() else []:
+            try:
+                total += p.stat().st_size
+            except FileNotFoundError:
+                continue
+        most = max(most, total)
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    assert 0 < most <= cap + entry.bytes, f"{most / cap:.2f}x the cap"
+
+
+def test_an_anonymous_entry_makes_room_by_dropping_what_it_supersedes(tmp_path):
+    """Room for the next turn of a conversation without an id (Home Assistant's) comes from its previous
+    turn's entry, which it supersedes, not from the least recently used other conversation."""
+    rng = np.random.default_rng(4)
+    store = make_store(tmp_path)
+    other = store.save(snapshot(store.layout, ids(rng, 100), rng), conv_id="other")
+    turn1 = ids(rng, 2 * CHUNK_TOKENS)
+    store.save(snapshot(store.layout, turn1, rng))
+    turn2 = np.concatenate([turn1, ids(rng, 50)])
+    store.config = StoreConfig(store.dir, max_bytes=other.bytes + entry_bytes(store.layout, "", len(turn2)))
+    store.save(snapshot(store.layout, turn2, rng))
+    assert sorted((e["conv_id"], e["tokens"]) for e in store.entries()) == [("", len(turn2)), ("other", 100)]
+    assert store.metrics.evictions == 0
