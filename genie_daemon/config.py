@@ -38,6 +38,7 @@ class DaemonConfig:
     kv_cache_dir: str = field(default_factory=lambda: str(_cache_dir()))  # where saved KV lives
     kv_cache_max_mb: int = 1024  # size cap of the saved KV, least recently used evicted first; 0 = none
     kv_cache_stale_tmp_s: float = 60.0  # temp files of a crashed save older than this are removed
+    kv_store_timeout_s: float = 15.0  # a KV store that answers nothing this long is killed and restarted
     max_queue: int = 16  # requests waiting beyond the running one; more are refused as "overloaded"
     heartbeat_timeout_s: float = 3.0  # a worker silent this long is dead (three missed 1 s beats)
     restart_backoff_s: float = 0.5  # first restart delay; doubles up to restart_backoff_max_s
@@ -56,6 +57,8 @@ class DaemonConfig:
             raise ValueError("max_tokens_default must be >= 1: a request that asks for no limit must still end")
         if self.kv_cache_max_mb < 0 or not self.kv_cache_stale_tmp_s >= 0:
             raise ValueError("kv_cache_max_mb and kv_cache_stale_tmp_s must be >= 0")
+        if not self.kv_store_timeout_s > 0:
+            raise ValueError("kv_store_timeout_s must be > 0")
         if not self.http_host.strip():  # aiohttp binds every interface for "": never by an empty variable
             raise ValueError("http_host must not be empty: name the address to bind (0.0.0.0 for every interface)")
         if not 0 <= self.http_port <= 65535 or not self.http_max_body_mb > 0:

@@ -2,7 +2,8 @@
 
 The store needs no handshake: it serves as soon as its socket is bound, and the daemon only asks it
 admin questions (KV_LIST, KV_EVICT, KV_CLEAR, METRICS) on behalf of `genie-ctl`. If it exits, it is
-restarted with backoff; the worker's lookups meanwhile time out and turns run cold. The backoff doubles
+restarted with backoff; the worker's lookups meanwhile time out and turns run cold. One that stops
+answering (`watch`) is killed and restarted the same way. The backoff doubles
 while the store keeps crashing and starts again from the first delay once it has run STABLE_AFTER_S.
 """
 
@@ -87,6 +88,32 @@ class KvStoreHandle:
         )
         await self._sleep(delay)
         await self.start()
+
+    async def watch(self, timeout_s: float) -> None:
+        """Runs until cancelled: asks the store a question every third of `timeout_s` and kills one that
+        answers none for `timeout_s` (stuck: a FIFO in the directory, a hung disk), for the supervisor to
+        restart it as it restarts one that exited. Without this a stuck store cost every turn its lookup
+        timeout and lost every save, unnoticed."""
+        from protocol.messages import Metrics
+
+        interval = timeout_s / 3
+        silent_since: float | None = None
+        while True:
+            await self._sleep(interval)
+            if not self.is_alive():
+                silent_since = None
+                continue
+            reply = await self.call(Metrics(request_id="watch"), timeout_s=interval)
+            if not (isinstance(reply, Error) and reply.code == "kv_unavailable"):
+                silent_since = None
+                continue
+            now = self._clock()
+            silent_since = silent_since if silent_since is not None else now - interval
+            if now - silent_since >= timeout_s and self.proc is not None:
+                log.error("event=kv_store_unresponsive pid=%s silent_s=%.1f", self.proc.pid, now - silent_since)
+                self.proc.kill()
+                await self.proc.wait()
+                silent_since = None
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc and self.proc.returncode is None:

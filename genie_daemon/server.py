@@ -389,7 +389,9 @@ class Daemon:
         if self.config.http:
             self.http = HttpFront(self)
             await self.http.start()
-        loops = (self.client_loop(), self.admin_loop(), self.worker_loop(), self.supervise_loop())
+        loops = [self.client_loop(), self.admin_loop(), self.worker_loop(), self.supervise_loop()]
+        if self.kv:
+            loops.append(self.kv.watch(self.config.kv_store_timeout_s))
         tasks = [asyncio.create_task(t) for t in loops]
         self._refresh_model_info()
         await self.stopping.wait()

@@ -87,3 +87,35 @@ def test_no_child_outlives_a_daemon_killed_mid_answer(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_store_that_stops_answering_is_restarted(tmp_path):
+    """A store stuck without exiting (a FIFO it opened, a hung disk) cost every turn its lookup timeout and
+    lost every save, and the daemon never noticed (issue 21 item 4)."""
+    config = tmp_path / "genie.toml"
+    config.write_text("kv_store_timeout_s = 1.5\n")
+    proc, endpoint = start_daemon(tmp_path, "--config", str(config))
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    stuck = json.loads(ctl(sock_dir, "--json", "status").stdout)["kv_store_pid"]
+    try:
+        os.kill(stuck, signal.SIGSTOP)
+        deadline = time.monotonic() + 30  # a hang guard
+        while time.monotonic() < deadline:
+            status = json.loads(ctl(sock_dir, "--json", "status").stdout)
+            if status["kv_store_pid"] != stuck and "hits" in status["kv"]:
+                break
+            time.sleep(0.2)
+        assert status["kv_store_pid"] != stuck and status["kv"]["restarts"] == 1, status
+        assert not alive(stuck)
+        assert "event=kv_store_unresponsive" in stop_and_log(proc)
+    finally:
+        try:
+            os.kill(stuck, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def stop_and_log(proc) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    return err
