@@ -271,3 +271,33 @@ def test_media_placeholders_the_model_writes_reach_the_token_ids_but_never_the_t
     assert done.text  # (sampled) still an answer
     forget(e)
     assert run(e, ids)[1].text.startswith("\n\n")
+
+
+@pytest.mark.parametrize("model", ["gemma3-270m", "smollm2-135m"])
+def test_a_megabyte_prompt_is_refused_before_it_is_tokenized(make_engine, model, monkeypatch):
+    """A 1 MiB prompt cost 7 s of worker time (Gemma's tokenizer) before it was refused (issue 21 item 8)."""
+    e = make_engine(model)
+
+    def never(*args, **kwargs):
+        raise AssertionError("tokenized")
+
+    monkeypatch.setattr(e.tokenizer, "encode", never)
+    big = "The lights are on in the kitchen. " * 31_000  # ~1 MiB
+    with pytest.raises(RequestError, match="the prompt is at least .* tokens, more than the context"):
+        e.text_prompt(big)
+    with pytest.raises(RequestError, match="the system message and the last user message alone are at least"):
+        e.fit_chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": big}], 64)
+    # an old turn that large is dropped without rendering it either
+    encode = type(e.tokenizer).encode
+
+    def small_only(self, text, *args, **kwargs):
+        assert len(text) < 10_000, "tokenized the megabyte"
+        return encode(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(e.tokenizer), "encode", small_only)
+    monkeypatch.delattr(e.tokenizer, "encode")
+    fitted = e.fit_chat(
+        [{"role": "user", "content": big}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "hi"}],
+        64,
+    )
+    assert fitted.dropped == 2 and len(fitted.ids) < 64

@@ -23,13 +23,27 @@ class Fitted:
     dropped: int  # messages left out, oldest first
 
 
-def fit_messages(render: Callable[[list[Message]], list[int]], messages: Sequence[Message], budget: int) -> Fitted:
+def fit_messages(
+    render: Callable[[list[Message]], list[int]],
+    messages: Sequence[Message],
+    budget: int,
+    at_least: Callable[[list[Message]], int] = lambda m: 0,
+) -> Fitted:
     """The prompt of `messages` in at most `budget` tokens, dropping the fewest oldest turns it can.
 
     `render` turns messages into prompt tokens (the chat template). Renders O(log turns) times: more
-    turns dropped never makes a prompt longer, so the fewest that fit are found by bisection."""
-    ids = render(list(messages))
-    if len(ids) <= budget:
+    turns dropped never makes a prompt longer, so the fewest that fit are found by bisection.
+    `at_least` bounds a rendering's length from below without rendering it (tokenizing a megabyte takes
+    seconds): what it already puts over the budget is never rendered."""
+
+    def fits(candidate: list[Message]) -> list[int] | None:
+        if at_least(candidate) > budget:
+            return None
+        ids = render(candidate)
+        return ids if len(ids) <= budget else None
+
+    ids = fits(list(messages))
+    if ids is not None:
         return Fitted(ids, 0)
     starts = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     system = [m for m in messages if m.get("role") == "system"]
@@ -41,17 +55,19 @@ def fit_messages(render: Callable[[list[Message]], list[int]], messages: Sequenc
 
     # what comes before the first user message (an assistant's greeting) goes with the first turn
     lo, hi = 0, max(len(starts) - 1, 0)  # hi: all but the last user turn dropped
-    last = render(without(hi))
-    if len(last) > budget:
+    last = fits(without(hi))
+    if last is None:
+        bound = at_least(without(hi))
+        n, qualifier = (bound, "at least ") if bound > budget else (len(render(without(hi))), "")
         raise RequestError(
-            f"the system message and the last user message alone are {len(last)} tokens, "
+            f"the system message and the last user message alone are {qualifier}{n} tokens, "
             f"more than the {budget} this context leaves for a prompt"
         )
     best = last
     while lo + 1 < hi:  # invariant: dropping hi turns fits, dropping lo does not
         mid = (lo + hi) // 2
-        candidate = render(without(mid))
-        if len(candidate) <= budget:
+        candidate = fits(without(mid))
+        if candidate is not None:
             hi, best = mid, candidate
         else:
             lo = mid

@@ -145,7 +145,12 @@ class Engine:
         """chat_prompt, with the oldest turns dropped when the conversation does not leave room for an
         answer of `answer_tokens` (at most a quarter of the context) in the context (context_fit.py)."""
         room = max(1, min(answer_tokens, self.n_ctx // 4))
-        return fit_messages(lambda m: self.chat_prompt(m, think, tools), messages, self.n_ctx - room)
+        per_token = self.tokenizer.vocab.max_token_bytes
+
+        def at_least(msgs: list[Any]) -> int:  # tokens the contents alone make, whatever the template adds
+            return sum(len(str(m.get("content") or "").encode("utf-8", "surrogatepass")) for m in msgs) // per_token
+
+        return fit_messages(lambda m: self.chat_prompt(m, think, tools), messages, self.n_ctx - room, at_least)
 
     def json_constraint(self, fmt: str | dict[str, Any]) -> JsonConstraint:
         """A request's output constraint: "json" (any JSON object) or a JSON schema."""
@@ -156,6 +161,11 @@ class Engine:
         return JsonConstraint(self.tokenizer, fmt)
 
     def text_prompt(self, text: str) -> list[int]:
+        """Refused before tokenizing when the text is surely too long: a megabyte takes Gemma's tokenizer
+        seconds, only to be refused after."""
+        at_least = len(text.encode("utf-8", "surrogatepass")) // self.tokenizer.vocab.max_token_bytes
+        if at_least >= self.n_ctx:
+            raise RequestError(f"the prompt is at least {at_least} tokens, more than the context of {self.n_ctx}")
         return self.tokenizer.encode(text, add_bos=None, parse_special=False)
 
     def _check_ids(self, ids: Sequence[int], min_len: int, max_len: int) -> list[int]:

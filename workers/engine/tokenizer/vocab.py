@@ -104,9 +104,13 @@ class Vocab:
     _special_user: list[int] = field(repr=False, default_factory=list)
     _markup: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, bool))  # [n_vocab] is_markup
     media_ids: tuple[int, ...] = ()  # the media placeholders (MEDIA_TEXTS) this vocabulary has
+    # the longest token's spelling in UTF-8 bytes, at least the bytes any token stands for: a text of n
+    # bytes is at least n / max_token_bytes tokens, known before tokenizing it
+    max_token_bytes: int = 1
 
     def __post_init__(self) -> None:
         self.token_to_id = dict(zip(self.tokens, range(len(self.tokens)), strict=True))
+        self.max_token_bytes = max((len(t.encode("utf-8", "surrogateescape")) for t in self.tokens), default=1) or 1
         named_eog = [i for i in (self.token_to_id.get(text) for text in EOG_TEXTS) if i is not None]
         self.types = self.types.copy()
         self.types[named_eog] = TokenType.CONTROL
