@@ -140,3 +140,28 @@ def test_killed_kv_store_is_restarted_and_turns_go_on(tmp_path):
         assert wait_for_entries(sock_dir, 1)[0]["id"].startswith("c-porch.")
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize("n_layers", [28, 36])  # Qwen3-0.6B's and Qwen3-4B's layer counts (Gemma 3's 18: test_path_f)
+@pytest.mark.parametrize("kv", ["int8", "fp16"])
+def test_many_layers_are_saved_and_hydrated_through_the_daemon(tmp_path, n_layers, kv):
+    """INT8 KV of more than 16 layers once exceeded the codec's side-frame limit: no model of real depth
+    saved or hydrated anything, silently (issue 21 item 1)."""
+    from tests.tiny_models import write_tiny_model
+
+    model = tmp_path / f"deep-{n_layers}.gguf"
+    write_tiny_model("qwen3", model, n_layers=n_layers)
+    extra = ("--fp16-kv",) if kv == "fp16" else ()
+    proc, endpoint = start_daemon(tmp_path, *extra, model=str(model))
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        first, _ = turn(endpoint, PROMPT, "deep")
+        assert wait_for_entries(sock_dir, 1)[0]["tokens"] >= len(PROMPT)
+    finally:
+        stop(proc)
+    proc, endpoint = start_daemon(tmp_path, *extra, model=str(model))
+    try:
+        _, done = turn(endpoint, PROMPT + first + FOLLOW_UP, "deep")
+        assert done.usage["cached_tokens"] >= len(PROMPT)
+    finally:
+        stop(proc)
