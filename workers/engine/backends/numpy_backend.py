@@ -28,7 +28,10 @@ from .base import Array, Backend, NextInput, Weight
 from .block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
 
 DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large tensor
-GEMV_MAX_TOKENS = 8  # products with more rows than this dequantize to float32 and use BLAS
+# products with more rows than this dequantize to float32 and use BLAS. Reading int8 rows once for all inputs
+# wins up to ~16 rows on 2 cores (Gemma 270M, a 14-token prompt: 86 ms against 121 ms through BLAS; 24
+# tokens: 146 ms against 143): a voice prompt's first token comes sooner
+GEMV_MAX_TOKENS = 15
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 
 
