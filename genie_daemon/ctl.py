@@ -195,6 +195,14 @@ def _add_global_options(p: argparse.ArgumentParser, with_defaults: bool) -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `genie-ctl metrics | head`: the reader left, which is no error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
     p = argparse.ArgumentParser(prog="genie-ctl", description="talk to the running genie daemon")
     _add_global_options(p, with_defaults=True)
     sub = p.add_subparsers(dest="command", required=True)

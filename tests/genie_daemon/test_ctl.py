@@ -99,3 +99,24 @@ def test_wait_stops_at_a_failed_load(admin, capsys):
     admin.steps = [{"ready": False, "loaded_model": "x", "load_error": "the worker could not load 'x'"}]
     assert ctl.main(["--wait", "5", "status"]) == 1
     assert "could not load 'x'" in capsys.readouterr().err
+
+
+def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
+    """`genie-ctl metrics | head` printed a BrokenPipeError traceback once head had read enough."""
+    import subprocess
+    import sys
+
+    from tests.child_env import child_env
+
+    code = (
+        "import sys, genie_daemon.ctl as c\n"
+        "c._admin_call = lambda *a: c.Reply(request_id='ctl', data={f'k{i}': i for i in range(20000)})\n"
+        "sys.exit(c.main(['--socket-dir', sys.argv[1], 'metrics']))\n"
+    )
+    ctl = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env()
+    )
+    assert ctl.stdout is not None and ctl.stdout.readline()
+    ctl.stdout.close()  # what head does after its lines
+    _, err = ctl.communicate(timeout=60)
+    assert ctl.returncode == 0 and b"Traceback" not in err, err.decode()
