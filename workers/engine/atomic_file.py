@@ -37,3 +37,17 @@ def atomic_path(target: Path, durable: bool = False, mode: int = 0o644) -> Itera
                 os.close(fd)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def move_into_place(src: Path, target: Path) -> None:
+    """Renames a file already written elsewhere in `target`'s directory (a finished download) over `target`,
+    durably: the data is fsynced before the rename and the directory after it, so a power cut leaves the old
+    name or the whole new file."""
+    with open(src, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(src, target)
+    fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -35,3 +35,7 @@ class ModelError(GenieError):
 
 class ModelNotFoundError(GenieError):
     """`-m` names neither an existing file nor an installed model package."""
+
+
+class PullError(GenieError):
+    """A model could not be fetched or added to the models directory (network, bad file, wrong digest)."""
