@@ -1,4 +1,5 @@
-"""`genie`: run the engine in this process — generate, chat, tokenize, perplexity."""
+"""`genie`: run the engine in this process — generate, chat, tokenize, perplexity — and manage the models
+directory (pull, list, rm: `models/commands.py`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .engine.perplexity import perplexity
 from .engine.registry import DEFAULT_MODEL, MODELS
 from .engine.sampling import SamplingParams
 from .engine.text_filters import ThinkFilter
+from .models import commands as model_commands
 
 D = SamplingParams()
 
@@ -28,7 +30,8 @@ def _add_engine_options(p: argparse.ArgumentParser, ctx_default: int = EngineCon
         "-m",
         "--model",
         default=DEFAULT_MODEL,
-        help=f"GGUF path or installed model ({', '.join(MODELS)}) (default: %(default)s)",
+        help=f"a pulled model (genie list), an installed one ({', '.join(MODELS)}) or a GGUF path "
+        "(default: %(default)s)",
     )
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="compute backend (default: %(default)s)")
     p.add_argument("--ctx", type=int, default=ctx_default, help="context length in tokens (default: %(default)s)")
@@ -129,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_conv_option(chat)
 
     tok = sub.add_parser("tokenize", help="print token ids (no BOS)")
-    tok.add_argument("-m", "--model", default=DEFAULT_MODEL, help="GGUF path or installed model (default: %(default)s)")
+    tok.add_argument(
+        "-m", "--model", default=DEFAULT_MODEL, help="pulled or installed model, or GGUF path (default: %(default)s)"
+    )
     tok.add_argument("--special", action="store_true", help="parse special tokens written in the text (default: off)")
     tok.add_argument("--json", action="store_true", help='print {"ids": [...]} (default: ids separated by spaces)')
     tok.add_argument("text", help="text to tokenize")
@@ -138,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(ppl, ctx_default=512)
     ppl.add_argument("--text-file", required=True, help="UTF-8 text file")
     ppl.add_argument("--json", action="store_true", help='print {"ppl", "n_scored", "nll": [...]} (default: one line)')
+    model_commands.add_parsers(sub)
     return parser
 
 
@@ -309,7 +315,13 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "chat": cmd_chat, "tokenize": cmd_tokenize, "perplexity": cmd_perplexity}
+COMMANDS = {
+    "run": cmd_run,
+    "chat": cmd_chat,
+    "tokenize": cmd_tokenize,
+    "perplexity": cmd_perplexity,
+    **model_commands.COMMANDS,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Models installed from PyPI, by short name, and how `-m` resolves to a GGUF path."""
+"""How `-m` resolves to a GGUF path: a model pulled into the models directory (`genie pull`), a model
+installed from PyPI, by short name, or a path."""
 
 from __future__ import annotations
 
@@ -39,23 +40,60 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _pulled_path(name: str) -> Path | None:
+    """The file of a model pulled under `name` (a pulled name wins: the user asked for it by that name)."""
+    from ..models.local import ModelsDir, is_valid_name  # the models package reads GGUFs through the engine
+
+    if not is_valid_name(name):
+        return None  # a path, or a name that cannot be pulled
+    model = ModelsDir().get(name)
+    return model.path if model is not None else None
+
+
 def resolve_model(name: str, progress: Callable[[str], None] = _progress) -> Path:
-    """A path to the GGUF file for a path or a short name; assembles a chunked model on first use."""
+    """A path to the GGUF file for a pulled model, an installed one or a path; assembles a chunked model on
+    first use."""
+    pulled = _pulled_path(name)
+    if pulled is not None:
+        return pulled
     if name in MODELS:
         return _packaged_path(name, MODELS[name], progress)
     path = Path(name).expanduser()
     if path.exists() or os.sep in name or name.endswith(".gguf"):
         return path  # GGUFFile reports a missing or unreadable file with its path
+    from ..models.catalogue import CATALOGUE
+
     known = ", ".join(MODELS)
-    raise ModelNotFoundError(f"model {name!r} is neither a file nor an installed model ({known})")
+    how = (
+        f"`genie pull {name}` fetches it"
+        if name in CATALOGUE
+        else f"`genie pull` fetches one ({', '.join(CATALOGUE)}, hf://OWNER/REPO/FILE.gguf or a URL)"
+    )
+    raise ModelNotFoundError(
+        f"model {name!r} is neither a file, a pulled model (genie list) nor an installed one ({known}): {how}"
+    )
 
 
 def installed_path(name: str) -> Path | None:
     """The GGUF path for `name` if it is already on disk (a packaged model is never assembled here)."""
-    m = MODELS.get(name)
-    if m is None:
+    pulled = _pulled_path(name)
+    if pulled is not None:
+        return pulled
+    if name not in MODELS:
         path = Path(name).expanduser()
         return path if path.is_file() else None
+    return packaged_file(name)
+
+
+def is_packaged_installed(name: str) -> bool:
+    """Whether the PyPI package of the short name `name` is installed (its file may await assembly)."""
+    spec = importlib.util.find_spec(MODELS[name].package)
+    return spec is not None and bool(spec.submodule_search_locations)
+
+
+def packaged_file(name: str) -> Path | None:
+    """The GGUF file of the PyPI model `name` if it is installed and on disk (never assembled here)."""
+    m = MODELS[name]
     spec = importlib.util.find_spec(m.package)
     if spec is None or not spec.submodule_search_locations:
         return None

@@ -35,7 +35,15 @@ MODEL_SUFFIX = ".gguf"
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")
 HASH_CHUNK_BYTES = 1 << 20
 
-__all__ = ["LocalModel", "ModelsDir", "PullError", "default_models_dir", "is_valid_name", "name_for_file"]
+__all__ = [
+    "LocalModel",
+    "ModelsDir",
+    "PullError",
+    "default_models_dir",
+    "gguf_summary",
+    "is_valid_name",
+    "name_for_file",
+]
 
 
 def default_models_dir() -> Path:
@@ -103,23 +111,29 @@ def _quant(gf: GGUFFile) -> str:
     return by_type.most_common(1)[0][0] if by_type else "unknown"
 
 
+def gguf_summary(gf: GGUFFile) -> dict[str, Any]:
+    """The manifest's facts about an open GGUF: architecture, quant, context, has_chat_template."""
+    arch = gf.architecture
+    context = gf.get(f"{arch}.context_length", 0)
+    return {
+        "architecture": arch,
+        "quant": _quant(gf),
+        "context": int(context) if isinstance(context, int) and not isinstance(context, bool) else 0,
+        "has_chat_template": isinstance(gf.get("tokenizer.chat_template"), str),
+    }
+
+
 def _describe(path: Path, source: str) -> dict[str, Any]:
     """What the manifest says about a GGUF file; PullError when genie could not run it."""
     try:
         with GGUFFile(path) as gf:  # checks the header and that every tensor lies inside the file
-            arch = gf.architecture
-            if arch not in ARCHITECTURES:
-                known = ", ".join(ARCHITECTURES)
-                raise PullError(f"{source}: architecture {arch!r} is not one genie runs ({known})")
-            context = gf.get(f"{arch}.context_length", 0)
-            return {
-                "architecture": arch,
-                "quant": _quant(gf),
-                "context": int(context) if isinstance(context, int) else 0,
-                "has_chat_template": isinstance(gf.get("tokenizer.chat_template"), str),
-            }
+            summary = gguf_summary(gf)
     except ModelFileError as e:
         raise PullError(f"{source}: {e.problem}") from None
+    if summary["architecture"] not in ARCHITECTURES:
+        known = ", ".join(ARCHITECTURES)
+        raise PullError(f"{source}: architecture {summary['architecture']!r} is not one genie runs ({known})")
+    return summary
 
 
 class ModelsDir:
