@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -62,7 +63,7 @@ def _handler(server: FileServer) -> type[BaseHTTPRequestHandler]:
                 blobs = {hashlib.sha256(b).hexdigest(): b for b in server.hf_files.values()}
                 data = blobs.get(self.path[len("/cdn/") :])
             else:
-                data = server.files.get(self.path)
+                data = server.files.get(unquote(self.path))
             if data is None:
                 self.send_error(404)
                 return
