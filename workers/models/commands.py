@@ -42,8 +42,8 @@ def add_parsers(sub: Any) -> None:
 def cmd_pull(args: argparse.Namespace) -> int:
     src = parse_source(args.source)
     name = args.name or src.name
-    what = f" ({src.description})" if src.description else ""
-    size = f", {src.size_bytes / 1e9:.2f} GB" if src.size_bytes else ""
+    what = f": {src.description}," if src.description else ""
+    size = f" ({src.size_bytes / 1e9:.2f} GB)" if src.size_bytes else ""
     print(f"pulling {name}{what} from {src.url}{size}", file=sys.stderr, flush=True)
     model = pull(args.source, progress=ProgressBar(sys.stderr, sys.stderr.isatty()), name=args.name)
     size_mb = model.size_bytes / 1e6
