@@ -18,7 +18,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     d = DaemonConfig()
     p = argparse.ArgumentParser(prog="genie-daemon", description="genie's supervisor daemon")
     p.add_argument("--config", type=Path, default=None, help=f"TOML config (default: {default_config_path()})")
-    p.add_argument("-m", "--model", help=f"GGUF path or installed model (default: {d.model})")
+    p.add_argument("-m", "--model", help=f"GGUF path, installed or pulled model (default: {d.model})")
+    p.add_argument("--models-dir", help=f"where pulled models live (default: {d.models_dir})")
     p.add_argument("--backend", help=f"auto | numpy | cupy (default: {d.backend})")
     p.add_argument("--ctx", type=int, help=f"context length (default: {d.ctx})")
     p.add_argument("--fp16-kv", action="store_true", default=None, help="FP16 KV cache (default: INT8)")
@@ -48,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.config,
             {
                 "model": args.model,
+                "models_dir": args.models_dir,
                 "backend": args.backend,
                 "ctx": args.ctx,
                 "fp16_kv": args.fp16_kv,

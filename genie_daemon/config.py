@@ -1,7 +1,8 @@
 """The daemon's one typed config: defaults, then the TOML file, then GENIE_* variables, then flags.
 
 Environment variables are read here and nowhere else, but for XDG_RUNTIME_DIR: the default socket
-directory is protocol/endpoints.py's, which clients given no endpoint share.
+directory is protocol/endpoints.py's, which clients given no endpoint share; and the default models
+directory is workers/models/local.py's (GENIE_MODELS_DIR, XDG_DATA_HOME), which `genie` shares.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.endpoints import client_endpoint, default_socket_dir
+from workers.models.local import default_models_dir
 
 
 def _cache_dir() -> Path:
@@ -22,7 +24,8 @@ def _cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class DaemonConfig:
-    model: str = "gemma3-270m"  # GGUF path or installed model name
+    model: str = "gemma3-270m"  # GGUF path, installed model name or a model of models_dir
+    models_dir: str = field(default_factory=lambda: str(default_models_dir()))  # pulled models (genie-ctl pull)
     backend: str = "auto"  # auto | numpy | cupy
     ctx: int = 4096  # context length in tokens
     fp16_kv: bool = False  # FP16 KV cache instead of INT8
@@ -78,6 +81,8 @@ class DaemonConfig:
             self.worker_endpoint,
             "-m",
             self.model,
+            "--models-dir",
+            self.models_dir,
             "--backend",
             self.backend,
             "--ctx",

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import zmq
 
@@ -51,6 +52,7 @@ from .engine.registry import DEFAULT_MODEL
 from .engine.sampling import SamplingParams
 from .kv_link import KvLink
 from .lifetime import exit_with_parent
+from .models.local import ModelsDir
 
 log = logging.getLogger("genie.worker")
 
@@ -260,6 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="genie-worker", description="genie's GPU worker process")
     p.add_argument("--endpoint", required=True, help="the daemon's worker socket, e.g. ipc:///run/genie/worker.sock")
     p.add_argument("-m", "--model", default=DEFAULT_MODEL, help="GGUF path or installed model (default: %(default)s)")
+    p.add_argument(
+        "--models-dir",
+        type=Path,
+        default=None,
+        help="the daemon's models directory, where -m NAME finds a pulled model (default: genie's own)",
+    )
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="compute backend (default: %(default)s)")
     p.add_argument("--ctx", type=int, default=EngineConfig.n_ctx, help="context length (default: %(default)s)")
     p.add_argument("--fp16-kv", action="store_true", help="FP16 KV cache instead of INT8 (default: INT8)")
@@ -279,8 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     exit_with_parent()
     try:
+        # the daemon's models directory, not this process's default: a pulled name wins, as in the registry
+        pulled = ModelsDir(args.models_dir).get(args.model) if args.models_dir else None
         engine_config = EngineConfig(
-            model=args.model,
+            model=str(pulled.path) if pulled else args.model,
             backend=args.backend,
             n_ctx=args.ctx,
             kv_dtype="f16" if args.fp16_kv else "int8",

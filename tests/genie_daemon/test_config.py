@@ -57,3 +57,18 @@ def test_an_empty_http_host_is_an_error_not_every_interface(tmp_path, monkeypatc
         load_config(tmp_path / "none.toml")
     with pytest.raises(ValueError, match="0.0.0.0"):
         DaemonConfig(http_host=host)
+
+
+def test_models_dir_is_an_option_passed_to_the_worker(tmp_path, monkeypatch):
+    """The models directory (pulled models) follows GENIE_MODELS_DIR like `genie` does, genie.toml and
+    flags override it, and the worker looks `-m NAME` up in the daemon's, not in its own default."""
+    monkeypatch.setenv("GENIE_MODELS_DIR", str(tmp_path / "env"))
+    assert load_config(tmp_path / "none.toml").models_dir == str(tmp_path / "env")
+    monkeypatch.delenv("GENIE_MODELS_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert DaemonConfig().models_dir == str(tmp_path / "data" / "genie" / "models")
+    toml = tmp_path / "genie.toml"
+    toml.write_text(f'models_dir = "{tmp_path / "toml"}"\n')
+    c = load_config(toml)
+    args = c.worker_args()
+    assert c.models_dir == str(tmp_path / "toml") and args[args.index("--models-dir") + 1] == c.models_dir
