@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,6 +16,8 @@ from aiohttp import web
 from protocol.codec import encode
 from protocol.errors import ProtocolError
 from protocol.messages import Delta, Done, Error, Generate, Message
+from workers.models.local import LocalModel
+from workers.models.pull import PullProgress
 
 from .config import DaemonConfig
 from .metrics import DaemonMetrics
@@ -29,12 +31,19 @@ class Service(Protocol):
     config: DaemonConfig
     metrics: DaemonMetrics
 
-    async def submit(self, owner: Any, reply: Any, msg: Generate) -> None: ...
+    async def submit(self, owner: Any, reply: Any, msg: Generate, model: str | None = None) -> None: ...
     async def cancel(self, owner: Any, rid: str) -> None: ...
     def status(self) -> dict[str, Any]: ...
     async def kv_metrics(self) -> dict[str, Any]: ...
     def model_info(self) -> ModelInfo: ...
-    async def ensure_loaded(self, timeout_s: float) -> str | None: ...
+    async def list_models(self) -> list[ModelInfo]: ...
+    async def find_model(self, name: str) -> ModelInfo | None: ...
+    def serves(self, info: ModelInfo) -> bool: ...
+    async def delete_model(self, info: ModelInfo) -> bool: ...
+    def pull(
+        self, source: str, keepalive_s: float | None = None
+    ) -> AsyncGenerator[PullProgress | LocalModel, None]: ...
+    async def ensure_loaded(self, timeout_s: float, model: str | None = None) -> str | None: ...
     async def unload(self, only_if_idle: bool = False) -> None: ...
 
 
@@ -65,6 +74,7 @@ ERROR_STATUS = {
     "worker_died": 503,
     "model_changed": 503,
     "not_ready": 503,
+    "load_failed": 503,
 }
 
 
@@ -118,13 +128,24 @@ def stop_list(value: Any, name: str) -> list[str] | None:
     raise HttpError(400, f"{name} must be a string or a list of strings")
 
 
-def check_model(service: Service, name: Any) -> ModelInfo:
-    """The served model when `name` addresses it (ModelInfo.is_named), else 404."""
-    info = service.model_info()
+def model_name(body: dict[str, Any]) -> str:
+    """The request's `model` (Ollama's older `name` too), or a 400."""
+    name = body.get("model", body.get("name"))
     if not isinstance(name, str) or not name:
         raise HttpError(400, "model is required and must be a string")
-    if not info.is_named(name):
-        raise HttpError(404, f"model {name!r} not found (genie serves {info.name!r})", "model_not_found")
+    return name
+
+
+async def check_model(service: Service, name: Any) -> ModelInfo:
+    """The model `name` addresses: the served one, or one of the models directory (which a request then
+    loads); else 404, as Ollama answers a model it has not pulled."""
+    if not isinstance(name, str) or not name:
+        raise HttpError(400, "model is required and must be a string")
+    info = await service.find_model(name)
+    if info is None:
+        served = service.model_info().name
+        message = f"model {name!r} not found, try pulling it first (genie serves {served!r})"
+        raise HttpError(404, message, "model_not_found")
     return info
 
 
@@ -145,9 +166,12 @@ _ids = itertools.count(1)
 LOAD_TIMEOUT_S = 300.0  # how long a request waits for the model to (re)load
 
 
-async def ensure_ready(service: Service) -> None:
-    """Loads the model if it was unloaded and waits until it serves, or a 503 saying why not."""
-    problem = await service.ensure_loaded(LOAD_TIMEOUT_S)
+async def ensure_ready(service: Service, info: ModelInfo) -> None:
+    """Ollama's load request (no messages): loads `info` if it is not served (in place of the one that is,
+    once the requests running and waiting have ended, or after an unload) and waits until it serves, or a
+    503 saying why not. A generation needs none of this: its Turn carries its model, which the daemon's
+    queue loads when the request's turn comes."""
+    problem = await service.ensure_loaded(LOAD_TIMEOUT_S, info.configured or None)
     if problem:
         raise HttpError(503, problem, "not_ready")
 
@@ -155,17 +179,20 @@ async def ensure_ready(service: Service) -> None:
 class Turn:
     """One generation for an HTTP request. Leaving the `async with` before DONE or ERROR (the client went
     away, or the handler failed) cancels it: a queued request ends at once, a running one at its next
-    prefill chunk or decode step."""
+    prefill chunk or decode step. It runs on `model` (config.model's form) only: the daemon loads it when
+    the request reaches the head of its queue, if another is served (or none, after an unload); a model
+    that fails to load ends it with ERROR(load_failed), a 503."""
 
-    def __init__(self, service: Service, msg: Generate) -> None:
+    def __init__(self, service: Service, msg: Generate, model: str | None = None) -> None:
         self.service = service
         self.msg = msg
+        self.model = model
         self.owner = object()
         self.events: asyncio.Queue[Message] = asyncio.Queue()
         self.ended = False
 
     async def __aenter__(self) -> Turn:
-        await self.service.submit(self.owner, self.events.put, self.msg)
+        await self.service.submit(self.owner, self.events.put, self.msg, self.model)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -1,14 +1,17 @@
-"""What the HTTP APIs say about the served model (Ollama's /api/tags and /api/show, OpenAI's /v1/models),
-read from the GGUF file's header by the daemon itself, so it can answer while the worker still loads.
+"""What the HTTP APIs say about a model (Ollama's /api/tags and /api/show, OpenAI's /v1/models): the served
+one and those of the models directory, read from the GGUF file's header by the daemon itself, so it can
+answer while the worker still loads.
 
 Reading a header is cheap (the tensor data is never touched) and runs in a thread; a packaged model that
-has not been assembled yet (first start) is described from the registry until the file exists.
+has not been assembled yet (first start) is described from the registry until the file exists. A model of
+the models directory is named by its name there and its digest is its file's sha256 (its manifest's);
+for any other the digest is the GGUF fingerprint, which needs no pass over the whole file.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from gguf import LlamaFileType
 from workers.engine.errors import GenieError
 from workers.engine.gguf_file import GGUFFile
 from workers.engine.registry import MODELS, installed_path
+from workers.models.local import LocalModel, ModelsDir
 
 
 def client_name(model: str) -> str:
@@ -41,6 +45,7 @@ class ModelInfo:
     chat_template: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)  # scalar general.* and <arch>.* keys
     configured: str = ""  # config.model as given (a path or an installed name): requests may name it too
+    local: bool = False  # a model of the models directory (pulled): `configured` is its name there
 
     @classmethod
     def named(cls, model: str, size: int = 0) -> ModelInfo:
@@ -71,8 +76,13 @@ class ModelInfo:
         return caps
 
 
-def describe(model: str) -> ModelInfo:
-    """The served model as the HTTP APIs report it; never raises for a missing or unreadable file."""
+def describe(model: str, models: ModelsDir) -> ModelInfo:
+    """The served model (config.model) as the HTTP APIs report it; never raises for a missing or unreadable
+    file. A model pulled into the models directory wins over a packaged one of the same name, as the
+    worker reads it (workers/engine/registry.py)."""
+    local = models.get(model)
+    if local is not None:
+        return describe_local(local)
     path = installed_path(model)
     if path is not None:
         try:
@@ -81,6 +91,16 @@ def describe(model: str) -> ModelInfo:
             pass
     packaged = MODELS.get(model)
     return ModelInfo.named(model, packaged.size_bytes if packaged else 0)
+
+
+def describe_local(m: LocalModel) -> ModelInfo:
+    """A model of the models directory, from its file's header, with its manifest's sha256 as the digest;
+    from the manifest alone when the header cannot be read."""
+    try:
+        info = _from_file(m.name, m.path)
+    except (GenieError, OSError, ValueError):
+        info = ModelInfo(m.name, m.size_bytes, "", m.architecture, "", m.quant, 0.0, m.context, configured=m.name)
+    return replace(info, digest=m.sha256, quantization=m.quant, local=True)
 
 
 def _from_file(model: str, path: Any) -> ModelInfo:
@@ -128,7 +148,7 @@ def _human(n: int) -> str:
 
 def _quantization(file_type: Any) -> str:
     try:
-        return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+        return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")  # F32, not ALL_F32
     except (TypeError, ValueError):
         return "unknown"
 

@@ -5,16 +5,25 @@ Streams are NDJSON, one object a line: `message.content` (chat) or `response` (g
 last line with `done: true`, `done_reason`, the token counts and the durations in nanoseconds. As in
 Ollama, `prompt_eval_count` counts the prompt tokens evaluated; genie adds `cached_tokens`, the prompt
 tokens its KV already held (resident or hydrated from the KV store).
+
+Models are Ollama's too: /api/tags lists the served model and the models directory, a request naming one
+of its models loads it in place of the served one, /api/pull streams a pull's progress in Ollama's status
+lines (pull_relay.py) and /api/delete removes a pulled model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 from aiohttp import web
 
 from protocol.messages import Done, Error
+from workers.engine.errors import PullError
+from workers.models.local import LocalModel
+from workers.models.pull import PullProgress
+from workers.models.sources import parse_source
 
 from .http_turn import (
     SERVICE,
@@ -29,6 +38,7 @@ from .http_turn import (
     first_then_rest,
     gather,
     get,
+    model_name,
     read_json,
     stop_list,
     tool_call_in,
@@ -52,6 +62,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/api/chat", chat)
     app.router.add_post("/api/generate", generate)
     app.router.add_post("/api/pull", pull)
+    app.router.add_delete("/api/delete", delete)
 
 
 async def root(request: web.Request) -> web.Response:
@@ -85,8 +96,10 @@ def _entry(info: ModelInfo) -> dict[str, Any]:
 
 
 async def tags(request: web.Request) -> web.Response:
-    """The served model, at once: also while it loads (Home Assistant polls this every 30 s)."""
-    return web.json_response({"models": [_entry(request.app[SERVICE].model_info())]})
+    """The served model, at once also while it loads (Home Assistant polls this every 30 s), then every
+    model of the models directory."""
+    models = await request.app[SERVICE].list_models()
+    return web.json_response({"models": [_entry(m) for m in models]})
 
 
 async def ps(request: web.Request) -> web.Response:
@@ -105,7 +118,7 @@ async def ps(request: web.Request) -> web.Response:
 
 async def show(request: web.Request) -> web.Response:
     body = await read_json(request)
-    info = check_model(request.app[SERVICE], body.get("model", body.get("name")))
+    info = await check_model(request.app[SERVICE], model_name(body))
     return web.json_response(
         {
             "modelfile": "",
@@ -119,16 +132,81 @@ async def show(request: web.Request) -> web.Response:
     )
 
 
+def _status_line(p: PullProgress) -> dict[str, Any]:
+    line: dict[str, Any] = {"status": p.status}
+    for key in ("digest", "total", "completed"):
+        if getattr(p, key) is not None:
+            line[key] = getattr(p, key)
+    return line
+
+
 async def pull(request: web.Request) -> web.StreamResponse:
+    """Ollama's pull: `model` is a catalogue name, `hf://…` or an http(s) URL of a GGUF file (pull.py), with
+    or without `:latest`. Streamed: the status lines as they come, `success` last, or an `error` line;
+    else one object. A model genie has (`/api/tags` lists it) has nothing to fetch: success at once; a
+    name that is none of those is a 404, as Ollama answers a model its library does not have. A client
+    that goes away cancels the pull."""
+    service: Service = request.app[SERVICE]
     body = await read_json(request)
-    check_model(request.app[SERVICE], body.get("model", body.get("name")))  # 404 for anything else
-    if get(body, "stream", "bool", True):
+    source = model_name(body).removesuffix(":latest")
+    stream = get(body, "stream", "bool", True)
+    if await service.find_model(source) is not None:
+        return await _reply_lines(request, stream, [{"status": "success"}])
+    try:
+        parse_source(source)
+    except PullError as e:
+        raise HttpError(404, str(e), "model_not_found") from None
+    async with contextlib.aclosing(service.pull(source)) as events:  # left early: the pull is cancelled
+        if not stream:
+            try:
+                async for _ in events:
+                    pass
+            except PullError as e:
+                raise HttpError(400, str(e), "pull_failed") from None
+            return web.json_response({"status": "success"})
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
+        last: dict[str, Any] = {}
+        try:
+            async for ev in events:
+                if isinstance(ev, LocalModel):
+                    break
+                last = _status_line(ev)
+                await resp.write(dumps(last) + b"\n")
+        except PullError as e:  # after the 200 went out: Ollama's error line, which its clients raise
+            last = {"error": str(e)}
+            await resp.write(dumps(last) + b"\n")
+    if "error" not in last and last.get("status") != "success":
         await resp.write(dumps({"status": "success"}) + b"\n")
-        await resp.write_eof()
-        return resp
-    return web.json_response({"status": "success"})
+    await resp.write_eof()
+    return resp
+
+
+async def _reply_lines(request: web.Request, stream: bool, lines: list[dict[str, Any]]) -> web.StreamResponse:
+    if not stream:
+        return web.json_response(lines[-1])
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+    for line in lines:
+        await resp.write(dumps(line) + b"\n")
+    await resp.write_eof()
+    return resp
+
+
+async def delete(request: web.Request) -> web.Response:
+    """Removes a model of the models directory; 404 for none, 400 for the packaged model or a file genie
+    did not pull, 409 for the model being served (a worker restart would no longer find it: load another
+    or unload it first)."""
+    service: Service = request.app[SERVICE]
+    body = await read_json(request)
+    info = await check_model(service, model_name(body))
+    if not info.local:
+        raise HttpError(400, f"{info.name!r} was not pulled: genie deletes only models of its models directory")
+    if service.serves(info):
+        raise HttpError(409, f"{info.name!r} is being served: load another model or unload it first", "model_in_use")
+    if not await service.delete_model(info):
+        raise HttpError(404, f"model {info.name!r} not found", "model_not_found")
+    return web.json_response({})
 
 
 # -- generation ---------------------------------------------------------------------------------------
@@ -220,7 +298,7 @@ def _messages(raw: list[Any]) -> list[dict[str, Any]]:
 async def chat(request: web.Request) -> web.StreamResponse:
     service: Service = request.app[SERVICE]
     body = await read_json(request)
-    info = check_model(service, body.get("model"))
+    info = await check_model(service, body.get("model"))
     raw = get(body, "messages", "list", [])
     if not raw:  # Ollama's load (and, with keep_alive 0, unload) request
         return await _load_or_unload(service, body, info, {"message": {"role": "assistant", "content": ""}})
@@ -239,7 +317,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
 async def generate(request: web.Request) -> web.StreamResponse:
     service: Service = request.app[SERVICE]
     body = await read_json(request)
-    info = check_model(service, body.get("model"))
+    info = await check_model(service, body.get("model"))
     prompt = get(body, "prompt", "str", "")
     if not prompt:
         return await _load_or_unload(service, body, info, {"response": ""})
@@ -265,10 +343,11 @@ async def _load_or_unload(
     service: Service, body: dict[str, Any], info: ModelInfo, empty: dict[str, Any]
 ) -> web.Response:
     if _keep_alive_zero(body):
-        await service.unload()
+        if service.serves(info):  # another model is not loaded: nothing to unload
+            await service.unload()
         reason = "unload"
     else:
-        await ensure_ready(service)
+        await ensure_ready(service, info)
         reason = "load"
     head = {"model": info.name, "created_at": iso_time()}
     return web.json_response({**head, **empty, "done_reason": reason, "done": True})
@@ -285,10 +364,9 @@ async def _run(
 ) -> web.StreamResponse:
     msg = build_generate(fields)
     t0 = time.monotonic()  # before a wait for the model to load: Ollama's total_duration includes the load
-    await ensure_ready(service)
-    load_ns = request.app[LOAD_REPORT].take_ns(service.status())
-    async with Turn(service, msg) as turn:
+    async with Turn(service, msg, info.configured or None) as turn:  # loads the model if it is not served
         first, events = await first_then_rest(turn.parsed())
+        load_ns = request.app[LOAD_REPORT].take_ns(service.status())  # the worker that answers
         if stream:
             resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
             await resp.prepare(request)

@@ -28,7 +28,6 @@ from .http_turn import (
     check_model,
     check_tools,
     dumps,
-    ensure_ready,
     first_then_rest,
     gather,
     get,
@@ -52,11 +51,13 @@ def _model_obj(info: ModelInfo) -> dict[str, Any]:
 
 
 async def models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [_model_obj(request.app[SERVICE].model_info())]})
+    """The same models as Ollama's /api/tags: the served one, then the models directory's."""
+    listed = await request.app[SERVICE].list_models()
+    return web.json_response({"object": "list", "data": [_model_obj(m) for m in listed]})
 
 
 async def model(request: web.Request) -> web.Response:
-    info = check_model(request.app[SERVICE], request.match_info["name"])
+    info = await check_model(request.app[SERVICE], request.match_info["name"])
     return web.json_response(_model_obj(info))
 
 
@@ -198,7 +199,7 @@ def _call_out(call: ToolCall, index: int, rid: str) -> dict[str, Any]:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     service: Service = request.app[SERVICE]
     body = await read_json(request)
-    info = check_model(service, body.get("model"))
+    info = await check_model(service, body.get("model"))
     raw = get(body, "messages", "list")
     if not raw:
         raise HttpError(400, "messages is required: a non-empty list")
@@ -217,7 +218,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     service: Service = request.app[SERVICE]
     body = await read_json(request)
-    info = check_model(service, body.get("model"))
+    info = await check_model(service, body.get("model"))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -241,7 +242,6 @@ async def _run(
     options = get(body, "stream_options", "dict", {})
     include_usage = get(options, "include_usage", "bool", False, where="stream_options.")
     msg = build_generate(fields)
-    await ensure_ready(service)
     rid = uuid.uuid4().hex[:24]
     head = {
         "id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{rid}",
@@ -249,7 +249,7 @@ async def _run(
         "created": int(time.time()),
         "model": info.name,
     }
-    async with Turn(service, msg) as turn:
+    async with Turn(service, msg, info.configured or None) as turn:  # loads the model if it is not served
         first, events = await first_then_rest(turn.parsed())
         if not stream:
             return web.json_response(await _collect(events, head, kind, rid))

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Hashable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -42,12 +42,15 @@ from protocol.messages import (
     Status,
     Unload,
 )
+from workers.models.local import LocalModel
+from workers.models.pull import PullProgress
 
 from .config import DaemonConfig
 from .http_server import HttpFront
 from .kv_store_handle import KvStoreHandle
 from .metrics import DaemonMetrics
 from .model_info import ModelInfo, describe
+from .model_store import ModelStore
 from .worker_handle import WorkerHandle
 
 log = logging.getLogger("genie.daemon")
@@ -65,6 +68,7 @@ class Request:
     client_rid: str
     msg: Generate | Prewarm
     internal_id: str  # what the worker sees: unique across clients
+    model: str | None = None  # the model it must run on (an HTTP request names one); None: the one served
     queued_at: float = field(default_factory=time.monotonic)
 
 
@@ -93,7 +97,11 @@ class Daemon:
         self._switch: asyncio.Task[None] | None = None
         self._kv_restart: asyncio.Task[None] | None = None
         self.metrics = DaemonMetrics()
+        self.store = ModelStore(config.models_dir)
         self._model_info = ModelInfo.named(config.model)  # read from the file in a thread (model_info.py)
+        # the configured model (genie.toml, -m) stays nameable whatever a request or LOAD loaded since
+        self.home_model = config.model
+        self._home_info = self._model_info
         self._info_task: asyncio.Task[None] | None = None
         self.http: HttpFront | None = None
 
@@ -168,7 +176,7 @@ class Daemon:
         self.load_error = None
         self.worker.config = self.config = replace(self.config, model=model)
         self._model_info = ModelInfo.named(model)
-        self._switch = asyncio.create_task(self._load())
+        self._switch = asyncio.create_task(self._load(self._switch))
         self._refresh_model_info()
 
     async def unload(self, only_if_idle: bool = False) -> None:
@@ -180,12 +188,22 @@ class Daemon:
             self.wanted = False
             self._switch = asyncio.create_task(self._unload())
 
-    async def ensure_loaded(self, timeout_s: float) -> str | None:
+    async def ensure_loaded(self, timeout_s: float, model: str | None = None) -> str | None:
         """Loads the model if it was unloaded (an Ollama request does) and waits until it serves; None
-        when ready, else why not."""
-        if not self.wanted:
-            self.load(self.config.model)
+        when ready, else why not. `model` (as config.model names it) other than the served one is loaded
+        in its place once the requests running and waiting have ended on theirs: one model at a time,
+        as Ollama with one loaded model switches."""
         deadline = time.monotonic() + timeout_s
+        target = model or self.config.model
+        while target != self.config.model or not self.wanted:
+            if not self.wanted or not (self.running or any(self.queues.values())):
+                self.load(target)
+                break
+            if self.stopping.is_set():
+                return "genie is stopping"
+            if time.monotonic() > deadline:
+                return f"{target!r} waited {timeout_s:.0f} s for the requests on {self.config.model!r} to end"
+            await asyncio.sleep(0.05)
         while not self.worker.ready or (self._switch is not None and not self._switch.done()):
             if self.load_error:
                 return self.load_error
@@ -199,17 +217,46 @@ class Daemon:
     def model_info(self) -> ModelInfo:
         return self._model_info
 
+    # the models directory, for the HTTP fronts (model_store.py)
+    def _fixed_models(self) -> list[ModelInfo]:
+        """The served model, and the configured one when another is served."""
+        home = [] if self.home_model == self.config.model else [self._home_info]
+        return [self._model_info, *home]
+
+    async def list_models(self) -> list[ModelInfo]:
+        return await self.store.list_models(self._fixed_models())
+
+    async def find_model(self, name: str) -> ModelInfo | None:
+        return await self.store.find_model(self._fixed_models(), name)
+
+    def serves(self, info: ModelInfo) -> bool:
+        """Whether `info` is the model loaded (or loading) now."""
+        return self.wanted and info.configured == self.config.model
+
+    async def delete_model(self, info: ModelInfo) -> bool:
+        """Removes a model of the models directory; False when it was not there. The caller refuses the
+        served one (`serves`): a worker restart would fail to load it."""
+        return await self.store.delete(info)
+
+    def pull(self, source: str, keepalive_s: float | None = None) -> AsyncGenerator[PullProgress | LocalModel, None]:
+        return self.store.pull(source, keepalive_s)
+
     def _refresh_model_info(self) -> None:
         """Describes the served model from its file, in a thread (it reads the GGUF header)."""
 
         async def refresh(model: str) -> None:
-            info = await asyncio.to_thread(describe, model)
+            info = await asyncio.to_thread(describe, model, self.store.models)
             if model == self.config.model:
                 self._model_info = info
+            if model == self.home_model:
+                self._home_info = info
 
         self._info_task = asyncio.create_task(refresh(self.config.model))
 
-    async def _load(self) -> None:
+    async def _load(self, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None and not previous.done():  # one switch at a time: never two workers
+            with contextlib.suppress(Exception):
+                await previous
         await self.worker.stop()
         await self._drop_running("model_changed", "another model was loaded during this request")
         await self.worker.start()
@@ -235,14 +282,17 @@ class Daemon:
                 Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet"),
             )
 
-    async def submit(self, owner: Hashable, reply: ReplyFn, msg: Generate | Prewarm) -> None:
+    async def submit(self, owner: Hashable, reply: ReplyFn, msg: Generate | Prewarm, model: str | None = None) -> None:
         """Queues a request from any front (ZMQ or HTTP), or refuses it through `reply`. Its answers go
-        to `reply`; `cancel(owner, msg.request_id)` ends it."""
+        to `reply`; `cancel(owner, msg.request_id)` ends it. With `model` it runs on that model only
+        (loaded for it when it reaches the head of the queue), else on whichever is served."""
         refusal: tuple[str, str] | None = None
-        if not self.wanted:
+        if not self.wanted and model is None:
             refusal = ("unloaded", "no model is loaded (genie-ctl load MODEL)")
         elif self.stopping.is_set():
             refusal = ("shutting_down", "genie is stopping")
+        elif model is not None and model == self.config.model and self.load_error:
+            refusal = ("load_failed", self.load_error)
         elif sum(len(q) for q in self.queues.values()) >= self.config.max_queue:
             refusal = ("overloaded", f"{self.config.max_queue} requests are already waiting")
         if refusal:
@@ -251,7 +301,7 @@ class Daemon:
         if isinstance(msg, Generate) and "max_tokens" not in msg.params:  # no limit asked: still an end
             msg = replace(msg, params={**msg.params, "max_tokens": self.config.max_tokens_default})
         priority = msg.priority if isinstance(msg, Generate) else "voice"
-        self.queues[priority].append(Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}"))
+        self.queues[priority].append(Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}", model))
         await self.dispatch()
 
     async def cancel(self, owner: Hashable, rid: str) -> None:
@@ -267,13 +317,18 @@ class Daemon:
             await self.workers.send_multipart([self.worker.identity, *encode(Cancel(request_id=run.internal_id))])
 
     async def dispatch(self) -> None:
-        while not self.running and self.worker.ready and self.worker.identity is not None:
-            for priority in ("voice", "background"):
-                if self.queues[priority]:
-                    req = self.queues[priority].popleft()
-                    break
-            else:
+        while not self.running:
+            queue = next((q for q in (self.queues["voice"], self.queues["background"]) if q), None)
+            if queue is None:
                 return
+            if queue[0].model is not None and (queue[0].model != self.config.model or not self.wanted):
+                # the next request names another model (or any, after an unload), and nothing runs: its
+                # model goes in now, one at a time, in the queue's order; the READY dispatches again
+                self.load(queue[0].model)
+                return
+            if not self.worker.ready or self.worker.identity is None:
+                return
+            req = queue.popleft()
             body = req.msg.body()
             body["request_id"] = req.internal_id
             try:  # encoded before it runs: a value msgpack cannot carry fails this request, not the queue
@@ -351,11 +406,21 @@ class Daemon:
             if code == 2 and not self.worker.ready:  # the worker could not load the model: no use retrying
                 self.load_error = f"the worker could not load {self.config.model!r} (see the daemon log)"
                 log.error("event=load_failed model=%r", self.config.model)
+                await self._fail_waiting_for(self.config.model, self.load_error)
                 continue
             log.error("event=worker_lost pid=%s returncode=%s", self.worker.pid, code)
             self.worker.mark_lost()  # first: a request that arrives meanwhile waits for the new worker
             await self._drop_running("worker_died", "the worker stopped during this request; it is being restarted")
             await self.worker.restart()
+
+    async def _fail_waiting_for(self, model: str, message: str) -> None:
+        """The requests that wait for a model that could not be loaded end with ERROR(load_failed); the
+        next one, for another model, may then load its own."""
+        for q in self.queues.values():
+            for req in [r for r in q if r.model == model]:
+                q.remove(req)
+                await self.fail(req, "load_failed", message)
+        await self.dispatch()
 
     async def _drop_running(self, code: str, message: str) -> None:
         run, self.running = self.running, None
@@ -403,6 +468,7 @@ class Daemon:
     async def shutdown(self) -> None:
         """Stops the HTTP server, the worker and then the KV store (which writes the last turn's KV the
         worker handed it), closes the sockets and removes their files."""
+        self.store.stop()
         if self.http:
             await self.http.stop()
         await self.worker.stop()

@@ -11,7 +11,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
+from pathlib import Path
 from typing import Any
 
 import ollama
@@ -24,6 +25,9 @@ from genie_daemon.metrics import DaemonMetrics
 from genie_daemon.model_info import ModelInfo, describe
 from protocol.messages import Delta, Done, Error, Generate
 from tests.tiny_models import write_tiny_model
+from workers.engine.errors import PullError
+from workers.models.local import LocalModel, ModelsDir
+from workers.models.pull import PullProgress
 
 QWEN_CALLS = [
     "<think>\nThe user wants the kitchen light on.\n</think>\n\n<tool",
@@ -61,9 +65,16 @@ class ScriptedService:
         self.unloads = 0
         self.worker_pid = 1
         self.info = ModelInfo("tiny", 123_456, "ab" * 32, "qwen3", "0.6B", "Q4_K_M", 1.7e9, 4096, "{{ tools }}", {})
+        self.local: dict[str, ModelInfo] = {}  # the models directory, by name
+        self.loaded: list[str | None] = []  # the model each ensure_loaded asked for
+        self.models_asked: list[str | None] = []  # the model each submitted request must run on
+        self.pull_script: list[PullProgress | PullError] = []
+        self.pulls: list[str] = []
+        self.pulls_closed = 0  # pull streams left: finished, failed or abandoned
 
-    async def submit(self, owner: Any, reply: Any, msg: Generate) -> None:
+    async def submit(self, owner: Any, reply: Any, msg: Generate, model: str | None = None) -> None:
         self.submitted.append(msg)
+        self.models_asked.append(model)
         asyncio.get_running_loop().create_task(self._play(reply, msg))
 
     async def _play(self, reply: Any, msg: Generate) -> None:
@@ -100,7 +111,36 @@ class ScriptedService:
     def model_info(self) -> ModelInfo:
         return self.info
 
-    async def ensure_loaded(self, timeout_s: float) -> str | None:
+    async def list_models(self) -> list[ModelInfo]:
+        return [self.info] + [m for n, m in sorted(self.local.items()) if n != self.info.name]
+
+    async def find_model(self, name: str) -> ModelInfo | None:
+        if self.info.is_named(name):
+            return self.info
+        return self.local.get(name.removesuffix(":latest"))
+
+    def serves(self, info: ModelInfo) -> bool:
+        return info.name == self.info.name
+
+    async def delete_model(self, info: ModelInfo) -> bool:
+        return self.local.pop(info.name, None) is not None
+
+    async def pull(
+        self, source: str, keepalive_s: float | None = None
+    ) -> AsyncGenerator[PullProgress | LocalModel, None]:
+        self.pulls.append(source)
+        try:
+            for step in self.pull_script:
+                if isinstance(step, PullError):
+                    raise step
+                yield step
+                await asyncio.sleep(self.delay_s)
+            yield LocalModel(source, Path(f"/m/{source}.gguf"), 9, "cd" * 32, source, "llama", "F32", 512, False, "")
+        finally:
+            self.pulls_closed += 1
+
+    async def ensure_loaded(self, timeout_s: float, model: str | None = None) -> str | None:
+        self.loaded.append(model)
         return None if self.ready else "the model is loading"
 
     async def unload(self, only_if_idle: bool = False) -> None:
@@ -240,10 +280,73 @@ def test_ollama_tags_show_ps_version_pull(served):
     shown = client.show("tiny")
     assert "tools" in shown.capabilities and shown.details.format == "gguf"
     assert json.loads(http(url + "/api/version")[1])["version"]
-    assert client.pull("tiny").status == "success"
+    assert client.pull("tiny").status == "success" and service.pulls == []  # served: nothing to fetch
+    service.local = {"small": local_info("small")}
+    assert [ln.status for ln in client.pull("small", stream=True)] == ["success"] and service.pulls == []
+
+
+PULL_STEPS = [
+    PullProgress("pulling manifest"),
+    *(PullProgress("downloading", 4096, done, "sha256:" + "cd" * 32) for done in (0, 1024, 4096)),
+    PullProgress("verifying sha256 digest", digest="sha256:" + "cd" * 32),
+    PullProgress("writing manifest"),
+    PullProgress("success"),
+]
+
+
+def test_ollama_pull_streams_the_status_lines(served):
+    """Ollama's client sees the pull as Ollama streams it: its statuses in order, the downloading lines with
+    digest, total and completed, `success` last; `stream: false` gets the last object; `:latest` is
+    Ollama's tag, not part of the source."""
+    service, url = served
+    service.pull_script = PULL_STEPS
+    client = ollama_client(url)
+    lines = list(client.pull("qwen3-0.6b:latest", stream=True))  # a catalogue name
+    assert [ln.status for ln in lines] == [p.status for p in PULL_STEPS] and service.pulls == ["qwen3-0.6b"]
+    down = [ln for ln in lines if ln.status == "downloading"]
+    assert [(ln.completed, ln.total, ln.digest) for ln in down] == [
+        (p.completed, 4096, p.digest) for p in PULL_STEPS[1:4]
+    ]
+    url_source = "http://127.0.0.1:1/x.gguf"
+    assert client.pull(url_source).status == "success" and service.pulls[-1] == url_source
+    service.pull_script = PULL_STEPS[:2]  # a pull that reports no success of its own still ends with one
+    assert [ln.status for ln in client.pull("hf://o/r/x.gguf", stream=True)][-1] == "success"
+    assert service.pulls_closed == 3
+
+
+def test_ollama_pull_failure_is_an_error_in_both_shapes(served):
+    """A failed pull: streamed, an `error` line after the statuses so far (the 200 went out), which the
+    client raises; whole, a 400 with Ollama's error body."""
+    service, url = served
+    service.pull_script = [PULL_STEPS[0], PullError("http://h/x.gguf: not a GGUF file (bad magic)")]
+    client = ollama_client(url)
+    seen = []
     with pytest.raises(ollama.ResponseError) as e:
-        client.pull("llama3:70b")
-    assert e.value.status_code == 404
+        for line in client.pull("http://h/x.gguf", stream=True):
+            seen.append(line.status)
+    assert seen == ["pulling manifest"] and "bad magic" in str(e.value)
+    status, body = http(url + "/api/pull", {"model": "http://h/x.gguf", "stream": False})
+    assert status == 400 and "bad magic" in json.loads(body)["error"]
+    assert http(url + "/api/pull", {"stream": False})[0] == 400  # no model
+    with pytest.raises(ollama.ResponseError) as e:  # a name that is no catalogue model, hf:// nor URL
+        list(client.pull("llama3:70b", stream=True))
+    assert e.value.status_code == 404 and "catalogue" in str(e.value)
+
+
+def test_ollama_pull_client_gone_cancels_it(served):
+    """The client leaves mid-download: the pull's stream is closed at once (the daemon's cancels the
+    pull's thread, pull_relay.py), not left running to the end."""
+    service, url = served
+    service.pull_script = [PullProgress("downloading", 10**9, i * 1000, "sha256:x") for i in range(500)]
+    service.delay_s = 0.02
+    body = b'{"model": "http://127.0.0.1:1/big.gguf"}'
+    r = urllib.request.urlopen(urllib.request.Request(url + "/api/pull", data=body), timeout=10)
+    assert json.loads(r.readline())["status"] == "downloading"
+    r.close()
+    deadline = time.monotonic() + 5
+    while not service.pulls_closed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert service.pulls_closed == 1
 
 
 def test_a_model_given_by_path_is_named_by_its_stem(served, tmp_path):
@@ -253,7 +356,7 @@ def test_a_model_given_by_path_is_named_by_its_stem(served, tmp_path):
     path = tmp_path / "models" / "tiny-q8.gguf"
     path.parent.mkdir()
     write_tiny_model("llama", path)
-    service.info = describe(str(path))
+    service.info = describe(str(path), ModelsDir(tmp_path / "no-models"))
     client = ollama_client(url)
     assert [m.model for m in client.list().models] == ["tiny-q8"]
     assert [m.model for m in client.ps().models] == ["tiny-q8"]
@@ -544,3 +647,71 @@ def test_earlier_tool_calls_are_checked_in_both_shapes(served):
         for path in ("/api/chat", "/v1/chat/completions"):
             status, body = http(url + path, {"model": "tiny", "messages": history, "stream": False})
             assert status == 400 and b"arguments" in body, (path, args, body[:200])
+
+
+# -- models of the models directory ---------------------------------------------------------------------
+def local_info(name: str, family: str = "llama") -> ModelInfo:
+    return ModelInfo(name, 9_999, "cd" * 32, family, "1.2M", "Q8_0", 1.8e9, 512, "", {}, configured=name, local=True)
+
+
+def test_local_models_are_listed_shown_and_named_like_the_served_one(served):
+    """/api/tags and /v1/models list the served model first, then the models directory's, with sha256,
+    family, quantization and parameter size; /api/show and /v1/models/{id} answer for them; a request
+    naming one runs on it only (submit's model: the daemon's queue loads it)."""
+    service, url = served
+    service.local = {"small": local_info("small"), "other": local_info("other", "gemma3")}
+    client = ollama_client(url)
+    listed = client.list().models
+    assert [m.model for m in listed] == ["tiny", "other", "small"]
+    small = listed[2]
+    assert small.digest == "cd" * 32 and small.size == 9_999
+    assert (small.details.family, small.details.quantization_level, small.details.parameter_size) == (
+        "llama",
+        "Q8_0",
+        "1.2M",
+    )
+    assert client.show("small:latest").details.family == "llama"
+    oa = openai_client(url)
+    assert [m.id for m in oa.models.list().data] == ["tiny", "other", "small"]
+    assert oa.models.retrieve("other").id == "other"
+    r = client.chat(model="small", messages=[{"role": "user", "content": "hi"}])
+    assert r.model == "small" and service.models_asked[-1] == "small"  # the daemon's queue loads it
+    c = oa.chat.completions.create(model="other", messages=[{"role": "user", "content": "hi"}])
+    assert c.model == "other" and service.models_asked[-1] == "other"
+    client.chat(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    assert service.models_asked[-1] is None  # the stand-in's served model has no configured name
+    with pytest.raises(ollama.ResponseError) as e:
+        client.show("absent")
+    assert e.value.status_code == 404 and "pull" in str(e.value)
+
+
+def test_delete_removes_a_pulled_model_and_refuses_the_served_one(served):
+    """DELETE /api/delete (the ollama client's `delete`): a pulled model goes; one that is not there is a
+    404; the served model is refused, 409 when it was pulled (a worker restart would not find it), 400
+    when genie did not pull it."""
+    service, url = served
+    service.local = {"small": local_info("small")}
+    client = ollama_client(url)
+    assert client.delete("small").status == "success" and "small" not in service.local
+    with pytest.raises(ollama.ResponseError) as e:
+        client.delete("small")
+    assert e.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as e:
+        client.delete("tiny")
+    assert e.value.status_code == 400 and "pulled" in str(e.value)
+    service.info = local_info("tiny")
+    service.local = {"tiny": service.info}
+    with pytest.raises(ollama.ResponseError) as e:
+        client.delete("tiny")
+    assert e.value.status_code == 409 and "tiny" in service.local
+
+
+def test_keep_alive_zero_naming_another_model_unloads_nothing(served):
+    """keep_alive 0 unloads the named model if it is loaded; naming a model that is not loaded leaves the
+    served one alone. An empty request naming a pulled model loads it."""
+    service, url = served
+    service.local = {"small": local_info("small")}
+    client = ollama_client(url)
+    assert client.chat(model="small", messages=[], keep_alive=0).done_reason == "unload" and service.unloads == 0
+    assert client.generate(model="small", prompt="").done_reason == "load" and service.loaded[-1] == "small"
+    assert client.chat(model="tiny", messages=[], keep_alive=0).done_reason == "unload" and service.unloads == 1
