@@ -1,4 +1,4 @@
-"""`genie-ctl`: ask the running daemon — status, health, metrics, a test generation."""
+"""`genie-ctl`: ask the running daemon — status, health, metrics, a test generation, load or pull a model."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from protocol.client import GenieClient
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
 from protocol.messages import (
+    Cancel,
     Delta,
     Done,
     Error,
@@ -28,14 +29,19 @@ from protocol.messages import (
     Load,
     Message,
     Metrics,
+    Pull,
     Reply,
     Status,
     Unload,
 )
+from workers.models.catalogue import CATALOGUE
+from workers.models.progress_bar import ProgressBar
+from workers.models.pull import PullProgress
 
 from .config import DaemonConfig
 
 TIMEOUT_S = 3.0
+PULL_SILENCE_S = 30.0  # a pull's daemon sends progress at least every 5 s (PULL_KEEPALIVE_S): silence is death
 
 
 class NotRunning(Exception):
@@ -143,6 +149,57 @@ def _load(config: DaemonConfig, model: str, as_json: bool, timeout_s: float = 60
     return 1
 
 
+def _pull(endpoint: str, source: str, as_json: bool) -> int:
+    """PULL through the daemon, into its models directory: progress on stderr (a bar on a terminal, a line
+    per step otherwise), the model on stdout. Ctrl-C cancels the pull (a later pull resumes it)."""
+    path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
+    if path is not None:
+        _check_listening(path)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 1000)  # the CANCEL of a Ctrl-C still leaves
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart(encode(Pull(request_id="ctl-pull", model=source)))
+        try:
+            return _follow_pull(sock, endpoint, as_json)
+        except KeyboardInterrupt:
+            sock.send_multipart(encode(Cancel(request_id="ctl-pull")))
+            print("\ngenie-ctl: pull cancelled (pulling it again resumes it)", file=sys.stderr)
+            return 130
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def _follow_pull(sock: zmq.Socket, endpoint: str, as_json: bool) -> int:
+    show = ProgressBar(sys.stderr, sys.stderr.isatty())
+    while True:
+        if not sock.poll(int(PULL_SILENCE_S * 1000)):
+            raise NotRunning(f"the daemon said nothing of the pull for {PULL_SILENCE_S:.0f} s")
+        try:
+            reply, _ = decode(sock.recv_multipart())
+        except ProtocolError as e:
+            raise NotRunning(f"{endpoint} answered something that is not genie's protocol: {e.message}") from None
+        if isinstance(reply, Error):
+            show(PullProgress("failed"))  # a step line: it also ends a progress bar's line
+            print(f"genie-ctl: error: {reply.code}: {reply.message}", file=sys.stderr)
+            return 1
+        if not isinstance(reply, Reply):
+            raise NotRunning(f"{endpoint} answered a PULL with {type(reply).__name__.upper()}")
+        data = reply.data
+        fields = {k: data.get(k) for k in ("total", "completed", "digest")}
+        show(PullProgress(str(data.get("status", "")), **fields))
+        if data.get("done"):
+            model = data.get("model", {})
+            if as_json:
+                print(json.dumps(model))
+            else:
+                size_mb = int(model.get("size_bytes", 0)) / 1e6
+                print(f"{model.get('name')}: {size_mb:,.1f} MB (genie-ctl load {model.get('name')})")
+            return 0
+
+
 def _wait_ready(endpoint: str, wait_s: float) -> int:
     """Polls STATUS until the daemon serves: 0, or 1 when its model failed to load (never retried), or 2
     at the deadline. Says on stderr what it waits for, once each time that changes: a first start
@@ -210,7 +267,13 @@ def _main(argv: Sequence[str] | None) -> int:
     sub.add_parser("health", help="exit code 0 when the daemon can serve, 1 when not")
     sub.add_parser("metrics", help="the counters GET /metrics has: requests by outcome, tokens, timings, KV store")
     load = sub.add_parser("load", help="serve another model (waits until it is ready)")
-    load.add_argument("model", help="GGUF path or installed model name")
+    load.add_argument("model", help="GGUF path, installed model name or a model of the daemon's models directory")
+    pull = sub.add_parser("pull", help="fetch a model into the daemon's models directory (progress on stderr)")
+    pull.add_argument(
+        "source",
+        help=f"a catalogue name ({', '.join(CATALOGUE)}), hf://OWNER/REPO/FILE.gguf or an http(s) URL of a .gguf",
+    )
+
     sub.add_parser("unload", help="stop serving; GENERATE is refused until the next load")
     kv = sub.add_parser("kv", help="saved conversations: ls | evict ID | clear")
     kv.add_argument("kv_command", choices=("ls", "evict", "clear"))
@@ -241,6 +304,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return 0
         if args.command == "load":
             return _load(config, args.model, args.json)
+        if args.command == "pull":
+            return _pull(config.admin_endpoint, args.source, args.json)
         if args.command == "unload":
             reply = _admin_call(config.admin_endpoint, Unload(request_id="ctl"))
         elif args.command == "kv":

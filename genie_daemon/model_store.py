@@ -1,17 +1,21 @@
 """The daemon's models directory (config.models_dir): what it lists and finds (model_catalog.py), pulls
-(pull_relay.py) and deletes, for the HTTP fronts.
+(pull_relay.py) and deletes, for the HTTP fronts and for `genie-ctl pull` (PULL on the admin socket).
 
 Every pull runs in a thread of its own and is cancelled when whoever asked goes away: an HTTP client that
-disconnects, the daemon's stop.
+disconnects, a CANCEL of the PULL's request id (genie-ctl's Ctrl-C), the daemon's stop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import asdict
 from pathlib import Path
 
+from protocol.messages import Cancel, Error, Message, Pull, Reply
+from workers.engine.errors import PullError
 from workers.models.local import LocalModel, ModelsDir
 from workers.models.pull import PullProgress
 
@@ -20,6 +24,9 @@ from .model_info import ModelInfo
 from .pull_relay import PullRelay
 
 log = logging.getLogger("genie.daemon")
+PULL_KEEPALIVE_S = 5.0  # a PULL's progress REPLYs come at least this often: genie-ctl knows the daemon lives
+
+SendFn = Callable[[bytes, Message], Awaitable[None]]
 
 
 class ModelStore:
@@ -27,6 +34,7 @@ class ModelStore:
         self.models = ModelsDir(Path(models_dir))
         self.catalog = ModelCatalog(self.models)
         self._relays: set[PullRelay] = set()
+        self._admin_pulls: dict[tuple[bytes, str], asyncio.Task[None]] = {}  # by (admin peer, request id)
 
     # -- the HTTP fronts ----------------------------------------------------------------------------------
     async def list_models(self, fixed: list[ModelInfo]) -> list[ModelInfo]:
@@ -59,7 +67,41 @@ class ModelStore:
         finally:
             self._relays.discard(relay)
 
+    # -- genie-ctl pull -----------------------------------------------------------------------------------
+    def on_admin(self, peer: bytes, msg: Pull | Cancel, send: SendFn) -> None:
+        """PULL starts a task that answers it with progress REPLYs and a last REPLY or ERROR; CANCEL of a
+        PULL's request id ends that task, which cancels the pull and answers ERROR(cancelled)."""
+        key = (peer, msg.request_id)
+        if isinstance(msg, Cancel):
+            task = self._admin_pulls.get(key)
+            if task is not None:
+                task.cancel()
+            return
+        if key in self._admin_pulls:
+            return  # the same call again: the running one answers
+        task = asyncio.create_task(self._answer(msg, lambda reply: send(peer, reply)))
+        self._admin_pulls[key] = task
+        task.add_done_callback(lambda _: self._admin_pulls.pop(key, None))
+
+    async def _answer(self, msg: Pull, send: Callable[[Message], Awaitable[None]]) -> None:
+        rid = msg.request_id
+        try:
+            async for ev in self.pull(msg.model, keepalive_s=PULL_KEEPALIVE_S):
+                if isinstance(ev, LocalModel):
+                    await send(Reply(request_id=rid, data={"done": True, "status": "success", "model": ev.as_dict()}))
+                elif ev.status != "success":  # the last REPLY says it, with the model
+                    progress = {k: v for k, v in asdict(ev).items() if v is not None}
+                    await send(Reply(request_id=rid, data={"done": False, **progress}))
+        except PullError as e:
+            await send(Error(request_id=rid, code="pull_failed", message=str(e)[:4096]))
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # the daemon may be closing its sockets
+                await send(Error(request_id=rid, code="cancelled", message="the pull was cancelled"))
+            raise
+
     def stop(self) -> None:
         """The daemon stops: every pull ends (its thread at its next chunk; a later pull resumes it)."""
+        for task in list(self._admin_pulls.values()):
+            task.cancel()
         for relay in self._relays:
             relay.cancel()

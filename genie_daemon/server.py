@@ -37,6 +37,7 @@ from protocol.messages import (
     Message,
     Metrics,
     Prewarm,
+    Pull,
     Ready,
     Reply,
     Status,
@@ -140,8 +141,14 @@ class Daemon:
             except ProtocolError as e:
                 reply: Message = Error(request_id=e.request_id, code=e.code, message=e.message)
             else:
+                if isinstance(msg, (Pull, Cancel)):  # answered as the pull goes, by its own task
+                    self.store.on_admin(peer.bytes, msg, self._to_admin)
+                    continue
                 reply = await self.on_admin(msg)
             await self.admin.send_multipart([peer.bytes, *encode(reply)])
+
+    async def _to_admin(self, peer: bytes, msg: Message) -> None:
+        await self.admin.send_multipart([peer, *encode(msg)])
 
     async def on_admin(self, msg: Message) -> Message:
         rid = getattr(msg, "request_id", None)

@@ -1,6 +1,7 @@
 """The messages of protocol v1 (protocol/SPEC.md): one dataclass each, with its one-byte type and the
 rules its body must satisfy. Client <-> daemon: GENERATE, CANCEL, PREWARM, DELTA, DONE, ERROR; admin:
-STATUS, HEALTH, LOAD, UNLOAD, METRICS, KV_LIST, KV_EVICT, KV_CLEAR, answered by REPLY or ERROR."""
+STATUS, HEALTH, LOAD, UNLOAD, METRICS, KV_LIST, KV_EVICT, KV_CLEAR, answered by REPLY or ERROR, and PULL,
+answered by progress REPLYs, then a last REPLY or ERROR."""
 
 from __future__ import annotations
 
@@ -212,6 +213,16 @@ class KvClear(AdminCall):
 
 
 @dataclass
+class Pull(AdminCall):
+    """Answered by REPLYs {done: false, status, …} as the pull goes, then REPLY {done: true, …} or ERROR;
+    a CANCEL of its request id on the admin socket stops it."""
+
+    TYPE = 0x18
+    FIELDS = {**AdminCall.FIELDS, "model": Field("str", required=True, limit=4096)}
+    model: str = ""  # a catalogue name, hf://OWNER/REPO/FILE.gguf or an http(s) URL of a GGUF file
+
+
+@dataclass
 class Reply(Message):
     TYPE = 0x1F
     FIELDS = {"request_id": Field("id", required=True), "data": Field("dict", required=True)}
@@ -294,6 +305,7 @@ MESSAGE_TYPES: dict[int, type[Message]] = {
         KvList,
         KvEvict,
         KvClear,
+        Pull,
         Reply,
         Hello,
         Ready,

@@ -1,7 +1,8 @@
 """Models like Ollama's, against a real daemon (tiny qwen3 served from a path) and real clients: the
 `ollama` library pulls a tiny GGUF from a local HTTP server into the daemon's models directory, lists it,
 chats with it (which loads it in place of the served one), and deletes it; a file that is no GGUF is
-refused and never listed; a client that leaves mid-pull stops the download.
+refused and never listed; `genie-ctl pull` and `genie-ctl load` do the same through the admin socket; a
+client that leaves mid-pull (or a Ctrl-C in genie-ctl) stops the download.
 
 The daemon runs with XDG_DATA_HOME and GENIE_MODELS_DIR pointing elsewhere than its --models-dir, so a
 model found at all was found where the daemon's config says (the worker gets --models-dir)."""
@@ -182,6 +183,22 @@ def test_a_file_that_is_no_gguf_is_refused_and_never_listed(live):
     assert not [n for n in left if n.endswith((".gguf", ".json", ".part"))], left  # the pull's lock may stay
 
 
+def test_genie_ctl_pull_and_load_a_pulled_model(live):
+    r = ctl(live, "pull", f"{live.files.url}/tiny3.gguf")
+    assert r.returncode == 0 and r.stdout.startswith("tiny3:"), r.stderr
+    assert "verifying sha256 digest" in r.stderr  # progress on stderr, a line a step (no terminal)
+    with ollama.Client(host=live.url) as client:
+        assert "tiny3" in [m.model for m in client.list().models]
+    r = ctl(live, "--json", "load", "tiny3")
+    assert r.returncode == 0 and json.loads(r.stdout)["loaded_model"] == "tiny3", r.stderr
+    with ollama.Client(host=live.url) as client:
+        assert client.chat(model="tiny3", messages=HI, options=SHORT).eval_count == 3
+        assert client.chat(model="tiny", messages=HI, options=SHORT).model == "tiny"
+        assert client.delete("tiny3").status == "success"
+    bad = ctl(live, "pull", f"{live.files.url}/junk.gguf")
+    assert bad.returncode == 1 and "pull_failed" in bad.stderr
+
+
 class SlowFile:
     """Serves /NAME.gguf a chunk at a time, slowly, and notes when the reader hung up."""
 
@@ -240,3 +257,23 @@ def test_a_client_that_leaves_mid_pull_stops_the_download(live):
     assert (live.models_dir / ".slow.part").exists()
     with ollama.Client(host=live.url) as client:
         assert "slow" not in [m.model for m in client.list().models]
+
+
+def test_genie_ctl_pull_cancelled_by_ctrl_c(live):
+    """Ctrl-C in `genie-ctl pull` sends CANCEL: the daemon stops the download, genie-ctl exits 130."""
+    slow = SlowFile("slow-ctl")
+    with slow.serving() as source:
+        cmd = [sys.executable, "-m", "genie_daemon.ctl", "--socket-dir", str(live.sock_dir), "pull", source]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        for line in proc.stderr:  # a line a step: not a terminal
+            if "downloading" in line:
+                break
+        else:
+            raise AssertionError(f"genie-ctl ended before the download: {proc.wait()}")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "cancelled" in err and "Traceback" not in err, err
+        assert slow.hung_up.wait(20), f"the download went on: {slow.sent} bytes sent"
+    with ollama.Client(host=live.url) as client:
+        assert "slow-ctl" not in [m.model for m in client.list().models]
