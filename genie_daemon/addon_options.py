@@ -1,10 +1,11 @@
 """The Home Assistant add-on's options (/data/options.json) as genie's TOML config.
 
 The add-on's run.sh calls `python -m genie_daemon.addon_options /data/options.json /data/genie.toml` at
-every start. It checks what HA's schema cannot (a model is a short name or an absolute .gguf path the
-container can see, the forward URL is plain http://HOST[:PORT]), writes the TOML for
-`genie-daemon --config` in local mode, and prints the plan for run.sh on stdout: `local`, or
-`forward HOST PORT`. Bad options exit 2 with one line naming the option.
+every start. It checks what HA's schema cannot (a model is a short name, an hf:// or http(s) source, or an
+absolute .gguf path the container can see; the forward URL is plain http://HOST[:PORT]), writes the TOML
+for `genie-daemon --config` in local mode, and prints the plan for run.sh on stdout: `local`, or
+`forward HOST PORT`. Bad options exit 2 with one line naming the option. A model that is not there yet
+(a catalogue name, a source) is pulled by the daemon on first start into /data/models (`auto_pull`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from workers.engine.atomic_file import atomic_path
 
 ADDON_PORT = 11434  # the port inside the container (config.yaml `ports`), Ollama's default
 KV_CACHE_DIR = "/data/kv"  # on the add-on's persistent volume; config.yaml's backup_exclude skips it
+MODELS_DIR = "/data/models"  # pulled models, kept across restarts; left out of backups (pulled again)
+PULL_SCHEMES = ("hf://", "https://", "http://")  # sources the daemon pulls (workers/models/sources.py)
 SOCKET_DIR = "/run/genie"
 MODEL_DIRS = ("/share/", "/media/")  # the folders config.yaml maps in, where users can put a GGUF file
 CTX_MIN, CTX_MAX = 256, 131072  # config.yaml's schema: int(256,131072)
@@ -96,6 +99,8 @@ def daemon_values(opts: AddonOptions) -> dict[str, Any]:
         "ctx": opts.ctx,
         "fp16_kv": opts.fp16_kv,
         "kv_cache_dir": KV_CACHE_DIR,
+        "models_dir": MODELS_DIR,
+        "auto_pull": True,  # the model option names what to serve; the first start fetches it
         "kv_cache_max_mb": opts.kv_cache_max_mb,
         "socket_dir": SOCKET_DIR,
         "http": True,
@@ -153,13 +158,16 @@ def _typed(options: dict[str, Any], name: str, kind: type) -> Any:
 
 def _model(model: str) -> str:
     if _SHORT_NAME.fullmatch(model):
-        return model  # an installed model's short name; the daemon says which ones exist
+        return model  # installed, pulled or in the catalogue: the daemon pulls it or says which exist
+    if model.startswith(PULL_SCHEMES) and model.isprintable() and " " not in model:
+        return model  # pulled by the daemon on first start, then served under its file's name
     if model.startswith("/") and model.endswith(".gguf") and model.isprintable():
         if model.startswith(MODEL_DIRS) and "/../" not in model:
             return model
         raise ValueError(f"model {model!r}: the add-on sees files only under {', '.join(MODEL_DIRS)}")
     raise ValueError(
-        f"model must be a short name like 'gemma3-270m' or an absolute path to a .gguf file, not {model!r}"
+        f"model must be a short name like 'qwen3-0.6b', an hf:// or http(s):// source, or an absolute path to a"
+        f" .gguf file, not {model!r}"
     )
 
 

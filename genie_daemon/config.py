@@ -26,6 +26,7 @@ def _cache_dir() -> Path:
 class DaemonConfig:
     model: str = "gemma3-270m"  # GGUF path, installed model name or a model of models_dir
     models_dir: str = field(default_factory=lambda: str(default_models_dir()))  # pulled models (genie-ctl pull)
+    auto_pull: bool = False  # at start, pull `model` into models_dir when it is not there (the add-on sets it)
     backend: str = "auto"  # auto | numpy | cupy
     ctx: int = 4096  # context length in tokens
     fp16_kv: bool = False  # FP16 KV cache instead of INT8

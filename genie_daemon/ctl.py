@@ -218,8 +218,13 @@ def _wait_ready(endpoint: str, wait_s: float) -> int:
             if data.get("load_error"):
                 print(f"genie-ctl: error: {data['load_error']}", file=sys.stderr)
                 return 1
-            model = data.get("loaded_model")
-            waiting_for = f"the worker is loading {model}" if model else "no model is loaded (genie-ctl load MODEL)"
+            model, pulling = data.get("loaded_model"), data.get("pulling")
+            if pulling:  # auto_pull: the configured model is being fetched first
+                waiting_for = f"pulling {model}: {pulling.get('status')}"
+            elif model:
+                waiting_for = f"the worker is loading {model}"
+            else:
+                waiting_for = "no model is loaded (genie-ctl load MODEL)"
         if waiting_for != said:
             print(f"genie-ctl: {waiting_for} …", file=sys.stderr)
             said = waiting_for

@@ -1,5 +1,6 @@
 """The daemon's models directory (config.models_dir): what it lists and finds (model_catalog.py), pulls
-(pull_relay.py) and deletes, for the HTTP fronts and for `genie-ctl pull` (PULL on the admin socket).
+(pull_relay.py) and deletes, for the HTTP fronts and for `genie-ctl pull` (PULL on the admin socket), and
+the configured model pulled at start when `auto_pull` asks for it (the Home Assistant add-on).
 
 Every pull runs in a thread of its own and is cancelled when whoever asked goes away: an HTTP client that
 disconnects, a CANCEL of the PULL's request id (genie-ctl's Ctrl-C), the daemon's stop.
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from protocol.messages import Cancel, Error, Message, Pull, Reply
 from workers.engine.errors import PullError
+from workers.engine.registry import MODELS
 from workers.models.local import LocalModel, ModelsDir
 from workers.models.pull import PullProgress
 
@@ -25,6 +27,7 @@ from .pull_relay import PullRelay
 
 log = logging.getLogger("genie.daemon")
 PULL_KEEPALIVE_S = 5.0  # a PULL's progress REPLYs come at least this often: genie-ctl knows the daemon lives
+PULLED_SCHEMES = ("http://", "https://", "hf://")  # sources a configured model may name (beside catalogue names)
 
 SendFn = Callable[[bytes, Message], Awaitable[None]]
 
@@ -35,6 +38,7 @@ class ModelStore:
         self.catalog = ModelCatalog(self.models)
         self._relays: set[PullRelay] = set()
         self._admin_pulls: dict[tuple[bytes, str], asyncio.Task[None]] = {}  # by (admin peer, request id)
+        self.progress: PullProgress | None = None  # of the configured model's pull at start, while it runs
 
     # -- the HTTP fronts ----------------------------------------------------------------------------------
     async def list_models(self, fixed: list[ModelInfo]) -> list[ModelInfo]:
@@ -98,6 +102,31 @@ class ModelStore:
             with contextlib.suppress(Exception):  # the daemon may be closing its sockets
                 await send(Error(request_id=rid, code="cancelled", message="the pull was cancelled"))
             raise
+
+    # -- auto_pull ----------------------------------------------------------------------------------------
+    def needs_pull(self, model: str) -> bool:
+        """Whether the configured `model` is a source to pull: neither a packaged model, a pulled one nor an
+        existing file, but a catalogue name, hf://… or an http(s) URL (a missing path is the worker's to
+        report)."""
+        if model in MODELS or self.models.get(model) is not None:
+            return False
+        if model.startswith(PULLED_SCHEMES):
+            return True
+        return "/" not in model and not model.endswith(".gguf") and not Path(model).exists()
+
+    async def pull_configured(self, model: str) -> str:
+        """Pulls the configured model; the name it has in the models directory. PullError when it fails."""
+        log.info("event=pull_start model=%r dir=%s", model, self.models.root)
+        name = None if model.startswith(PULLED_SCHEMES) else model  # a source is named by its file
+        try:
+            async for ev in self.pull(model, keepalive_s=None, name=name):
+                if isinstance(ev, LocalModel):
+                    log.info("event=pull_done model=%r name=%s bytes=%d", model, ev.name, ev.size_bytes)
+                    return ev.name
+                self.progress = ev
+        finally:
+            self.progress = None
+        raise PullError(f"{model}: the pull ended without a model")
 
     def stop(self) -> None:
         """The daemon stops: every pull ends (its thread at its next chunk; a later pull resumes it)."""

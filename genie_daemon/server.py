@@ -11,7 +11,7 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -43,6 +43,7 @@ from protocol.messages import (
     Status,
     Unload,
 )
+from workers.engine.errors import PullError
 from workers.models.local import LocalModel
 from workers.models.pull import PullProgress
 
@@ -399,7 +400,8 @@ class Daemon:
     async def supervise_loop(self) -> None:
         if self.kv:
             await self.kv.start()
-        await self.worker.start()
+        if await self._have_model():
+            await self.worker.start()
         while True:
             await asyncio.sleep(0.2)
             if self.stopping.is_set():
@@ -419,6 +421,25 @@ class Daemon:
             self.worker.mark_lost()  # first: a request that arrives meanwhile waits for the new worker
             await self._drop_running("worker_died", "the worker stopped during this request; it is being restarted")
             await self.worker.restart()
+
+    async def _have_model(self) -> bool:
+        """With auto_pull, pulls the configured model first when it is a source not here yet (a catalogue
+        name, hf://…, a URL); False, with load_error saying why, when that fails."""
+        model = self.config.model
+        if not self.config.auto_pull or not await asyncio.to_thread(self.store.needs_pull, model):
+            return True
+        try:
+            name = await self.store.pull_configured(model)
+        except PullError as e:
+            self.load_error = f"pulling {model!r} failed: {e}"
+            log.error("event=pull_failed model=%r error=%r", model, str(e))
+            return False
+        if name != model:  # a URL or hf:// source: from now on the model is its name in the models directory
+            self.worker.config = self.config = replace(self.config, model=name)
+            self.home_model, self._model_info = name, ModelInfo.named(name)
+            self._home_info = self._model_info
+        self._refresh_model_info()
+        return True
 
     async def _fail_waiting_for(self, model: str, message: str) -> None:
         """The requests that wait for a model that could not be loaded end with ERROR(load_failed); the
@@ -453,6 +474,7 @@ class Daemon:
             "recent_decode_tok_s": round(self.recent_tok_s, 1),
             "loaded_model": self.config.model if self.wanted else None,
             "load_error": self.load_error,
+            "pulling": asdict(self.store.progress) if self.store.progress else None,  # auto_pull at start
         }
 
     # -- lifetime -----------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_backup_exclude_skips_the_kv_and_caches_but_not_the_options():
     def excluded(rel: str) -> bool:
         return any((data / rel).match(p) for p in config["backup_exclude"])
 
-    for rel in ("kv", "kv/0123abcd.gkv", "home/.cache", "home/.cache/genie"):
+    for rel in ("kv", "kv/0123abcd.gkv", "models", "models/qwen3-0.6b.gguf", "home/.cache", "home/.cache/genie"):
         assert excluded(rel), rel
     for rel in ("options.json", "genie.toml", "home"):
         assert not excluded(rel), rel

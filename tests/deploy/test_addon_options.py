@@ -14,6 +14,7 @@ import yaml
 from genie_daemon.addon_options import (
     DEFAULTS,
     KV_CACHE_DIR,
+    MODELS_DIR,
     main,
     options_to_toml,
     parse_options,
@@ -51,6 +52,8 @@ EDGE_CASES = [
     {"model": '/share/genie/Qwen3 0.6B "q4".gguf', "context": 256, "kv_cache_mb": 0, "fp16_kv": True},
     {"context": 131072, "api_key": 'k\\e"y=+/~', "forward_url": "not used in local mode"},
     {"mode": "local", "api_key": None, "forward_url": None},
+    {"model": "qwen3-0.6b"},  # a catalogue model: pulled on first start
+    {"model": "hf://Qwen/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q8_0.gguf"},
 ]
 
 
@@ -68,6 +71,8 @@ def test_toml_keys_are_daemon_config_fields(options, tmp_path):
         merged["kv_cache_mb"],
     )
     assert c.kv_cache_dir == KV_CACHE_DIR and PurePosixPath(c.kv_cache_dir).is_relative_to("/data")
+    # a model that is not there yet is pulled at start, onto the persistent volume
+    assert c.auto_pull and c.models_dir == MODELS_DIR and PurePosixPath(c.models_dir).is_relative_to("/data")
 
 
 @needs_http_keys
@@ -92,6 +97,8 @@ def test_load_config_accepts_the_whole_toml(options, tmp_path):
         ({"model": "/config/x.gguf"}, "the add-on sees files only under"),
         ({"model": "/share/../etc/x.gguf"}, "the add-on sees files only under"),
         ({"model": "/share/x\n.gguf"}, "model must be a short name"),
+        ({"model": "hf://owner/repo/a b.gguf"}, "model must be a short name"),
+        ({"model": "ftp://host/x.gguf"}, "model must be a short name"),
         ({"api_key": "two words"}, "api_key may hold only visible ASCII"),
         ({"api_key": "kéy"}, "api_key may hold only visible ASCII"),
         ({"mode": "forward"}, "mode 'forward' needs forward_url"),

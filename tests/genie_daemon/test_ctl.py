@@ -120,3 +120,13 @@ def test_output_into_a_closed_pipe_is_no_traceback(tmp_path):
     ctl.stdout.close()  # what head does after its lines
     _, err = ctl.communicate(timeout=60)
     assert ctl.returncode == 0 and b"Traceback" not in err, err.decode()
+
+
+def test_wait_says_when_the_daemon_pulls_its_model_first(admin, capsys):
+    """auto_pull: a first start that downloads the model says so, not "loading", while it downloads."""
+    pulling = {"ready": False, "loaded_model": "qwen3-0.6b", "load_error": None, "pulling": {"status": "downloading"}}
+    loading = {**pulling, "pulling": None}
+    admin.steps = [pulling, pulling, loading, READY]
+    assert ctl.main(["--wait", "60", "health"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "pulling qwen3-0.6b: downloading" in lines[0] and "loading qwen3-0.6b" in lines[1]

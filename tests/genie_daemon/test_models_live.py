@@ -2,7 +2,7 @@
 `ollama` library pulls a tiny GGUF from a local HTTP server into the daemon's models directory, lists it,
 chats with it (which loads it in place of the served one), and deletes it; a file that is no GGUF is
 refused and never listed; `genie-ctl pull` and `genie-ctl load` do the same through the admin socket; a
-client that leaves mid-pull (or a Ctrl-C in genie-ctl) stops the download.
+client that leaves mid-pull stops the download; a daemon with `auto_pull` fetches its model at start.
 
 The daemon runs with XDG_DATA_HOME and GENIE_MODELS_DIR pointing elsewhere than its --models-dir, so a
 model found at all was found where the daemon's config says (the worker gets --models-dir)."""
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -277,3 +278,52 @@ def test_genie_ctl_pull_cancelled_by_ctrl_c(live):
         assert slow.hung_up.wait(20), f"the download went on: {slow.sent} bytes sent"
     with ollama.Client(host=live.url) as client:
         assert "slow-ctl" not in [m.model for m in client.list().models]
+
+
+def test_auto_pull_fetches_the_configured_model_at_start(live, tmp_path):
+    """The add-on's way: `model` names a source that is not here and auto_pull is on; the daemon pulls it
+    into its models directory, then serves it under its name there."""
+    models_dir = tmp_path / "models"
+    proc, url = start_daemon(tmp_path, f"{live.files.url}/tiny2.gguf", models_dir, GENIE_AUTO_PULL="true")
+    try:
+        with ollama.Client(host=url) as client:
+            assert [m.model for m in client.list().models] == ["tiny2"]
+            assert client.chat(model="tiny2", messages=HI, options=SHORT).eval_count == 3
+        assert (models_dir / "tiny2.gguf").read_bytes() == live.tiny2
+    finally:
+        stop_daemon(proc)
+
+
+def test_auto_pull_failure_is_a_load_error(live, tmp_path):
+    """A configured model that cannot be pulled: /health says load_failed with the reason, at once."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "genie_daemon", "-m", f"{live.files.url}/junk.gguf"]
+    cmd += ["--models-dir", str(tmp_path / "models"), "--socket-dir", str(tmp_path / "run")]
+    cmd += ["--kv-cache-dir", str(tmp_path / "kv"), "--http-port", str(port)]
+    env = child_env(no_proxy="127.0.0.1", GENIE_AUTO_PULL="1", GENIE_MODELS_DIR=str(tmp_path / "not-this-one"))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        health: Any = None
+        while time.monotonic() < deadline:
+            try:
+                health = get_json(f"http://127.0.0.1:{port}/health")
+            except OSError:
+                time.sleep(0.05)
+                continue
+            if health[1]["status"] == "load_failed":
+                break
+            time.sleep(0.05)
+        assert health is not None and health[0] == 503 and health[1]["status"] == "load_failed", health
+        status = subprocess.run(
+            [sys.executable, "-m", "genie_daemon.ctl", "--socket-dir", str(tmp_path / "run"), "--json", "status"],
+            cwd=ROOT,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "pulling" in json.loads(status.stdout)["load_error"]
+    finally:
+        stop_daemon(proc)
+    assert not [p for p in os.listdir(tmp_path / "models") if p.endswith((".gguf", ".json"))]
