@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.endpoints import client_endpoint, default_socket_dir
-from workers.models.local import default_models_dir
+from workers.models.paths import default_models_dir
 
 
 def _cache_dir() -> Path:

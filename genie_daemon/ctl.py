@@ -35,8 +35,6 @@ from protocol.messages import (
     Unload,
 )
 from workers.models.catalogue import CATALOGUE
-from workers.models.progress_bar import ProgressBar
-from workers.models.pull import PullProgress
 
 from .config import DaemonConfig
 
@@ -173,6 +171,10 @@ def _pull(endpoint: str, source: str, as_json: bool) -> int:
 
 
 def _follow_pull(sock: zmq.Socket, endpoint: str, as_json: bool) -> int:
+    # here, not at the top: they load the GGUF reader, which every other genie-ctl command can do without
+    from workers.models.progress_bar import ProgressBar
+    from workers.models.pull import PullProgress
+
     show = ProgressBar(sys.stderr, sys.stderr.isatty())
     while True:
         if not sock.poll(int(PULL_SILENCE_S * 1000)):

@@ -11,7 +11,6 @@ import builtins
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 from collections import Counter
@@ -26,6 +25,7 @@ from ..engine.arch import ARCHITECTURES
 from ..engine.atomic_file import atomic_path, move_into_place
 from ..engine.errors import ModelFileError, PullError
 from ..engine.gguf_file import GGUFFile
+from .paths import default_models_dir
 
 log = logging.getLogger("genie.models")
 
@@ -44,15 +44,6 @@ __all__ = [
     "is_valid_name",
     "name_for_file",
 ]
-
-
-def default_models_dir() -> Path:
-    """`GENIE_MODELS_DIR`, else `$XDG_DATA_HOME/genie/models`, else `~/.local/share/genie/models`."""
-    override = os.environ.get("GENIE_MODELS_DIR")
-    if override:
-        return Path(override).expanduser()
-    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data_home) / "genie" / "models"
 
 
 def is_valid_name(name: str) -> bool:
