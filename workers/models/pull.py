@@ -3,11 +3,13 @@
 The steps: "pulling manifest" (what SOURCE names; for Hugging Face a HEAD that tells the size and sha256),
 "downloading" (bytes into `.{name}.part`, resumed when an earlier pull was cut), "verifying sha256 digest"
 (and the GGUF: ModelsDir.add), "writing manifest", "success". A model already present from the same
-source is not fetched again. Two pulls of one name never write the same `.part`: the second is refused.
+source is not fetched again, and a Hugging Face file already in huggingface_hub's cache is copied from
+there. Two pulls of one name never write the same `.part`: the second is refused.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +59,29 @@ def _is_current(model: LocalModel, src: Source) -> bool:
     return model.source == src.source and src.sha256 in (None, model.sha256)
 
 
+def _hf_cached(src: Source, commit: str | None) -> Path | None:
+    """The file in huggingface_hub's own cache (`HF_HUB_CACHE`, ~/.cache/huggingface/hub), at the commit
+    the server named (else the cache's `main`), when another tool already fetched it."""
+    if src.hf_file is None:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    repo, filename = src.hf_file
+    found = try_to_load_from_cache(repo, filename, revision=commit)
+    return Path(found) if isinstance(found, str) and Path(found).is_file() else None
+
+
+def _copy_cached(cached: Path, part: Path, what: str, report: Callable[[int, int | None], None]) -> None:
+    """Copies a cached file to the part (ModelsDir.add then checks it like any download)."""
+    total = cached.stat().st_size
+    try:
+        shutil.copyfile(cached, part)  # the cache's entry is a link to its blob: the bytes are copied
+    except OSError as e:
+        part.unlink(missing_ok=True)
+        raise PullError(f"{what}: cannot copy it from the Hugging Face cache ({cached}): {e.strerror or e}") from None
+    report(total, total)
+
+
 def pull(
     source: str,
     models: ModelsDir | None = None,
@@ -98,6 +123,7 @@ def _pull_locked(
     cancel: Callable[[], bool],
 ) -> LocalModel:
     url, size, sha256 = src.url, src.size_bytes, src.sha256
+    remote = None
     if src.is_hf:
         remote = probe_hf(src.url, src.source)
         url = remote.url
@@ -113,8 +139,12 @@ def _pull_locked(
             progress(PullProgress("downloading", total if total is not None else size, completed, digest))
 
     part = part_path(models, name)
-    # a part is continued only for the same file: the same URL (commit-pinned on Hugging Face) and digest
-    download(url, part, f"{url} {sha256 or ''}", src.source, size, report, cancel)
+    cached = _hf_cached(src, remote.commit) if remote is not None else None
+    if cached is not None:  # huggingface_hub already fetched this very file: copied, never downloaded again
+        _copy_cached(cached, part, src.source, report)
+    else:
+        # a part is continued only for the same file: the same URL (commit-pinned on Hugging Face) and digest
+        download(url, part, f"{url} {sha256 or ''}", src.source, size, report, cancel)
     got = part.stat().st_size
     if size is not None and got != size:
         remove_partial(models, name)

@@ -35,6 +35,7 @@ class Source:
     sha256: str | None = None  # pinned by the catalogue
     size_bytes: int | None = None  # pinned by the catalogue
     description: str = ""
+    hf_file: tuple[str, str] | None = None  # (repository, file) of a Hugging Face source
 
 
 def _hf(repo: str, filename: str) -> str:
@@ -53,13 +54,14 @@ def parse_source(text: str) -> Source:
             entry.sha256,
             entry.size_bytes,
             entry.description,
+            (entry.repo, entry.filename),
         )
     if text.startswith(HF_SCHEME):
         parts = text[len(HF_SCHEME) :].split("/")
         if len(parts) < 3 or not all(parts):
             raise PullError(f"{text!r}: an hf:// source is hf://OWNER/REPO/FILE.gguf")
         repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
-        return Source(text, _hf(repo, filename), name_for_file(filename), True)
+        return Source(text, _hf(repo, filename), name_for_file(filename), True, hf_file=(repo, filename))
     split = urlsplit(text)
     if split.scheme in ("http", "https") and split.netloc:
         return Source(text, text, name_for_file(unquote(split.path)), False)

@@ -171,3 +171,23 @@ def test_hf_file_missing_is_one_line(tmp_path: Path) -> None:
 def test_unknown_source_names_the_catalogue(tmp_path: Path) -> None:
     r = genie(tmp_path / "models", "pull", "no-such-model")
     assert_one_line_error(r, "no-such-model", "qwen3-4b", "hf://")
+
+
+def test_hf_pull_takes_a_file_huggingface_hub_already_fetched(tmp_path: Path, tiny_bytes: bytes) -> None:
+    """A file in huggingface_hub's cache (another tool fetched it) is copied from there: no download."""
+    models_dir, hub = tmp_path / "models", tmp_path / "hub"
+    repo_dir = hub / "models--org--tiny-GGUF"
+    blob = repo_dir / "blobs" / "0123"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(tiny_bytes)
+    snapshot = repo_dir / "snapshots" / COMMIT / "Tiny-Q8.gguf"
+    snapshot.parent.mkdir(parents=True)
+    snapshot.symlink_to(blob)  # the cache's layout: a snapshot's file links to its blob
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(COMMIT)
+    with serving(FileServer(hf_files={("org/tiny-GGUF", "Tiny-Q8.gguf"): tiny_bytes})) as srv:
+        r = genie(models_dir, "pull", "hf://org/tiny-GGUF/Tiny-Q8.gguf", HF_ENDPOINT=srv.url, HF_HUB_CACHE=str(hub))
+        assert r.returncode == 0, r.stderr
+        assert [s.method for s in srv.seen] == ["HEAD"]  # the size and sha256 still come from the server
+    assert (models_dir / "tiny-q8.gguf").read_bytes() == tiny_bytes and blob.read_bytes() == tiny_bytes
+    assert listed(models_dir)["tiny-q8"]["source"] == "hf://org/tiny-GGUF/Tiny-Q8.gguf"
