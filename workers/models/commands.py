@@ -35,6 +35,9 @@ def add_parsers(sub: Any) -> None:
     )
     ls = sub.add_parser("list", help="list pulled models and the installed PyPI ones")
     ls.add_argument("--json", action="store_true", help='print {"models": [...]} (default: a table)')
+    ls.add_argument(
+        "--available", action="store_true", help="list the catalogue: what `genie pull NAME` fetches, from where"
+    )
     rm = sub.add_parser("rm", help="remove a pulled model")
     rm.add_argument("name", help="the model's name, as genie list shows it")
 
@@ -82,7 +85,30 @@ def _packaged_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def _catalogue_rows() -> list[dict[str, Any]]:
+    return [
+        {
+            "name": name,
+            "description": e.description,
+            "source": e.hf_source,
+            "size_bytes": e.size_bytes,
+            "sha256": e.sha256,  # None: Hugging Face's own, checked at pull time
+        }
+        for name, e in CATALOGUE.items()
+    ]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.available:
+        rows = _catalogue_rows()
+        if args.json:
+            print(json.dumps({"catalogue": rows}))
+            return 0
+        width = max(len(r["name"]) for r in rows)
+        for r in rows:
+            sha = r["sha256"] or "sha256 from Hugging Face at pull time"
+            print(f"{r['name'].ljust(width)}  {r['description']}  {r['source']}  {sha}")
+        return 0
     pulled = [m.as_dict() for m in ModelsDir().list()]
     names = {m["name"] for m in pulled}
     rows = pulled + [r for r in _packaged_rows() if r["name"] not in names]  # a pulled name shadows -m's PyPI one

@@ -191,3 +191,16 @@ def test_hf_pull_takes_a_file_huggingface_hub_already_fetched(tmp_path: Path, ti
         assert [s.method for s in srv.seen] == ["HEAD"]  # the size and sha256 still come from the server
     assert (models_dir / "tiny-q8.gguf").read_bytes() == tiny_bytes and blob.read_bytes() == tiny_bytes
     assert listed(models_dir)["tiny-q8"]["source"] == "hf://org/tiny-GGUF/Tiny-Q8.gguf"
+
+
+def test_list_available_shows_the_catalogue_and_where_each_comes_from(tmp_path: Path) -> None:
+    from workers.models.catalogue import CATALOGUE
+
+    r = genie(tmp_path / "models", "list", "--available", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["name"]: row for row in json.loads(r.stdout)["catalogue"]}
+    assert set(rows) == set(CATALOGUE) and {"qwen3-4b", "qwen3-0.6b", "gemma4-e2b"} <= set(rows)
+    for name, entry in CATALOGUE.items():
+        assert rows[name]["source"] == f"hf://{entry.repo}/{entry.filename}" and "GB" in rows[name]["description"]
+    table = genie(tmp_path / "models", "list", "--available")
+    assert table.returncode == 0 and "hf://unsloth/Qwen3-4B-GGUF/Qwen3-4B-Q4_K_M.gguf" in table.stdout
