@@ -320,7 +320,7 @@ def _rss_kb(pid: int) -> int:
 
 
 def test_cancel_during_a_long_prefill_returns_within_one_chunk(tmp_path):
-    proc, endpoint = start_daemon(tmp_path, "--prefill-chunk", "4")
+    proc, endpoint = start_daemon(tmp_path, "--prefill-chunk", "1")  # 480 passes: the cancel lands inside them
 
     async def go():
         async with GenieClient(endpoint) as c:
@@ -328,7 +328,7 @@ def test_cancel_during_a_long_prefill_returns_within_one_chunk(tmp_path):
                 request_id="pf", token_ids=[1] + [3 + i % 300 for i in range(480)], params={"max_tokens": 5}
             )
             first = asyncio.ensure_future(gen.__anext__())
-            await asyncio.sleep(0.05)  # the worker is prefilling 4 tokens at a time
+            await asyncio.sleep(0.05)  # the worker is prefilling a token at a time
             t0 = time.monotonic()
             await c.cancel("pf")
             end = await first
