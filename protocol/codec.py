@@ -12,6 +12,7 @@ import msgpack
 from .errors import BAD_FRAME, BAD_MESSAGE, ProtocolError
 from .kv_messages import KvData, KvLookup, KvSave, KvSaved
 from .messages import MESSAGE_TYPES, Message
+from .schema import check
 
 MESSAGE_TYPES.update({cls.TYPE: cls for cls in (KvSave, KvLookup, KvData, KvSaved)})
 
@@ -66,15 +67,17 @@ def decode(frames: Sequence[Frame], max_body_bytes: int = MAX_BODY_BYTES) -> tup
         raise ProtocolError(BAD_FRAME, f"body is not valid msgpack: {type(e).__name__}", rid) from None
     cls = MESSAGE_TYPES.get(head[0])
     if cls is None:
-        rid = body.get("request_id") if isinstance(body, dict) else None
-        rid = rid if isinstance(rid, str) and 0 < len(rid) <= 128 and rid.isprintable() else None
-        raise ProtocolError(BAD_FRAME, f"unknown message type 0x{head[0]:02x}", rid)
+        raise ProtocolError(BAD_FRAME, f"unknown message type 0x{head[0]:02x}", _request_id(body))
     if n_side > cls.MAX_SIDE_FRAMES:
-        rid = body.get("request_id") if isinstance(body, dict) else None
-        rid = rid if isinstance(rid, str) and 0 < len(rid) <= 128 and rid.isprintable() else None
-        name = cls.__name__.upper()
-        raise ProtocolError(BAD_FRAME, f"{n_side} side frames (a {name} carries at most {cls.MAX_SIDE_FRAMES})", rid)
+        limit = f"a {cls.__name__.upper()} carries at most {cls.MAX_SIDE_FRAMES}"
+        raise ProtocolError(BAD_FRAME, f"{n_side} side frames ({limit})", _request_id(body))
     return cls.from_body(body), list(frames[1:])
+
+
+def _request_id(body: Any) -> str | None:
+    """The body's request id if it is a valid one (protocol/schema.py), so the refusal can name it."""
+    rid = body.get("request_id") if isinstance(body, dict) else None
+    return rid if check("id", rid, 0) is None else None
 
 
 def _salvage_request_id(body: Frame) -> str | None:
@@ -86,8 +89,7 @@ def _salvage_request_id(body: Frame) -> str | None:
         for _ in range(min(unpacker.read_map_header(), 64)):
             key = unpacker.unpack()
             if key == "request_id":
-                value = unpacker.unpack()
-                return value if isinstance(value, str) and 0 < len(value) <= 128 and value.isprintable() else None
+                return _request_id({"request_id": unpacker.unpack()})
             unpacker.skip()
     except Exception:  # whatever broke the whole body breaks here too: no id
         return None
