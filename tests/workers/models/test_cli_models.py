@@ -110,24 +110,22 @@ def test_interrupted_pull_resumes_then_list_run_rm(tmp_path: Path, tiny_bytes: b
     assert_one_line_error(genie(models_dir, "run", "-m", "x", "-p", "hi"), "'x'", "genie pull")
 
 
-def test_random_bytes_are_refused_and_never_listed(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "name, cut, reason",
+    [("junk", None, "not a GGUF file"), ("cut", 1000, "truncated file: tensor")],
+    ids=["random-bytes", "tensors-past-the-end"],
+)
+def test_a_file_genie_cannot_load_is_refused_and_never_listed(
+    tmp_path: Path, tiny_bytes: bytes, name: str, cut: int | None, reason: str
+) -> None:
+    """Random bytes, or a whole header whose last tensor's data is cut short."""
     models_dir = tmp_path / "models"
-    junk = os.urandom(200_000)
-    with serving(FileServer(files={"/junk.gguf": junk})) as srv:
-        r = genie(models_dir, "pull", f"{srv.url}/junk.gguf")
-    assert_one_line_error(r, "junk.gguf", "not a GGUF file")
+    body = os.urandom(200_000) if cut is None else tiny_bytes[:-cut]
+    with serving(FileServer(files={f"/{name}.gguf": body})) as srv:
+        r = genie(models_dir, "pull", f"{srv.url}/{name}.gguf")
+    assert_one_line_error(r, f"{name}.gguf", reason)
     assert leftovers(models_dir) == []
-    assert "junk" not in listed(models_dir)
-
-
-def test_tensors_past_the_end_are_refused(tmp_path: Path, tiny_bytes: bytes) -> None:
-    models_dir = tmp_path / "models"
-    cut = tiny_bytes[:-1000]  # the header is whole; the last tensor's data is not
-    with serving(FileServer(files={"/cut.gguf": cut})) as srv:
-        r = genie(models_dir, "pull", f"{srv.url}/cut.gguf")
-    assert_one_line_error(r, "cut.gguf", "truncated file: tensor")
-    assert leftovers(models_dir) == []
-    assert "cut" not in listed(models_dir)
+    assert name not in listed(models_dir)
 
 
 def test_hf_pull_resumes_through_the_resolve_api(tmp_path: Path, tiny_bytes: bytes) -> None:
