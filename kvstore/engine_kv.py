@@ -3,7 +3,8 @@ without) a daemon. The worker process does the same through the KV-store process
 
 from __future__ import annotations
 
-from workers.engine.engine import Engine, common_prefix_len
+from workers.engine.engine import Engine
+from workers.engine.scheduler import common_prefix_len
 
 from .format import KVLayout
 from .policy import ReusePolicy

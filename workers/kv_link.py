@@ -20,7 +20,8 @@ from protocol.errors import ProtocolError
 from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
 from protocol.messages import Error
 
-from .engine.engine import Engine, common_prefix_len
+from .engine.engine import Engine
+from .engine.scheduler import common_prefix_len
 
 log = logging.getLogger("genie.worker")
 

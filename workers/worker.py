@@ -46,15 +46,18 @@ from protocol.messages import (
 
 from .delta_stream import DeltaStream
 from .engine.backends import BACKEND_CHOICES
-from .engine.engine import Completion, Engine, EngineConfig
+from .engine.engine import Engine, EngineConfig
 from .engine.errors import GenieError
 from .engine.registry import DEFAULT_MODEL
 from .engine.sampling import SamplingParams
+from .engine.sequence import Delta, Event, Failed
+from .engine.sequence import Sequence as EngineSequence
 from .kv_link import KvLink
 from .lifetime import exit_with_parent
 from .models.local import ModelsDir
 
 log = logging.getLogger("genie.worker")
+DEFAULT_PARALLEL = 4  # requests a worker runs at once when the daemon does not say
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,15 @@ class WorkerConfig:
     heartbeat_s: float = 1.0  # the daemon counts the worker dead after three missed beats
     stream_interval_s: float = 0.005  # DELTAs of one request at most this often (delta_stream.py); 0: every token
     kv_endpoint: str = ""  # the KV-store process (kv_link.py); empty: no persistent KV
+
+
+@dataclass
+class _Turn:
+    """What the worker keeps of a request while the engine runs it."""
+
+    msg: Generate | Prewarm
+    stream: DeltaStream
+    dropped: int  # the oldest messages left out to fit the context
 
 
 class _IoThread(threading.Thread):
@@ -131,6 +143,8 @@ class Worker:
         self.io = _IoThread(self.ctx, config, self.inbox, self.cancelled)
         self.out = _dealer(self.ctx, config.endpoint, worker_identities(os.getpid())[1])  # the engine thread's own
         self.kv = KvLink(self.ctx, config.kv_endpoint, engine) if config.kv_endpoint else None
+        self.turns: dict[EngineSequence, _Turn] = {}  # the requests in the engine's scheduler
+        engine.scheduler.prepare = self._prepare
         self.stopping = False
 
     def send(self, msg: Message) -> None:
@@ -152,23 +166,23 @@ class Worker:
             Ready(
                 model=e.model.name,
                 n_ctx=e.n_ctx,
-                kv_capacity=e.config.n_slots,
+                kv_capacity=e.config.n_slots,  # requests served at once
                 backend=e.backend.name,
                 device=e.backend.device_name,
                 load_ms=e.model.load_ms,
             )
         )
+        scheduler = e.scheduler
         try:
-            while not self.stopping:
-                try:
-                    msg = self.inbox.get(timeout=0.2)
-                except queue.Empty:
+            # on SIGTERM every turn ends as cancelled (a DONE each), then the loop ends
+            while not (self.stopping and scheduler.idle):
+                self._take_requests(wait=scheduler.idle and not self.stopping)
+                if scheduler.idle:
                     continue
                 self.io.busy = True
-                try:
-                    self.handle(msg)
-                finally:
-                    self.io.busy = False
+                for seq, ev in scheduler.step():
+                    self._on_event(seq, ev)
+                self.io.busy = not scheduler.idle
             return 0
         except Exception as exc:  # fatal: tell the daemon, then exit for it to restart us
             self.send(Dead(reason=f"{type(exc).__name__}: {exc}"[:4000]))
@@ -180,7 +194,17 @@ class Worker:
             if self.kv:
                 self.kv.close()
 
-    def handle(self, msg: Message) -> None:
+    def _take_requests(self, wait: bool) -> None:
+        """Every request that arrived, into the scheduler (waiting a little for one when there is no work)."""
+        while True:
+            try:
+                msg = self.inbox.get(timeout=0.2) if wait else self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            wait = False
+            self._submit(msg)
+
+    def _submit(self, msg: Message) -> None:
         assert isinstance(msg, (Generate, Prewarm))
         rid = msg.request_id
         stream = DeltaStream(rid, self.send, self.config.stream_interval_s)
@@ -189,49 +213,65 @@ class Worker:
             ids, dropped = self._prompt_ids(msg, params.max_tokens)
             if dropped:
                 log.warning("event=context_truncated request=%s dropped_messages=%d", rid, dropped)
-            if self.kv:
-                self.kv.hydrate(ids, msg.conv_id)
             fmt = msg.format if isinstance(msg, Generate) else None
             constraint = self.engine.json_constraint(fmt) if fmt is not None else None
             # SIGTERM (the daemon stopping, or the daemon gone: exit_with_parent) ends the turn like a CANCEL
             cancel = lambda: rid in self.cancelled or self.stopping  # noqa: E731
-            for ev in self.engine.generate(ids, params, cancel=cancel, constraint=constraint):
-                if isinstance(ev, Completion):
-                    stream.flush()
-                    if self.kv:
-                        self.kv.observe_prefill(ev.prompt_tokens - ev.cached_tokens, ev.timings.prefill_ms / 1000)
-                    usage = {
-                        "prompt_tokens": ev.prompt_tokens,
-                        "cached_tokens": ev.cached_tokens,
-                        "completion_tokens": ev.completion_tokens,
-                        "dropped_messages": dropped,  # the oldest turns left out to fit the context
-                    }
-                    t = ev.timings
-                    timings = {
-                        "ttft_ms": t.ttft_ms,
-                        "prefill_ms": t.prefill_ms,
-                        "decode_ms": t.decode_ms,
-                        "prefill_tok_s": t.prefill_tok_s,
-                        "decode_tok_s": t.decode_tok_s,
-                    }
-                    self.send(Done(request_id=rid, finish_reason=ev.finish_reason, usage=usage, timings=timings))
-                elif isinstance(msg, Generate):
-                    stream.add(ev.text, ev.token_ids)
-            if self.kv:  # after DONE went out: the client never waits for the save
-                self.kv.save(msg.conv_id)
+            priority = msg.priority if isinstance(msg, Generate) else "voice"
+            seq = self.engine.sequence(ids, params, cancel, constraint, priority)  # type: ignore[arg-type]
         except GenieError as e:  # the request's fault: reply and go on
-            stream.flush()
             self.send(Error(request_id=rid, code="bad_request", message=str(e)))
-        except Exception as e:
+            self.cancelled.discard(rid)
+            return
+        self.turns[seq] = _Turn(msg, stream, dropped)
+        self.engine.scheduler.submit(seq)
+
+    def _prepare(self, seq: EngineSequence) -> None:
+        """A sequence has its slot: load a saved prefix of its prompt into it when the store has one."""
+        if self.kv:
+            self.kv.hydrate(seq.prompt, self.turns[seq].msg.conv_id, seq.slot)
+
+    def _on_event(self, seq: EngineSequence, ev: Event) -> None:
+        turn = self.turns[seq]
+        rid = turn.msg.request_id
+        if isinstance(ev, Delta):
+            if isinstance(turn.msg, Generate):
+                turn.stream.add(ev.text, ev.token_ids)
+            return
+        del self.turns[seq]
+        self.cancelled.discard(rid)
+        turn.stream.flush()
+        if isinstance(ev, Failed):
+            e = ev.error
+            if isinstance(e, GenieError):  # the request's fault: reply and go on
+                self.send(Error(request_id=rid, code="bad_request", message=str(e)))
+                return
             if _device_state_unknown(e):
-                raise  # fatal: DEAD, and the daemon starts a fresh worker
+                raise e  # fatal: DEAD, and the daemon starts a fresh worker
             # a bug met by one request: that request fails, the others go on (the engine's state is whole:
             # a slot counts a token as held only once its forward pass returned)
-            log.exception("event=request_failed request=%s", rid)
-            stream.flush()
+            log.error("event=request_failed request=%s", rid, exc_info=e)
             self.send(Error(request_id=rid, code="internal", message=f"{type(e).__name__}: {e}"[:2000]))
-        finally:
-            self.cancelled.discard(rid)
+            return
+        if self.kv:
+            self.kv.observe_prefill(ev.prompt_tokens - ev.cached_tokens, ev.timings.prefill_ms / 1000)
+        usage = {
+            "prompt_tokens": ev.prompt_tokens,
+            "cached_tokens": ev.cached_tokens,
+            "completion_tokens": ev.completion_tokens,
+            "dropped_messages": turn.dropped,  # the oldest turns left out to fit the context
+        }
+        t = ev.timings
+        timings = {
+            "ttft_ms": t.ttft_ms,
+            "prefill_ms": t.prefill_ms,
+            "decode_ms": t.decode_ms,
+            "prefill_tok_s": t.prefill_tok_s,
+            "decode_tok_s": t.decode_tok_s,
+        }
+        self.send(Done(request_id=rid, finish_reason=ev.finish_reason, usage=usage, timings=timings))
+        if self.kv:  # after DONE went out: the client never waits for the save (the slot is not reused before)
+            self.kv.save(turn.msg.conv_id, seq.slot)
 
     def _prompt_ids(self, msg: Generate | Prewarm, answer_tokens: int) -> tuple[list[int], int]:
         """The prompt's tokens, and how many of its oldest messages were dropped to fit the context."""
@@ -272,6 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ctx", type=int, default=EngineConfig.n_ctx, help="context length (default: %(default)s)")
     p.add_argument("--fp16-kv", action="store_true", help="FP16 KV cache instead of INT8 (default: INT8)")
     p.add_argument(
+        "--parallel",
+        type=int,
+        default=DEFAULT_PARALLEL,
+        help="requests served at once, each in its own KV slot (default: %(default)s)",
+    )
+    p.add_argument(
         "--stream-interval-ms",
         type=float,
         default=WorkerConfig.stream_interval_s * 1000,
@@ -295,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             n_ctx=args.ctx,
             kv_dtype="f16" if args.fp16_kv else "int8",
             prefill_chunk=args.prefill_chunk,
+            n_slots=args.parallel,
         )
         if args.stream_interval_ms < 0:
             raise GenieError("--stream-interval-ms must be >= 0")

@@ -143,6 +143,29 @@ def test_bad_requests_get_errors_and_the_worker_goes_on(daemon):
     assert isinstance(done, Done)
 
 
+def test_requests_run_at_once_and_one_cancel_leaves_the_others(daemon):
+    """Three requests in three slots: every one streams before any has ended; a CANCEL ends one, the other
+    two run to their limit (test_batching.py shows each gets the tokens it gets alone)."""
+    params = {"temperature": 0.0, "max_tokens": 60, "ignore_eos": True}
+    for i in range(3):
+        daemon.send(Generate(request_id=f"m{i}", token_ids=[1, 40 + i, 41, 42, 43 + i], params=params))
+    tokens: dict[str, list[int]] = {f"m{i}": [] for i in range(3)}
+    ended: dict[str, Message] = {}
+    while len(ended) < 3:
+        msg = daemon.recv()
+        rid = getattr(msg, "request_id", "")
+        if isinstance(msg, Delta):
+            tokens[rid] += msg.token_ids
+            if rid == "m1" and len(tokens[rid]) >= 5:
+                daemon.send(Cancel(request_id="m1"))
+        elif isinstance(msg, (Done, Error)):
+            assert all(tokens.values()), "a request ended before every other had begun"
+            ended[rid] = msg
+    assert ended["m1"].finish_reason == "cancelled" and 5 <= len(tokens["m1"]) < 60
+    for rid in ("m0", "m2"):
+        assert ended[rid].finish_reason == "length" and len(tokens[rid]) == 60
+
+
 def test_heartbeats_arrive_every_second(daemon):
     start = time.monotonic()
     beats = 0
@@ -150,20 +173,6 @@ def test_heartbeats_arrive_every_second(daemon):
         if isinstance(daemon.recv(timeout_s=3, skip_heartbeats=False), Heartbeat):
             beats += 1
     assert time.monotonic() - start < 3
-
-
-class _Boom:
-    """An engine whose generation fails with the given exception (a bug met by one request)."""
-
-    def __init__(self, exc: Exception) -> None:
-        self.exc = exc
-
-    def text_prompt(self, text: str) -> list[int]:
-        return [1, 2, 3]
-
-    def generate(self, *args, **kwargs):
-        raise self.exc
-        yield
 
 
 def _cuda_error() -> Exception:
@@ -174,20 +183,42 @@ def _cuda_error() -> Exception:
 @pytest.mark.parametrize(
     "exc, fatal", [(ValueError("Probabilities contain NaN"), False), (_cuda_error(), True), (MemoryError(), True)]
 )
-def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worker(exc, fatal):
-    from protocol.messages import Error, Generate
-    from workers.worker import Worker
+def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worker(tmp_path, exc, fatal):
+    """A step that raises: its requests fail with `internal` and the next request is served, unless the
+    error leaves the device in doubt (then the worker dies, for the daemon to start a fresh one)."""
+    from workers.engine.engine import Engine, EngineConfig
+    from workers.worker import Worker, _Turn
 
+    write_tiny_model("llama", tmp_path / "tiny.gguf")
+    engine = Engine(EngineConfig(model=str(tmp_path / "tiny.gguf"), backend="numpy", n_ctx=64, n_slots=2))
     sent: list = []
-    worker = Worker.__new__(Worker)  # no sockets: handle() is what is under test
-    worker.engine, worker.kv, worker.cancelled, worker.stopping = _Boom(exc), None, set(), False
+    worker = Worker.__new__(Worker)  # no sockets: what a step's failure does to the requests is under test
+    worker.engine, worker.kv, worker.cancelled, worker.stopping = engine, None, set(), False
+    worker.turns = {}
     worker.config = type("C", (), {"stream_interval_s": 0.0})()
     worker.send = sent.append  # type: ignore[method-assign]
-    msg = Generate(request_id="r1", prompt="hi", params={"max_tokens": 4})
+    assert _Turn  # (the record _submit files each request under)
+    run_step = engine.run_step
+
+    def boom(*args):
+        engine.run_step = run_step  # once
+        raise exc
+
+    engine.run_step = boom  # type: ignore[method-assign]
+    worker._submit(Generate(request_id="r1", prompt="hi", params={"max_tokens": 4}))
+
+    def drive() -> None:
+        while not engine.scheduler.idle:
+            for seq, ev in engine.scheduler.step():
+                worker._on_event(seq, ev)
+
     if fatal:
         with pytest.raises(type(exc)):
-            worker.handle(msg)
+            drive()
         return
-    worker.handle(msg)
+    drive()
     assert len(sent) == 1 and isinstance(sent[0], Error)
     assert sent[0].request_id == "r1" and sent[0].code == "internal" and "NaN" in sent[0].message
+    worker._submit(Generate(request_id="r2", prompt="hi", params={"max_tokens": 4}))
+    drive()
+    assert isinstance(sent[-1], Done) and sent[-1].request_id == "r2"

@@ -8,16 +8,17 @@ the rest in chunks, and checks `cancel()` between chunks and before every decode
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Sequence_
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .arch.layers import Interrupted, forward
+from .arch.layers import forward, forward_batch
 from .backends import BACKEND_CHOICES, select_backend
 from .backends.numpy_backend import NumpyBackend
+from .batch import Batch, Segment
 from .chat_template import builtin_template, chat_prompt_ids
 from .constraint import JsonConstraint
 from .context_fit import Fitted, fit_messages
@@ -26,11 +27,11 @@ from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
 from .model import Model
 from .model_config import ModelConfig
 from .registry import DEFAULT_MODEL, resolve_model
-from .sampling import Sampler, SamplingParams
-from .text_filters import StopMatcher
+from .sampling import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Completion, Delta, Failed, Priority, Sequence
 
 log = logging.getLogger("genie.engine")
-FinishReason = str  # "stop" | "length" | "cancelled"
 DEFAULT_SAMPLING = SamplingParams()
 NEVER = float(np.finfo(np.float32).min)  # the logit of a token that is never sampled
 
@@ -42,7 +43,7 @@ class EngineConfig:
     n_ctx: int = 4096  # context length in tokens; 0 = the model's training context
     kv_dtype: KVDtype = "int8"  # int8 (per-position, per-head scales) | f16 | f32
     prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
-    n_slots: int = 1  # sequences the KV pool holds
+    n_slots: int = 1  # sequences the KV pool holds: requests run at once (the daemon's `parallel`)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKEND_CHOICES:
@@ -53,35 +54,6 @@ class EngineConfig:
             raise RequestError("kv_dtype must be int8, f16 or f32")
 
 
-@dataclass
-class Delta:
-    text: str
-    token_ids: list[int]
-
-
-@dataclass
-class Timings:
-    ttft_ms: float = 0.0  # request start -> first token sampled
-    prefill_ms: float = 0.0
-    decode_ms: float = 0.0
-    prefill_tok_s: float = 0.0
-    decode_tok_s: float = 0.0
-
-
-@dataclass
-class Completion:
-    finish_reason: FinishReason
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    cached_tokens: int
-    timings: Timings = field(default_factory=Timings)
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.token_ids)
-
-
 def kv_cache_config(mc: ModelConfig, n_ctx: int, n_slots: int, dtype: KVDtype) -> KVCacheConfig:
     """A pool per layer that writes K/V, each shaped as that layer."""
     shapes = tuple((mc.layers[i].n_kv_heads, mc.layers[i].head_dim, mc.layers[i].v_head_dim) for i in mc.kv_layers)
@@ -89,14 +61,6 @@ def kv_cache_config(mc: ModelConfig, n_ctx: int, n_slots: int, dtype: KVDtype) -
     return KVCacheConfig(
         len(shapes), mc.n_kv_heads, mc.head_dim, mc.v_head_dim, n_ctx, n_slots, dtype, None if uniform else shapes
     )
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Engine:
@@ -127,17 +91,18 @@ class Engine:
         banned = np.asarray(self.tokenizer.vocab.media_ids, dtype=np.int64)
         self._banned = (banned, self.backend.xp.asarray(banned)) if banned.size else None
         self._steps: dict[Any, Any] = {}  # decode steps the backend captured for this engine's KV cache
+        self.scheduler = Scheduler(self)  # what runs in each step (scheduler.py)
 
     # -- prompts ----------------------------------------------------------------------------------
     def chat_prompt(
-        self, messages: Sequence[Any], think: bool = False, tools: list[dict[str, Any]] | None = None
+        self, messages: Sequence_[Any], think: bool = False, tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
         template = self.model.chat_template or builtin_template(self.model.config.arch)
         return chat_prompt_ids(self.tokenizer, template, messages, tools=tools, enable_thinking=think)
 
     def fit_chat(
         self,
-        messages: Sequence[Any],
+        messages: Sequence_[Any],
         answer_tokens: int,
         think: bool = False,
         tools: list[dict[str, Any]] | None = None,
@@ -168,7 +133,7 @@ class Engine:
             raise RequestError(f"the prompt is at least {at_least} tokens, more than the context of {self.n_ctx}")
         return self.tokenizer.encode(text, add_bos=None, parse_special=False)
 
-    def _check_ids(self, ids: Sequence[int], min_len: int, max_len: int) -> list[int]:
+    def _check_ids(self, ids: Sequence_[int], min_len: int, max_len: int) -> list[int]:
         ids = [int(i) for i in ids]
         if len(ids) < min_len:
             raise RequestError("the prompt is empty" if min_len == 1 else f"need at least {min_len} tokens")
@@ -184,7 +149,7 @@ class Engine:
     def _run(
         self,
         slot: int,
-        ids: Sequence[int],
+        ids: Sequence_[int],
         pos0: int,
         logit_rows: slice | None,
         interrupt: Callable[[], bool] | None = None,
@@ -215,112 +180,87 @@ class Engine:
         self.kv.resident[slot].extend(ids)
         return out
 
+    def run_step(self, segments: list[Segment], interrupt: Callable[[], bool] | None) -> Any:
+        """One forward pass of the scheduler's segments: logits [k, vocab], a row per segment that wants
+        them (None when none does). A step of one segment takes the backend's captured and fused paths."""
+        if len(segments) == 1:
+            seg = segments[0]
+            return self._run(seg.slot, seg.ids, seg.pos0, slice(-1, None) if seg.wants_logits else None, interrupt)
+        for seg in segments:
+            assert 0 <= seg.pos0 and seg.pos0 + seg.n <= self.n_ctx, (seg.pos0, seg.n, self.n_ctx)
+        if not self.backend.stops_between_layers:
+            interrupt = None
+        m = self.model
+        out = forward_batch(m.config, m.weights, self.backend, self.kv, Batch.of(segments), interrupt)
+        for seg in segments:
+            self.kv.resident[seg.slot].extend(seg.ids)
+        return out
+
+    def sample_rows(self, logits: Any, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int | Exception]]:
+        """Each sequence's next token from its row of a step's logits (or the error that ends it)."""
+        if not rows:
+            return []
+        if self._banned is not None:  # finite: the argmax reads -inf as corrupt weights
+            logits[..., self._banned[1]] = NEVER
+        host = None
+        out: list[tuple[Sequence, int | Exception]] = []
+        for seq, row in rows:
+            try:
+                if seq.on_device:
+                    token = self.backend.greedy_token(logits if logits.shape[0] == 1 else logits[row : row + 1])
+                else:
+                    if host is None:
+                        host = self.backend.to_host(logits)
+                    values = host[row].copy()
+                    token = seq.sample_host(values) if np.isfinite(values).all() else -1
+                if token < 0:
+                    raise ModelError("the model produced non-finite logits (corrupt weights?)")
+                out.append((seq, token))
+            except Exception as e:  # a bad constraint, a sampler fault: this sequence ends, the others go on
+                out.append((seq, e))
+        return out
+
+    def sequence(
+        self,
+        prompt_ids: Sequence_[int],
+        params: SamplingParams = DEFAULT_SAMPLING,
+        cancel: Callable[[], bool] = lambda: False,
+        constraint: JsonConstraint | None = None,
+        priority: Priority = "background",
+        slot: int | None = None,
+    ) -> Sequence:
+        """A request for the scheduler; a prompt that is empty, out of the vocabulary or too long is refused
+        (RequestError)."""
+        prompt = self._check_ids(prompt_ids, 1, self.n_ctx - 1)
+        return Sequence(prompt, params, self.tokenizer, cancel, constraint, priority, slot)
+
     def generate(
         self,
-        prompt_ids: Sequence[int],
+        prompt_ids: Sequence_[int],
         params: SamplingParams = DEFAULT_SAMPLING,
         cancel: Callable[[], bool] = lambda: False,
         slot: int = 0,
         constraint: JsonConstraint | None = None,
     ) -> Iterator[Delta | Completion]:
-        """Streams the answer to `prompt_ids`; `constraint` (json_constraint) keeps the output valid JSON."""
-        t_start = time.perf_counter()
-        prompt = self._check_ids(prompt_ids, 1, self.n_ctx - 1)
-        resident = self.kv.resident[slot]
-        cached = min(common_prefix_len(resident, prompt), len(prompt) - 1)
-        del resident[cached:]
-        pos = cached
-        logits = None
-        chunk = self.config.prefill_chunk
-        while pos < len(prompt):
-            ids = prompt[pos : pos + chunk]
-            is_last = pos + len(ids) == len(prompt)
-            try:
-                if cancel():
-                    raise Interrupted
-                # a chunk stops between layers when cancelled: a barge-in ends within a layer's time
-                logits = self._run(slot, ids, pos, slice(-1, None) if is_last else None, cancel)
-            except Interrupted:
-                yield Completion("cancelled", "", [], len(prompt), cached)
-                return
-            pos += len(ids)
-        t_prefill = time.perf_counter()
-
-        sampler = Sampler(params)
-        eog = frozenset() if params.ignore_eos else self.tokenizer.eog_ids
-        history = list(prompt)
-        decoder = self.tokenizer.stream()
-        stop = StopMatcher(params.stop)
-        generated: list[int] = []
-        pending_ids: list[int] = []
-        text_parts: list[str] = []
-        t_first = t_prefill
-        finish: FinishReason = "length"
-        stop_hit = False  # a stop string matched: what follows it is dropped, not flushed
-        # argmax where the logits are, unless the sampler or a grammar needs them on the host
-        on_device = params.is_greedy and params.repeat_penalty == 1.0 and constraint is None
-        assert logits is not None  # the prompt's last token always runs (cached <= len(prompt) - 1)
-        while len(generated) < params.max_tokens:
-            if on_device:
-                if self._banned is not None:
-                    logits[..., self._banned[1]] = NEVER  # finite: the argmax reads -inf as corrupt weights
-                token = self.backend.greedy_token(logits)
-            else:
-                row = self.backend.to_host(logits)[-1]
-                token = -1
-                if np.isfinite(row).all():
-                    if self._banned is not None:
-                        row[self._banned[0]] = NEVER
-                    token = sampler.sample(constraint.mask(row) if constraint else row, history)
-            if token < 0:
-                raise ModelError("the model produced non-finite logits (corrupt weights?)")
-            if constraint:
-                constraint.advance(token)
-            if not generated:
-                t_first = time.perf_counter()
-            generated.append(token)
-            history.append(token)
-            if token in eog:
-                finish = "stop"
-                break
-            text, hit = stop.feed(decoder.add(token))
-            pending_ids.append(token)
-            if text or (hit and pending_ids):  # every token id reaches a Delta, even with no text
-                text_parts.append(text)
-                yield Delta(text, pending_ids)
-                pending_ids = []
-            if hit:
-                finish, stop_hit = "stop", True
-                break
-            if constraint and constraint.finished:  # the JSON is complete: nothing may follow
-                finish = "stop"
-                break
-            if pos >= self.n_ctx or len(generated) == params.max_tokens:
-                break  # "length": no room for, or no need of, another forward pass
-            if cancel():
-                finish = "cancelled"
-                break
-            logits = self._run(slot, [token], pos, slice(-1, None))
-            pos += 1
-        if not stop_hit:
-            tail = stop.feed(decoder.flush())[0] + stop.flush()
-            if tail or pending_ids:
-                text_parts.append(tail)
-                yield Delta(tail, pending_ids)
-        t_end = time.perf_counter()
-        n_prefilled = len(prompt) - cached
-        prefill_s, decode_s = t_prefill - t_start, t_end - t_first
-        timings = Timings(
-            ttft_ms=(t_first - t_start) * 1000,
-            prefill_ms=prefill_s * 1000,
-            decode_ms=decode_s * 1000,
-            prefill_tok_s=n_prefilled / prefill_s if prefill_s > 0 else 0.0,
-            decode_tok_s=(len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0,
-        )
-        yield Completion(finish, "".join(text_parts), generated, len(prompt), cached, timings)
+        """Streams the answer to `prompt_ids` alone (in-process use: the CLI, tests); `constraint`
+        (json_constraint) keeps the output valid JSON. The worker submits to `scheduler` instead."""
+        seq = self.sequence(prompt_ids, params, cancel, constraint, slot=slot)
+        self.scheduler.submit(seq)
+        try:
+            while True:
+                for owner, ev in self.scheduler.step():
+                    if owner is not seq:
+                        continue
+                    if isinstance(ev, Failed):
+                        raise ev.error
+                    yield ev
+                    if isinstance(ev, Completion):
+                        return
+        finally:
+            self.scheduler.abort(seq)  # a caller that stopped reading: its slot is free again
 
     # -- scoring and KV transfer ---------------------------------------------------------------------
-    def token_nll(self, ids: Sequence[int], rows_per_pass: int = 128, slot: int = 0) -> np.ndarray:
+    def token_nll(self, ids: Sequence_[int], rows_per_pass: int = 128, slot: int = 0) -> np.ndarray:
         """NLL (nats) of ids[1:], each given all ids before it: [len(ids) - 1] float64."""
         ids = self._check_ids(ids, 2, self.n_ctx)
         self.kv.resident[slot] = []

@@ -139,6 +139,18 @@ class KVCache:
             v_scale=copy([layer.v_scale for layer in self.layers]) if int8 else None,
         )
 
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        """Make positions [0, n) of slot `dst` hold what they hold in slot `src` (a shared system prompt:
+        rows copied instead of recomputed)."""
+        if not 0 <= n_tokens <= len(self.resident[src]):
+            raise ValueError(f"slot {src} holds {len(self.resident[src])} tokens, cannot copy {n_tokens}")
+        self.resident[dst] = []  # until every array is written, the slot holds nothing reusable
+        for layer in self.layers:
+            for a in (layer.k, layer.v, layer.k_scale, layer.v_scale):
+                if a is not None:
+                    a[dst, :n_tokens] = a[src, :n_tokens]
+        self.resident[dst] = list(self.resident[src][:n_tokens])
+
     def load(self, slot: int, snap: KVSnapshot) -> None:
         """Make positions [0, n) of `slot` hold `snap`; checks every shape before touching the pool."""
         c = self.config

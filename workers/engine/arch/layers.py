@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends.base import Array, Backend, NextInput, Weight
+from ..batch import Batch, Segment
 from ..kv_cache import KVCache
 from ..model_config import LayerConfig, ModelConfig
 
@@ -66,59 +67,120 @@ def forward(
     logit_rows: slice | None,
     interrupt: Callable[[], bool] | None = None,
 ) -> Array | None:
-    """Run tokens `ids` [n] at positions pos0.. of `slot`, writing their K/V.
+    """Run tokens `ids` [n] of one sequence at positions pos0.. of `slot`, writing their K/V.
 
     Returns logits [rows, vocab] for `ids[logit_rows]` (None: no logits, e.g. a prefill chunk that
     is not the last). `interrupt` is asked after every layer; when it says yes the pass stops with
     Interrupted, and the K/V rows it wrote are garbage the caller must not count as resident."""
+    batch = Batch((Segment(slot, pos0, tuple(int(t) for t in ids), False),))
+    return _forward(cfg, weights, backend, kv, batch, logit_rows, interrupt)
+
+
+def forward_batch(
+    cfg: ModelConfig,
+    weights: ModelWeights,
+    backend: Backend,
+    kv: KVCache,
+    batch: Batch,
+    interrupt: Callable[[], bool] | None = None,
+) -> Array | None:
+    """One step of several sequences (batch.py): every segment's tokens at its positions of its slot.
+    Returns logits [len(batch.logit_rows), vocab], a row per segment that wants them, in segment order
+    (None when none does); `interrupt` as in `forward`, for the whole step."""
+    rows = batch.logit_rows
+    return _forward(cfg, weights, backend, kv, batch, rows if len(rows) else None, interrupt)
+
+
+def _forward(
+    cfg: ModelConfig,
+    weights: ModelWeights,
+    backend: Backend,
+    kv: KVCache,
+    batch: Batch,
+    logit_rows: slice | np.ndarray | None,
+    interrupt: Callable[[], bool] | None,
+) -> Array | None:
     b = backend
-    positions = np.arange(pos0, pos0 + len(ids))
-    dev_ids = b.stage_inputs(ids, pos0)
+    dev_ids = b.stage_batch(batch)
     x = b.embed(weights.embed, dev_ids, cfg.embed_scale)  # [n, d]
     ple = per_layer_inputs(cfg, weights, b, x, dev_ids) if cfg.ple_dim else None
     pending = None  # the previous layer's FFN output, added to x together with this layer's input norm
-    for i, (lw, lc) in enumerate(zip(weights.layers, cfg.layers, strict=True)):
-        opt = lw.optional
-        x, qkv = b.add_norm_matmul(x, pending, lw.attn_norm, cfg.rms_eps, lw.qkv)  # [n, (H + Hkv) * hd + Hkv * hdv]
-        if "bqkv" in opt:
-            qkv += opt["bqkv"]
-        layer_kv = kv.layers[cfg.kv_pools[i]]
-        if lc.kv_source == i:
-            attn = b.self_attention(qkv, cfg, lc, opt.get("qk_norm"), positions, layer_kv, slot, pos0)
-        else:  # K/V of an earlier layer, already written for these positions
-            q = b.prepare_q(qkv, cfg, lc, opt.get("qk_norm"), positions)
-            attn = b.attention(q, layer_kv, slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
-        if "post_attn_norm" in opt:
-            o = b.rms_norm(b.matmul(attn, lw.wo), opt["post_attn_norm"], cfg.rms_eps)
-        else:
-            o = b.matmul(attn, lw.wo, NextInput(residual=x, norm=lw.ffn_norm, eps=cfg.rms_eps))
-        gated = NextInput(act=cfg.activation)
-        x, gate_up = b.add_norm_matmul(x, o, lw.ffn_norm, cfg.rms_eps, lw.gate_up, gated)  # [n, 2 * ffn]
-        # the next layer's input norm takes the FFN's output straight from the product, when nothing comes between
-        plain_tail = ple is None and not {"post_ffn_norm", "layer_scale"} & opt.keys()
-        then = None
-        if plain_tail and i + 1 < len(weights.layers):
-            then = NextInput(residual=x, norm=weights.layers[i + 1].attn_norm, eps=cfg.rms_eps)
-        pending = b.gated_matmul(gate_up, cfg.activation, lw.w_down, then)
-        if "post_ffn_norm" in opt:
-            pending = b.rms_norm(pending, opt["post_ffn_norm"], cfg.rms_eps)
-        if ple is not None or "layer_scale" in opt:  # the layer's tail reads the updated stream: add now
-            x, pending = x + pending, None
-            if ple is not None:
-                x = x + _ple_branch(cfg, lc, lw, b, x, ple[:, i])
-            if "layer_scale" in opt:
-                x = x * opt["layer_scale"]
-        if interrupt is not None and interrupt():
-            raise Interrupted
+    try:
+        for i, (lw, lc) in enumerate(zip(weights.layers, cfg.layers, strict=True)):
+            opt = lw.optional
+            # [n, (H + Hkv) * hd + Hkv * hdv]
+            x, qkv = b.add_norm_matmul(x, pending, lw.attn_norm, cfg.rms_eps, lw.qkv)
+            if "bqkv" in opt:
+                qkv += opt["bqkv"]
+            attn = _attention(cfg, b, kv, batch, i, lc, qkv, opt.get("qk_norm"))
+            if "post_attn_norm" in opt:
+                o = b.rms_norm(b.matmul(attn, lw.wo), opt["post_attn_norm"], cfg.rms_eps)
+            else:
+                o = b.matmul(attn, lw.wo, NextInput(residual=x, norm=lw.ffn_norm, eps=cfg.rms_eps))
+            gated = NextInput(act=cfg.activation)
+            x, gate_up = b.add_norm_matmul(x, o, lw.ffn_norm, cfg.rms_eps, lw.gate_up, gated)  # [n, 2 * ffn]
+            # the next layer's input norm takes the FFN's output straight from the product, when nothing
+            # comes between
+            plain_tail = ple is None and not {"post_ffn_norm", "layer_scale"} & opt.keys()
+            then = None
+            if plain_tail and i + 1 < len(weights.layers):
+                then = NextInput(residual=x, norm=weights.layers[i + 1].attn_norm, eps=cfg.rms_eps)
+            pending = b.gated_matmul(gate_up, cfg.activation, lw.w_down, then)
+            if "post_ffn_norm" in opt:
+                pending = b.rms_norm(pending, opt["post_ffn_norm"], cfg.rms_eps)
+            if ple is not None or "layer_scale" in opt:  # the layer's tail reads the updated stream: add now
+                x, pending = x + pending, None
+                if ple is not None:
+                    x = x + _ple_branch(cfg, lc, lw, b, x, ple[:, i])
+                if "layer_scale" in opt:
+                    x = x * opt["layer_scale"]
+            if interrupt is not None and interrupt():
+                raise Interrupted
+    finally:
+        if len(batch.segments) > 1:
+            b.stage_segment(None)
     if pending is not None:
         x = x + pending
     if logit_rows is None:
         return None
-    h = b.rms_norm(x[logit_rows], weights.output_norm, cfg.rms_eps)
+    if isinstance(logit_rows, np.ndarray):
+        b.stage_rows(tuple(1 for _ in logit_rows))  # a row of each sequence: each alone (base.py)
+        h = x[b.xp.asarray(logit_rows)]
+    else:
+        h = x[logit_rows]
+    h = b.rms_norm(h, weights.output_norm, cfg.rms_eps)
     logits = b.matmul(h, weights.output)
     if cfg.final_logit_softcap:
         logits = b.softcap(logits, cfg.final_logit_softcap)
     return logits
+
+
+def _attention(
+    cfg: ModelConfig,
+    b: Backend,
+    kv: KVCache,
+    batch: Batch,
+    i: int,
+    lc: LayerConfig,
+    qkv: Array,
+    qk_norm: Array | None,
+) -> Array:
+    """Layer i's attention, each segment over its own slot -> [n, H * hdv]."""
+    layer_kv = kv.layers[cfg.kv_pools[i]]
+    outs = []
+    for j, seg in enumerate(batch.segments):
+        many = len(batch.segments) > 1
+        if many:
+            b.stage_segment(j)
+        part = qkv[batch.rows(j)] if many else qkv
+        positions = batch.positions(j)
+        if lc.kv_source == i:
+            outs.append(b.self_attention(part, cfg, lc, qk_norm, positions, layer_kv, seg.slot, seg.pos0))
+        else:  # K/V of an earlier layer, already written for these positions
+            q = b.prepare_q(part, cfg, lc, qk_norm, positions)
+            window, scale, cap = lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap
+            outs.append(b.attention(q, layer_kv, seg.slot, seg.pos0, window, scale, cap))
+    return outs[0] if len(outs) == 1 else b.xp.concatenate(outs)
 
 
 def _ple_branch(cfg: ModelConfig, lc: LayerConfig, lw: LayerWeights, b: Backend, x: Array, ple_i: Array) -> Array:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..batch import Batch
 from ..gguf_file import TensorInfo
 from ..kv_cache import LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
@@ -65,6 +66,24 @@ class Backend(ABC):
         """Called by the forward pass first: the token ids (and the first position) where the backend's
         kernels read them; returns the ids for `embed`."""
         return ids
+
+    def stage_batch(self, batch: Batch) -> Array:
+        """Called by the forward pass first with the step's segments (batch.py): stages the token ids and
+        positions as `stage_inputs` does (the first segment's position; `stage_segment` points at another's)
+        and the rows' groups (`stage_rows`); returns the ids for `embed`."""
+        self.stage_rows(batch.row_groups)
+        return self.stage_inputs(batch.ids, batch.segments[0].pos0)
+
+    def stage_segment(self, i: int | None) -> None:  # noqa: B027 (a hook: most backends need nothing)
+        """In a step of several segments, the per-segment operations that follow (prepare_qkv, kv_write,
+        attention, self_attention) are segment i's: a backend whose kernels read the position from a staged
+        buffer points them at segment i's (None: back to the step's own)."""
+
+    def stage_rows(self, groups: tuple[int, ...]) -> None:  # noqa: B027 (a hook, as stage_segment)
+        """The rows of the products that follow come in independent groups of these sizes (a segment's
+        tokens; one row a sequence for the logits). A backend whose product gives a row other numbers when
+        the row count changes computes each group as it would alone, so every sequence gets in a batch the
+        numbers it gets alone; others may ignore it."""
 
     # whether a forward pass may stop between layers when its request is cancelled: a backend that runs
     # each layer as it is called (NumPy, where a 256-token chunk takes 0.3-1 s on 2 cores); not one whose

@@ -24,6 +24,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..arch.layers import ModelWeights
+from ..batch import Batch
 from ..gguf_file import TensorInfo
 from ..kv_cache import KVCache, LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
@@ -176,6 +177,8 @@ class CupyBackend(NumpyBackend):
         self._kernels: dict[str, _Kernel] = {}
         self._ids = cupy.zeros(1, dtype=cupy.int64)  # staged token ids of the current step
         self._pos = cupy.zeros(1, dtype=cupy.int32)  # staged first position (the kernels read it here)
+        self._step_pos = self._pos  # the one stage_inputs fills (and captured steps read)
+        self._segment_pos = cupy.zeros(1, dtype=cupy.int32)  # a step of several segments: each one's first position
         self._done = cupy.zeros(1024, dtype=cupy.int32)  # split-K attention's per-row merge counters
         self._argmax_buf: tuple[Any, ...] | None = None
         self._capturing = False
@@ -813,6 +816,15 @@ class CupyBackend(NumpyBackend):
     def buffer_version(self) -> int:
         """Bumped whenever a buffer that captured steps or fused descriptors point to is replaced."""
         return self._version
+
+    def stage_batch(self, batch: Batch) -> Any:
+        ids = super().stage_batch(batch)
+        if len(batch.segments) > 1:  # each segment's position, in one copy: stage_segment points at them
+            self._segment_pos = self.xp.asarray(np.array([s.pos0 for s in batch.segments], dtype=np.int32))
+        return ids
+
+    def stage_segment(self, i: int | None) -> None:
+        self._pos = self._step_pos if i is None else self._segment_pos[i : i + 1]
 
     def stage_inputs(self, ids: np.ndarray, pos0: int) -> Any:
         cp = self.xp

@@ -74,6 +74,7 @@ class NumpyBackend(Backend):
         """`block_kernels=False` keeps every matrix as float32 (the fallback when no C compiler works)."""
         self._rope_tables: dict[tuple[float, float, int, tuple[float, ...] | None], _RopeTable] = {}
         self._rotations: dict[int, np.ndarray] = {}
+        self._row_groups: tuple[int, ...] = ()  # stage_rows
         lib = cpu_kernels.load() if block_kernels else None
         self._blocks = cpu_kernels.BlockKernels(lib) if lib is not None else None
         if self._blocks is None:  # float32 weights: every product is BLAS's, on genie's threads
@@ -109,7 +110,34 @@ class NumpyBackend(Backend):
             x *= np.float32(scale)
         return x
 
+    def stage_rows(self, groups: tuple[int, ...]) -> None:
+        self._row_groups = groups
+
     def matmul(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
+        n = x.shape[0]
+        groups = self._row_groups if sum(self._row_groups) == n else (n,)
+        if len(groups) == 1:
+            return self._product(x, weight)
+        # the rows of a step of several sequences: each group as it runs alone (the int8-row kernel gives a
+        # row the same numbers whatever rows it shares a call with, BLAS need not), the small groups
+        # together through that kernel, a call for at most GEMV_MAX_TOKENS rows
+        parts, run, start = [], 0, 0
+        for g in groups:
+            small = g <= GEMV_MAX_TOKENS and isinstance(weight, BlockWeight)
+            if not small or run + g > GEMV_MAX_TOKENS:
+                if run:
+                    parts.append(self._product(x[start - run : start], weight))
+                    run = 0
+            if small:
+                run += g
+            else:
+                parts.append(self._product(x[start : start + g], weight))
+            start += g
+        if run:
+            parts.append(self._product(x[start - run : start], weight))
+        return np.concatenate(parts)
+
+    def _product(self, x: Array, weight: Weight) -> Array:
         if isinstance(weight, BlockWeight):
             assert self._blocks is not None
             if x.shape[0] <= GEMV_MAX_TOKENS:

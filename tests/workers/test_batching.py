@@ -1,0 +1,201 @@
+"""Continuous batching on the NumPy backend: sequences that share steps get, logit for logit, what each
+gets alone, for every architecture, both KV types, prompts of several chunks, streams that join and
+leave mid-way, a cancelled and a failing stream among them, and a prefix copied from another slot."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.tiny_models import ARCH_PARAMS, write_tiny_gemma4, write_tiny_model
+from workers.engine.engine import Engine, EngineConfig
+from workers.engine.sampling import SamplingParams
+from workers.engine.sequence import Completion, Delta, Failed, Sequence
+
+ROOT = Path(__file__).parents[2]
+ARCHS = [*ARCH_PARAMS, "gemma4", "llama-q4_k_m"]
+CHUNK = 8  # prompt tokens a step: prompts below run in several chunks
+N_SLOTS = 4
+
+
+def model_path(tmp_path: Path, arch: str) -> Path:
+    if arch == "llama-q4_k_m":  # int8 blocks: decode rows of several streams share one C kernel call
+        return ROOT / "tests/fixtures/tiny/llama-q4_k_m.gguf"
+    path = tmp_path / f"{arch}.gguf"
+    if arch == "gemma4":
+        write_tiny_gemma4(path, seed=3)
+    else:
+        write_tiny_model(arch, path, seed=3)
+    return path
+
+
+def make(path: Path, kv_dtype: str, n_slots: int = N_SLOTS) -> Engine:
+    config = EngineConfig(
+        model=str(path), backend="numpy", n_ctx=160, kv_dtype=kv_dtype, prefill_chunk=CHUNK, n_slots=n_slots
+    )
+    return Engine(config)  # type: ignore[arg-type]
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    """Random tokens, the first differing from seed to seed: no two prompts share a prefix, so no slot
+    copies rows another computed (a copied row is computed in another chunk, and may differ in its last
+    bit from the row computed alone)."""
+    return [3 + seed, *np.random.default_rng(seed).integers(3, 380, n - 1).tolist()]
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+
+def record_logits(engine: Engine) -> dict[Sequence, list[np.ndarray]]:
+    """Every row of logits each sequence samples from, as the engine hands them to the sampler."""
+    seen: dict[Sequence, list[np.ndarray]] = {}
+    sample_rows = engine.sample_rows
+
+    def recording(logits, rows):
+        host = engine.backend.to_host(logits)
+        for seq, row in rows:
+            seen.setdefault(seq, []).append(np.array(host[row], copy=True))
+        return sample_rows(logits, rows)
+
+    engine.sample_rows = recording  # type: ignore[method-assign]
+    return seen
+
+
+def alone(engine: Engine, ids: list[int], params: SamplingParams) -> tuple[Completion, list[np.ndarray]]:
+    """A sequence on its own, in a pool holding nothing."""
+    for resident in engine.kv.resident:
+        resident.clear()
+    seen = record_logits(engine)
+    *_, done = engine.generate(ids, params)
+    del engine.sample_rows
+    assert isinstance(done, Completion)
+    (rows,) = seen.values()
+    return done, rows
+
+
+def run_batched(
+    engine: Engine, plan: list[tuple[int, Sequence]], until: Callable[[], bool] | None = None
+) -> tuple[dict[Sequence, list], dict[Sequence, list[np.ndarray]]]:
+    """Steps the scheduler, submitting each (step, sequence) of `plan` before that step; the events of
+    each sequence, and the logits it sampled from."""
+    for resident in engine.kv.resident:
+        resident.clear()
+    seen = record_logits(engine)
+    events: dict[Sequence, list] = {seq: [] for _, seq in plan}
+    step = 0
+    while step < 500:
+        for at, seq in plan:
+            if at == step:
+                engine.scheduler.submit(seq)
+        if step > max(at for at, _ in plan) and engine.scheduler.idle:
+            break
+        for seq, ev in engine.scheduler.step():
+            events[seq].append(ev)
+        step += 1
+    del engine.sample_rows
+    assert engine.scheduler.idle
+    return events, seen
+
+
+def completion(events: list) -> Completion:
+    done = events[-1]
+    assert isinstance(done, Completion), done
+    assert all(isinstance(ev, Delta) for ev in events[:-1])
+    return done
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_stream_gets_the_logits_it_gets_alone(tmp_path: Path, arch: str, kv_dtype: str) -> None:
+    """Five streams on four slots: prompts of 1 to 5 chunks, joining at steps 0, 0, 2 and 9, one waiting
+    for a free slot; every logit of every step equals the one it samples alone (bit for bit)."""
+    engine = make(model_path(tmp_path, arch), kv_dtype)
+    specs = [(0, prompt(1, 5), 14), (0, prompt(2, 37), 10), (2, prompt(3, 13), 16), (9, prompt(4, 20), 6)]
+    specs.append((9, prompt(5, 9), 8))  # the fifth: waits until a stream leaves
+    plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
+    events, seen = run_batched(engine, plan)
+    for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
+        done = completion(events[seq])
+        solo, solo_rows = alone(engine, ids, greedy(n))
+        assert done.token_ids == solo.token_ids and len(done.token_ids) == n
+        assert done.text == solo.text
+        assert len(seen[seq]) == len(solo_rows)
+        for got, want in zip(seen[seq], solo_rows, strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_cancelled_and_a_failing_stream_leave_the_others_untouched(tmp_path: Path) -> None:
+    engine = make(model_path(tmp_path, "llama-q4_k_m"), "int8")
+    cancelled = {"now": False}
+    keep = [prompt(11, 12), prompt(12, 30)]
+    seqs = [engine.sequence(ids, greedy(12)) for ids in keep]
+    doomed = engine.sequence(prompt(13, 20), greedy(12), cancel=lambda: cancelled["now"])
+    broken = engine.sequence(prompt(14, 6), SamplingParams(temperature=0.7, max_tokens=12, seed=1))
+
+    def bad_sample(row: np.ndarray) -> int:  # as a constraint that breaks on its third token
+        if len(broken.generated) == 2:
+            raise RuntimeError("the grammar broke")
+        return Sequence.sample_host(broken, row)
+
+    broken.sample_host = bad_sample  # type: ignore[method-assign]
+    plan = [(0, seqs[0]), (0, doomed), (0, broken), (1, seqs[1])]
+    original = engine.scheduler.step
+
+    def step():  # the cancel arrives in the middle of the doomed stream's answer
+        if len(doomed.generated) == 4:
+            cancelled["now"] = True
+        return original()
+
+    engine.scheduler.step = step  # type: ignore[method-assign]
+    events, _ = run_batched(engine, plan)
+    del engine.scheduler.step
+    assert completion(events[doomed]).finish_reason == "cancelled"
+    assert len(completion(events[doomed]).token_ids) == 4
+    assert isinstance(events[broken][-1], Failed) and "grammar broke" in str(events[broken][-1].error)
+    for ids, seq in zip(keep, seqs, strict=True):
+        assert completion(events[seq]).token_ids == alone(engine, ids, greedy(12))[0].token_ids
+
+
+def test_a_voice_prompt_is_prefilled_first(tmp_path: Path) -> None:
+    """A long background prompt and a short voice one arrive together: the voice stream's first token
+    comes from the first step, before the background prompt's first chunk has run."""
+    engine = make(model_path(tmp_path, "llama"), "f16")
+    background = engine.sequence(prompt(21, 40), greedy(4))
+    voice = engine.sequence(prompt(22, CHUNK), greedy(4), priority="voice")
+    engine.scheduler.submit(background)
+    engine.scheduler.submit(voice)
+    engine.scheduler.step()
+    assert voice.generated and background.pos == 0
+    while not engine.scheduler.idle:
+        engine.scheduler.step()
+
+
+def test_a_prefix_another_slot_holds_is_copied_not_recomputed(tmp_path: Path) -> None:
+    """A second conversation with the same system prompt, arriving while the first decodes: its slot gets
+    the shared rows by copy (cached_tokens), and it answers as it does from a cold start."""
+    engine = make(model_path(tmp_path, "qwen3"), "int8")
+    system = prompt(31, 33)
+    first = engine.sequence(system + [50, 51, 52], greedy(10))
+    second_ids = system + [60, 61]
+    second = engine.sequence(second_ids, greedy(10))
+    events, _ = run_batched(engine, [(0, first), (6, second)])
+    done = completion(events[second])
+    assert done.cached_tokens == len(system)
+    assert second.slot != first.slot
+    assert done.token_ids == alone(engine, second_ids, greedy(10))[0].token_ids
+
+
+def test_a_prewarm_among_streams_fills_its_slot_and_says_nothing(tmp_path: Path) -> None:
+    engine = make(model_path(tmp_path, "gemma3"), "int8")
+    talk = engine.sequence(prompt(41, 10), greedy(8))
+    warm_ids = prompt(42, 19)
+    warm = engine.sequence(warm_ids, SamplingParams(max_tokens=0))
+    events, _ = run_batched(engine, [(0, talk), (0, warm)])
+    assert events[warm] == [completion(events[warm])]
+    assert completion(events[warm]).finish_reason == "length"
+    assert engine.kv.resident[warm.slot] == warm_ids
+    assert completion(events[talk]).token_ids == alone(engine, prompt(41, 10), greedy(8))[0].token_ids

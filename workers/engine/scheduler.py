@@ -1,0 +1,189 @@
+"""Decides what each engine step runs: continuous batching over the KV pool's slots.
+
+Requests wait until a slot is free (voice before background, then first come). A step runs the next
+token of every sequence that is decoding plus prompt chunks of those prefilling, voice first, under a
+budget of `prefill_chunk` prompt tokens a step: a new prompt never stalls the streams that decode for
+longer than one chunk, and no stream waits for another's whole prompt. A prompt is cut into the same
+chunks as when it runs alone (a chunk that does not fit the step's budget waits for the next step), so a
+sequence gets the same numbers in a batch as alone (batch.py, Backend.stage_rows).
+
+A new sequence gets the free slot holding the longest prefix of its prompt (the least recently used one
+when none does); a longer prefix held by any other slot (a shared system prompt) is copied into it, rows
+instead of recomputing them; `prepare` (the worker's KV-store lookup) may then load a longer saved one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .arch.layers import Interrupted
+from .batch import Segment
+from .sequence import Event, Failed, Sequence
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, prepare: Callable[[Sequence], None] | None = None) -> None:
+        """`prepare(seq)`: called once a sequence has its slot, before its prefill (a KV-store lookup)."""
+        self.engine = engine
+        self.prepare = prepare
+        self.n_slots = engine.kv.config.n_slots
+        self.waiting: list[Sequence] = []
+        self.running: dict[int, Sequence] = {}  # slot -> the sequence in it
+        self._clock = itertools.count(1)
+        self._last_used = [0] * self.n_slots  # the clock when each slot's sequence last ended
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def submit(self, seq: Sequence) -> None:
+        if seq.pinned_slot is not None and not 0 <= seq.pinned_slot < self.n_slots:
+            raise ValueError(f"slot {seq.pinned_slot} is not one of the {self.n_slots}")
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drops a sequence without events (its caller went away); its slot is free again."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif self.running.get(seq.slot) is seq:
+            self._release(seq)
+
+    def step(self) -> list[tuple[Sequence, Event]]:
+        """Ends what was cancelled, admits what fits, runs one forward pass; every event it made, in order."""
+        events: list[tuple[Sequence, Event]] = []
+        for seq in [s for s in self.waiting if s.cancel()]:
+            self.waiting.remove(seq)
+            events += [(seq, ev) for ev in seq.end("cancelled")]
+        for seq in [s for s in self.running.values() if s.cancel()]:
+            events += self._end(seq, "cancelled")
+        self._admit(events)
+        segments, seqs = self._plan()
+        if not segments:
+            return events
+        prefill = any(s.prefilling for s in seqs)
+        interrupt = (lambda: all(s.cancel() for s in seqs)) if prefill else None
+        try:
+            logits = self.engine.run_step(segments, interrupt)
+        except Interrupted:  # every sequence of the step was cancelled
+            for seq in seqs:
+                events += self._end(seq, "cancelled")
+            return events
+        except Exception as e:  # the step's sequences fail; their slots' rows past what they hold are garbage
+            for seq in seqs:
+                self._release(seq)
+                events.append((seq, Failed(e)))
+            return events
+        row = 0
+        sampled: list[tuple[Sequence, int]] = []  # (sequence, its row of the step's logits)
+        for seg, seq in zip(segments, seqs, strict=True):
+            was_prefilling = seq.prefilling
+            seq.pos += seg.n
+            this_row = row
+            row += seg.wants_logits
+            if seq.prefilling:  # more of its prompt to come
+                continue
+            if was_prefilling:  # its prompt's end ran in this step
+                seq.t_prefill = seq.t_first = time.perf_counter()
+                if seq.params.max_tokens == 0:  # a prewarm: the prompt's K/V is all it wanted
+                    events += self._end(seq, "length")
+                    continue
+            sampled.append((seq, this_row))
+        for seq, token_or_error in self.engine.sample_rows(logits, sampled):
+            if isinstance(token_or_error, Exception):
+                self._release(seq)
+                events.append((seq, Failed(token_or_error)))
+                continue
+            events += [(seq, ev) for ev in seq.accept(token_or_error, self.engine.n_ctx)]
+            if seq.done:
+                events += self._end(seq, None)
+        return events
+
+    # -- admission and planning -------------------------------------------------------------------------
+    def _admit(self, events: list[tuple[Sequence, Event]]) -> None:
+        for seq in sorted(self.waiting, key=lambda s: s.order):
+            slot = self._choose_slot(seq)
+            if slot is None:
+                continue
+            self.waiting.remove(seq)
+            seq.slot = slot
+            self.running[slot] = seq
+            try:
+                self._reuse(seq)
+                if self.prepare is not None:
+                    self.prepare(seq)
+            except Exception as e:  # a lookup that failed oddly: the sequence fails, not the step
+                self._release(seq)
+                events.append((seq, Failed(e)))
+                continue
+            resident = self.engine.kv.resident[slot]
+            seq.cached = min(common_prefix_len(resident, seq.prompt), len(seq.prompt) - 1)
+            del resident[seq.cached :]
+            seq.pos = seq.cached
+
+    def _choose_slot(self, seq: Sequence) -> int | None:
+        if seq.pinned_slot is not None:
+            return None if seq.pinned_slot in self.running else seq.pinned_slot
+        free = [s for s in range(self.n_slots) if s not in self.running]
+        if not free:
+            return None
+        resident = self.engine.kv.resident
+        # the longest prefix held; among equals the slot that ended longest ago (recent ones stay warm)
+        return max(free, key=lambda s: (common_prefix_len(resident[s], seq.prompt), -self._last_used[s]))
+
+    def _reuse(self, seq: Sequence) -> None:
+        """Copies the longest prefix of the prompt another slot holds, when longer than the own slot's."""
+        resident = self.engine.kv.resident
+        want = len(seq.prompt) - 1  # the prompt's last token always runs: its logits are needed
+        own = min(common_prefix_len(resident[seq.slot], seq.prompt), want)
+        best, best_len = None, own
+        for s in range(self.n_slots):
+            if s != seq.slot and (n := min(common_prefix_len(resident[s], seq.prompt), want)) > best_len:
+                best, best_len = s, n
+        if best is not None:
+            self.engine.kv.copy_prefix(best, seq.slot, best_len)
+
+    def _plan(self) -> tuple[list[Segment], list[Sequence]]:
+        """Decode steps first, then prompt chunks in priority order under the step's budget."""
+        segments: list[Segment] = []
+        seqs: list[Sequence] = []
+        chunk = self.engine.config.prefill_chunk
+        budget = chunk
+        for seq in sorted(self.running.values(), key=lambda s: s.order):
+            if not seq.prefilling:
+                segments.append(Segment(seq.slot, seq.pos, (seq.last_token,), True))
+                seqs.append(seq)
+        for seq in sorted(self.running.values(), key=lambda s: s.order):
+            if not seq.prefilling:
+                continue
+            ids = seq.prompt[seq.pos : seq.pos + chunk]  # the chunks it would run alone
+            if len(ids) > budget:
+                continue
+            budget -= len(ids)
+            is_last = seq.pos + len(ids) == len(seq.prompt)
+            segments.append(Segment(seq.slot, seq.pos, tuple(ids), is_last))
+            seqs.append(seq)
+        return segments, seqs
+
+    # -- ends -------------------------------------------------------------------------------------------
+    def _end(self, seq: Sequence, reason: str | None) -> list[tuple[Sequence, Event]]:
+        self._release(seq)
+        return [(seq, ev) for ev in seq.end(reason)]
+
+    def _release(self, seq: Sequence) -> None:
+        if self.running.get(seq.slot) is seq:
+            del self.running[seq.slot]
+            self._last_used[seq.slot] = next(self._clock)
