@@ -35,51 +35,79 @@ static inline __m256 load_q8(const int8_t *p) {  // 8 int8 -> 8 float
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-// sum_k w[k] * x[k] over one row of K weights; BS is a constant, so the block index is a shift.
-// The products of a block are summed first, then scaled once.
-static inline float row_dot(const int8_t *qr, const float *sr, int64_t K, int64_t BS, const float *x) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+// sum_k w[k] * x_i[k] over one row of K weights for R inputs x_i = x + i * K (R a constant: each call
+// site is its own copy). Each 32-weight piece is widened to float once for all R inputs, which is what
+// makes a product of several decode streams cheaper than that many products of one; each input's
+// arithmetic is the same whatever R is (the products of a block summed first, then scaled once), so a
+// stream gets the same sums alone as among others (tests/workers/test_batching.py).
+static inline __attribute__((always_inline)) void rows_dot(const int8_t *qr, const float *sr, int64_t K,
+                                                           int64_t BS, const float *x, int R, float *out) {
+    __m256 acc0[4], acc1[4];
+    for (int i = 0; i < R; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 32) {  // 32 weights: one block of 32 or two of 16
-        __m256 lo = _mm256_mul_ps(load_q8(qr + k), _mm256_loadu_ps(x + k));
-        __m256 hi = _mm256_mul_ps(load_q8(qr + k + 16), _mm256_loadu_ps(x + k + 16));
-        lo = _mm256_fmadd_ps(load_q8(qr + k + 8), _mm256_loadu_ps(x + k + 8), lo);
-        hi = _mm256_fmadd_ps(load_q8(qr + k + 24), _mm256_loadu_ps(x + k + 24), hi);
-        if (BS == 32) {
-            acc0 = _mm256_fmadd_ps(_mm256_add_ps(lo, hi), _mm256_broadcast_ss(sr + k / 32), acc0);
-        } else {
-            acc0 = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(sr + k / 16), acc0);
-            acc1 = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(sr + k / 16 + 1), acc1);
+        const __m256 w0 = load_q8(qr + k), w1 = load_q8(qr + k + 8);
+        const __m256 w2 = load_q8(qr + k + 16), w3 = load_q8(qr + k + 24);
+        for (int i = 0; i < R; i++) {
+            const float *xi = x + i * K + k;
+            __m256 lo = _mm256_mul_ps(w0, _mm256_loadu_ps(xi));
+            __m256 hi = _mm256_mul_ps(w2, _mm256_loadu_ps(xi + 16));
+            lo = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xi + 8), lo);
+            hi = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xi + 24), hi);
+            if (BS == 32) {
+                acc0[i] = _mm256_fmadd_ps(_mm256_add_ps(lo, hi), _mm256_broadcast_ss(sr + k / 32), acc0[i]);
+            } else {
+                acc0[i] = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(sr + k / 16), acc0[i]);
+                acc1[i] = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(sr + k / 16 + 1), acc1[i]);
+            }
         }
     }
-    const __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
+    for (int i = 0; i < R; i++) {
+        const __m256 acc = _mm256_add_ps(acc0[i], acc1[i]);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        out[i] = _mm_cvtss_f32(h);
+    }
 }
 #else
-static inline float row_dot(const int8_t *qr, const float *sr, int64_t K, int64_t BS, const float *x) {
-    float sum = 0.0f;
-    for (int64_t b = 0; b < K / BS; b++) {
-        float t = 0.0f;
-        for (int64_t k = 0; k < BS; k++) t += (float)qr[b * BS + k] * x[b * BS + k];
-        sum += sr[b] * t;
+static inline void rows_dot(const int8_t *qr, const float *sr, int64_t K, int64_t BS, const float *x, int R,
+                            float *out) {
+    for (int i = 0; i < R; i++) {
+        const float *xi = x + i * K;
+        float sum = 0.0f;
+        for (int64_t b = 0; b < K / BS; b++) {
+            float t = 0.0f;
+            for (int64_t k = 0; k < BS; k++) t += (float)qr[b * BS + k] * xi[b * BS + k];
+            sum += sr[b] * t;
+        }
+        out[i] = sum;
     }
-    return sum;
 }
 #endif
 
-// One weight row against the n inputs, plus the offsets' share: offset[b] * (sum of x over block b).
+// One weight row against the n inputs, four at a time, plus the offsets' share: offset[b] * (sum of x
+// over block b).
 static inline void row_gemv(const int8_t *qr, const float *sr, const float *orow, int64_t K, int64_t BS,
                             const float *x, const float *xsum, int64_t n, float *y, int64_t ldy, int64_t r) {
     const int64_t nb = K / BS;
-    for (int64_t i = 0; i < n; i++) {
-        float sum = row_dot(qr, sr, K, BS, x + i * K);
-        if (orow != NULL) {
-            const float *xs = xsum + i * nb;
-            for (int64_t b = 0; b < nb; b++) sum += orow[b] * xs[b];
+    float sums[4];
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        const float *xs0 = x + i0 * K;
+        switch (n - i0) {  // a constant R at each call: the inner loop unrolls, the accumulators stay in registers
+            case 1: rows_dot(qr, sr, K, BS, xs0, 1, sums); break;
+            case 2: rows_dot(qr, sr, K, BS, xs0, 2, sums); break;
+            case 3: rows_dot(qr, sr, K, BS, xs0, 3, sums); break;
+            default: rows_dot(qr, sr, K, BS, xs0, 4, sums); break;
         }
-        y[i * ldy + r] = sum;
+        const int64_t m = n - i0 < 4 ? n - i0 : 4;
+        for (int64_t i = i0; i < i0 + m; i++) {
+            float sum = sums[i - i0];
+            if (orow != NULL) {
+                const float *xs = xsum + i * nb;
+                for (int64_t b = 0; b < nb; b++) sum += orow[b] * xs[b];
+            }
+            y[i * ldy + r] = sum;
+        }
     }
 }
 
