@@ -538,6 +538,11 @@ class CupyBackend(NumpyBackend):
             )
 
     def matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
+        if sum(self._row_groups) == x.shape[0] and len(self._row_groups) > 1:  # a step of several sequences
+            return self.grouped_rows(x, GEMV_MAX_TOKENS, self._one_matmul, weight)
+        return self._one_matmul(x, weight, then)
+
+    def _one_matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
         cp = self.xp
         coded, self._coded = self._coded, None
         given = x

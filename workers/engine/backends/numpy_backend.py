@@ -114,28 +114,30 @@ class NumpyBackend(Backend):
         self._row_groups = groups
 
     def matmul(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
+        return self.grouped_rows(x, GEMV_MAX_TOKENS if isinstance(weight, BlockWeight) else 0, self._product, weight)
+
+    def grouped_rows(self, x: Array, small_max: int, product: Any, weight: Weight) -> Array:
+        """product(rows, weight) for the rows of a step of several sequences (stage_rows), each group as it runs
+        alone: groups of at most `small_max` rows (whose kernel gives a row the same numbers whatever rows
+        share its call) together, at most small_max rows a call; every other group in a call of its own."""
         n = x.shape[0]
         groups = self._row_groups if sum(self._row_groups) == n else (n,)
         if len(groups) == 1:
-            return self._product(x, weight)
-        # the rows of a step of several sequences: each group as it runs alone (the int8-row kernel gives a
-        # row the same numbers whatever rows it shares a call with, BLAS need not), the small groups
-        # together through that kernel, a call for at most GEMV_MAX_TOKENS rows
+            return product(x, weight)
         parts, run, start = [], 0, 0
         for g in groups:
-            small = g <= GEMV_MAX_TOKENS and isinstance(weight, BlockWeight)
-            if not small or run + g > GEMV_MAX_TOKENS:
-                if run:
-                    parts.append(self._product(x[start - run : start], weight))
-                    run = 0
+            small = g <= small_max
+            if run and (not small or run + g > small_max):
+                parts.append(product(x[start - run : start], weight))
+                run = 0
             if small:
                 run += g
             else:
-                parts.append(self._product(x[start : start + g], weight))
+                parts.append(product(x[start : start + g], weight))
             start += g
         if run:
-            parts.append(self._product(x[start - run : start], weight))
-        return np.concatenate(parts)
+            parts.append(product(x[start - run : start], weight))
+        return self.xp.concatenate(parts)
 
     def _product(self, x: Array, weight: Weight) -> Array:
         if isinstance(weight, BlockWeight):

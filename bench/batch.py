@@ -1,0 +1,144 @@
+"""Many streams at once (issue 17): aggregate decode speed at 1 / 2 / 4 / 8 / 16 streams, and time to
+first token for short prompts, in-process, beside llama.cpp's batched numbers.
+
+    python bench/batch.py [--models qwen3-4b qwen3-0.6b gemma4-e2b] [--kv int8 f16] [--streams 1 2 4 8 16]
+                          [--prompt 128] [--gen 128] [--ttft 8 33 128 512] [--backend auto] [--out DIR]
+
+GPU models are the synthetic files of the exact shapes (bench/synthetic.py, written into --out); on a CPU
+pass the real ones (`--models smollm2-135m gemma3-270m`). Each stream gets its own random prompt of
+--prompt tokens, all are submitted together, prefilled, and then --gen greedy tokens each are decoded
+together: the table gives the decode phase's aggregate tokens/s (what llama.cpp's `llama-batched-bench`
+reports as S_TG), its ratio to genie's one stream, and llama.cpp's figure with the ratio to it: the numbers
+in ../shared/ANCHORS.md measured on the same H200 (none for E2B yet, none on a CPU). TTFT: median of 7 of
+submit -> first token sampled, on an idle engine holding nothing of the prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+# llama.cpp on the H200, 128-token prompts + 128 tokens each, aggregate decode tok/s by stream count
+# (../shared/ANCHORS.md, llama-batched-bench, F16 KV)
+ANCHORS = {
+    "qwen3-4b": {1: 313, 2: 532, 4: 849, 8: 1208, 16: 2452},
+    "qwen3-0.6b": {1: 689, 2: 1174, 4: 1992, 8: 3265, 16: 4545},
+}
+TTFT_ANCHOR_MS = {("qwen3-4b", 33): 11.5}  # llama.cpp: pp33 (8.3 ms) + one decode step
+REPEATS = 7
+
+
+def load(model: str, kv: str, n_slots: int, backend: str, out: Path, n_ctx: int):  # type: ignore[no-untyped-def]
+    from workers.engine.engine import Engine, EngineConfig
+    from workers.engine.registry import MODELS
+
+    path = model
+    if model not in MODELS and not Path(model).exists():
+        from synthetic import synthetic_file
+
+        path = str(synthetic_file(model, out))
+    config = EngineConfig(model=path, backend=backend, n_ctx=n_ctx, kv_dtype=kv, n_slots=n_slots)  # type: ignore[arg-type]
+    return Engine(config)
+
+
+def random_prompt(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
+    return rng.integers(300, vocab, n).tolist()  # no BOS: prompts share no prefix
+
+
+def sync(engine) -> None:  # type: ignore[no-untyped-def]
+    if engine.backend.name == "cupy":
+        import cupy as cp
+
+        cp.cuda.get_current_stream().synchronize()
+
+
+def aggregate(engine, n: int, n_prompt: int, n_gen: int, rng: np.random.Generator) -> float:  # type: ignore[no-untyped-def]
+    """Decode tok/s of n streams together, from the step after every prompt has given its first token."""
+    from workers.engine.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=n_gen, ignore_eos=True)
+    for resident in engine.kv.resident:
+        resident.clear()
+    vocab = engine.model.config.n_vocab
+    seqs = [engine.sequence(random_prompt(rng, vocab, n_prompt), params) for _ in range(n)]
+    for seq in seqs:
+        engine.scheduler.submit(seq)
+    sched = engine.scheduler
+    while any(not s.generated for s in seqs):
+        sched.step()
+    sync(engine)
+    t0, before = time.perf_counter(), sum(len(s.generated) for s in seqs)
+    while not sched.idle:
+        sched.step()
+    sync(engine)
+    return (sum(len(s.generated) for s in seqs) - before) / (time.perf_counter() - t0)
+
+
+def ttft_ms(engine, n_prompt: int, rng: np.random.Generator) -> float:  # type: ignore[no-untyped-def]
+    from workers.engine.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    times = []
+    vocab = engine.model.config.n_vocab
+    for _ in range(REPEATS + 1):  # the first compiles and captures
+        for resident in engine.kv.resident:
+            resident.clear()
+        seq = engine.sequence(random_prompt(rng, vocab, n_prompt), params)
+        engine.scheduler.submit(seq)
+        while not seq.generated:
+            engine.scheduler.step()
+        times.append((seq.t_first - seq.t_start) * 1000)
+        while not engine.scheduler.idle:
+            engine.scheduler.step()
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["qwen3-4b", "qwen3-0.6b"])
+    p.add_argument("--kv", nargs="+", default=["int8", "f16"])
+    p.add_argument("--streams", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--gen", type=int, default=128)
+    p.add_argument("--ttft", nargs="*", type=int, default=[8, 33, 128, 512])
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for model in args.models:
+        for kv in args.kv:
+            n_ctx = max(args.prompt + args.gen, max(args.ttft or [0]) + 8)
+            engine = load(model, kv, max(args.streams), args.backend, args.out, n_ctx)
+            print(f"\n## {model}, {kv} KV, {engine.backend.device_name}, {args.prompt}-token prompts + {args.gen} each")
+            print("| streams | genie tok/s | x one stream | llama.cpp tok/s | genie / llama.cpp |")
+            print("|---|---|---|---|---|")
+            aggregate(engine, 1, args.prompt, 8, rng)  # compiles and captures the one-stream steps
+            one = None
+            for n in args.streams:
+                tok_s = aggregate(engine, n, args.prompt, args.gen, rng)
+                one = one or (tok_s if n == 1 else None)
+                ref = ANCHORS.get(model, {}).get(n)
+                ratio = f"{tok_s / one:.2f}" if one else "-"
+                vs = f"{tok_s / ref:.2f}" if ref else "-"
+                print(f"| {n} | {tok_s:,.0f} | {ratio} | {ref or '-'} | {vs} |", flush=True)
+            if args.ttft:
+                print("\n| prompt tokens | TTFT ms (median of 7) | llama.cpp ms |")
+                print("|---|---|---|")
+                for n_prompt in args.ttft:
+                    ref = TTFT_ANCHOR_MS.get((model, n_prompt))
+                    print(f"| {n_prompt} | {ttft_ms(engine, n_prompt, rng):.1f} | {ref or '-'} |", flush=True)
+            del engine
+
+
+if __name__ == "__main__":
+    main()
