@@ -57,7 +57,6 @@ from .lifetime import exit_with_parent
 from .models.local import ModelsDir
 
 log = logging.getLogger("genie.worker")
-DEFAULT_PARALLEL = 4  # requests a worker runs at once when the daemon does not say
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,7 @@ class Worker:
             Ready(
                 model=e.model.name,
                 n_ctx=e.n_ctx,
-                kv_capacity=e.config.n_slots,  # requests served at once
+                kv_capacity=e.kv.config.n_slots,  # requests served at once
                 backend=e.backend.name,
                 device=e.backend.device_name,
                 load_ms=e.model.load_ms,
@@ -314,8 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--parallel",
         type=int,
-        default=DEFAULT_PARALLEL,
-        help="requests served at once, each in its own KV slot (default: %(default)s)",
+        default=0,
+        help="requests served at once, each in its own KV slot (default: 0, the backend's: numpy 4, cupy 1)",
     )
     p.add_argument(
         "--stream-interval-ms",
@@ -343,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             prefill_chunk=args.prefill_chunk,
             n_slots=args.parallel,
         )
+        if args.parallel < 0:
+            raise GenieError("--parallel must be >= 1 (or 0: the backend's default)")
         if args.stream_interval_ms < 0:
             raise GenieError("--stream-interval-ms must be >= 0")
         config = WorkerConfig(

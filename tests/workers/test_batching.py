@@ -23,17 +23,19 @@ CHUNK = 8  # prompt tokens a step: prompts below run in several chunks
 N_SLOTS = 4
 BACKENDS = ["numpy", pytest.param("cupy", marks=pytest.mark.skipif(not cupy_available(), reason="needs a GPU"))]
 # CuPy: a decode row alone takes the one-token kernels, among other streams' rows the few-token ones, which
-# sum in another order (and code Q4_K/Q6_K inputs differently): logits within this share of the row's
-# largest, not bit for bit
-CUPY_BOUND = 2e-3
+# sum in another order and take Q4_K/Q6_K inputs as float instead of two int8 codes (relative error ~1e-5 a
+# value): logits within this share of the row's largest, not bit for bit. INT8 KV widens it: a K or V value
+# whose difference straddles a rounding boundary moves by a whole code, up to 1/254 of its row's largest
+# (measured on the H200, Q4_K_M tiny model: F16 KV 4.8e-4, INT8 3.6e-3; F32 tiny models: 0)
+CUPY_BOUND = {"f16": 2e-3, "int8": 1e-2}
 
 
 def model_path(tmp_path: Path, arch: str) -> Path:
     if arch == "llama-q4_k_m":  # int8 blocks: decode rows of several streams share one C kernel call
         return ROOT / "tests/fixtures/tiny/llama-q4_k_m.gguf"
     path = tmp_path / f"{arch}.gguf"
-    if arch == "gemma4":
-        write_tiny_gemma4(path, seed=3)
+    if arch == "gemma4":  # PLE width 32: the GPU kernels read rows in 32-value sub-blocks
+        write_tiny_gemma4(path, seed=3, ple_dim=32)
     else:
         write_tiny_model(arch, path, seed=3)
     return path
@@ -138,7 +140,7 @@ def test_each_stream_gets_the_logits_it_gets_alone(tmp_path: Path, arch: str, kv
             else:
                 worst = float(np.abs(got - want).max() / np.abs(want).max())
                 print(f"{arch} {kv_dtype}: largest logit difference {worst:.2e} of the row's largest")
-                assert worst <= CUPY_BOUND
+                assert worst <= CUPY_BOUND[kv_dtype]
 
 
 def test_a_cancelled_and_a_failing_stream_leave_the_others_untouched(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("worker")
     model = tmp / "tiny.gguf"
     write_tiny_model("llama", model)
-    d = FakeDaemon(tmp, model, "--prefill-chunk", "8")
+    d = FakeDaemon(tmp, model, "--prefill-chunk", "8", "--parallel", "4")
     hello = d.recv()
     assert isinstance(hello, Hello) and hello.pid == d.proc.pid
     ready = d.recv()

@@ -43,13 +43,13 @@ class EngineConfig:
     n_ctx: int = 4096  # context length in tokens; 0 = the model's training context
     kv_dtype: KVDtype = "int8"  # int8 (per-position, per-head scales) | f16 | f32
     prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
-    n_slots: int = 1  # sequences the KV pool holds: requests run at once (the daemon's `parallel`)
+    n_slots: int = 1  # sequences the KV pool holds: requests run at once (the daemon's `parallel`); 0: the backend's
 
     def __post_init__(self) -> None:
         if self.backend not in BACKEND_CHOICES:
             raise RequestError(f"backend must be one of {', '.join(BACKEND_CHOICES)}")
-        if self.n_ctx < 0 or self.prefill_chunk < 1 or self.n_slots < 1:
-            raise RequestError("n_ctx must be >= 0, prefill_chunk and n_slots >= 1")
+        if self.n_ctx < 0 or self.prefill_chunk < 1 or self.n_slots < 0:
+            raise RequestError("n_ctx and n_slots must be >= 0, prefill_chunk >= 1")
         if self.kv_dtype not in ("int8", "f16", "f32"):
             raise RequestError("kv_dtype must be int8, f16 or f32")
 
@@ -84,7 +84,8 @@ class Engine:
         self.tokenizer = self.model.tokenizer
         mc = self.model.config
         self.n_ctx = min(config.n_ctx or mc.n_ctx_train, mc.n_ctx_train)
-        self.kv = KVCache(kv_cache_config(mc, self.n_ctx, config.n_slots, config.kv_dtype), self.backend.xp)
+        n_slots = config.n_slots or self.backend.default_parallel
+        self.kv = KVCache(kv_cache_config(mc, self.n_ctx, n_slots, config.kv_dtype), self.backend.xp)
         # never sampled: a text answer has no image or audio in it. Gemma 3 270M writes "<start_of_image>"
         # between sentences, which then printed as nothing glues them together ("people.But"); Google's own
         # Gemma sampler forbids these tokens too (its FORBIDDEN_TOKENS)

@@ -7,9 +7,10 @@ longer than one chunk, and no stream waits for another's whole prompt. A prompt 
 chunks as when it runs alone (a chunk that does not fit the step's budget waits for the next step), so a
 sequence gets the same numbers in a batch as alone (batch.py, Backend.stage_rows).
 
-A new sequence gets the free slot holding the longest prefix of its prompt (the least recently used one
-when none does); a longer prefix held by any other slot (a shared system prompt) is copied into it, rows
-instead of recomputing them; `prepare` (the worker's KV-store lookup) may then load a longer saved one.
+A new sequence gets the free slot holding the longest prefix of its prompt (an empty one, else the least
+recently used one, when none does); a longer prefix held by any other slot (a shared system prompt) is
+copied into it, rows instead of recomputing them; `prepare` (the worker's KV-store lookup) may then load a
+longer saved one.
 """
 
 from __future__ import annotations
@@ -141,8 +142,11 @@ class Scheduler:
         if not free:
             return None
         resident = self.engine.kv.resident
-        # the longest prefix held; among equals the slot that ended longest ago (recent ones stay warm)
-        return max(free, key=lambda s: (common_prefix_len(resident[s], seq.prompt), -self._last_used[s]))
+        # the longest prefix held; among equals an empty slot, else the one that ended longest ago (recent ones
+        # stay warm), else the lowest (a GPU captures its steps per slot: the fewer slots used, the fewer captures)
+        return max(
+            free, key=lambda s: (common_prefix_len(resident[s], seq.prompt), not resident[s], -self._last_used[s], -s)
+        )
 
     def _reuse(self, seq: Sequence) -> None:
         """Copies the longest prefix of the prompt another slot holds, when longer than the own slot's."""

@@ -85,6 +85,10 @@ class Backend(ABC):
         the row count changes computes each group as it would alone, so every sequence gets in a batch the
         numbers it gets alone; others may ignore it."""
 
+    # requests served at once when the configuration does not say (EngineConfig.n_slots 0): as many as run
+    # together faster than one after the other
+    default_parallel = 1
+
     # whether a forward pass may stop between layers when its request is cancelled: a backend that runs
     # each layer as it is called (NumPy, where a 256-token chunk takes 0.3-1 s on 2 cores); not one whose
     # passes may be captured and replayed whole (CUDA graphs), where a chunk takes milliseconds anyway

@@ -69,6 +69,8 @@ class NumpyBackend(Backend):
     name = "numpy"
     xp = np
     stops_between_layers = True
+    # 2 cores, SmolLM2: 4 streams decode 2.2x one stream's tokens/s (the int8 rows are read once for all)
+    default_parallel = 4
 
     def __init__(self, block_kernels: bool = True) -> None:
         """`block_kernels=False` keeps every matrix as float32 (the fallback when no C compiler works)."""
