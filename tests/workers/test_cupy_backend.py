@@ -13,7 +13,6 @@ from gguf.quants import dequantize
 from tests.quant_blocks import random_blocks, rel_err
 from tests.tiny_models import write_tiny_gemma4, write_tiny_model
 from workers.engine.backends.cupy_backend import (
-    GEMV_MAX_TOKENS,
     KERNEL_TYPES,
     OCTET_TYPES,
     PREFILL_ATTENTION_MIN_TOKENS,
@@ -70,10 +69,6 @@ def test_quantized_kernels_match_dequantize(gpu, qtype, shape):
     rows_out = gpu.dequant_into(w, cp.full((7, cols), cp.nan, dtype=cp.float32), cp.asarray(ids), scale=3.0)
     assert rel_err(cp.asnumpy(rows_out), 3.0 * dense[ids]) < 1e-6
 
-    for n in (1, 3, GEMV_MAX_TOKENS):
-        x = rng.standard_normal((n, cols), dtype=np.float32)
-        y = gpu.gemv_into(cp.asarray(x), w, cp.full((n, rows), cp.nan, dtype=cp.float32), ldy=rows)
-        assert rel_err(cp.asnumpy(y), x.astype(np.float64) @ dense.T) < 1e-5
     x = rng.standard_normal((1, cols), dtype=np.float32)  # the one-token kernel (x in shared memory)
     x[0, :32] *= 50  # one loud sub-block: the int8 activations' scales are per 32 values
     y = cp.asnumpy(gpu.gemv1_into(cp.asarray(x), w, cp.full(rows, cp.nan, dtype=cp.float32)))[None]
@@ -425,7 +420,7 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
 
     path = Path(__file__).resolve().parents[1] / FIXTURE_Q4_K_M
     model = Model.load(path, gpu)
-    prompt = [1, *np.random.default_rng().integers(3, 300, 3 * 24 + 6).tolist()]  # 24 > GEMV_MAX_TOKENS: cuBLAS
+    prompt = [1, *np.random.default_rng().integers(3, 300, 3 * 24 + 6).tolist()]  # chunks of 24: cuBLAS
     logits, tokens, nll = {}, {}, {}
     gpu.use_fused = False
     try:
@@ -560,11 +555,11 @@ def test_add_norm_matmul_fused_into_the_decode_gemv(gpu, with_residual):
     out = cp.asnumpy(out)
     assert rel_err(out, q8_activations(h) @ dense.T) < 1e-4  # float32 h may round one code apart, rarely
     assert rel_err(out, h @ dense.T) < 1e-4
-    # three tokens take the unfused path (multi-token GEMV, float32 activations): the same product
+    # three tokens take the unfused path (the prefill GEMM, TF32): the same product
     x3 = np.repeat(x, 3, axis=0)
     r3 = cp.asarray(np.repeat(r, 3, axis=0)) if with_residual else None
     x3_new, out3 = gpu.add_norm_matmul(cp.asarray(x3), r3, cp.asarray(nw), 1e-6, w)
-    assert rel_err(cp.asnumpy(x3_new)[:1], s) < 1e-7 and rel_err(cp.asnumpy(out3)[:1], h @ dense.T) < 1e-5
+    assert rel_err(cp.asnumpy(x3_new)[:1], s) < 1e-7 and rel_err(cp.asnumpy(out3)[:1], h @ dense.T) < TF32_REL
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])

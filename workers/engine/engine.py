@@ -177,7 +177,8 @@ class Engine:
             key = (slot, len(arr), rows)
             repeats = len(arr) in (1, self.config.prefill_chunk)
             capturable = repeats and self.kv.config.dtype != "f32"
-            out = self.backend.forward_step(self._steps, key, run, arr, pos0, capturable=capturable)
+            batch = Batch((Segment(slot, pos0, tuple(int(t) for t in arr), logit_rows is not None),))
+            out = self.backend.forward_step(self._steps, key, run, batch, capturable=capturable)
         self.kv.resident[slot].extend(ids)
         return out
 
@@ -192,7 +193,16 @@ class Engine:
         if not self.backend.stops_between_layers:
             interrupt = None
         m = self.model
-        out = forward_batch(m.config, m.weights, self.backend, self.kv, Batch.of(segments), interrupt)
+        batch = Batch.of(segments)
+
+        def run() -> Any:
+            return forward_batch(m.config, m.weights, self.backend, self.kv, batch, interrupt)
+
+        # decode steps of the same slots repeat: one captured step for each set of slots
+        decode_only = all(seg.n == 1 for seg in segments)
+        key = ("decode", tuple(seg.slot for seg in segments))
+        capturable = decode_only and self.kv.config.dtype != "f32"
+        out = self.backend.forward_step(self._steps, key, run, batch, capturable=capturable)
         for seg in segments:
             self.kv.resident[seg.slot].extend(seg.ids)
         return out

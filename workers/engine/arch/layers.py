@@ -88,7 +88,11 @@ def forward_batch(
     Returns logits [len(batch.logit_rows), vocab], a row per segment that wants them, in segment order
     (None when none does); `interrupt` as in `forward`, for the whole step."""
     rows = batch.logit_rows
-    return _forward(cfg, weights, backend, kv, batch, rows if len(rows) else None, interrupt)
+    if not len(rows):
+        return _forward(cfg, weights, backend, kv, batch, None, interrupt)
+    if rows[-1] - rows[0] + 1 == len(rows):  # consecutive (decode steps): a slice, which a captured step can replay
+        return _forward(cfg, weights, backend, kv, batch, slice(int(rows[0]), int(rows[-1]) + 1), interrupt)
+    return _forward(cfg, weights, backend, kv, batch, rows, interrupt)
 
 
 def _forward(
@@ -143,11 +147,9 @@ def _forward(
         x = x + pending
     if logit_rows is None:
         return None
-    if isinstance(logit_rows, np.ndarray):
-        b.stage_rows(tuple(1 for _ in logit_rows))  # a row of each sequence: each alone (base.py)
-        h = x[b.xp.asarray(logit_rows)]
-    else:
-        h = x[logit_rows]
+    if len(batch.segments) > 1:
+        b.stage_rows(tuple(1 for _ in batch.logit_rows))  # a row of each sequence: each alone (base.py)
+    h = x[b.xp.asarray(logit_rows)] if isinstance(logit_rows, np.ndarray) else x[logit_rows]
     h = b.rms_norm(h, weights.output_norm, cfg.rms_eps)
     logits = b.matmul(h, weights.output)
     if cfg.final_logit_softcap:
@@ -180,7 +182,7 @@ def _attention(
             q = b.prepare_q(part, cfg, lc, qk_norm, positions)
             window, scale, cap = lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap
             outs.append(b.attention(q, layer_kv, seg.slot, seg.pos0, window, scale, cap))
-    return outs[0] if len(outs) == 1 else b.xp.concatenate(outs)
+    return outs[0] if len(outs) == 1 else b.stack_rows(outs)
 
 
 def _ple_branch(cfg: ModelConfig, lc: LayerConfig, lw: LayerWeights, b: Backend, x: Array, ple_i: Array) -> Array:

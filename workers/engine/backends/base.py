@@ -99,15 +99,14 @@ class Backend(ABC):
         steps: dict[Hashable, Any],
         key: Hashable,
         run: Callable[[], Array],
-        ids: np.ndarray,
-        pos0: int,
+        batch: Batch,
         capturable: bool,
     ) -> Array:
-        """Runs `run` (one forward pass of `ids` at `pos0`). A backend may capture the pass once per `key`
-        into `steps` (owned by the caller, whose KV cache and weights the capture reads) and replay it for
-        later steps with other ids and positions (CUDA graphs); `capturable` says the pass reads its
-        position only through `stage_inputs` and is of a shape that repeats (a decode step, a full prefill
-        chunk). A replayed step's output is valid until the next step runs (captured steps may share memory)."""
+        """Runs `run` (one forward pass of `batch`). A backend may capture the pass once per `key` into `steps`
+        (owned by the caller, whose KV cache and weights the capture reads) and replay it for later steps with
+        other ids and positions (CUDA graphs); `capturable` says the pass reads its ids and positions only
+        through `stage_batch` and is of a shape that repeats (decode steps, a full prefill chunk). A replayed
+        step's output is valid until the next step runs (captured steps may share memory)."""
         return run()
 
     def decode_step(
@@ -247,6 +246,10 @@ class Backend(ABC):
         value of that row is not finite. A device backend computes it there and copies back one int."""
         row = self.to_host(logits)[-1]
         return int(np.argmax(row)) if np.isfinite(row).all() else -1
+
+    def stack_rows(self, parts: list[Array]) -> Array:
+        """The parts' rows one after the other, [sum of rows, ...]."""
+        return self.xp.concatenate(parts)
 
     @abstractmethod
     def to_host(self, x: Array) -> np.ndarray:

@@ -1,8 +1,9 @@
 """The GPU backend on CuPy: weights stay in GGUF block layout on the device.
 
-Matrix products with up to `GEMV_MAX_TOKENS` rows (decode) run a quantized matrix-vector kernel that
-dequantizes in registers (kernels/quant.cu; for Q4_K and Q6_K, int8 activations and dp4a); longer ones
-(prefill) dequantize tiles of the weight to float32 scratch and multiply on the tensor cores through
+Products of one row (decode) run a quantized matrix-vector kernel that dequantizes in registers
+(kernels/quant.cu; for Q4_K and Q6_K, int8 activations, dp4a or the tensor cores); in a step of several
+streams each decode row takes that kernel on its own for now. Products of more rows (a prompt, however
+short) dequantize tiles of the weight to float32 scratch and multiply on the tensor cores through
 cuBLAS in TF32: float32's range (float16 inputs overflowed to inf on the synthetic Qwen3 bench models),
 inputs rounded to 10 mantissa bits, float32 accumulation. RMSNorm, RoPE, the gated activation, the KV
 write and attention are one fused kernel each (kernels/ops.cu); what is left (residual adds, the float32
@@ -36,7 +37,7 @@ from .pdl import DependentLauncher
 
 log = logging.getLogger(__name__)
 
-GEMV_MAX_TOKENS = 8  # MAX_TOK in quant.cu
+GQA_MAX_TOKENS = 8  # attention_gqa's queries a launch (ops.cu)
 GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
 # float32 weight scratch of the prefill path: the GPU memory bound allows no more. A captured prefill chunk keeps
 # its scratch in the captures' pool, but smaller tiles there cost more than they save: 8 MiB halved the 4B's
@@ -304,18 +305,6 @@ class CupyBackend(NumpyBackend):
         )
         return out
 
-    def gemv_into(self, x: Any, w: QuantWeight, out: Any, ldy: int) -> Any:
-        """out[t * ldy + r] = (x @ w.T)[t, r] for x [n <= GEMV_MAX_TOKENS, cols] float32 contiguous."""
-        n = x.shape[0]
-        assert n <= GEMV_MAX_TOKENS and x.shape[1] == w.cols and x.flags.c_contiguous
-        blocks = (w.rows * 32 + THREADS - 1) // THREADS
-        self._kernel("gemv", w.qtype)(
-            (blocks,),
-            (THREADS,),
-            (w.data, x, out, np.int32(w.rows), np.int32(w.cols), np.int64(w.row_bytes), np.int32(n), np.int32(ldy)),
-        )
-        return out
-
     def gemv1_into(self, x: Any, w: QuantWeight, out: Any) -> Any:
         """out[r] = (x @ w.T)[0, r] for one token (decode): dp4a on int8 activations for Q4_K/Q6_K, else x
         staged in shared memory as float32."""
@@ -488,10 +477,7 @@ class CupyBackend(NumpyBackend):
     def _matmul_part(self, x: Any, w: QuantWeight, out: Any, col0: int) -> None:
         if x.shape[0] == 1:
             self.gemv1_into(x, w, out[0, col0:])
-        elif x.shape[0] <= GEMV_MAX_TOKENS:
-            # writes out[t, col0 + r]: the kernel's y starts at that column, rows of length out.shape[1]
-            self.gemv_into(x, w, out[:, col0:], ldy=out.shape[1])
-        else:
+        else:  # a short prompt too: the few-token GEMV made an 8-token prompt's first token 128 ms on the 4B
             self._prefill_matmul(x, w, out, col0)
 
     def _prefill_matmul(self, x: Any, w: QuantWeight, out: Any, col0: int) -> None:
@@ -543,7 +529,9 @@ class CupyBackend(NumpyBackend):
 
     def matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
         if sum(self._row_groups) == x.shape[0] and len(self._row_groups) > 1:  # a step of several sequences
-            return self.grouped_rows(x, GEMV_MAX_TOKENS, self._one_matmul, weight)
+            # each decode row through the one-token kernels, as alone (the same numbers, and for now faster than
+            # any few-token product here), each prompt chunk through the prefill GEMM, as alone
+            return self.grouped_rows(x, 1, self._one_matmul, weight)
         return self._one_matmul(x, weight, then)
 
     def _one_matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
@@ -828,8 +816,12 @@ class CupyBackend(NumpyBackend):
 
     def stage_batch(self, batch: Batch) -> Any:
         ids = super().stage_batch(batch)
-        if len(batch.segments) > 1:  # each segment's position, in one copy: stage_segment points at them
-            self._segment_pos = self.xp.asarray(np.array([s.pos0 for s in batch.segments], dtype=np.int32))
+        n = len(batch.segments)
+        if n > 1 and not self._capturing:  # each segment's position, in one copy: stage_segment points at them
+            if self._segment_pos.size < n:
+                self._segment_pos = self.xp.zeros(max(n, 2 * self._segment_pos.size), dtype=self.xp.int32)
+                self._version += 1  # captured steps read the old buffer
+            self._segment_pos[:n].set(np.array([s.pos0 for s in batch.segments], dtype=np.int32))
         return ids
 
     def stage_segment(self, i: int | None) -> None:
@@ -851,14 +843,14 @@ class CupyBackend(NumpyBackend):
         steps: dict[Hashable, Any],
         key: Hashable,
         run: Callable[[], Any],
-        ids: np.ndarray,
-        pos0: int,
+        batch: Batch,
         capturable: bool,
     ) -> Any:
         cp = self.xp
-        if not (self.use_graphs and capturable) or (len(ids) > 1 and not self.capture_prefill):
+        prefill = any(s.n > 1 for s in batch.segments)
+        if not (self.use_graphs and capturable) or (prefill and not self.capture_prefill):
             return run()
-        if pos0 + len(ids) > self._rope_limit():
+        if max(s.pos0 + s.n for s in batch.segments) > self._rope_limit():
             return run()
         captured = steps.get(key)
         if captured is False:  # its capture failed once: eager from now on
@@ -872,7 +864,7 @@ class CupyBackend(NumpyBackend):
                 log.warning("event=capture_failed key=%s: %s; running it eagerly", key, e)
                 steps[key] = False
             return out
-        self.stage_inputs(ids, pos0)
+        self.stage_batch(batch)
         captured.graph.launch(stream=cp.cuda.get_current_stream())
         return captured.out
 
@@ -908,6 +900,17 @@ class CupyBackend(NumpyBackend):
         if before is not None and table is not before:
             self._version += 1  # captured steps read the replaced table
         return table
+
+    def stack_rows(self, parts: list[Any]) -> Any:
+        # a copy per part: cupy.concatenate of many arrays sends their addresses from the host, which a step
+        # being captured as a graph may not do
+        n = sum(p.shape[0] for p in parts)
+        out = self.xp.empty((n, *parts[0].shape[1:]), dtype=parts[0].dtype)
+        row = 0
+        for p in parts:
+            out[row : row + p.shape[0]] = p
+            row += p.shape[0]
+        return out
 
     def to_host(self, x: Any) -> np.ndarray:
         return self.xp.asnumpy(x)
@@ -1073,7 +1076,7 @@ class CupyBackend(NumpyBackend):
             )
             return out
         dpl = hd // 32
-        if n <= GEMV_MAX_TOKENS and hd == hdv and hd % 32 == 0 and (group, dpl) in GQA_KERNELS:
+        if n <= GQA_MAX_TOKENS and hd == hdv and hd % 32 == 0 and (group, dpl) in GQA_KERNELS:
             return self._attention_gqa(q, kv, slot, window, scale, softcap, out, group, dpl)
         rows = n * heads
         # split-K when the rows alone cannot fill the GPU (decode): each split takes a share of the keys

@@ -126,20 +126,20 @@ class NumpyBackend(Backend):
         groups = self._row_groups if sum(self._row_groups) == n else (n,)
         if len(groups) == 1:
             return product(x, weight)
-        parts, run, start = [], 0, 0
+        calls, run, start = [], 0, 0  # the row ranges of the product calls
         for g in groups:
             small = g <= small_max
             if run and (not small or run + g > small_max):
-                parts.append(product(x[start - run : start], weight))
+                calls.append((start - run, start))
                 run = 0
             if small:
                 run += g
             else:
-                parts.append(product(x[start : start + g], weight))
+                calls.append((start, start + g))
             start += g
         if run:
-            parts.append(product(x[start - run : start], weight))
-        return self.xp.concatenate(parts)
+            calls.append((start - run, start))
+        return self.stack_rows([product(x[a:b], weight) for a, b in calls])
 
     def _product(self, x: Array, weight: Weight) -> Array:
         if isinstance(weight, BlockWeight):

@@ -2,35 +2,6 @@
 // when the fused decode step (decode.cu) does not run, and the prefill path's dequantization.
 // common.cuh and blocks.cuh come first in this module.
 
-// y[t * ldy + r] = sum_c W[r, c] * x[t, c] for t < n_tok (at most MAX_TOK): one warp per row, the
-// lanes striding over the row's sub-blocks.
-#define MAX_TOK 8
-template <int T>
-__device__ void gemv(const u8* W, const float* x, float* y, int rows, int cols, long long row_bytes, int n_tok,
-                     int ldy) {
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (warp >= rows) return;
-    const u8* row = W + (long long)warp * row_bytes;
-    float acc[MAX_TOK];
-    for (int t = 0; t < MAX_TOK; ++t) acc[t] = 0.f;
-    float v[32];
-    for (int sb = lane; sb < cols / 32; sb += 32) {
-        deq32<T>(row, sb, v);
-        for (int t = 0; t < n_tok; ++t) {
-            const float* xs = x + (long long)t * cols + sb * 32;
-            float s = 0.f;
-            for (int i = 0; i < 32; ++i) s += v[i] * xs[i];
-            acc[t] += s;
-        }
-    }
-    for (int t = 0; t < n_tok; ++t) {
-        float s = acc[t];
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-        if (lane == 0) y[(long long)t * ldy + warp] = s;
-    }
-}
-
 // The one-token product (decode): x is staged once per block in shared memory; each of the 8 warps
 // takes `rpw` (<= GEMV1_ROWS) consecutive rows, loading each 32-value slice of x into registers once for
 // all of them (every warp used to re-read all of x from L2: for a 4B model 4-7x the weight bytes). The
@@ -611,11 +582,6 @@ __device__ void dequant_rows(const u8* W, const long long* ids, float* out, int 
 }
 
 #define INSTANTIATE(T, NAME)                                                                              \
-    extern "C" __global__ void gemv_##NAME(const u8* W, const float* x, float* y, int rows, int cols,     \
-                                           long long row_bytes, int n_tok, int ldy) {                     \
-        GRID_DEP_START();                                                                                 \
-        gemv<T>(W, x, y, rows, cols, row_bytes, n_tok, ldy);                                              \
-    }                                                                                                     \
     extern "C" __global__ void gemv1_##NAME(const u8* W, const float* x, float* y, int rows, int cols,    \
                                             long long row_bytes, int rpw) {                               \
         GRID_DEP_START();                                                                                 \
