@@ -1,5 +1,5 @@
-"""The daemon's event loop: clients on a ROUTER socket, the worker on another, a bounded priority queue,
-one running generation, relaying the worker's answers to whoever asked."""
+"""The daemon's event loop: clients on a ROUTER socket, the worker on another, requests sent to the worker
+as the scheduler (scheduler.py) says, the worker's answers relayed to whoever asked."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import itertools
 import logging
 import os
 import time
-from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Hashable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import AsyncGenerator, Hashable
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
@@ -53,25 +52,12 @@ from .kv_store_handle import KvStoreHandle
 from .metrics import DaemonMetrics
 from .model_info import ModelInfo, describe
 from .model_store import ModelStore
+from .scheduler import ReplyFn, Request, Scheduler, Switch
 from .worker_handle import WorkerHandle
 
 log = logging.getLogger("genie.daemon")
 MAX_CLIENT_MSG_BYTES = 8 << 20
 CANCEL_GRACE_S = 1.5  # on SIGTERM, how long a cancelled turn may take to end (a CPU layer is ~50 ms)
-
-
-ReplyFn = Callable[[Message], Awaitable[None]]
-
-
-@dataclass
-class Request:
-    owner: Hashable  # who asked: a ZMQ client's ROUTER identity, or an HTTP request's token
-    reply: ReplyFn  # sends this request's DELTA / DONE / ERROR to its owner
-    client_rid: str
-    msg: Generate | Prewarm
-    internal_id: str  # what the worker sees: unique across clients
-    model: str | None = None  # the model it must run on (an HTTP request names one); None: the one served
-    queued_at: float = field(default_factory=time.monotonic)
 
 
 class Daemon:
@@ -86,9 +72,7 @@ class Daemon:
             os.chmod(config.admin_endpoint[len("ipc://") :], 0o600)  # admin calls: the owner only
         self.worker = WorkerHandle(config)
         self.kv = KvStoreHandle(config, self.ctx) if config.kv_store else None
-        self.queues: dict[str, deque[Request]] = {"voice": deque(), "background": deque()}
-        self.running: Request | None = None
-        self.by_internal: dict[str, Request] = {}
+        self.scheduler = Scheduler()
         self._ids = itertools.count(1)
         self.started = time.monotonic()
         self.served = 0
@@ -190,7 +174,7 @@ class Daemon:
     async def unload(self, only_if_idle: bool = False) -> None:
         """Stops the worker; queued requests end with ERROR(unloaded). `only_if_idle`: not while another
         request runs or waits (an HTTP client's keep_alive 0 must not cut off the others)."""
-        if only_if_idle and (self.running or any(self.queues.values())):
+        if only_if_idle and not self.scheduler.is_idle():
             return
         if self.wanted:
             self.wanted = False
@@ -204,7 +188,7 @@ class Daemon:
         deadline = time.monotonic() + timeout_s
         target = model or self.config.model
         while target != self.config.model or not self.wanted:
-            if not self.wanted or not (self.running or any(self.queues.values())):
+            if not self.wanted or self.scheduler.is_idle():
                 self.load(target)
                 break
             if self.stopping.is_set():
@@ -266,15 +250,14 @@ class Daemon:
             with contextlib.suppress(Exception):
                 await previous
         await self.worker.stop()
-        await self._drop_running("model_changed", "another model was loaded during this request")
+        await self._drop_in_flight("model_changed", "another model was loaded during this request")
         await self.worker.start()
 
     async def _unload(self) -> None:
-        for q in self.queues.values():
-            while q:
-                await self.fail(q.popleft(), "unloaded", "the model was unloaded")
+        for req in self.scheduler.take_waiting():
+            await self.fail(req, "unloaded", "the model was unloaded")
         await self.worker.stop()
-        await self._drop_running("unloaded", "the model was unloaded during this request")
+        await self._drop_in_flight("unloaded", "the model was unloaded during this request")
 
     async def on_client(self, client: bytes, msg: Message) -> None:
         if isinstance(msg, (Generate, Prewarm)):
@@ -301,7 +284,7 @@ class Daemon:
             refusal = ("shutting_down", "genie is stopping")
         elif model is not None and model == self.config.model and self.load_error:
             refusal = ("load_failed", self.load_error)
-        elif sum(len(q) for q in self.queues.values()) >= self.config.max_queue:
+        elif self.scheduler.waiting() >= self.config.max_queue:
             refusal = ("overloaded", f"{self.config.max_queue} requests are already waiting")
         if refusal:
             await reply(Error(request_id=msg.request_id, code=refusal[0], message=refusal[1]))
@@ -309,34 +292,35 @@ class Daemon:
         if isinstance(msg, Generate) and "max_tokens" not in msg.params:  # no limit asked: still an end
             msg = replace(msg, params={**msg.params, "max_tokens": self.config.max_tokens_default})
         priority = msg.priority if isinstance(msg, Generate) else "voice"
-        self.queues[priority].append(Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}", model))
+        self.scheduler.add(Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}", model), priority)
         await self.dispatch()
 
     async def cancel(self, owner: Hashable, rid: str) -> None:
-        """Idempotent: a queued request ends at once, the running one at its next chunk or step."""
-        for q in self.queues.values():
-            for req in list(q):
-                if req.owner == owner and req.client_rid == rid:
-                    q.remove(req)
-                    await req.reply(Done(request_id=rid, finish_reason="cancelled"))
-                    return
-        run = self.running
-        if run and run.owner == owner and run.client_rid == rid and self.worker.identity:
-            await self.workers.send_multipart([self.worker.identity, *encode(Cancel(request_id=run.internal_id))])
+        """Idempotent: a queued request ends at once, one in flight at its next chunk or step."""
+        req = self.scheduler.withdraw(owner, rid)
+        if req is not None:
+            await req.reply(Done(request_id=rid, finish_reason="cancelled"))
+            return
+        run = self.scheduler.find_running(owner, rid)
+        if run is not None:
+            await self._cancel_in_flight(run)
+
+    async def _cancel_in_flight(self, req: Request) -> None:
+        if self.worker.identity:
+            await self.workers.send_multipart([self.worker.identity, *encode(Cancel(request_id=req.internal_id))])
 
     async def dispatch(self) -> None:
-        while not self.running:
-            queue = next((q for q in (self.queues["voice"], self.queues["background"]) if q), None)
-            if queue is None:
+        """Sends the worker what the scheduler says may run now; loads the model the next request names
+        when that is the scheduler's answer (the READY dispatches again)."""
+        while True:
+            slots = 1 if self.worker.ready and self.worker.identity is not None else 0
+            step = self.scheduler.next(slots, self.config.model if self.wanted else None)
+            if isinstance(step, Switch):
+                self.load(step.model)
                 return
-            if queue[0].model is not None and (queue[0].model != self.config.model or not self.wanted):
-                # the next request names another model (or any, after an unload), and nothing runs: its
-                # model goes in now, one at a time, in the queue's order; the READY dispatches again
-                self.load(queue[0].model)
+            if step is None or self.worker.identity is None:
                 return
-            if not self.worker.ready or self.worker.identity is None:
-                return
-            req = queue.popleft()
+            req = step
             body = req.msg.body()
             body["request_id"] = req.internal_id
             try:  # encoded before it runs: a value msgpack cannot carry fails this request, not the queue
@@ -344,8 +328,7 @@ class Daemon:
             except (ProtocolError, ValueError, TypeError, OverflowError) as e:
                 await self.fail(req, "bad_request", f"the request cannot be encoded: {e}")
                 continue
-            self.running = req
-            self.by_internal[req.internal_id] = req
+            self.scheduler.start(req)
             await self.workers.send_multipart([self.worker.identity, *frames])
 
     # -- the worker ---------------------------------------------------------------------------------------
@@ -377,11 +360,11 @@ class Daemon:
             await self.dispatch()
         elif isinstance(msg, Dead):
             log.error("event=worker_dead reason=%r", msg.reason)
-        elif isinstance(msg, (Delta, Done, Error)) and msg.request_id in self.by_internal:
+        elif isinstance(msg, (Delta, Done, Error)) and msg.request_id in self.scheduler.running:
             await self.relay(msg.request_id, msg)
 
     async def relay(self, internal_id: str, msg: Delta | Done | Error) -> None:
-        req = self.by_internal[internal_id]
+        req = self.scheduler.running[internal_id]
         body = msg.body()
         body["request_id"] = req.client_rid
         await req.reply(type(msg)(**body))  # checked when it arrived: not again
@@ -392,8 +375,7 @@ class Daemon:
         elif isinstance(msg, Error):
             self.metrics.observe_error(msg.code)
         if isinstance(msg, (Done, Error)):
-            del self.by_internal[internal_id]
-            self.running = None
+            self.scheduler.finish(internal_id)
             self.served += 1
             await self.dispatch()
 
@@ -419,7 +401,7 @@ class Daemon:
                 continue
             log.error("event=worker_lost pid=%s returncode=%s", self.worker.pid, code)
             self.worker.mark_lost()  # first: a request that arrives meanwhile waits for the new worker
-            await self._drop_running("worker_died", "the worker stopped during this request; it is being restarted")
+            await self._drop_in_flight("worker_died", "the worker stopped during this request; it is being restarted")
             await self.worker.restart()
 
     async def _have_model(self) -> bool:
@@ -444,17 +426,14 @@ class Daemon:
     async def _fail_waiting_for(self, model: str, message: str) -> None:
         """The requests that wait for a model that could not be loaded end with ERROR(load_failed); the
         next one, for another model, may then load its own."""
-        for q in self.queues.values():
-            for req in [r for r in q if r.model == model]:
-                q.remove(req)
-                await self.fail(req, "load_failed", message)
+        for req in self.scheduler.take_waiting(model):
+            await self.fail(req, "load_failed", message)
         await self.dispatch()
 
-    async def _drop_running(self, code: str, message: str) -> None:
-        run, self.running = self.running, None
-        if run:
-            self.by_internal.pop(run.internal_id, None)
-            await self.fail(run, code, message)
+    async def _drop_in_flight(self, code: str, message: str) -> None:
+        """Every request in flight ends with ERROR(code): its worker is gone or going."""
+        for req in self.scheduler.take_running():
+            await self.fail(req, code, message)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -468,8 +447,8 @@ class Daemon:
             "worker_pid": self.worker.pid,
             "worker_restarts": self.worker.restarts,
             "kv_store_pid": self.kv.pid if self.kv else None,
-            "queue": sum(len(q) for q in self.queues.values()),
-            "running": self.running is not None,
+            "queue": self.scheduler.waiting(),
+            "running": bool(self.scheduler.running),
             "requests_served": self.served,
             "recent_decode_tok_s": round(self.recent_tok_s, 1),
             "loaded_model": self.config.model if self.wanted else None,
@@ -515,17 +494,17 @@ class Daemon:
     async def drain(self) -> None:
         """SIGTERM: queued requests end as cancelled; the running one goes on for drain_timeout_s (default
         0), then is cancelled, and its DONE is awaited a bounded time (the worker saves its KV after it)."""
-        for q in self.queues.values():
-            while q:
-                req = q.popleft()
-                await req.reply(Done(request_id=req.client_rid, finish_reason="cancelled"))
+        for req in self.scheduler.take_waiting():
+            await req.reply(Done(request_id=req.client_rid, finish_reason="cancelled"))
+        running = self.scheduler.running
         deadline = time.monotonic() + self.config.drain_timeout_s
-        while self.running and time.monotonic() < deadline:
+        while running and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        if self.running:
-            await self.cancel(self.running.owner, self.running.client_rid)
+        if running:
+            for req in list(running.values()):
+                await self._cancel_in_flight(req)
             end = time.monotonic() + CANCEL_GRACE_S
-            while self.running and time.monotonic() < end:
+            while running and time.monotonic() < end:
                 await asyncio.sleep(0.02)
-            if self.running:  # the worker did not answer the cancel: the client still gets an end
-                await self._drop_running("shutting_down", "genie stopped during this request")
+            # the worker did not answer a cancel: the client still gets an end
+            await self._drop_in_flight("shutting_down", "genie stopped during this request")
