@@ -1,5 +1,6 @@
-"""The daemon's event loop: clients on a ROUTER socket, the worker on another, requests sent to the worker
-as the scheduler (scheduler.py) says, the worker's answers relayed to whoever asked."""
+"""The daemon: requests from its fronts (the ZMQ client and admin sockets, zmq_fronts.py; HTTP,
+http_server.py) sent to the worker as the scheduler (scheduler.py) says, the worker's answers relayed to
+whoever asked; the worker and the KV store supervised, models loaded and switched."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import os
 import time
 from collections.abc import AsyncGenerator, Hashable
 from dataclasses import asdict, replace
-from functools import partial
 from typing import Any
 
 import zmq
@@ -27,20 +27,12 @@ from protocol.messages import (
     Done,
     Error,
     Generate,
-    Health,
     Hello,
-    KvClear,
-    KvEvict,
-    KvList,
-    Load,
     Message,
     Metrics,
     Prewarm,
-    Pull,
     Ready,
     Reply,
-    Status,
-    Unload,
 )
 from workers.engine.errors import PullError
 from workers.models.local import LocalModel
@@ -54,6 +46,7 @@ from .model_info import ModelInfo, describe
 from .model_store import ModelStore
 from .scheduler import ReplyFn, Request, Scheduler, Switch
 from .worker_handle import WorkerHandle
+from .zmq_fronts import ZmqFronts
 
 log = logging.getLogger("genie.daemon")
 MAX_CLIENT_MSG_BYTES = 8 << 20
@@ -70,6 +63,7 @@ class Daemon:
         self.admin = self._bind(config.admin_endpoint)
         if config.admin_endpoint.startswith("ipc://"):
             os.chmod(config.admin_endpoint[len("ipc://") :], 0o600)  # admin calls: the owner only
+        self.fronts = ZmqFronts(self, self.clients, self.admin)
         self.worker = WorkerHandle(config)
         self.kv = KvStoreHandle(config, self.ctx) if config.kv_store else None
         self.scheduler = Scheduler()
@@ -100,60 +94,8 @@ class Daemon:
         return sock
 
     # -- replies ------------------------------------------------------------------------------------------
-    async def to_client(self, client: bytes, msg: Message) -> None:
-        await self.clients.send_multipart([client, *encode(msg)])
-
     async def fail(self, req: Request, code: str, message: str) -> None:
         await req.reply(Error(request_id=req.client_rid, code=code, message=message))
-
-    # -- clients ------------------------------------------------------------------------------------------
-    async def client_loop(self) -> None:
-        while True:
-            client, *frames = await self.clients.recv_multipart(copy=False)
-            identity = client.bytes
-            try:
-                msg, _ = decode([f.buffer for f in frames])
-            except ProtocolError as e:
-                await self.to_client(identity, Error(request_id=e.request_id, code=e.code, message=e.message))
-                continue
-            await self.on_client(identity, msg)
-
-    async def admin_loop(self) -> None:
-        while True:
-            peer, *frames = await self.admin.recv_multipart(copy=False)
-            try:
-                msg, _ = decode([f.buffer for f in frames])
-            except ProtocolError as e:
-                reply: Message = Error(request_id=e.request_id, code=e.code, message=e.message)
-            else:
-                if isinstance(msg, (Pull, Cancel)):  # answered as the pull goes, by its own task
-                    self.store.on_admin(peer.bytes, msg, self._to_admin)
-                    continue
-                reply = await self.on_admin(msg)
-            await self.admin.send_multipart([peer.bytes, *encode(reply)])
-
-    async def _to_admin(self, peer: bytes, msg: Message) -> None:
-        await self.admin.send_multipart([peer, *encode(msg)])
-
-    async def on_admin(self, msg: Message) -> Message:
-        rid = getattr(msg, "request_id", None)
-        if isinstance(msg, Health):
-            return Reply(request_id=msg.request_id, data=self.status())
-        if isinstance(msg, (Status, Metrics)):
-            state = {**self.status(), "kv": await self.kv_metrics()}
-            data = self.metrics.counters(state) if isinstance(msg, Metrics) else state  # METRICS: /metrics' figures
-            return Reply(request_id=msg.request_id, data=data)
-        if isinstance(msg, (KvList, KvEvict, KvClear)):
-            if self.kv is None:
-                return Error(request_id=rid, code="kv_disabled", message="the KV store is off (kv_store = false)")
-            return await self.kv.call(msg)
-        if isinstance(msg, Load):  # answered at once; `genie-ctl load` then watches STATUS until ready
-            self.load(msg.model)
-            return Reply(request_id=msg.request_id, data={"loading": msg.model})
-        if isinstance(msg, Unload):
-            await self.unload()
-            return Reply(request_id=msg.request_id, data={"unloading": self.config.model})
-        return Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet")
 
     async def kv_metrics(self) -> dict[str, Any]:
         if self.kv is None:
@@ -258,20 +200,6 @@ class Daemon:
             await self.fail(req, "unloaded", "the model was unloaded")
         await self.worker.stop()
         await self._drop_in_flight("unloaded", "the model was unloaded during this request")
-
-    async def on_client(self, client: bytes, msg: Message) -> None:
-        if isinstance(msg, (Generate, Prewarm)):
-            await self.submit(client, partial(self.to_client, client), msg)
-        elif isinstance(msg, Cancel):
-            await self.cancel(client, msg.request_id)
-        elif isinstance(msg, (Status, Health)):
-            await self.to_client(client, Reply(request_id=msg.request_id, data=self.status()))
-        else:
-            rid = getattr(msg, "request_id", None)
-            await self.to_client(
-                client,
-                Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet"),
-            )
 
     async def submit(self, owner: Hashable, reply: ReplyFn, msg: Generate | Prewarm, model: str | None = None) -> None:
         """Queues a request from any front (ZMQ or HTTP), or refuses it through `reply`. Its answers go
@@ -462,7 +390,7 @@ class Daemon:
         if self.config.http:
             self.http = HttpFront(self)
             await self.http.start()
-        loops = [self.client_loop(), self.admin_loop(), self.worker_loop(), self.supervise_loop()]
+        loops = [self.fronts.client_loop(), self.fronts.admin_loop(), self.worker_loop(), self.supervise_loop()]
         if self.kv:
             loops.append(self.kv.watch(self.config.kv_store_timeout_s))
         tasks = [asyncio.create_task(t) for t in loops]
