@@ -44,7 +44,7 @@ class DaemonConfig:
     kv_cache_max_mb: int = 1024  # size cap of the saved KV, least recently used evicted first; 0 = none
     kv_cache_stale_tmp_s: float = 60.0  # temp files of a crashed save older than this are removed
     kv_store_timeout_s: float = 15.0  # a KV store that answers nothing this long is killed and restarted
-    max_queue: int = 16  # requests waiting beyond the running one; more are refused as "overloaded"
+    max_queue: int = 16  # requests waiting beyond those in flight (parallel); more are refused as "overloaded"
     heartbeat_timeout_s: float = 3.0  # a worker silent this long is dead (three missed 1 s beats)
     restart_backoff_s: float = 0.5  # first restart delay; doubles up to restart_backoff_max_s
     restart_backoff_max_s: float = 10.0

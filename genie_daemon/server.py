@@ -238,10 +238,11 @@ class Daemon:
             await self.workers.send_multipart([self.worker.identity, *encode(Cancel(request_id=req.internal_id))])
 
     async def dispatch(self) -> None:
-        """Sends the worker what the scheduler says may run now; loads the model the next request names
-        when that is the scheduler's answer (the READY dispatches again)."""
+        """Sends the worker what the scheduler says may run now, as long as it has a free slot (its READY
+        said how many); loads the model the next request names when that is the scheduler's answer (the
+        READY dispatches again). Called whenever a request arrives, ends or a worker is ready."""
         while True:
-            slots = 1 if self.worker.ready and self.worker.identity is not None else 0
+            slots = self.worker.capacity if self.worker.ready and self.worker.identity is not None else 0
             step = self.scheduler.next(slots, self.config.model if self.wanted else None)
             if isinstance(step, Switch):
                 self.load(step.model)
@@ -376,7 +377,8 @@ class Daemon:
             "worker_restarts": self.worker.restarts,
             "kv_store_pid": self.kv.pid if self.kv else None,
             "queue": self.scheduler.waiting(),
-            "running": bool(self.scheduler.running),
+            "running": len(self.scheduler.running),  # requests in flight on the worker
+            "slots": {"in_use": len(self.scheduler.running), "total": self.worker.capacity},
             "requests_served": self.served,
             "recent_decode_tok_s": round(self.recent_tok_s, 1),
             "loaded_model": self.config.model if self.wanted else None,
@@ -420,8 +422,8 @@ class Daemon:
                     os.unlink(endpoint[len("ipc://") :])
 
     async def drain(self) -> None:
-        """SIGTERM: queued requests end as cancelled; the running one goes on for drain_timeout_s (default
-        0), then is cancelled, and its DONE is awaited a bounded time (the worker saves its KV after it)."""
+        """SIGTERM: queued requests end as cancelled; those in flight go on for drain_timeout_s (default 0),
+        then are cancelled, and their DONE is awaited a bounded time (the worker saves their KV after it)."""
         for req in self.scheduler.take_waiting():
             await req.reply(Done(request_id=req.client_rid, finish_reason="cancelled"))
         running = self.scheduler.running

@@ -102,7 +102,8 @@ class ScriptedService:
             "worker_pid": self.worker_pid,
             "load_ms": 250.0,
             "queue": 0,
-            "running": False,
+            "running": 0,
+            "slots": {"in_use": 0, "total": 4},
         }
 
     async def kv_metrics(self) -> dict[str, Any]:
@@ -588,6 +589,8 @@ def test_metrics_after_a_request(served):
         "genie_cached_tokens_total 100.0",
         "genie_kv_store_hits 3.0",
         "genie_ready 1.0",
+        "genie_slots_total 4.0",
+        "genie_requests_running 0.0",
     ):
         assert line in text, line
     assert 'genie_requests_total{finish="stop"} 1.0' in text and "genie_time_to_first_token_seconds_bucket" in text
