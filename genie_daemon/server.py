@@ -109,6 +109,9 @@ class Daemon:
         self.wanted = True
         self.load_error = None
         self.worker.config = self.config = replace(self.config, model=model)
+        # the old worker takes nothing from now: config.model names the new model, and a request arriving
+        # before the switch task stops it would otherwise go to it (a free slot) and run on the old one
+        self.worker.mark_lost()
         self._model_info = ModelInfo.named(model)
         self._switch = asyncio.create_task(self._load(self._switch))
         self._refresh_model_info()

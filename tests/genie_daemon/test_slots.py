@@ -278,3 +278,20 @@ def test_sigterm_cancels_every_request_in_flight(tmp_path):
             assert isinstance(await next_answer(a), Done)
 
     run(go())
+
+
+def test_a_request_after_a_switch_was_decided_goes_to_the_new_worker(tmp_path):
+    """Once a switch is decided the old worker takes nothing more: a request that arrived before the
+    switch had stopped it went to it, to run on the model being replaced."""
+
+    async def go() -> None:
+        async with Rig(tmp_path, slots=2) as rig:
+            rig.daemon.load("m2")
+            await rig.ask("x")
+            assert await rig.nothing_sent(), "sent to the worker of the model being replaced"
+            assert not rig.daemon.status()["ready"]
+            await rig.worker_ready(starts=2, model="m2")
+            msg = await rig.sent()
+            assert isinstance(msg, Generate) and msg.prompt == "say x"
+
+    run(go())
