@@ -1,17 +1,21 @@
 """Issue 17 with the real daemon and the real worker on a tiny model: a worker started with --parallel 2
-runs two requests at once, each streaming while the other does, a cancel ending only its own, a third
-waiting for a free slot. tests/genie_daemon/test_slots.py checks the daemon's side against a played worker."""
+runs two requests at once, each streaming while the other does (over HTTP too), a cancel ending only its
+own, a third waiting for a free slot. tests/genie_daemon/test_slots.py checks the daemon's side against a
+played worker."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import urllib.request
 
 import pytest
 
 from protocol.client import GenieClient
 from protocol.messages import Delta, Done
-from tests.genie_daemon.test_daemon import start_daemon
+from tests.genie_daemon.test_daemon import start_daemon, status
+from tests.genie_daemon.test_http_live import free_port
 from tests.tiny_models import write_tiny_model
 
 PARALLEL_LONG = {
@@ -27,8 +31,9 @@ def parallel_daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("parallel")
     model = tmp / "tiny-4k.gguf"
     write_tiny_model("llama", model, context_length=4096)
-    proc, endpoint = start_daemon(tmp, "--parallel", "2", model=str(model), ctx=4096)
-    yield proc, endpoint
+    port = free_port()
+    proc, endpoint = start_daemon(tmp, "--parallel", "2", "--http-port", str(port), model=str(model), ctx=4096)
+    yield proc, endpoint, f"http://127.0.0.1:{port}"
     proc.send_signal(signal.SIGTERM)
     try:
         proc.communicate(timeout=30)
@@ -60,7 +65,7 @@ def ends_at_length(end) -> bool:
 
 def test_parallel_requests_stream_at_once_in_two_slots(parallel_daemon):
     """Two long requests both stream before either ends, and STATUS counts both slots in use."""
-    _, endpoint = parallel_daemon
+    _, endpoint, _ = parallel_daemon
 
     async def go():
         log: list[tuple[str, str]] = []
@@ -80,7 +85,7 @@ def test_parallel_requests_stream_at_once_in_two_slots(parallel_daemon):
 
 
 def test_parallel_cancel_ends_one_request_and_the_other_finishes(parallel_daemon):
-    _, endpoint = parallel_daemon
+    _, endpoint, _ = parallel_daemon
 
     async def go():
         log: list[tuple[str, str]] = []
@@ -101,7 +106,7 @@ def test_parallel_cancel_ends_one_request_and_the_other_finishes(parallel_daemon
 
 
 def test_parallel_a_third_request_waits_for_a_free_slot(parallel_daemon):
-    _, endpoint = parallel_daemon
+    _, endpoint, _ = parallel_daemon
 
     async def go():
         log: list[tuple[str, str]] = []
@@ -121,3 +126,19 @@ def test_parallel_a_third_request_waits_for_a_free_slot(parallel_daemon):
     third_starts = log.index(("s3", "DELTA"))
     assert first_end < third_starts, log  # it ran once one of the first two had ended
     assert all(ends_at_length(e) for e in ends), ends
+
+
+def test_parallel_http_streams_run_at_once(parallel_daemon):
+    """Two Ollama streams: the second begins while the first is under way, both in flight together."""
+    _, endpoint, url = parallel_daemon
+    body = {"model": "tiny-4k", "prompt": "once upon a time", "raw": True}
+    body["options"] = {"num_predict": 3000, "ignore_eos": True, "temperature": 0}
+    streams = []
+    for _ in range(2):
+        req = urllib.request.Request(url + "/api/generate", data=json.dumps(body).encode())
+        streams.append(urllib.request.urlopen(req, timeout=60))
+        assert json.loads(streams[-1].readline())["done"] is False  # streaming
+    during = asyncio.run(status(endpoint)).data
+    finals = [[json.loads(line) for line in s][-1] for s in streams]
+    assert during["running"] == 2 and during["slots"] == {"in_use": 2, "total": 2}, during
+    assert all(f["done"] and f["done_reason"] == "length" and f["eval_count"] == 3000 for f in finals), finals
