@@ -215,7 +215,8 @@ class Daemon:
             refusal = ("shutting_down", "genie is stopping")
         elif model is not None and model == self.config.model and self.load_error:
             refusal = ("load_failed", self.load_error)
-        elif self.scheduler.waiting() >= self.config.max_queue:
+        elif self.scheduler.waiting() >= self.config.max_queue + max(0, self._slots() - len(self.scheduler.running)):
+            # max_queue counts the requests that wait: one that takes a free slot at once waits for nothing
             refusal = ("overloaded", f"{self.config.max_queue} requests are already waiting")
         if refusal:
             await reply(Error(request_id=msg.request_id, code=refusal[0], message=refusal[1]))
@@ -245,13 +246,14 @@ class Daemon:
         said how many); loads the model the next request names when that is the scheduler's answer (the
         READY dispatches again). Called whenever a request arrives, ends or a worker is ready."""
         while True:
-            slots = self.worker.capacity if self.worker.ready and self.worker.identity is not None else 0
-            step = self.scheduler.next(slots, self.config.model if self.wanted else None)
+            identity = self.worker.identity if self.worker.ready else None
+            step = self.scheduler.next(self._slots(), self.config.model if self.wanted else None)
             if isinstance(step, Switch):
                 self.load(step.model)
                 return
-            if step is None or self.worker.identity is None:
+            if step is None:
                 return
+            assert identity is not None  # without a ready worker there are no slots: next() gives no request
             req = step
             body = req.msg.body()
             body["request_id"] = req.internal_id
@@ -261,7 +263,11 @@ class Daemon:
                 await self.fail(req, "bad_request", f"the request cannot be encoded: {e}")
                 continue
             self.scheduler.start(req)
-            await self.workers.send_multipart([self.worker.identity, *frames])
+            await self.workers.send_multipart([identity, *frames])
+
+    def _slots(self) -> int:
+        """The requests the worker may hold now: its slots once it is ready, none before."""
+        return self.worker.capacity if self.worker.ready and self.worker.identity is not None else 0
 
     # -- the worker ---------------------------------------------------------------------------------------
     async def worker_loop(self) -> None:

@@ -53,7 +53,7 @@ class Rig:
     """A daemon (no HTTP, no KV store) serving model `m1`, whose worker the test plays: `sent()` is what
     the daemon sent the worker, `answer()` what the worker says back, `ask()` a client's request."""
 
-    def __init__(self, tmp: Path, slots: int) -> None:
+    def __init__(self, tmp: Path, slots: int, **options: Any) -> None:
         self.slots = slots
         self.config = DaemonConfig(
             model="m1",
@@ -63,6 +63,7 @@ class Rig:
             http=False,
             heartbeat_timeout_s=60.0,  # the played worker sends no heartbeats of its own
             restart_backoff_s=0.01,
+            **options,
         )
         self.ctx = zmq.asyncio.Context()
         self.sockets: list[zmq.asyncio.Socket] = []
@@ -159,6 +160,27 @@ def test_the_worker_gets_as_many_requests_as_it_has_slots_and_the_rest_wait(tmp_
             assert isinstance(await next_answer(b), Error) and isinstance(await next_answer(c), Done)
             status = rig.daemon.status()
             assert status["running"] == 0 and status["slots"]["in_use"] == 0 and status["requests_served"] == 3
+
+    run(go())
+
+
+def test_max_queue_counts_only_the_requests_that_wait(tmp_path):
+    """With max_queue 0 every request that finds a free slot runs, and the one that would wait is refused
+    (it refused them all: the queue bound was counted before a free slot took the new request)."""
+
+    async def go() -> None:
+        async with Rig(tmp_path, slots=2, max_queue=0) as rig:
+            await rig.ask("a")
+            await rig.ask("b")
+            c = await rig.ask("c")
+            refused = await next_answer(c)
+            assert isinstance(refused, Error) and refused.code == "overloaded"
+            first, second = await rig.sent(), await rig.sent()
+            assert isinstance(first, Generate) and isinstance(second, Generate) and await rig.nothing_sent()
+            await rig.answer(Done(request_id=first.request_id, finish_reason="stop"))
+            await rig.until(lambda: rig.daemon.status()["running"] == 1, "a slot freed")
+            await rig.ask("d")  # takes the free slot
+            assert isinstance(await rig.sent(), Generate)
 
     run(go())
 
