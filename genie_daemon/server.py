@@ -215,7 +215,7 @@ class Daemon:
             refusal = ("shutting_down", "genie is stopping")
         elif model is not None and model == self.config.model and self.load_error:
             refusal = ("load_failed", self.load_error)
-        elif self.scheduler.waiting() >= self.config.max_queue + max(0, self._slots() - len(self.scheduler.running)):
+        elif self.scheduler.waiting() >= self.config.max_queue + self._free_slots():
             # max_queue counts the requests that wait: one that takes a free slot at once waits for nothing
             refusal = ("overloaded", f"{self.config.max_queue} requests are already waiting")
         if refusal:
@@ -268,6 +268,9 @@ class Daemon:
     def _slots(self) -> int:
         """The requests the worker may hold now: its slots once it is ready, none before."""
         return self.worker.capacity if self.worker.ready and self.worker.identity is not None else 0
+
+    def _free_slots(self) -> int:
+        return max(0, self._slots() - len(self.scheduler.running))
 
     # -- the worker ---------------------------------------------------------------------------------------
     async def worker_loop(self) -> None:
