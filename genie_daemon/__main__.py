@@ -26,6 +26,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--socket-dir", help=f"directory of the ipc sockets (default: {d.socket_dir})")
     p.add_argument("--max-queue", type=int, help=f"waiting requests before 'overloaded' (default: {d.max_queue})")
     p.add_argument(
+        "--parallel",
+        type=int,
+        help=f"requests the worker runs at once, 0 for the worker's default (default: {d.parallel})",
+    )
+    p.add_argument(
         "--max-tokens-default",
         type=int,
         help=f"an answer's token cap when a request sets none (default: {d.max_tokens_default})",
@@ -55,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "fp16_kv": args.fp16_kv,
                 "socket_dir": args.socket_dir,
                 "max_queue": args.max_queue,
+                "parallel": args.parallel,
                 "max_tokens_default": args.max_tokens_default,
                 "prefill_chunk": args.prefill_chunk,
                 "stream_interval_ms": args.stream_interval_ms,

@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {  # config.yaml's `options`, plus the two optional (
     "context": 4096,
     "kv_cache_mb": 1024,
     "fp16_kv": False,
+    "parallel": 0,
     "api_key": "",
     "forward_url": "",
 }
@@ -52,6 +53,7 @@ class AddonOptions:
     ctx: int
     kv_cache_max_mb: int
     fp16_kv: bool
+    parallel: int  # requests served at once; 0: the worker's default
     api_key: str
     forward_host: str  # forward mode's target; "" in local mode
     forward_port: int
@@ -75,6 +77,9 @@ def parse_options(raw: object) -> AddonOptions:
     kv_mb = _typed(o, "kv_cache_mb", int)
     if kv_mb < 0:
         raise ValueError(f"kv_cache_mb must be >= 0 (0 = no cap), not {kv_mb}")
+    parallel = _typed(o, "parallel", int)
+    if parallel < 0:
+        raise ValueError(f"parallel must be >= 0 (0 = genie's default), not {parallel}")
     api_key = _typed(o, "api_key", str)
     if not _TOKEN.fullmatch(api_key):
         raise ValueError("api_key may hold only visible ASCII characters (no spaces)")
@@ -86,6 +91,7 @@ def parse_options(raw: object) -> AddonOptions:
         ctx=ctx,
         kv_cache_max_mb=kv_mb,
         fp16_kv=_typed(o, "fp16_kv", bool),
+        parallel=parallel,
         api_key=api_key,
         forward_host=host,
         forward_port=port,
@@ -98,6 +104,7 @@ def daemon_values(opts: AddonOptions) -> dict[str, Any]:
         "model": opts.model,
         "ctx": opts.ctx,
         "fp16_kv": opts.fp16_kv,
+        "parallel": opts.parallel,
         "kv_cache_dir": KV_CACHE_DIR,
         "models_dir": MODELS_DIR,
         "auto_pull": True,  # the model option names what to serve; the first start fetches it

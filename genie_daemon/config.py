@@ -31,6 +31,7 @@ class DaemonConfig:
     ctx: int = 4096  # context length in tokens
     fp16_kv: bool = False  # FP16 KV cache instead of INT8
     prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
+    parallel: int = 0  # requests the worker runs at once, each in a KV slot of its own; 0 = the worker's default
     max_tokens_default: int = 1024  # an answer's token cap when a request sets none (a voice answer is far shorter)
     stream_interval_ms: float = 5.0  # a request's DELTAs at most this often (first token, sentence ends at once)
     socket_dir: str = field(default_factory=lambda: str(default_socket_dir()))  # where the ipc:// sockets live
@@ -43,7 +44,7 @@ class DaemonConfig:
     kv_cache_max_mb: int = 1024  # size cap of the saved KV, least recently used evicted first; 0 = none
     kv_cache_stale_tmp_s: float = 60.0  # temp files of a crashed save older than this are removed
     kv_store_timeout_s: float = 15.0  # a KV store that answers nothing this long is killed and restarted
-    max_queue: int = 16  # requests waiting beyond the running one; more are refused as "overloaded"
+    max_queue: int = 16  # requests waiting beyond those in flight (parallel); more are refused as "overloaded"
     heartbeat_timeout_s: float = 3.0  # a worker silent this long is dead (three missed 1 s beats)
     restart_backoff_s: float = 0.5  # first restart delay; doubles up to restart_backoff_max_s
     restart_backoff_max_s: float = 10.0
@@ -57,6 +58,8 @@ class DaemonConfig:
     def __post_init__(self) -> None:
         if self.max_queue < 0 or self.ctx < 0 or self.prefill_chunk < 1 or not self.stream_interval_ms >= 0:
             raise ValueError("max_queue, ctx and stream_interval_ms must be >= 0, prefill_chunk >= 1")
+        if self.parallel < 0:
+            raise ValueError("parallel must be >= 0 (0: the worker's default)")
         if self.max_tokens_default < 1:
             raise ValueError("max_tokens_default must be >= 1: a request that asks for no limit must still end")
         if self.kv_cache_max_mb < 0 or not self.kv_cache_stale_tmp_s >= 0:
@@ -94,6 +97,7 @@ class DaemonConfig:
             str(self.stream_interval_ms),
         ]
         args += ["--kv-endpoint", self.kv_endpoint] if self.kv_store else []
+        args += ["--parallel", str(self.parallel)] if self.parallel else []  # 0: the worker's own default stands
         return args + (["--fp16-kv"] if self.fp16_kv else [])
 
     def kv_store_args(self) -> list[str]:
@@ -126,13 +130,23 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         unknown = set(data) - set(types)
         if unknown:
             raise ValueError(f"{path}: unknown option(s) {', '.join(sorted(unknown))}")
-        values.update(data)
+        values.update({name: _typed(value, str(types[name]), f"{path}: {name}") for name, value in data.items()})
     for name, kind in types.items():
         raw = os.environ.get(f"GENIE_{name.upper()}")
         if raw is not None:
             values[name] = _parse(raw, str(kind), f"GENIE_{name.upper()}")
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return DaemonConfig(**values)
+
+
+def _typed(value: Any, kind: str, name: str) -> Any:
+    """A TOML value of the field's type: `parallel = 2.5` or `ctx = "4096"` is an error naming the option
+    here, not a comparison that fails in __post_init__ or an argument the worker refuses."""
+    if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # `stream_interval_ms = 5` means 5.0
+    if type(value).__name__ != kind:  # exact: true is no int, 1.0 no int
+        raise ValueError(f"{name} = {value!r} is not a valid {kind}")
+    return value
 
 
 def _parse(raw: str, kind: str, name: str) -> Any:

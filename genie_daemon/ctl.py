@@ -100,6 +100,14 @@ def _print_table(data: dict[str, Any]) -> None:
         print(f"{key.ljust(width)}  {value}")
 
 
+def _readable_status(data: dict[str, Any]) -> dict[str, Any]:
+    """STATUS for people: the worker's slots on one line, in use / total."""
+    slots = data.get("slots")
+    if not isinstance(slots, dict):
+        return data
+    return {**data, "slots": f"{slots.get('in_use')} / {slots.get('total')} in use"}
+
+
 def _print_entries(entries: list[dict[str, Any]]) -> None:
     if not entries:
         print("no saved conversations")
@@ -270,7 +278,7 @@ def _main(argv: Sequence[str] | None) -> int:
     p = argparse.ArgumentParser(prog="genie-ctl", description="talk to the running genie daemon")
     _add_global_options(p, with_defaults=True)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="model, backend, device, load time, uptime, pids, queue, requests served")
+    sub.add_parser("status", help="model, backend, device, load time, uptime, pids, queue, slots, requests served")
     sub.add_parser("health", help="exit code 0 when the daemon can serve, 1 when not")
     sub.add_parser("metrics", help="the counters GET /metrics has: requests by outcome, tokens, timings, KV store")
     load = sub.add_parser("load", help="serve another model (waits until it is ready)")
@@ -346,6 +354,8 @@ def _main(argv: Sequence[str] | None) -> int:
     elif args.command == "kv" and args.kv_command == "evict" and not reply.data.get("evicted"):
         print(f"no entry {args.entry_id}")
         return 1
+    elif args.command == "status":
+        _print_table(_readable_status(reply.data))
     else:
         _print_table(reply.data)
     return 0

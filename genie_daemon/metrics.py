@@ -35,7 +35,8 @@ class DaemonMetrics:
         )
         self.generated_tokens = Counter("genie_generated_tokens", "Tokens generated", registry=r)
         self.requests = Counter("genie_requests", "Finished requests by how they ended", ["finish"], registry=r)
-        self.requests_running = Gauge("genie_requests_running", "Requests generating now", registry=r)
+        self.requests_running = Gauge("genie_requests_running", "Requests in flight on the worker", registry=r)
+        self.slots_total = Gauge("genie_slots_total", "Requests the worker runs at once (its KV slots)", registry=r)
         self.requests_waiting = Gauge("genie_requests_waiting", "Requests queued", registry=r)
         self._state = _StateCollector()
         r.register(self._state)
@@ -74,7 +75,8 @@ class DaemonMetrics:
         return out
 
     def _read_state(self, state: dict[str, Any]) -> None:
-        self.requests_running.set(1 if state.get("running") else 0)
+        self.requests_running.set(int(state.get("running", 0)))
+        self.slots_total.set(int((state.get("slots") or {}).get("total", 0)))
         self.requests_waiting.set(int(state.get("queue", 0)))
         self._state.snapshot = state
 

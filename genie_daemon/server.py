@@ -1,5 +1,6 @@
-"""The daemon's event loop: clients on a ROUTER socket, the worker on another, a bounded priority queue,
-one running generation, relaying the worker's answers to whoever asked."""
+"""The daemon: requests from its fronts (the ZMQ client and admin sockets, zmq_fronts.py; HTTP,
+http_server.py) sent to the worker as the scheduler (scheduler.py) says, the worker's answers relayed to
+whoever asked; the worker and the KV store supervised, models loaded and switched."""
 
 from __future__ import annotations
 
@@ -9,10 +10,8 @@ import itertools
 import logging
 import os
 import time
-from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Hashable
-from dataclasses import asdict, dataclass, field, replace
-from functools import partial
+from collections.abc import AsyncGenerator, Hashable
+from dataclasses import asdict, replace
 from typing import Any
 
 import zmq
@@ -28,20 +27,12 @@ from protocol.messages import (
     Done,
     Error,
     Generate,
-    Health,
     Hello,
-    KvClear,
-    KvEvict,
-    KvList,
-    Load,
     Message,
     Metrics,
     Prewarm,
-    Pull,
     Ready,
     Reply,
-    Status,
-    Unload,
 )
 from workers.engine.errors import PullError
 from workers.models.local import LocalModel
@@ -53,25 +44,13 @@ from .kv_store_handle import KvStoreHandle
 from .metrics import DaemonMetrics
 from .model_info import ModelInfo, describe
 from .model_store import ModelStore
+from .scheduler import ReplyFn, Request, Scheduler, Switch
 from .worker_handle import WorkerHandle
+from .zmq_fronts import ZmqFronts
 
 log = logging.getLogger("genie.daemon")
 MAX_CLIENT_MSG_BYTES = 8 << 20
 CANCEL_GRACE_S = 1.5  # on SIGTERM, how long a cancelled turn may take to end (a CPU layer is ~50 ms)
-
-
-ReplyFn = Callable[[Message], Awaitable[None]]
-
-
-@dataclass
-class Request:
-    owner: Hashable  # who asked: a ZMQ client's ROUTER identity, or an HTTP request's token
-    reply: ReplyFn  # sends this request's DELTA / DONE / ERROR to its owner
-    client_rid: str
-    msg: Generate | Prewarm
-    internal_id: str  # what the worker sees: unique across clients
-    model: str | None = None  # the model it must run on (an HTTP request names one); None: the one served
-    queued_at: float = field(default_factory=time.monotonic)
 
 
 class Daemon:
@@ -84,11 +63,10 @@ class Daemon:
         self.admin = self._bind(config.admin_endpoint)
         if config.admin_endpoint.startswith("ipc://"):
             os.chmod(config.admin_endpoint[len("ipc://") :], 0o600)  # admin calls: the owner only
+        self.fronts = ZmqFronts(self, self.clients, self.admin)
         self.worker = WorkerHandle(config)
         self.kv = KvStoreHandle(config, self.ctx) if config.kv_store else None
-        self.queues: dict[str, deque[Request]] = {"voice": deque(), "background": deque()}
-        self.running: Request | None = None
-        self.by_internal: dict[str, Request] = {}
+        self.scheduler = Scheduler()
         self._ids = itertools.count(1)
         self.started = time.monotonic()
         self.served = 0
@@ -116,60 +94,8 @@ class Daemon:
         return sock
 
     # -- replies ------------------------------------------------------------------------------------------
-    async def to_client(self, client: bytes, msg: Message) -> None:
-        await self.clients.send_multipart([client, *encode(msg)])
-
     async def fail(self, req: Request, code: str, message: str) -> None:
         await req.reply(Error(request_id=req.client_rid, code=code, message=message))
-
-    # -- clients ------------------------------------------------------------------------------------------
-    async def client_loop(self) -> None:
-        while True:
-            client, *frames = await self.clients.recv_multipart(copy=False)
-            identity = client.bytes
-            try:
-                msg, _ = decode([f.buffer for f in frames])
-            except ProtocolError as e:
-                await self.to_client(identity, Error(request_id=e.request_id, code=e.code, message=e.message))
-                continue
-            await self.on_client(identity, msg)
-
-    async def admin_loop(self) -> None:
-        while True:
-            peer, *frames = await self.admin.recv_multipart(copy=False)
-            try:
-                msg, _ = decode([f.buffer for f in frames])
-            except ProtocolError as e:
-                reply: Message = Error(request_id=e.request_id, code=e.code, message=e.message)
-            else:
-                if isinstance(msg, (Pull, Cancel)):  # answered as the pull goes, by its own task
-                    self.store.on_admin(peer.bytes, msg, self._to_admin)
-                    continue
-                reply = await self.on_admin(msg)
-            await self.admin.send_multipart([peer.bytes, *encode(reply)])
-
-    async def _to_admin(self, peer: bytes, msg: Message) -> None:
-        await self.admin.send_multipart([peer, *encode(msg)])
-
-    async def on_admin(self, msg: Message) -> Message:
-        rid = getattr(msg, "request_id", None)
-        if isinstance(msg, Health):
-            return Reply(request_id=msg.request_id, data=self.status())
-        if isinstance(msg, (Status, Metrics)):
-            state = {**self.status(), "kv": await self.kv_metrics()}
-            data = self.metrics.counters(state) if isinstance(msg, Metrics) else state  # METRICS: /metrics' figures
-            return Reply(request_id=msg.request_id, data=data)
-        if isinstance(msg, (KvList, KvEvict, KvClear)):
-            if self.kv is None:
-                return Error(request_id=rid, code="kv_disabled", message="the KV store is off (kv_store = false)")
-            return await self.kv.call(msg)
-        if isinstance(msg, Load):  # answered at once; `genie-ctl load` then watches STATUS until ready
-            self.load(msg.model)
-            return Reply(request_id=msg.request_id, data={"loading": msg.model})
-        if isinstance(msg, Unload):
-            await self.unload()
-            return Reply(request_id=msg.request_id, data={"unloading": self.config.model})
-        return Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet")
 
     async def kv_metrics(self) -> dict[str, Any]:
         if self.kv is None:
@@ -183,6 +109,9 @@ class Daemon:
         self.wanted = True
         self.load_error = None
         self.worker.config = self.config = replace(self.config, model=model)
+        # the old worker takes nothing from now: config.model names the new model, and a request arriving
+        # before the switch task stops it would otherwise go to it (a free slot) and run on the old one
+        self.worker.mark_lost()
         self._model_info = ModelInfo.named(model)
         self._switch = asyncio.create_task(self._load(self._switch))
         self._refresh_model_info()
@@ -190,7 +119,7 @@ class Daemon:
     async def unload(self, only_if_idle: bool = False) -> None:
         """Stops the worker; queued requests end with ERROR(unloaded). `only_if_idle`: not while another
         request runs or waits (an HTTP client's keep_alive 0 must not cut off the others)."""
-        if only_if_idle and (self.running or any(self.queues.values())):
+        if only_if_idle and not self.scheduler.is_idle():
             return
         if self.wanted:
             self.wanted = False
@@ -204,7 +133,7 @@ class Daemon:
         deadline = time.monotonic() + timeout_s
         target = model or self.config.model
         while target != self.config.model or not self.wanted:
-            if not self.wanted or not (self.running or any(self.queues.values())):
+            if not self.wanted or self.scheduler.is_idle():
                 self.load(target)
                 break
             if self.stopping.is_set():
@@ -266,29 +195,14 @@ class Daemon:
             with contextlib.suppress(Exception):
                 await previous
         await self.worker.stop()
-        await self._drop_running("model_changed", "another model was loaded during this request")
+        await self._drop_in_flight("model_changed", "another model was loaded during this request")
         await self.worker.start()
 
     async def _unload(self) -> None:
-        for q in self.queues.values():
-            while q:
-                await self.fail(q.popleft(), "unloaded", "the model was unloaded")
+        for req in self.scheduler.take_waiting():
+            await self.fail(req, "unloaded", "the model was unloaded")
         await self.worker.stop()
-        await self._drop_running("unloaded", "the model was unloaded during this request")
-
-    async def on_client(self, client: bytes, msg: Message) -> None:
-        if isinstance(msg, (Generate, Prewarm)):
-            await self.submit(client, partial(self.to_client, client), msg)
-        elif isinstance(msg, Cancel):
-            await self.cancel(client, msg.request_id)
-        elif isinstance(msg, (Status, Health)):
-            await self.to_client(client, Reply(request_id=msg.request_id, data=self.status()))
-        else:
-            rid = getattr(msg, "request_id", None)
-            await self.to_client(
-                client,
-                Error(request_id=rid, code="unsupported", message=f"{type(msg).__name__.upper()} is not served yet"),
-            )
+        await self._drop_in_flight("unloaded", "the model was unloaded during this request")
 
     async def submit(self, owner: Hashable, reply: ReplyFn, msg: Generate | Prewarm, model: str | None = None) -> None:
         """Queues a request from any front (ZMQ or HTTP), or refuses it through `reply`. Its answers go
@@ -301,7 +215,8 @@ class Daemon:
             refusal = ("shutting_down", "genie is stopping")
         elif model is not None and model == self.config.model and self.load_error:
             refusal = ("load_failed", self.load_error)
-        elif sum(len(q) for q in self.queues.values()) >= self.config.max_queue:
+        elif self.scheduler.waiting() >= self.config.max_queue + self._free_slots():
+            # max_queue counts the requests that wait: one that takes a free slot at once waits for nothing
             refusal = ("overloaded", f"{self.config.max_queue} requests are already waiting")
         if refusal:
             await reply(Error(request_id=msg.request_id, code=refusal[0], message=refusal[1]))
@@ -309,34 +224,37 @@ class Daemon:
         if isinstance(msg, Generate) and "max_tokens" not in msg.params:  # no limit asked: still an end
             msg = replace(msg, params={**msg.params, "max_tokens": self.config.max_tokens_default})
         priority = msg.priority if isinstance(msg, Generate) else "voice"
-        self.queues[priority].append(Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}", model))
+        self.scheduler.add(Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}", model), priority)
         await self.dispatch()
 
     async def cancel(self, owner: Hashable, rid: str) -> None:
-        """Idempotent: a queued request ends at once, the running one at its next chunk or step."""
-        for q in self.queues.values():
-            for req in list(q):
-                if req.owner == owner and req.client_rid == rid:
-                    q.remove(req)
-                    await req.reply(Done(request_id=rid, finish_reason="cancelled"))
-                    return
-        run = self.running
-        if run and run.owner == owner and run.client_rid == rid and self.worker.identity:
-            await self.workers.send_multipart([self.worker.identity, *encode(Cancel(request_id=run.internal_id))])
+        """Idempotent: a queued request ends at once, one in flight at its next chunk or step."""
+        req = self.scheduler.withdraw(owner, rid)
+        if req is not None:
+            await req.reply(Done(request_id=rid, finish_reason="cancelled"))
+            return
+        run = self.scheduler.find_running(owner, rid)
+        if run is not None:
+            await self._cancel_in_flight(run)
+
+    async def _cancel_in_flight(self, req: Request) -> None:
+        if self.worker.identity:
+            await self.workers.send_multipart([self.worker.identity, *encode(Cancel(request_id=req.internal_id))])
 
     async def dispatch(self) -> None:
-        while not self.running:
-            queue = next((q for q in (self.queues["voice"], self.queues["background"]) if q), None)
-            if queue is None:
+        """Sends the worker what the scheduler says may run now, as long as it has a free slot (its READY
+        said how many); loads the model the next request names when that is the scheduler's answer (the
+        READY dispatches again). Called whenever a request arrives, ends or a worker is ready."""
+        while True:
+            identity = self.worker.identity if self.worker.ready else None
+            step = self.scheduler.next(self._slots(), self.config.model if self.wanted else None)
+            if isinstance(step, Switch):
+                self.load(step.model)
                 return
-            if queue[0].model is not None and (queue[0].model != self.config.model or not self.wanted):
-                # the next request names another model (or any, after an unload), and nothing runs: its
-                # model goes in now, one at a time, in the queue's order; the READY dispatches again
-                self.load(queue[0].model)
+            if step is None:
                 return
-            if not self.worker.ready or self.worker.identity is None:
-                return
-            req = queue.popleft()
+            assert identity is not None  # without a ready worker there are no slots: next() gives no request
+            req = step
             body = req.msg.body()
             body["request_id"] = req.internal_id
             try:  # encoded before it runs: a value msgpack cannot carry fails this request, not the queue
@@ -344,9 +262,15 @@ class Daemon:
             except (ProtocolError, ValueError, TypeError, OverflowError) as e:
                 await self.fail(req, "bad_request", f"the request cannot be encoded: {e}")
                 continue
-            self.running = req
-            self.by_internal[req.internal_id] = req
-            await self.workers.send_multipart([self.worker.identity, *frames])
+            self.scheduler.start(req)
+            await self.workers.send_multipart([identity, *frames])
+
+    def _slots(self) -> int:
+        """The requests the worker may hold now: its slots once it is ready, none before."""
+        return self.worker.capacity if self.worker.ready and self.worker.identity is not None else 0
+
+    def _free_slots(self) -> int:
+        return max(0, self._slots() - len(self.scheduler.running))
 
     # -- the worker ---------------------------------------------------------------------------------------
     async def worker_loop(self) -> None:
@@ -377,11 +301,11 @@ class Daemon:
             await self.dispatch()
         elif isinstance(msg, Dead):
             log.error("event=worker_dead reason=%r", msg.reason)
-        elif isinstance(msg, (Delta, Done, Error)) and msg.request_id in self.by_internal:
+        elif isinstance(msg, (Delta, Done, Error)) and msg.request_id in self.scheduler.running:
             await self.relay(msg.request_id, msg)
 
     async def relay(self, internal_id: str, msg: Delta | Done | Error) -> None:
-        req = self.by_internal[internal_id]
+        req = self.scheduler.running[internal_id]
         body = msg.body()
         body["request_id"] = req.client_rid
         await req.reply(type(msg)(**body))  # checked when it arrived: not again
@@ -392,8 +316,7 @@ class Daemon:
         elif isinstance(msg, Error):
             self.metrics.observe_error(msg.code)
         if isinstance(msg, (Done, Error)):
-            del self.by_internal[internal_id]
-            self.running = None
+            self.scheduler.finish(internal_id)
             self.served += 1
             await self.dispatch()
 
@@ -419,7 +342,7 @@ class Daemon:
                 continue
             log.error("event=worker_lost pid=%s returncode=%s", self.worker.pid, code)
             self.worker.mark_lost()  # first: a request that arrives meanwhile waits for the new worker
-            await self._drop_running("worker_died", "the worker stopped during this request; it is being restarted")
+            await self._drop_in_flight("worker_died", "the worker stopped during this request; it is being restarted")
             await self.worker.restart()
 
     async def _have_model(self) -> bool:
@@ -444,17 +367,14 @@ class Daemon:
     async def _fail_waiting_for(self, model: str, message: str) -> None:
         """The requests that wait for a model that could not be loaded end with ERROR(load_failed); the
         next one, for another model, may then load its own."""
-        for q in self.queues.values():
-            for req in [r for r in q if r.model == model]:
-                q.remove(req)
-                await self.fail(req, "load_failed", message)
+        for req in self.scheduler.take_waiting(model):
+            await self.fail(req, "load_failed", message)
         await self.dispatch()
 
-    async def _drop_running(self, code: str, message: str) -> None:
-        run, self.running = self.running, None
-        if run:
-            self.by_internal.pop(run.internal_id, None)
-            await self.fail(run, code, message)
+    async def _drop_in_flight(self, code: str, message: str) -> None:
+        """Every request in flight ends with ERROR(code): its worker is gone or going."""
+        for req in self.scheduler.take_running():
+            await self.fail(req, code, message)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -468,8 +388,9 @@ class Daemon:
             "worker_pid": self.worker.pid,
             "worker_restarts": self.worker.restarts,
             "kv_store_pid": self.kv.pid if self.kv else None,
-            "queue": sum(len(q) for q in self.queues.values()),
-            "running": self.running is not None,
+            "queue": self.scheduler.waiting(),
+            "running": len(self.scheduler.running),  # requests in flight on the worker
+            "slots": {"in_use": len(self.scheduler.running), "total": self.worker.capacity},
             "requests_served": self.served,
             "recent_decode_tok_s": round(self.recent_tok_s, 1),
             "loaded_model": self.config.model if self.wanted else None,
@@ -483,7 +404,7 @@ class Daemon:
         if self.config.http:
             self.http = HttpFront(self)
             await self.http.start()
-        loops = [self.client_loop(), self.admin_loop(), self.worker_loop(), self.supervise_loop()]
+        loops = [self.fronts.client_loop(), self.fronts.admin_loop(), self.worker_loop(), self.supervise_loop()]
         if self.kv:
             loops.append(self.kv.watch(self.config.kv_store_timeout_s))
         tasks = [asyncio.create_task(t) for t in loops]
@@ -513,19 +434,19 @@ class Daemon:
                     os.unlink(endpoint[len("ipc://") :])
 
     async def drain(self) -> None:
-        """SIGTERM: queued requests end as cancelled; the running one goes on for drain_timeout_s (default
-        0), then is cancelled, and its DONE is awaited a bounded time (the worker saves its KV after it)."""
-        for q in self.queues.values():
-            while q:
-                req = q.popleft()
-                await req.reply(Done(request_id=req.client_rid, finish_reason="cancelled"))
+        """SIGTERM: queued requests end as cancelled; those in flight go on for drain_timeout_s (default 0),
+        then are cancelled, and their DONE is awaited a bounded time (the worker saves their KV after it)."""
+        for req in self.scheduler.take_waiting():
+            await req.reply(Done(request_id=req.client_rid, finish_reason="cancelled"))
+        running = self.scheduler.running
         deadline = time.monotonic() + self.config.drain_timeout_s
-        while self.running and time.monotonic() < deadline:
+        while running and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        if self.running:
-            await self.cancel(self.running.owner, self.running.client_rid)
+        if running:
+            for req in list(running.values()):
+                await self._cancel_in_flight(req)
             end = time.monotonic() + CANCEL_GRACE_S
-            while self.running and time.monotonic() < end:
+            while running and time.monotonic() < end:
                 await asyncio.sleep(0.02)
-            if self.running:  # the worker did not answer the cancel: the client still gets an end
-                await self._drop_running("shutting_down", "genie stopped during this request")
+            # the worker did not answer a cancel: the client still gets an end
+            await self._drop_in_flight("shutting_down", "genie stopped during this request")

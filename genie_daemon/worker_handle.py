@@ -42,7 +42,20 @@ class WorkerHandle:
     def on_ready(self, info: dict[str, object]) -> None:
         self.ready, self.info = True, info
         self._backoff = self.config.restart_backoff_s
-        log.info("event=worker_ready pid=%s model=%s backend=%s", self.pid, info.get("model"), info.get("backend"))
+        log.info(
+            "event=worker_ready pid=%s model=%s backend=%s slots=%d",
+            self.pid,
+            info.get("model"),
+            info.get("backend"),
+            self.capacity,
+        )
+
+    @property
+    def capacity(self) -> int:
+        """Requests the worker runs at once: its READY's kv_capacity, one per KV slot. 1 until a worker has
+        said (none is sent anything before its READY anyway) or when it says 0."""
+        slots = self.info.get("kv_capacity")
+        return slots if isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1 else 1
 
     @property
     def pid(self) -> int | None:

@@ -54,6 +54,7 @@ EDGE_CASES = [
     {"mode": "local", "api_key": None, "forward_url": None},
     {"model": "qwen3-0.6b"},  # a catalogue model: pulled on first start
     {"model": "hf://Qwen/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q8_0.gguf"},
+    {"parallel": 3},  # three requests at once; 0 (the default) leaves the worker's own number
 ]
 
 
@@ -64,11 +65,12 @@ def test_toml_keys_are_daemon_config_fields(options, tmp_path):
     assert set(values) <= FIELDS | HTTP_KEYS
     c = _load(text, tmp_path, drop=HTTP_KEYS - FIELDS)  # whatever DaemonConfig has today
     merged = DEFAULTS | {k: v for k, v in options.items() if v is not None}
-    assert (c.model, c.ctx, c.fp16_kv, c.kv_cache_max_mb) == (
+    assert (c.model, c.ctx, c.fp16_kv, c.kv_cache_max_mb, c.parallel) == (
         merged["model"],
         merged["context"],
         merged["fp16_kv"],
         merged["kv_cache_mb"],
+        merged["parallel"],
     )
     assert c.kv_cache_dir == KV_CACHE_DIR and PurePosixPath(c.kv_cache_dir).is_relative_to("/data")
     # a model that is not there yet is pulled at start, onto the persistent volume
@@ -92,6 +94,8 @@ def test_load_config_accepts_the_whole_toml(options, tmp_path):
         ({"context": True}, "context must be an integer, not bool"),
         ({"kv_cache_mb": -1}, "kv_cache_mb must be >= 0"),
         ({"fp16_kv": "yes"}, "fp16_kv must be true or false"),
+        ({"parallel": -1}, "parallel must be >= 0"),
+        ({"parallel": 2.0}, "parallel must be an integer, not float"),
         ({"model": ""}, "model must be a short name"),
         ({"model": "models/x.gguf"}, "model must be a short name"),
         ({"model": "/config/x.gguf"}, "the add-on sees files only under"),

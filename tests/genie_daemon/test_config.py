@@ -1,5 +1,7 @@
 """DaemonConfig: defaults < TOML < GENIE_* < flags; bad values are errors that name the option."""
 
+import sys
+
 import pytest
 
 from genie_daemon.config import DaemonConfig, load_config
@@ -72,3 +74,72 @@ def test_models_dir_is_an_option_passed_to_the_worker(tmp_path, monkeypatch):
     c = load_config(toml)
     args = c.worker_args()
     assert c.models_dir == str(tmp_path / "toml") and args[args.index("--models-dir") + 1] == c.models_dir
+
+
+def test_parallel_from_toml_env_and_flag_reaches_the_worker_only_when_set(tmp_path, monkeypatch):
+    """`parallel` (issue 17): requests the worker runs at once. 0, the default, passes nothing, so the
+    worker's own default stands; any other value is the worker's --parallel."""
+    c = DaemonConfig()
+    assert c.parallel == 0 and "--parallel" not in c.worker_args()
+    toml = tmp_path / "genie.toml"
+    toml.write_text("parallel = 3\n")
+    args = load_config(toml).worker_args()
+    assert args[args.index("--parallel") + 1] == "3" and args.count("--parallel") == 1
+    monkeypatch.setenv("GENIE_PARALLEL", "2")
+    assert load_config(toml).parallel == 2
+    assert load_config(toml, {"parallel": 5}).parallel == 5
+    assert "--parallel" not in load_config(toml, {"parallel": 0}).worker_args()
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "flag", "message"),
+    [
+        ("", "", -1, "parallel must be >= 0"),
+        ("", "two", None, "GENIE_PARALLEL='two' is not a valid int"),
+        ("parallel = -2\n", "", None, "parallel must be >= 0"),
+        ("parallel = 2.5\n", "", None, "parallel = 2.5 is not a valid int"),
+        ('parallel = "4"\n', "", None, "parallel = '4' is not a valid int"),
+        ("parallel = true\n", "", None, "parallel = True is not a valid int"),
+    ],
+)
+def test_bad_parallel_is_an_error_naming_it(tmp_path, monkeypatch, toml, env, flag, message):
+    path = tmp_path / "genie.toml"
+    path.write_text(toml)
+    if env:
+        monkeypatch.setenv("GENIE_PARALLEL", env)
+    with pytest.raises(ValueError, match=message):
+        load_config(path, {"parallel": flag})
+
+
+def test_toml_values_of_another_type_are_errors_not_tracebacks(tmp_path):
+    """A TOML string where a number belongs failed as a TypeError in __post_init__ (a traceback from
+    genie-daemon); now a ValueError naming the file and the option. An integer for a float is fine."""
+    path = tmp_path / "genie.toml"
+    path.write_text('ctx = "4096"\n')
+    with pytest.raises(ValueError, match=r"genie.toml: ctx = '4096' is not a valid int"):
+        load_config(path)
+    path.write_text("stream_interval_ms = 5\nkv_store = false\n")
+    c = load_config(path)
+    assert c.stream_interval_ms == 5.0 and isinstance(c.stream_interval_ms, float) and c.kv_store is False
+
+
+def test_genie_daemon_flag(tmp_path, monkeypatch, capsys):
+    """`genie-daemon --parallel N` sets it; a bad value is one line on stderr and exit 2, no traceback."""
+    from genie_daemon import __main__ as cli
+
+    served: list[DaemonConfig] = []
+
+    async def serve(config: DaemonConfig) -> int:
+        served.append(config)
+        return 0
+
+    monkeypatch.setattr(cli, "_serve", serve)
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import fails: the test's event loop policy stays as it is
+    none = str(tmp_path / "none.toml")
+    assert cli.main(["--config", none, "--parallel", "3"]) == 0 and served[-1].parallel == 3
+    assert cli.main(["--config", none, "--parallel", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["genie-daemon: error: parallel must be >= 0 (0: the worker's default)"]
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--config", none, "--parallel", "many"])
+    assert e.value.code == 2 and "--parallel: invalid int value: 'many'" in capsys.readouterr().err

@@ -64,11 +64,13 @@ def test_metrics_prints_the_counters(admin, capsys):
     metrics = DaemonMetrics()
     metrics.observe_done("stop", {"prompt_tokens": 12, "cached_tokens": 4, "completion_tokens": 7}, {"ttft_ms": 30})
     metrics.observe_error("overloaded")
-    counters = metrics.counters({"ready": True, "running": False, "queue": 2, "kv": {"hits": 3}})
+    state = {"ready": True, "running": 3, "slots": {"in_use": 3, "total": 4}, "queue": 2, "kv": {"hits": 3}}
+    counters = metrics.counters(state)
     assert counters['genie_requests_total{finish="stop"}'] == 1
     assert counters['genie_requests_total{finish="error:overloaded"}'] == 1
     assert counters["genie_generated_tokens_total"] == 7 and counters["genie_cached_tokens_total"] == 4
     assert counters["genie_time_to_first_token_seconds_count"] == 1 and counters["genie_requests_waiting"] == 2
+    assert counters["genie_requests_running"] == 3 and counters["genie_slots_total"] == 4  # issue 17: N at once
     assert counters["genie_kv_store_hits"] == 3 and counters["genie_ready"] == 1
     assert not [k for k in counters if k.endswith(("_bucket", "_created"))]  # for Prometheus, not people
     admin.steps = [counters]
@@ -78,6 +80,17 @@ def test_metrics_prints_the_counters(admin, capsys):
     assert any(line.split() == ["genie_generated_tokens_total", "7"] for line in out.splitlines()), out
     assert ctl.main(["metrics", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == counters
+
+
+def test_status_shows_the_slots_in_use_of_the_total(admin, capsys):
+    """The worker runs several requests at once (issue 17): `genie-ctl status` says how many of its slots
+    are taken, on one line; --json keeps STATUS's own shape."""
+    admin.steps = [{**READY, "queue": 1, "running": 2, "slots": {"in_use": 2, "total": 4}}]
+    assert ctl.main(["status"]) == 0
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in capsys.readouterr().out.splitlines()}
+    assert rows["slots"] == "2 / 4 in use" and rows["running"] == "2" and rows["queue"] == "1"
+    assert ctl.main(["status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slots"] == {"in_use": 2, "total": 4}
 
 
 def test_wait_says_what_it_waits_for_once_per_change(admin, capsys):

@@ -49,7 +49,7 @@ def test_requests_sent_while_a_hung_worker_is_replaced_are_all_answered(tmp_path
         assert isinstance(ends[0], Error) and ends[0].code == "worker_died", ends[0]
         assert all(isinstance(e, Done) for e in ends[1:]), ends
         status = json.loads(ctl(sock_dir, "--json", "status").stdout)
-        assert status["ready"] and not status["running"] and status["queue"] == 0, status
+        assert status["ready"] and status["running"] == 0 and status["queue"] == 0, status
         assert status["worker_restarts"] == 1 and status["worker_pid"] != pid
     finally:
         try:

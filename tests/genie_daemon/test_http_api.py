@@ -71,6 +71,8 @@ class ScriptedService:
         self.pull_script: list[PullProgress | PullError] = []
         self.pulls: list[str] = []
         self.pulls_closed = 0  # pull streams left: finished, failed or abandoned
+        self.playing = 0  # answers being played now
+        self.most_at_once = 0
 
     async def submit(self, owner: Any, reply: Any, msg: Generate, model: str | None = None) -> None:
         self.submitted.append(msg)
@@ -78,6 +80,14 @@ class ScriptedService:
         asyncio.get_running_loop().create_task(self._play(reply, msg))
 
     async def _play(self, reply: Any, msg: Generate) -> None:
+        self.playing += 1
+        self.most_at_once = max(self.most_at_once, self.playing)
+        try:
+            await self._answer(reply, msg)
+        finally:
+            self.playing -= 1
+
+    async def _answer(self, reply: Any, msg: Generate) -> None:
         rid = msg.request_id
         if self.error:
             await reply(Error(request_id=rid, code=self.error.code, message=self.error.message))
@@ -102,7 +112,8 @@ class ScriptedService:
             "worker_pid": self.worker_pid,
             "load_ms": 250.0,
             "queue": 0,
-            "running": False,
+            "running": 0,
+            "slots": {"in_use": 0, "total": 4},
         }
 
     async def kv_metrics(self) -> dict[str, Any]:
@@ -588,6 +599,8 @@ def test_metrics_after_a_request(served):
         "genie_cached_tokens_total 100.0",
         "genie_kv_store_hits 3.0",
         "genie_ready 1.0",
+        "genie_slots_total 4.0",
+        "genie_requests_running 0.0",
     ):
         assert line in text, line
     assert 'genie_requests_total{finish="stop"} 1.0' in text and "genie_time_to_first_token_seconds_bucket" in text
@@ -607,6 +620,37 @@ def test_client_disconnect_cancels(served):
     while not service.cancelled and time.monotonic() < deadline:
         time.sleep(0.02)
     assert service.cancelled == [service.submitted[-1].request_id]
+
+
+def test_requests_are_served_at_once_not_one_after_another(served):
+    """Issue 17: the fronts hold no lock and no one-turn state. An Ollama stream is under way when an
+    OpenAI one and a whole Ollama answer are asked for: all three are being answered at once, each
+    whole and in order."""
+    service, url = served
+    service.script = [f"w{i} " for i in range(20)]
+    service.delay_s = 0.03  # 0.6 s an answer
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+    first = urllib.request.urlopen(urllib.request.Request(url + "/api/chat", data=json.dumps(chat).encode()))
+    assert json.loads(first.readline())["done"] is False  # under way
+    results: dict[str, str] = {}
+
+    def openai_stream() -> None:
+        chunks = openai_client(url).chat.completions.create(model="tiny", messages=chat["messages"], stream=True)
+        results["openai"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    def ollama_whole() -> None:
+        results["ollama"] = ollama_client(url).chat(model="tiny", messages=chat["messages"]).message.content
+
+    threads = [threading.Thread(target=f) for f in (openai_stream, ollama_whole)]
+    for t in threads:
+        t.start()
+    rest = [json.loads(line) for line in first]
+    for t in threads:
+        t.join(10)
+    whole = "".join(service.script)
+    assert "".join(line["message"]["content"] for line in rest) == whole.removeprefix("w0 ") and rest[-1]["done"]
+    assert results == {"openai": whole, "ollama": whole}
+    assert service.most_at_once == 3
 
 
 def test_json_formats_reach_the_worker(served):
