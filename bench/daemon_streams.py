@@ -1,0 +1,130 @@
+"""Many streams through the daemon (issue 17, acceptance 5 and 6): N concurrent Ollama `/api/chat` streams
+against one, on a daemon started here with `--parallel N`, driven by the real `ollama` client.
+
+    python bench/daemon_streams.py [-m smollm2-135m] [--streams 1 4] [--tokens 64] [--backend auto]
+
+Each stream asks its own question (greedy, `num_predict` tokens, the end-of-generation token ignored so
+every answer is that long). The questions are first asked one at a time, then all together; the table
+gives tokens/s together (all answers' tokens over the wall time from the first request to the last DONE,
+prefill included) against one at a time, and whether each answer is the text it was alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTIONS = [
+    "Name three colours.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "How many legs does a spider have?",
+    "Say hello in Spanish.",
+    "What is two plus two?",
+    "Name a fruit that is yellow.",
+    "What do bees make?",
+    "Describe rain in one sentence.",
+    "What is the opposite of cold?",
+    "Name a planet.",
+    "What sound does a cat make?",
+    "Spell the word house.",
+    "What colour is grass?",
+    "Name a musical instrument.",
+    "What day comes after Monday?",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(model: str, parallel: int, backend: str, tmp: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "genie_daemon", "-m", model, "--backend", backend, "--parallel", str(parallel)]
+    cmd += ["--socket-dir", str(tmp / "run"), "--kv-cache-dir", str(tmp / "kv"), "--http-port", str(port)]
+    log = open(tmp / "daemon.log", "w")  # noqa: SIM115 (the daemon's, closed with the process)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    return proc, port
+
+
+async def ask(client, model: str, question: str, tokens: int) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+    text, count = "", 0
+    options = {"temperature": 0, "num_predict": tokens, "ignore_eos": True}
+    stream = await client.chat(
+        model=model, messages=[{"role": "user", "content": question}], stream=True, options=options
+    )
+    async for part in stream:
+        text += part.message.content or ""
+        if part.done:
+            count = part.eval_count or 0
+    return text, count
+
+
+async def run(port: int, model: str, n: int, tokens: int) -> list[str]:
+    import ollama
+
+    client = ollama.AsyncClient(host=f"http://127.0.0.1:{port}", timeout=600)
+    deadline = time.monotonic() + 180
+    while True:  # the worker loads the model on start: the first request waits for it
+        try:
+            await ask(client, model, "Hi", 1)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1)
+    questions = QUESTIONS[:n]
+    alone, t_alone, n_alone = [], 0.0, 0
+    for q in questions:
+        t0 = time.perf_counter()
+        text, count = await ask(client, model, q, tokens)
+        t_alone += time.perf_counter() - t0
+        alone.append(text)
+        n_alone += count
+    t0 = time.perf_counter()
+    together = await asyncio.gather(*(ask(client, model, q, tokens) for q in questions))
+    t_together = time.perf_counter() - t0
+    n_together = sum(c for _, c in together)
+    same = sum(a == t for a, (t, _) in zip(alone, together, strict=True))
+    rate_alone, rate_together = n_alone / t_alone, n_together / t_together
+    print(
+        f"| {n} | {rate_alone:.1f} | {rate_together:.1f} | {rate_together / rate_alone:.2f} | {same} of {n} |",
+        flush=True,
+    )
+    return [t for t, _ in together]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", default="smollm2-135m")
+    p.add_argument("--streams", nargs="+", type=int, default=[4])
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--backend", default="auto")
+    args = p.parse_args()
+    print(f"## {args.model} through the daemon, {args.tokens} tokens an answer, /api/chat (ollama client)")
+    print("| streams | one at a time tok/s | together tok/s | together / one at a time | same text as alone |")
+    print("|---|---|---|---|---|")
+    for n in args.streams:
+        with tempfile.TemporaryDirectory() as d:
+            proc, port = start(args.model, n, args.backend, Path(d))
+            try:
+                asyncio.run(run(port, args.model, n, args.tokens))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
