@@ -20,6 +20,8 @@ class Segment:
     pos0: int  # the position of its first token here (the tokens its slot holds before this step)
     ids: tuple[int, ...]
     wants_logits: bool  # whether the step returns logits of its last token (a decode step, a prompt's end)
+    # the row whose logits it wants, counted from its first: its last unless padded to a captured step's size
+    logit_row: int = -1
 
     @property
     def n(self) -> int:
@@ -42,7 +44,7 @@ class Batch:
             raise ValueError("two segments of one batch share a slot")
         starts = np.cumsum([0] + [s.n for s in self.segments])
         ids = np.fromiter((t for s in self.segments for t in s.ids), dtype=np.int64, count=int(starts[-1]))
-        rows = [int(starts[i + 1]) - 1 for i, s in enumerate(self.segments) if s.wants_logits]
+        rows = [int(starts[i]) + s.logit_row % s.n for i, s in enumerate(self.segments) if s.wants_logits]
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "starts", tuple(int(x) for x in starts[:-1]))
         object.__setattr__(self, "logit_rows", np.asarray(rows, dtype=np.int64))

@@ -168,19 +168,43 @@ class Engine:
             return forward(m.config, m.weights, self.backend, self.kv, slot, arr, pos0, logit_rows, interrupt)
 
         out = None
+        last_row = logit_rows is None or (logit_rows.start, logit_rows.stop, logit_rows.step) == (-1, None, None)
+        bucket = self._bucket(len(arr), pos0) if last_row else len(arr)  # (token_nll wants every row)
         if len(arr) == 1 and logit_rows is not None:  # a decode step: the backend's fused path if it has one
             out = self.backend.decode_step(self._steps, m.config, m.weights, self.kv, slot, int(arr[0]), pos0)
+        elif bucket != len(arr):
+            # a short chunk padded to a size whose step is captured (a chunk of any length up to it replays that
+            # one step): the pad's K/V lands past what the slot holds (rows no query reads before a real token
+            # overwrites them), its logits are never taken
+            ids_padded = (*(int(t) for t in arr), *([int(arr[-1])] * (bucket - len(arr))))
+            wants = logit_rows is not None
+            padded = Batch((Segment(slot, pos0, ids_padded, wants, logit_row=len(arr) - 1),))
+
+            def run_padded() -> Any:
+                return forward_batch(m.config, m.weights, self.backend, self.kv, padded, interrupt)
+
+            key = (slot, bucket, "padded", wants)
+            out = self.backend.forward_step(self._steps, key, run_padded, padded, capturable=True)
         if out is None:
             # one captured step per slot and shape (the GPU backend replays it as a CUDA graph): decode steps and
             # full prefill chunks, the shapes that repeat
             rows = None if logit_rows is None else (logit_rows.start, logit_rows.stop, logit_rows.step)
             key = (slot, len(arr), rows)
-            repeats = len(arr) in (1, self.config.prefill_chunk)
+            repeats = len(arr) in (1, self.config.prefill_chunk, *self.backend.step_buckets)
             capturable = repeats and self.kv.config.dtype != "f32"
             batch = Batch((Segment(slot, pos0, tuple(int(t) for t in arr), logit_rows is not None),))
             out = self.backend.forward_step(self._steps, key, run, batch, capturable=capturable)
         self.kv.resident[slot].extend(ids)
         return out
+
+    def _bucket(self, n: int, pos0: int) -> int:
+        """The size a prompt chunk of n tokens at pos0 runs as: the backend's next step bucket (when it fits
+        the context), else n. A chunk of exactly a bucket's size runs unpadded under a key of its own, so one
+        size may be captured twice (padded and not): one key for both would save that capture."""
+        if n < 2 or self.kv.config.dtype == "f32" or not self.backend.step_buckets:
+            return n
+        size = next((b for b in self.backend.step_buckets if n <= b <= self.config.prefill_chunk), n)
+        return size if pos0 + size <= self.n_ctx else n
 
     def run_step(self, segments: list[Segment], interrupt: Callable[[], bool] | None) -> Any:
         """One forward pass of the scheduler's segments: logits [k, vocab], a row per segment that wants

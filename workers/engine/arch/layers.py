@@ -88,11 +88,7 @@ def forward_batch(
     Returns logits [len(batch.logit_rows), vocab], a row per segment that wants them, in segment order
     (None when none does); `interrupt` as in `forward`, for the whole step."""
     rows = batch.logit_rows
-    if not len(rows):
-        return _forward(cfg, weights, backend, kv, batch, None, interrupt)
-    if rows[-1] - rows[0] + 1 == len(rows):  # consecutive (decode steps): a slice, which a captured step can replay
-        return _forward(cfg, weights, backend, kv, batch, slice(int(rows[0]), int(rows[-1]) + 1), interrupt)
-    return _forward(cfg, weights, backend, kv, batch, rows, interrupt)
+    return _forward(cfg, weights, backend, kv, batch, rows if len(rows) else None, interrupt)
 
 
 def _forward(
@@ -149,7 +145,7 @@ def _forward(
         return None
     if len(batch.segments) > 1:
         b.stage_rows(tuple(1 for _ in batch.logit_rows))  # a row of each sequence: each alone (base.py)
-    h = x[b.xp.asarray(logit_rows)] if isinstance(logit_rows, np.ndarray) else x[logit_rows]
+    h = b.take_rows(x, logit_rows) if isinstance(logit_rows, np.ndarray) else x[logit_rows]
     h = b.rms_norm(h, weights.output_norm, cfg.rms_eps)
     logits = b.matmul(h, weights.output)
     if cfg.final_logit_softcap:

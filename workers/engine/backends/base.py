@@ -247,6 +247,15 @@ class Backend(ABC):
         row = self.to_host(logits)[-1]
         return int(np.argmax(row)) if np.isfinite(row).all() else -1
 
+    def take_rows(self, x: Array, rows: np.ndarray) -> Array:
+        """x[rows] for the rows of the step staged by `stage_batch` whose logits it returns (a backend that
+        replays captured steps reads them from where it staged them)."""
+        return x[self.xp.asarray(rows)]
+
+    # sizes a prompt chunk is padded to, so that a chunk of any length replays a captured step (none: no
+    # padding, every chunk runs as it is)
+    step_buckets: tuple[int, ...] = ()
+
     def stack_rows(self, parts: list[Array]) -> Array:
         """The parts' rows one after the other, [sum of rows, ...]."""
         return self.xp.concatenate(parts)

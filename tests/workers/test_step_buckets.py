@@ -1,0 +1,84 @@
+"""Short prompt chunks padded to a captured step's size (Backend.step_buckets): the same answer as unpadded,
+the pad never counted as held, and a chunk that would run past the context left unpadded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.tiny_models import write_tiny_model
+from workers.engine.backends.cupy_backend import cupy_available
+from workers.engine.backends.numpy_backend import NumpyBackend
+from workers.engine.engine import Engine, EngineConfig
+from workers.engine.model import Model
+from workers.engine.sampling import SamplingParams
+
+ROOT = Path(__file__).parents[2]
+
+
+class Padding(NumpyBackend):
+    step_buckets = (16, 32)
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory) -> tuple[Engine, Engine]:
+    path = tmp_path_factory.mktemp("buckets") / "tiny.gguf"
+    write_tiny_model("qwen3", path, seed=5)
+    made = []
+    for backend in (NumpyBackend(), Padding()):
+        config = EngineConfig(model=str(path), n_ctx=48, kv_dtype="int8", prefill_chunk=32)
+        made.append(Engine(config, Model.load(path, backend)))
+    return made[0], made[1]
+
+
+def logits_of(engine: Engine, ids: list[int]) -> np.ndarray:
+    engine.kv.resident[0] = []
+    return engine.backend.to_host(engine._run(0, ids, 0, slice(-1, None)))
+
+
+@pytest.mark.parametrize("n", [2, 9, 16, 17, 31])
+def test_a_padded_chunk_gives_the_unpadded_logits(engines: tuple[Engine, Engine], n: int) -> None:
+    plain, padding = engines
+    ids = [1, *np.random.default_rng(n).integers(3, 380, n - 1).tolist()]
+    want, got = logits_of(plain, ids), logits_of(padding, ids)
+    assert got.shape == want.shape == (1, plain.model.config.n_vocab)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())  # BLAS over more rows
+    assert padding.kv.resident[0] == ids  # the pad's rows are past what the slot holds
+
+
+def test_answers_and_the_next_turn_match_unpadded(engines: tuple[Engine, Engine]) -> None:
+    """A 9-token prompt (padded to 16), its answer, then a longer turn reusing it (a 7-token chunk at 21)."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    first = [1, *np.random.default_rng(1).integers(3, 380, 8).tolist()]
+    answers = []
+    for engine in engines:
+        engine.kv.resident[0] = []
+        *_, done = engine.generate(first, params)
+        *_, again = engine.generate(first + done.token_ids + [50, 51, 52, 53], params)
+        assert again.cached_tokens == len(first) + len(done.token_ids) - 1
+        answers.append((done.token_ids, again.token_ids))
+    assert answers[0] == answers[1]
+
+
+def test_no_padding_past_the_context(engines: tuple[Engine, Engine]) -> None:
+    _, padding = engines
+    assert padding._bucket(9, 0) == 16 and padding._bucket(16, 0) == 16 and padding._bucket(32, 0) == 32
+    assert padding._bucket(9, 40) == 9  # 40 + 16 > 48: the chunk runs as it is
+    assert padding._bucket(1, 0) == 1 and padding._bucket(33, 0) == 33  # a decode step; past prefill_chunk
+
+
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and an NVIDIA GPU")
+def test_cupy_replays_one_captured_step_for_every_short_prompt() -> None:
+    """Prompts of 9, 13 and 16 tokens all run as the captured 16-token step (one capture, then replays with
+    other ids, positions and logit rows), each within TF32's error of the NumPy backend's logits."""
+    path = ROOT / "tests/fixtures/tiny/llama-q4_k_m.gguf"
+    engines = [Engine(EngineConfig(model=str(path), backend=b, n_ctx=128, prefill_chunk=64)) for b in ("cupy", "numpy")]
+    gpu, cpu = engines
+    for n in (9, 13, 16):
+        ids = [1, *np.random.default_rng(n).integers(3, 200, n - 1).tolist()]
+        got, want = logits_of(gpu, ids), logits_of(cpu, ids)
+        assert np.abs(got - want).max() <= 5e-3 * np.abs(want).max()
+    padded = [key for key in gpu._steps if isinstance(key, tuple) and "padded" in key]
+    assert padded == [(0, 16, "padded", True)] and gpu._steps[padded[0]] is not False
