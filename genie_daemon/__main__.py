@@ -14,6 +14,11 @@ from .config import DaemonConfig, default_config_path, load_config
 from .server import Daemon
 
 
+def _ctx(value: str) -> int:
+    """--ctx: `auto` is 0 (the worker sizes it from its memory budget)."""
+    return 0 if value == "auto" else int(value)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     d = DaemonConfig()
     p = argparse.ArgumentParser(prog="genie-daemon", description="genie's supervisor daemon")
@@ -21,7 +26,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-m", "--model", help=f"GGUF path, installed or pulled model (default: {d.model})")
     p.add_argument("--models-dir", help=f"where pulled models live (default: {d.models_dir})")
     p.add_argument("--backend", help=f"auto | numpy | cupy (default: {d.backend})")
-    p.add_argument("--ctx", type=int, help=f"context length (default: {d.ctx})")
+    p.add_argument("--ctx", type=_ctx, help="context length in tokens, or auto (default: auto)")
+    p.add_argument(
+        "--mem-budget-mb",
+        type=int,
+        help="memory the model, its KV cache and a step may take (default: 0, what is free, less a tenth)",
+    )
     p.add_argument("--fp16-kv", action="store_true", default=None, help="FP16 KV cache (default: INT8)")
     p.add_argument("--socket-dir", help=f"directory of the ipc sockets (default: {d.socket_dir})")
     p.add_argument("--max-queue", type=int, help=f"waiting requests before 'overloaded' (default: {d.max_queue})")
@@ -57,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "models_dir": args.models_dir,
                 "backend": args.backend,
                 "ctx": args.ctx,
+                "mem_budget_mb": args.mem_budget_mb,
                 "fp16_kv": args.fp16_kv,
                 "socket_dir": args.socket_dir,
                 "max_queue": args.max_queue,

@@ -28,7 +28,8 @@ class DaemonConfig:
     models_dir: str = field(default_factory=lambda: str(default_models_dir()))  # pulled models (genie-ctl pull)
     auto_pull: bool = False  # at start, pull `model` into models_dir when it is not there (the add-on sets it)
     backend: str = "auto"  # auto | numpy | cupy
-    ctx: int = 4096  # context length in tokens
+    ctx: int = 0  # context length in tokens; 0 = auto: the training context if mem_budget_mb holds it, else the most
+    mem_budget_mb: int = 0  # memory the worker's model, KV cache and step may take; 0 = what is free, less a tenth
     fp16_kv: bool = False  # FP16 KV cache instead of INT8
     prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
     parallel: int = 0  # requests the worker runs at once, each in a KV slot of its own; 0 = the worker's default
@@ -60,6 +61,8 @@ class DaemonConfig:
             raise ValueError("max_queue, ctx and stream_interval_ms must be >= 0, prefill_chunk >= 1")
         if self.parallel < 0:
             raise ValueError("parallel must be >= 0 (0: the worker's default)")
+        if self.mem_budget_mb < 0:
+            raise ValueError("mem_budget_mb must be >= 0 (0: what is free at start, less a tenth)")
         if self.max_tokens_default < 1:
             raise ValueError("max_tokens_default must be >= 1: a request that asks for no limit must still end")
         if self.kv_cache_max_mb < 0 or not self.kv_cache_stale_tmp_s >= 0:
@@ -90,7 +93,9 @@ class DaemonConfig:
             "--backend",
             self.backend,
             "--ctx",
-            str(self.ctx),
+            str(self.ctx or "auto"),
+            "--mem-budget-mb",
+            str(self.mem_budget_mb),
             "--prefill-chunk",
             str(self.prefill_chunk),
             "--stream-interval-ms",

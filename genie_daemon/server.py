@@ -382,6 +382,8 @@ class Daemon:
             "backend": self.worker.info.get("backend"),
             "device": self.worker.info.get("device"),
             "load_ms": self.worker.info.get("load_ms"),  # the serving worker's load (Ollama's load_duration)
+            "ctx": self.worker.info.get("n_ctx"),  # the context its KV slots hold (memory_plan.py sized it)
+            "memory": self.worker.info.get("memory"),  # its plan: weights, KV, scratch and budget, MB
             "ready": self.worker.ready,
             "uptime_s": round(time.monotonic() - self.started, 1),
             "daemon_pid": os.getpid(),

@@ -260,6 +260,7 @@ class Ready(Message):
         "backend": Field("str", required=True, limit=256),
         "device": Field("str", required=True, limit=256),
         "load_ms": Field("float", required=True),
+        "memory": Field("dict"),
     }
     model: str
     n_ctx: int
@@ -267,6 +268,8 @@ class Ready(Message):
     backend: str
     device: str
     load_ms: float
+    # the worker's memory plan: weights_mb, kv_mb, scratch_mb, total_mb, budget_mb, ctx, slots
+    memory: dict | None = None
 
 
 @dataclass

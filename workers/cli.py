@@ -16,6 +16,7 @@ from . import __version__
 from .engine.backends import BACKEND_CHOICES
 from .engine.engine import Completion, Delta, Engine, EngineConfig
 from .engine.errors import GenieError, RequestError
+from .engine.memory_plan import parse_ctx
 from .engine.perplexity import perplexity
 from .engine.registry import DEFAULT_MODEL, MODELS
 from .engine.sampling import SamplingParams
@@ -34,8 +35,21 @@ def _add_engine_options(p: argparse.ArgumentParser, ctx_default: int = EngineCon
         "(default: %(default)s)",
     )
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="compute backend (default: %(default)s)")
-    p.add_argument("--ctx", type=int, default=ctx_default, help="context length in tokens (default: %(default)s)")
+    p.add_argument(
+        "--ctx",
+        type=parse_ctx,
+        default=ctx_default,
+        help="context length in tokens, or auto: the model's training context if the memory budget holds it, "
+        f"else the largest that fits (default: {ctx_default or 'auto'})",
+    )
     p.add_argument("--fp16-kv", action="store_true", help="FP16 KV cache instead of INT8 (default: INT8)")
+    p.add_argument(
+        "--mem-budget-mb",
+        type=int,
+        default=0,
+        help="memory the model, its KV cache and a step may take; the plan is printed at load "
+        "(default: what is free now, less a tenth)",
+    )
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -148,9 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    return Engine(
-        EngineConfig(model=args.model, backend=args.backend, n_ctx=args.ctx, kv_dtype="f16" if args.fp16_kv else "int8")
+    config = EngineConfig(
+        model=args.model,
+        backend=args.backend,
+        n_ctx=args.ctx,
+        kv_dtype="f16" if args.fp16_kv else "int8",
+        mem_budget_mb=args.mem_budget_mb,
     )
+    engine = Engine(config)
+    print(f"genie: {engine.plan.line()}", file=sys.stderr)
+    return engine
 
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
@@ -211,6 +232,7 @@ def _timings_line(engine: Engine, c: Completion) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    params = _sampling(args)  # a bad option is refused before the model loads
     engine = _engine(args)
     use_chat = args.chat if args.chat is not None else engine.model.chat_template is not None
     if use_chat:
@@ -220,7 +242,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     conv = _ConvCache(engine, args.conv_id) if args.conv_id else None
     if conv:
         conv.before(ids)
-    c = _stream(engine, ids, _sampling(args), args.think, echo=not args.json)
+    c = _stream(engine, ids, params, args.think, echo=not args.json)
     if conv:
         conv.after(c)
     if args.json:
@@ -245,8 +267,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    params = _sampling(args)  # a bad option is refused before the model loads
     engine = _engine(args)
-    params = _sampling(args)
     conv = _ConvCache(engine, args.conv_id) if args.conv_id else None
     messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
     print(
@@ -300,18 +322,20 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise GenieError(f"{args.text_file}: cannot read as UTF-8 text: {e}") from None
+    if args.ctx == 1:  # refused before the model loads (perplexity.py checks the upper bound)
+        raise RequestError("--ctx must be at least 2: a window scores each token given the ones before it")
     engine = _engine(args)
 
     def progress(done: int, total: int) -> None:
         if not args.json:
             print(f"\rwindow {done}/{total}", end="", file=sys.stderr, flush=True)
 
-    r = perplexity(engine, text, args.ctx, progress)
+    r = perplexity(engine, text, engine.n_ctx, progress)
     if args.json:
         print(json.dumps({"ppl": r.ppl, "n_scored": r.n_scored, "nll": [round(float(x), 6) for x in r.nll]}))
     else:
         print(file=sys.stderr)
-        print(f"perplexity {r.ppl:.4f} over {r.n_scored} tokens (ctx {args.ctx}, {engine.config.kv_dtype} KV)")
+        print(f"perplexity {r.ppl:.4f} over {r.n_scored} tokens (ctx {engine.n_ctx}, {engine.config.kv_dtype} KV)")
     return 0
 
 

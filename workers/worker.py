@@ -48,6 +48,7 @@ from .delta_stream import DeltaStream
 from .engine.backends import BACKEND_CHOICES
 from .engine.engine import Engine, EngineConfig
 from .engine.errors import GenieError
+from .engine.memory_plan import parse_ctx
 from .engine.registry import DEFAULT_MODEL
 from .engine.sampling import SamplingParams
 from .engine.sequence import Delta, Event, Failed
@@ -169,6 +170,7 @@ class Worker:
                 backend=e.backend.name,
                 device=e.backend.device_name,
                 load_ms=e.model.load_ms,
+                memory=e.plan.as_dict(),
             )
         )
         scheduler = e.scheduler
@@ -308,7 +310,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the daemon's models directory, where -m NAME finds a pulled model (default: genie's own)",
     )
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="compute backend (default: %(default)s)")
-    p.add_argument("--ctx", type=int, default=EngineConfig.n_ctx, help="context length (default: %(default)s)")
+    p.add_argument(
+        "--ctx", type=parse_ctx, default=0, help="context length in tokens, or auto (default: auto, memory_plan.py)"
+    )
+    p.add_argument(
+        "--mem-budget-mb", type=int, default=0, help="memory the model may take (default: 0: what is free, less 10%%)"
+    )
     p.add_argument("--fp16-kv", action="store_true", help="FP16 KV cache instead of INT8 (default: INT8)")
     p.add_argument(
         "--parallel",
@@ -341,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv_dtype="f16" if args.fp16_kv else "int8",
             prefill_chunk=args.prefill_chunk,
             n_slots=args.parallel,
+            mem_budget_mb=args.mem_budget_mb,
         )
         if args.parallel < 0:
             raise GenieError("--parallel must be >= 1 (or 0: the backend's default)")

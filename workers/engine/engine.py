@@ -24,7 +24,8 @@ from .constraint import JsonConstraint
 from .context_fit import Fitted, fit_messages
 from .errors import BackendUnsupportedError, ModelError, RequestError
 from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
-from .model import Model
+from .memory_plan import MIB, MemoryPlan, default_budget, plan_memory
+from .model import Model, inspect
 from .model_config import ModelConfig
 from .registry import DEFAULT_MODEL, resolve_model
 from .sampling import SamplingParams
@@ -40,16 +41,17 @@ NEVER = float(np.finfo(np.float32).min)  # the logit of a token that is never sa
 class EngineConfig:
     model: str = DEFAULT_MODEL  # a GGUF path or the short name of an installed model
     backend: str = "auto"  # auto | numpy | cupy
-    n_ctx: int = 4096  # context length in tokens; 0 = the model's training context
+    n_ctx: int = 0  # context length in tokens; 0 = auto: the training context if the budget holds it, else the most
     kv_dtype: KVDtype = "int8"  # int8 (per-position, per-head scales) | f16 | f32
+    mem_budget_mb: int = 0  # memory the model may take (memory_plan.py); 0 = what is free now, less a reserve
     prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
     n_slots: int = 1  # sequences the KV pool holds: requests run at once (the daemon's `parallel`); 0: the backend's
 
     def __post_init__(self) -> None:
         if self.backend not in BACKEND_CHOICES:
             raise RequestError(f"backend must be one of {', '.join(BACKEND_CHOICES)}")
-        if self.n_ctx < 0 or self.prefill_chunk < 1 or self.n_slots < 0:
-            raise RequestError("n_ctx and n_slots must be >= 0, prefill_chunk >= 1")
+        if self.n_ctx < 0 or self.prefill_chunk < 1 or self.n_slots < 0 or self.mem_budget_mb < 0:
+            raise RequestError("n_ctx, n_slots and mem_budget_mb must be >= 0, prefill_chunk >= 1")
         if self.kv_dtype not in ("int8", "f16", "f32"):
             raise RequestError("kv_dtype must be int8, f16 or f32")
 
@@ -71,21 +73,24 @@ class Engine:
             self.backend = select_backend(config.backend)
             path = resolve_model(config.model)
             try:
-                model = Model.load(path, self.backend)
+                header = inspect(path, self.backend)
             except BackendUnsupportedError:
                 if config.backend != "auto" or self.backend.name == "numpy":
                     raise
                 log.warning("event=backend_fallback backend=%s model=%s: running it on numpy", self.backend.name, path)
                 self.backend = NumpyBackend()
-                model = Model.load(path, self.backend)
-        else:
+                header = inspect(path, self.backend)
+            self.plan = self._plan(header.config, header.weight_bytes, loaded=False)  # before any allocation
+            log.info("event=memory_plan %s", self.plan.line())
+            model = Model.load(path, self.backend)
+        else:  # the weights are in memory already: the budget is counted as if they were not
             self.backend = model.backend
+            self.plan = self._plan(model.config, inspect(model.path, self.backend).weight_bytes, loaded=True)
         self.model = model
         self.tokenizer = self.model.tokenizer
         mc = self.model.config
-        self.n_ctx = min(config.n_ctx or mc.n_ctx_train, mc.n_ctx_train)
-        n_slots = config.n_slots or self.backend.default_parallel
-        self.kv = KVCache(kv_cache_config(mc, self.n_ctx, n_slots, config.kv_dtype), self.backend.xp)
+        self.n_ctx = self.plan.n_ctx
+        self.kv = KVCache(kv_cache_config(mc, self.n_ctx, self.plan.n_slots, config.kv_dtype), self.backend.xp)
         # never sampled: a text answer has no image or audio in it. Gemma 3 270M writes "<start_of_image>"
         # between sentences, which then printed as nothing glues them together ("people.But"); Google's own
         # Gemma sampler forbids these tokens too (its FORBIDDEN_TOKENS)
@@ -93,6 +98,18 @@ class Engine:
         self._banned = (banned, self.backend.xp.asarray(banned)) if banned.size else None
         self._steps: dict[Any, Any] = {}  # decode steps the backend captured for this engine's KV cache
         self.scheduler = Scheduler(self)  # what runs in each step (scheduler.py)
+
+    def _plan(self, mc: ModelConfig, weight_bytes: int, loaded: bool) -> MemoryPlan:
+        """The memory the model, its KV pool and a step take, and the context they leave room for."""
+        c = self.config
+        n_slots = c.n_slots or self.backend.default_parallel
+        kv_per_token = kv_cache_config(mc, 1, 1, c.kv_dtype).bytes_per_token
+        scratch, scratch_per_token = self.backend.scratch_bytes(mc, c.prefill_chunk, n_slots)
+        free = self.backend.free_memory() + (weight_bytes if loaded else 0)
+        budget = c.mem_budget_mb * MIB if c.mem_budget_mb else default_budget(free)
+        return plan_memory(
+            weight_bytes, kv_per_token, scratch_per_token, scratch, budget, mc.n_ctx_train, c.n_ctx, n_slots
+        )
 
     # -- prompts ----------------------------------------------------------------------------------
     def chat_prompt(

@@ -12,7 +12,7 @@ from .arch.layers import LayerWeights, ModelWeights, expected_shapes
 from .arch.spec import GLOBAL_TENSORS, KV_ROLES, LAYER_TENSORS, ArchSpec
 from .backends.base import Backend
 from .errors import BackendUnsupportedError, ModelFileError
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, TensorInfo
 from .model_config import MetaReader, ModelConfig
 from .tokenizer import Tokenizer
 
@@ -68,6 +68,61 @@ class Model:
             (time.perf_counter() - t0) * 1000,
             backend,
         )
+
+
+@dataclass(frozen=True)
+class ModelHeader:
+    """What the file's header says before any weight is loaded: enough to plan the memory (memory_plan.py)."""
+
+    config: ModelConfig
+    weight_bytes: int  # what the backend will hold for the weights, in its own form
+
+
+def inspect(path: str | Path, backend: Backend) -> ModelHeader:
+    """The model's config and the bytes its weights will take on `backend`, from the header alone; the
+    same checks as Model.load on the architecture and the backend (the tensors' shapes are load's)."""
+    path = Path(path)
+    with GGUFFile(path) as gf:
+        spec = ARCHITECTURES.get(gf.architecture)
+        if spec is None:
+            known = ", ".join(sorted(ARCHITECTURES))
+            raise ModelFileError(path, f"unknown architecture {gf.architecture!r} (genie runs {known})")
+        embed = gf.tensors.get(GLOBAL_TENSORS["embed"])
+        if embed is None:
+            raise ModelFileError(path, f"missing tensor {GLOBAL_TENSORS['embed']}")
+        n_vocab = embed.shape[0]  # load checks it against the tokenizer's
+        config = spec.read_config(MetaReader(gf.metadata, gf.architecture, str(path), gf.tensors), n_vocab)
+        reason = backend.unsupported(config)
+        if reason is not None:
+            raise BackendUnsupportedError(path, f"the {backend.name} backend does not run this model: {reason}")
+        total = sum(backend.weight_bytes(group, matrix) for group, matrix in _weight_groups(gf, config, spec))
+        for i, lc in enumerate(config.layers):  # q/k norms become rows [H (+ Hkv), hd] (_layer)
+            if LAYER_TENSORS["q_norm"].format(i=i) in gf.tensors:
+                total += (config.n_heads + (lc.n_kv_heads if lc.kv_source == i else 0)) * lc.head_dim * 4
+    return ModelHeader(config, total)
+
+
+def _weight_groups(gf: GGUFFile, cfg: ModelConfig, spec: ArchSpec) -> list[tuple[list[TensorInfo], bool]]:
+    """The tensors load takes, as the groups it stacks (QKV, gate + up) and alone; and whether each is a matrix."""
+    names = [GLOBAL_TENSORS[r] for r in ("embed", "output", "output_norm", *spec.global_roles)]
+    out = [([gf.tensors[n]], _is_matrix(n)) for n in names if n in gf.tensors]
+    for i, lc in enumerate(cfg.layers):
+        owns_kv = lc.kv_source == i
+        roles = [r for r in (*spec.layer_roles, *spec.optional_layer_roles) if owns_kv or r not in KV_ROLES]
+        named = {r: LAYER_TENSORS[r].format(i=i) for r in roles}
+        present = {r: gf.tensors[name] for r, name in named.items() if name in gf.tensors}
+        for norm in ("q_norm", "k_norm"):  # counted as the rows they become (inspect)
+            present.pop(norm, None)
+        for group in (("wq", "wk", "wv"), ("w_gate", "w_up")):
+            parts = [present.pop(r) for r in group if r in present]
+            if parts:
+                out.append((parts, True))
+        out += [([t], r in MATRIX_ROLES) for r, t in present.items()]
+    return out
+
+
+def _is_matrix(name: str) -> bool:
+    return any(GLOBAL_TENSORS[r] == name for r in MATRIX_ROLES if r in GLOBAL_TENSORS)
 
 
 def _load_weights(gf: GGUFFile, cfg: ModelConfig, spec: ArchSpec, backend: Backend) -> ModelWeights:

@@ -18,6 +18,7 @@ import numpy as np
 from ..batch import Batch
 from ..gguf_file import TensorInfo
 from ..kv_cache import LayerKV
+from ..memory_plan import available_ram
 from ..model_config import LayerConfig, ModelConfig, RopeMode
 
 Array = Any
@@ -60,6 +61,27 @@ class Backend(ABC):
     @abstractmethod
     def group(self, weights: list[Weight]) -> Weight:
         """Matrices that share their input as one weight: `matmul` gives their outputs side by side."""
+
+    # -- memory (memory_plan.py) --------------------------------------------------------------------
+    def weight_bytes(self, tensors: list[TensorInfo], matrix: bool) -> int:
+        """Bytes `load_matrix` (matrix) or `load_vector` and `group` will hold for these tensors (several: a
+        group that shares its input), before any is loaded."""
+        if not matrix:
+            return sum(int(np.prod(t.shape)) for t in tensors) * 4
+        return sum(t.n_bytes for t in tensors)
+
+    def free_memory(self) -> int:
+        """Bytes the backend can allocate now (the default memory budget's start)."""
+        return available_ram()
+
+    def scratch_bytes(self, cfg: ModelConfig, prefill_chunk: int, n_slots: int) -> tuple[int, int]:
+        """(fixed bytes, bytes per context token) that one step's activations and buffers take at most: a
+        prefill chunk's activations, each slot's logits; a backend adds its own buffers."""
+        widest = max(
+            (cfg.n_heads + 2 * lc.n_kv_heads) * max(lc.head_dim, lc.v_head_dim) + 3 * lc.ffn_dim for lc in cfg.layers
+        )
+        acts = prefill_chunk * (6 * cfg.d_model + widest) * 4 * 2  # a layer's arrays, and as many temporaries
+        return acts + 2 * n_slots * cfg.n_vocab * 4, 0
 
     # -- steps ------------------------------------------------------------------------------------
     def stage_inputs(self, ids: np.ndarray, pos0: int) -> Array:

@@ -29,7 +29,7 @@ from ..batch import Batch
 from ..gguf_file import TensorInfo
 from ..kv_cache import KVCache, LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
-from .base import NextInput
+from .base import Backend, NextInput
 from .capture_gemm import CaptureGemm
 from .cupy_decode import ACTIVATIONS, FusedDecode, unsupported
 from .numpy_backend import NumpyBackend, dequantize_tensor
@@ -268,6 +268,19 @@ class CupyBackend(NumpyBackend):
             if problem:
                 return f"layer {i}: {problem}"
         return None
+
+    # -- memory -------------------------------------------------------------------------------------
+    def weight_bytes(self, tensors: list[TensorInfo], matrix: bool) -> int:
+        return Backend.weight_bytes(self, tensors, matrix)  # GGUF blocks as stored (not NumPy's int8 rows)
+
+    def free_memory(self) -> int:
+        return int(self.xp.cuda.runtime.memGetInfo()[0])
+
+    def scratch_bytes(self, cfg: ModelConfig, prefill_chunk: int, n_slots: int) -> tuple[int, int]:
+        # a step's arrays, once more for the pool the captured steps allocate from, and the prefill GEMM's
+        # dequantized tile; attention keeps no per-key scores (flash-style kernels)
+        acts, _ = Backend.scratch_bytes(self, cfg, prefill_chunk, n_slots)
+        return 2 * acts + PREFILL_SCRATCH_BYTES, 0
 
     # -- weights --------------------------------------------------------------------------------------
     def load_matrix(self, tensor: TensorInfo) -> QuantWeight:

@@ -32,6 +32,8 @@ DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large
 # wins up to ~16 rows on 2 cores (Gemma 270M, a 14-token prompt: 86 ms against 121 ms through BLAS; 24
 # tokens: 146 ms against 143): a voice prompt's first token comes sooner
 GEMV_MAX_TOKENS = 15
+AFFINE_TYPES = frozenset({GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q4_K})
+AFFINE_TYPES |= {GGMLQuantizationType.Q5_K}  # the block types with an offset (a min) besides the scale
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 
 
@@ -92,6 +94,23 @@ class NumpyBackend(Backend):
         if head_dim not in self._rotations:
             self._rotations[head_dim] = self.xp.asarray(kv_rotation(head_dim))
         return self._rotations[head_dim]
+
+    def weight_bytes(self, tensors: list[TensorInfo], matrix: bool) -> int:
+        n = sum(int(np.prod(t.shape)) for t in tensors)
+        blocks = self._blocks is not None and all(t.qtype in UNPACKERS and t.shape[-1] % 32 == 0 for t in tensors)
+        if not (matrix and blocks):
+            return n * 4  # float32
+        block = min(UNPACKERS[t.qtype][1] for t in tensors)  # a group takes its parts' smallest block
+        affine = any(t.qtype in AFFINE_TYPES for t in tensors)
+        return n + n // block * 4 * (2 if affine else 1)  # int8 values, a float32 scale (and offset) a block
+
+    def scratch_bytes(self, cfg: Any, prefill_chunk: int, n_slots: int) -> tuple[int, int]:
+        fixed, _ = super().scratch_bytes(cfg, prefill_chunk, n_slots)
+        threads = self._blocks.threads if self._blocks is not None else 1
+        # the prefill GEMM's dequantized rows (a buffer a thread); attention's scores of a chunk against
+        # every key: [chunk, query heads of a KV head, keys] and its temporaries, per context token
+        group = max(cfg.n_heads // lc.n_kv_heads for lc in cfg.layers)
+        return fixed + threads * DEQUANT_CHUNK_BYTES, prefill_chunk * group * 4 * 3
 
     def load_matrix(self, tensor: TensorInfo) -> Weight:
         if self._blocks is not None and tensor.qtype in UNPACKERS and tensor.shape[-1] % 32 == 0:
