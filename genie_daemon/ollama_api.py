@@ -102,6 +102,11 @@ async def tags(request: web.Request) -> web.Response:
     return web.json_response({"models": [_entry(m) for m in models]})
 
 
+def _serving_ctx(service: Service) -> int:
+    """The context the worker holds (sized from its memory budget), else the configured one (0: auto)."""
+    return int(service.status().get("ctx") or service.config.ctx)
+
+
 async def ps(request: web.Request) -> web.Response:
     service: Service = request.app[SERVICE]
     if not service.status()["ready"]:
@@ -111,7 +116,7 @@ async def ps(request: web.Request) -> web.Response:
         **_entry(info),
         "expires_at": "2318-08-21T00:00:00Z",  # genie keeps its model loaded until told otherwise
         "size_vram": info.size if str(service.status().get("backend")) == "cupy" else 0,
-        "context_length": service.config.ctx,
+        "context_length": _serving_ctx(service),
     }
     return web.json_response({"models": [loaded]})
 
@@ -220,6 +225,20 @@ OPTIONS = {  # Ollama option -> (GENERATE param, kind)
 }
 
 
+FILL = 1 << 20  # num_predict -2 before the worker said its context: the most GENERATE takes (it stops at its end)
+
+
+def _ctx(service: Service, body: dict[str, Any]) -> dict[str, Any]:
+    """The request's context (options.num_ctx, Home Assistant sends 8192) as GENERATE's ctx: honoured up to
+    what the worker holds, and the final line's context_length says which was used."""
+    n = get(get(body, "options", "dict", {}), "num_ctx", "int", where="options.")
+    if n is None:
+        return {}
+    if n < 1:
+        raise HttpError(400, "options.num_ctx must be >= 1")
+    return {"ctx": n}
+
+
 def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
     options = get(body, "options", "dict", {})
     params: dict[str, Any] = {}
@@ -230,11 +249,10 @@ def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
     if params.get("seed", 0) < 0:  # -1 is Ollama's (and llama.cpp's) "a random seed"
         del params["seed"]
     n = get(options, "num_predict", "int", -1, where="options.")
-    if n == -2:  # Ollama's "fill the context"
-        params["max_tokens"] = ctx
+    if n == -2:  # Ollama's "fill the context": the worker ends the answer where its context ends
+        params["max_tokens"] = min(get(options, "num_ctx", "int", where="options.") or ctx or FILL, FILL)
     elif n >= 0:  # -1, Ollama's "infinite" and default: none here, so the daemon's max_tokens_default applies
         params["max_tokens"] = n
-    get(options, "num_ctx", "int", where="options.")  # the context is the daemon's (config ctx): checked only
     stop = stop_list(options.get("stop"), "options.stop")
     if stop:
         params["stop"] = stop
@@ -305,10 +323,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
     tools = check_tools(body)
     fields = {
         "messages": _messages(raw),
-        "params": _params(body, service.config.ctx),
+        "params": _params(body, _serving_ctx(service)),
         "think": _think(body),
         "tools": tools,
         "format": _format(body),
+        **_ctx(service, body),
     }
     stream = get(body, "stream", "bool", True)
     return await _run(request, service, info, fields, stream, "chat", _keep_alive_zero(body))
@@ -327,7 +346,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise HttpError(400, "suffix (fill-in-the-middle) is not supported")
     if get(body, "template", "str"):
         raise HttpError(400, "template overrides are not supported: the model's own chat template is used")
-    fields: dict[str, Any] = {"params": _params(body, service.config.ctx), "think": _think(body)}
+    fields: dict[str, Any] = {"params": _params(body, _serving_ctx(service)), "think": _think(body)}
+    fields |= _ctx(service, body)
     fields["format"] = _format(body)
     if get(body, "raw", "bool", False):
         fields["prompt"] = prompt
@@ -424,7 +444,7 @@ def _final(done: Done, t0: float, load_ns: int) -> dict[str, Any]:
         "cached_tokens": cached,
         # the oldest messages left out to fit the context (genie's; Ollama only logs it)
         "dropped_messages": int(usage.get("dropped_messages", 0)),
-    }
+    } | ({"context_length": int(usage["ctx"])} if "ctx" in usage else {})  # genie's: the context it had
 
 
 async def _collect(events: Any, info: ModelInfo, kind: str, t0: float, load_ns: int) -> dict[str, Any]:

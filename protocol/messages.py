@@ -66,6 +66,7 @@ class Generate(Message):
         "think": Field("bool"),
         "tools": Field("tools"),
         "format": Field("format"),
+        "ctx": Field("int"),
     }
     request_id: str
     messages: list[dict[str, Any]] | None = None
@@ -78,6 +79,9 @@ class Generate(Message):
     think: bool = False
     tools: list[dict[str, Any]] | None = None  # tool definitions the chat template renders (messages only)
     format: str | dict[str, Any] | None = None  # "json" or a JSON schema: the output is constrained to it
+    # the context the request asks for (Ollama's num_ctx): its prompt and answer fit in this many tokens, at
+    # most the worker's (DONE's usage.ctx says which was used); None: the worker's
+    ctx: int | None = None
 
     @classmethod
     def from_body(cls, body: Any) -> Message:
@@ -88,6 +92,8 @@ class Generate(Message):
             raise ProtocolError(
                 BAD_MESSAGE, "GENERATE needs exactly one of messages, prompt, token_ids", msg.request_id
             )
+        if msg.ctx is not None and msg.ctx < 1:
+            raise ProtocolError(BAD_MESSAGE, "GENERATE.ctx must be >= 1 (tokens)", msg.request_id)
         try:
             msg.params = validate("GENERATE.params", msg.params, PARAMS)
         except ProtocolError as e:

@@ -211,7 +211,11 @@ class Worker:
         stream = DeltaStream(rid, self.send, self.config.stream_interval_s)
         try:
             params = SamplingParams(max_tokens=0) if isinstance(msg, Prewarm) else _sampling(msg.params)
-            ids, dropped = self._prompt_ids(msg, params.max_tokens)
+            asked = msg.ctx if isinstance(msg, Generate) else None
+            n_ctx = self.engine.request_ctx(asked)
+            if asked is not None and asked > n_ctx:  # never a silent smaller context: DONE's usage.ctx says it
+                log.warning("event=ctx_capped request=%s asked=%d used=%d", rid, asked, n_ctx)
+            ids, dropped = self._prompt_ids(msg, params.max_tokens, n_ctx)
             if dropped:
                 log.warning("event=context_truncated request=%s dropped_messages=%d", rid, dropped)
             fmt = msg.format if isinstance(msg, Generate) else None
@@ -219,7 +223,7 @@ class Worker:
             # SIGTERM (the daemon stopping, or the daemon gone: exit_with_parent) ends the turn like a CANCEL
             cancel = lambda: rid in self.cancelled or self.stopping  # noqa: E731
             priority = msg.priority if isinstance(msg, Generate) else "voice"
-            seq = self.engine.sequence(ids, params, cancel, constraint, priority)  # type: ignore[arg-type]
+            seq = self.engine.sequence(ids, params, cancel, constraint, priority, n_ctx=n_ctx)  # type: ignore[arg-type]
         except GenieError as e:  # the request's fault: reply and go on
             self.send(Error(request_id=rid, code="bad_request", message=str(e)))
             self.cancelled.discard(rid)
@@ -261,6 +265,7 @@ class Worker:
             "cached_tokens": ev.cached_tokens,
             "completion_tokens": ev.completion_tokens,
             "dropped_messages": turn.dropped,  # the oldest turns left out to fit the context
+            "ctx": seq.n_ctx,  # the context it had: what it asked for (Generate.ctx), at most the worker's
         }
         t = ev.timings
         timings = {
@@ -274,14 +279,15 @@ class Worker:
         if self.kv:  # after DONE went out: the client never waits for the save (the slot is not reused before)
             self.kv.save(turn.msg.conv_id, seq.slot)
 
-    def _prompt_ids(self, msg: Generate | Prewarm, answer_tokens: int) -> tuple[list[int], int]:
+    def _prompt_ids(self, msg: Generate | Prewarm, answer_tokens: int, n_ctx: int) -> tuple[list[int], int]:
         """The prompt's tokens, and how many of its oldest messages were dropped to fit the context."""
         if msg.messages is not None:
             tools = msg.tools if isinstance(msg, Generate) else None
-            fitted = self.engine.fit_chat(msg.messages, answer_tokens, think=getattr(msg, "think", False), tools=tools)
+            think = getattr(msg, "think", False)
+            fitted = self.engine.fit_chat(msg.messages, answer_tokens, think=think, tools=tools, n_ctx=n_ctx)
             return fitted.ids, fitted.dropped
         if msg.prompt is not None:
-            return self.engine.text_prompt(msg.prompt), 0
+            return self.engine.text_prompt(msg.prompt, n_ctx), 0
         assert isinstance(msg, Generate) and msg.token_ids is not None
         return list(msg.token_ids), 0
 

@@ -91,6 +91,20 @@ def test_parallel_from_toml_env_and_flag_reaches_the_worker_only_when_set(tmp_pa
     assert "--parallel" not in load_config(toml, {"parallel": 0}).worker_args()
 
 
+def test_ctx_and_mem_budget_reach_the_worker(tmp_path, monkeypatch):
+    """`ctx` 0 (the default) is the worker's --ctx auto; `mem_budget_mb` (issue 18) its --mem-budget-mb."""
+    args = DaemonConfig().worker_args()
+    assert args[args.index("--ctx") + 1] == "auto" and args[args.index("--mem-budget-mb") + 1] == "0"
+    toml = tmp_path / "genie.toml"
+    toml.write_text("ctx = 8192\nmem_budget_mb = 3500\n")
+    args = load_config(toml).worker_args()
+    assert args[args.index("--ctx") + 1] == "8192" and args[args.index("--mem-budget-mb") + 1] == "3500"
+    monkeypatch.setenv("GENIE_MEM_BUDGET_MB", "900")
+    assert load_config(toml).mem_budget_mb == 900
+    with pytest.raises(ValueError, match="mem_budget_mb must be >= 0"):
+        DaemonConfig(mem_budget_mb=-1)
+
+
 @pytest.mark.parametrize(
     ("toml", "env", "flag", "message"),
     [

@@ -112,6 +112,16 @@ def test_streaming_through_the_daemon(daemon):
     assert deltas and all(d.request_id == done.request_id for d in deltas)
 
 
+def test_status_gives_the_context_and_the_memory_plan(daemon):
+    """The worker sized its context from its memory budget (--ctx 512 here) and says what it holds."""
+    _, endpoint = daemon
+    data = asyncio.run(status(endpoint)).data
+    memory = data["memory"]
+    assert data["ctx"] == memory["ctx"] == 512 and memory["slots"] == data["slots"]["total"]
+    assert 0 < memory["total_mb"] <= memory["budget_mb"]
+    assert memory["total_mb"] >= memory["weights_mb"] + memory["kv_mb"] + memory["scratch_mb"] - 2  # (each rounded)
+
+
 def test_two_clients_at_once_and_overload(daemon):
     """As many requests as the worker has slots run, --max-queue 2 more wait, and one more is refused."""
     _, endpoint = daemon

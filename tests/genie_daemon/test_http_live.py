@@ -399,3 +399,21 @@ def test_malformed_http_requests_long(live):
     url, _, proc = live
     fuzz_http(url, 10_000)
     assert proc.poll() is None
+
+
+def test_num_ctx_is_honoured_up_to_the_workers_context(live):
+    """Home Assistant sends num_ctx 8192: a worker holding 4096 answers in 4096 and says so
+    (context_length); a request for 48 gets 48: its prompt and answer end there."""
+    url, _, _ = live
+    name = served_name(url)
+    body = {"model": name, "prompt": "Once upon", "raw": True, "stream": False}
+    opts = {"num_predict": 200, "ignore_eos": True, "temperature": 0}
+    capped = post_json(url + "/api/generate", {**body, "options": {**opts, "num_ctx": 8192, "num_predict": 4}})
+    assert capped["done"] and capped["context_length"] == 4096 and capped["eval_count"] == 4
+    small = post_json(url + "/api/generate", {**body, "options": {**opts, "num_ctx": 48}})
+    assert small["context_length"] == 48 and small["done_reason"] == "length"
+    assert small["prompt_eval_count"] + small["cached_tokens"] + small["eval_count"] == 48 + 1  # the last unrun
+    plain = post_json(url + "/api/generate", {**body, "options": {**opts, "num_predict": 4}})
+    assert plain["context_length"] == 4096
+    status, ps = get_json(url + "/api/ps")
+    assert status == 200 and ps["models"][0]["context_length"] == 4096

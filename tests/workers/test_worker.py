@@ -166,6 +166,22 @@ def test_requests_run_at_once_and_one_cancel_leaves_the_others(daemon):
         assert ended[rid].finish_reason == "length" and len(tokens[rid]) == 60
 
 
+def test_a_request_gets_the_context_it_asks_for_up_to_the_workers(daemon):
+    """GENERATE's ctx (Ollama's num_ctx): a 10-token prompt in a context of 16 ends with "length" after 7
+    tokens (the last sampled one is not run); asked for more than the worker holds (512), it gets 512 and
+    DONE says so."""
+    params = {"temperature": 0.0, "max_tokens": 50, "ignore_eos": True}
+    daemon.send(Generate(request_id="x1", token_ids=[1, *range(60, 69)], params=params, ctx=16))
+    _, done = daemon.until_done("x1")
+    assert done.finish_reason == "length" and done.usage["completion_tokens"] == 7 and done.usage["ctx"] == 16
+    daemon.send(Generate(request_id="x2", token_ids=[1, 70, 71], params={**params, "max_tokens": 3}, ctx=100_000))
+    _, done = daemon.until_done("x2")
+    assert done.usage["ctx"] == 512 and done.usage["completion_tokens"] == 3
+    daemon.send(Generate(request_id="x3", token_ids=[1, *range(60, 79)], params=params, ctx=16))
+    _, err = daemon.until_done("x3")
+    assert isinstance(err, Error) and "do not fit the context of 16" in err.message
+
+
 def test_heartbeats_arrive_every_second(daemon):
     start = time.monotonic()
     beats = 0

@@ -118,22 +118,29 @@ class Engine:
         template = self.model.chat_template or builtin_template(self.model.config.arch)
         return chat_prompt_ids(self.tokenizer, template, messages, tools=tools, enable_thinking=think)
 
+    def request_ctx(self, asked: int | None) -> int:
+        """The context a request gets: what it asks for (Ollama's num_ctx), at most the engine's."""
+        return self.n_ctx if asked is None else max(2, min(asked, self.n_ctx))
+
     def fit_chat(
         self,
         messages: Sequence_[Any],
         answer_tokens: int,
         think: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        n_ctx: int | None = None,
     ) -> Fitted:
         """chat_prompt, with the oldest turns dropped when the conversation does not leave room for an
-        answer of `answer_tokens` (at most a quarter of the context) in the context (context_fit.py)."""
-        room = max(1, min(answer_tokens, self.n_ctx // 4))
+        answer of `answer_tokens` (at most a quarter of the context) in the context (context_fit.py);
+        `n_ctx`: the request's context (request_ctx), else the engine's."""
+        n_ctx = n_ctx or self.n_ctx
+        room = max(1, min(answer_tokens, n_ctx // 4))
         per_token = self.tokenizer.vocab.max_token_bytes
 
         def at_least(msgs: list[Any]) -> int:  # tokens the contents alone make, whatever the template adds
             return sum(len(str(m.get("content") or "").encode("utf-8", "surrogatepass")) for m in msgs) // per_token
 
-        return fit_messages(lambda m: self.chat_prompt(m, think, tools), messages, self.n_ctx - room, at_least)
+        return fit_messages(lambda m: self.chat_prompt(m, think, tools), messages, n_ctx - room, at_least)
 
     def json_constraint(self, fmt: str | dict[str, Any]) -> JsonConstraint:
         """A request's output constraint: "json" (any JSON object) or a JSON schema."""
@@ -143,15 +150,16 @@ class Engine:
             raise RequestError('format must be "json" or a JSON schema object')
         return JsonConstraint(self.tokenizer, fmt)
 
-    def text_prompt(self, text: str) -> list[int]:
-        """Refused before tokenizing when the text is surely too long: a megabyte takes Gemma's tokenizer
-        seconds, only to be refused after."""
+    def text_prompt(self, text: str, n_ctx: int | None = None) -> list[int]:
+        """Refused before tokenizing when the text is surely too long for the context (`n_ctx`, else the
+        engine's): a megabyte takes Gemma's tokenizer seconds, only to be refused after."""
+        n_ctx = n_ctx or self.n_ctx
         at_least = len(text.encode("utf-8", "surrogatepass")) // self.tokenizer.vocab.max_token_bytes
-        if at_least >= self.n_ctx:
-            raise RequestError(f"the prompt is at least {at_least} tokens, more than the context of {self.n_ctx}")
+        if at_least >= n_ctx:
+            raise RequestError(f"the prompt is at least {at_least} tokens, more than the context of {n_ctx}")
         return self.tokenizer.encode(text, add_bos=None, parse_special=False)
 
-    def _check_ids(self, ids: Sequence_[int], min_len: int, max_len: int) -> list[int]:
+    def _check_ids(self, ids: Sequence_[int], min_len: int, max_len: int, n_ctx: int | None = None) -> list[int]:
         ids = [int(i) for i in ids]
         if len(ids) < min_len:
             raise RequestError("the prompt is empty" if min_len == 1 else f"need at least {min_len} tokens")
@@ -160,7 +168,7 @@ class Engine:
         if bad is not None:
             raise RequestError(f"token id {bad} is outside the vocabulary of {n_vocab}")
         if len(ids) > max_len:
-            raise RequestError(f"{len(ids)} prompt tokens do not fit the context of {self.n_ctx}")
+            raise RequestError(f"{len(ids)} prompt tokens do not fit the context of {n_ctx or self.n_ctx}")
         return ids
 
     # -- generation -------------------------------------------------------------------------------
@@ -200,8 +208,8 @@ class Engine:
             def run_padded() -> Any:
                 return forward_batch(m.config, m.weights, self.backend, self.kv, padded, interrupt)
 
-            key = (slot, bucket, "padded", wants)
-            out = self.backend.forward_step(self._steps, key, run_padded, padded, capturable=True)
+            padded_key = (slot, bucket, "padded", wants)
+            out = self.backend.forward_step(self._steps, padded_key, run_padded, padded, capturable=True)
         if out is None:
             # one captured step per slot and shape (the GPU backend replays it as a CUDA graph): decode steps and
             # full prefill chunks, the shapes that repeat
@@ -280,11 +288,13 @@ class Engine:
         constraint: JsonConstraint | None = None,
         priority: Priority = "background",
         slot: int | None = None,
+        n_ctx: int | None = None,
     ) -> Sequence:
-        """A request for the scheduler; a prompt that is empty, out of the vocabulary or too long is refused
-        (RequestError)."""
-        prompt = self._check_ids(prompt_ids, 1, self.n_ctx - 1)
-        return Sequence(prompt, params, self.tokenizer, cancel, constraint, priority, slot)
+        """A request for the scheduler, in a context of `n_ctx` tokens (request_ctx; else the engine's); a
+        prompt that is empty, out of the vocabulary or too long for it is refused (RequestError)."""
+        n_ctx = n_ctx or self.n_ctx
+        prompt = self._check_ids(prompt_ids, 1, n_ctx - 1, n_ctx)
+        return Sequence(prompt, params, self.tokenizer, cancel, constraint, priority, slot, n_ctx)
 
     def generate(
         self,

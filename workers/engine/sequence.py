@@ -76,9 +76,12 @@ class Sequence:
         constraint: JsonConstraint | None = None,
         priority: Priority = "background",
         slot: int | None = None,
+        n_ctx: int = 0,
     ) -> None:
-        """`prompt` is checked by the engine (Engine.sequence); `slot`: run in this slot only."""
+        """`prompt` is checked by the engine (Engine.sequence); `slot`: run in this slot only; `n_ctx`: the
+        tokens prompt and answer may take together (0: as many as the slot holds)."""
         self.prompt = prompt
+        self.n_ctx = n_ctx
         self.params = params
         self.cancel = cancel
         self.constraint = constraint
@@ -116,7 +119,7 @@ class Sequence:
         """A token from finite logits [vocab] on the host (banned tokens already at the floor)."""
         return self.sampler.sample(self.constraint.mask(row) if self.constraint else row, self.history)
 
-    def accept(self, token: int, n_ctx: int) -> list[Event]:
+    def accept(self, token: int, slot_ctx: int) -> list[Event]:
         """A sampled token: its text, and whether the sequence ends with it (then `finish` is set)."""
         if self.constraint:
             self.constraint.advance(token)
@@ -138,7 +141,7 @@ class Sequence:
             self.finish, self._stop_hit = "stop", True
         elif self.constraint and self.constraint.finished:  # the JSON is complete: nothing may follow
             self.finish = "stop"
-        elif self.pos >= n_ctx or len(self.generated) >= self.params.max_tokens:
+        elif self.pos >= (self.n_ctx or slot_ctx) or len(self.generated) >= self.params.max_tokens:
             self.finish = "length"  # no room for, or no need of, another forward pass
         else:
             self.last_token = token
