@@ -251,6 +251,12 @@ class Worker:
             if isinstance(e, GenieError):  # the request's fault: reply and go on
                 self.send(Error(request_id=rid, code="bad_request", message=str(e)))
                 return
+            if _out_of_memory(e):  # this request's step did not fit: it fails, the worker goes on serving
+                self.engine.backend.release_memory()
+                log.error("event=out_of_memory request=%s error=%r", rid, str(e)[:500])
+                message = "out of memory for this request (a shorter prompt or context, or a larger memory budget)"
+                self.send(Error(request_id=rid, code="out_of_memory", message=message))
+                return
             if _device_state_unknown(e):
                 raise e  # fatal: DEAD, and the daemon starts a fresh worker
             # a bug met by one request: that request fails, the others go on (the engine's state is whole:
@@ -292,10 +298,16 @@ class Worker:
         return list(msg.token_ids), 0
 
 
+def _out_of_memory(e: Exception) -> bool:
+    """An allocation that failed (host MemoryError; CuPy's OutOfMemoryError is one; CUDA's own, which is not
+    sticky): the request that needed it fails, nothing else is harmed."""
+    return isinstance(e, MemoryError) or "cudaErrorMemoryAllocation" in str(e)
+
+
 def _device_state_unknown(e: Exception) -> bool:
-    """An error after which the device (GPU memory, a CUDA context) cannot be trusted: CuPy's and CUDA's
-    own errors, and running out of memory."""
-    return isinstance(e, MemoryError) or type(e).__module__.split(".")[0] in ("cupy", "cupy_backends", "cuda")
+    """An error after which the device (GPU memory, a CUDA context) cannot be trusted: CuPy's and CUDA's own
+    errors other than a failed allocation."""
+    return type(e).__module__.split(".")[0] in ("cupy", "cupy_backends", "cuda")
 
 
 def _sampling(params: dict) -> SamplingParams:

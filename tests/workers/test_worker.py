@@ -196,12 +196,28 @@ def _cuda_error() -> Exception:
     return cls("cudaErrorIllegalAddress: an illegal memory access was encountered")
 
 
+def _cupy_oom() -> Exception:  # cupy.cuda.memory.OutOfMemoryError is a MemoryError
+    cls = type("OutOfMemoryError", (MemoryError,), {"__module__": "cupy.cuda.memory"})
+    return cls("Out of memory allocating 2,147,483,648 bytes")
+
+
 @pytest.mark.parametrize(
-    "exc, fatal", [(ValueError("Probabilities contain NaN"), False), (_cuda_error(), True), (MemoryError(), True)]
+    "exc, fatal, code",
+    [
+        (ValueError("Probabilities contain NaN"), False, "internal"),
+        (_cuda_error(), True, ""),
+        (MemoryError(), False, "out_of_memory"),
+        (
+            type("OutOfMemoryError", (MemoryError,), {"__module__": "cupy.cuda.memory"})("out of memory"),
+            False,
+            "out_of_memory",
+        ),
+    ],
 )
-def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worker(tmp_path, exc, fatal):
-    """A step that raises: its requests fail with `internal` and the next request is served, unless the
-    error leaves the device in doubt (then the worker dies, for the daemon to start a fresh one)."""
+def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worker(tmp_path, exc, fatal, code):
+    """A step that raises: its requests fail (`internal`; `out_of_memory` when an allocation failed, on the
+    host or the GPU: the OOM guard) and the next request is served, unless the error leaves the device in
+    doubt (then the worker dies, for the daemon to start a fresh one)."""
     from workers.engine.engine import Engine, EngineConfig
     from workers.worker import Worker, _Turn
 
@@ -234,7 +250,8 @@ def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worke
         return
     drive()
     assert len(sent) == 1 and isinstance(sent[0], Error)
-    assert sent[0].request_id == "r1" and sent[0].code == "internal" and "NaN" in sent[0].message
+    assert sent[0].request_id == "r1" and sent[0].code == code
+    assert "NaN" in sent[0].message if code == "internal" else "out of memory" in sent[0].message
     worker._submit(Generate(request_id="r2", prompt="hi", params={"max_tokens": 4}))
     drive()
     assert isinstance(sent[-1], Done) and sent[-1].request_id == "r2"

@@ -276,6 +276,10 @@ class CupyBackend(NumpyBackend):
     def free_memory(self) -> int:
         return int(self.xp.cuda.runtime.memGetInfo()[0])
 
+    def release_memory(self) -> None:
+        self.xp.get_default_memory_pool().free_all_blocks()
+        self.xp.get_default_pinned_memory_pool().free_all_blocks()
+
     def scratch_bytes(self, cfg: ModelConfig, prefill_chunk: int, n_slots: int) -> tuple[int, int]:
         # a step's arrays, once more for the pool the captured steps allocate from, and the prefill GEMM's
         # dequantized tile; attention keeps no per-key scores (flash-style kernels)
