@@ -30,6 +30,9 @@ class DaemonConfig:
     backend: str = "auto"  # auto | numpy | cupy
     ctx: int = 0  # context length in tokens; 0 = auto: the training context if mem_budget_mb holds it, else the most
     mem_budget_mb: int = 0  # memory the worker's model, KV cache and step may take; 0 = what is free, less a tenth
+    thermal_sensor: str = ""  # a file of millidegrees C the worker watches; empty: NVML on a GPU, else thermal zones
+    thermal_throttle_c: float = 80.0  # above this the worker slows down (a pause between steps, one stream) ...
+    thermal_resume_c: float = 70.0  # ... until the sensor reads this or less
     fp16_kv: bool = False  # FP16 KV cache instead of INT8
     prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
     parallel: int = 0  # requests the worker runs at once, each in a KV slot of its own; 0 = the worker's default
@@ -63,6 +66,8 @@ class DaemonConfig:
             raise ValueError("parallel must be >= 0 (0: the worker's default)")
         if self.mem_budget_mb < 0:
             raise ValueError("mem_budget_mb must be >= 0 (0: what is free at start, less a tenth)")
+        if not self.thermal_resume_c < self.thermal_throttle_c:
+            raise ValueError("thermal_resume_c must be below thermal_throttle_c")
         if self.max_tokens_default < 1:
             raise ValueError("max_tokens_default must be >= 1: a request that asks for no limit must still end")
         if self.kv_cache_max_mb < 0 or not self.kv_cache_stale_tmp_s >= 0:
@@ -103,6 +108,8 @@ class DaemonConfig:
         ]
         args += ["--kv-endpoint", self.kv_endpoint] if self.kv_store else []
         args += ["--parallel", str(self.parallel)] if self.parallel else []  # 0: the worker's own default stands
+        args += ["--thermal-sensor", self.thermal_sensor] if self.thermal_sensor else []
+        args += ["--thermal-throttle-c", str(self.thermal_throttle_c), "--thermal-resume-c", str(self.thermal_resume_c)]
         return args + (["--fp16-kv"] if self.fp16_kv else [])
 
     def kv_store_args(self) -> list[str]:

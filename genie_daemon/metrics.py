@@ -91,6 +91,12 @@ class _StateCollector(Collector):
         kv = s.get("kv") or {}
         yield _gauge("genie_ready", "1 when the model is loaded and serving", 1.0 if s.get("ready") else 0.0)
         yield _gauge("genie_worker_restarts", "Worker restarts since the daemon started", s.get("worker_restarts", 0))
+        thermal = s.get("thermal") or {}
+        if isinstance(thermal.get("temp_c"), (int, float)):
+            yield _gauge("genie_temperature_celsius", "The worker's device temperature", thermal["temp_c"])
+        if "throttled" in thermal:
+            throttled = 1.0 if thermal["throttled"] else 0.0
+            yield _gauge("genie_thermal_throttled", "1 while the worker slows down for heat", throttled)
         figures = {
             "entries": "Saved conversations in the KV store",
             "bytes": "Bytes of saved KV",

@@ -27,6 +27,7 @@ from protocol.messages import (
     Done,
     Error,
     Generate,
+    Heartbeat,
     Hello,
     Message,
     Metrics,
@@ -299,6 +300,8 @@ class Daemon:
             if not self._model_info.digest:  # first start: the worker has just assembled the file
                 self._refresh_model_info()
             await self.dispatch()
+        elif isinstance(msg, Heartbeat):
+            self.worker.thermal = msg.thermal
         elif isinstance(msg, Dead):
             log.error("event=worker_dead reason=%r", msg.reason)
         elif isinstance(msg, (Delta, Done, Error)) and msg.request_id in self.scheduler.running:
@@ -384,6 +387,7 @@ class Daemon:
             "load_ms": self.worker.info.get("load_ms"),  # the serving worker's load (Ollama's load_duration)
             "ctx": self.worker.info.get("n_ctx"),  # the context its KV slots hold (memory_plan.py sized it)
             "memory": self.worker.info.get("memory"),  # its plan: weights, KV, scratch and budget, MB
+            "thermal": self.worker.thermal,  # {temp_c, throttled} from its last heartbeat (workers/thermal.py)
             "ready": self.worker.ready,
             "uptime_s": round(time.monotonic() - self.started, 1),
             "daemon_pid": os.getpid(),

@@ -22,6 +22,7 @@ class WorkerHandle:
         self.identities: tuple[bytes, ...] = ()  # every identity it may speak from
         self.ready = False
         self.info: dict[str, object] = {}
+        self.thermal: dict | None = None  # its last heartbeat's {temp_c, throttled}
         self.last_seen = 0.0
         self.restarts = 0
         self._backoff = config.restart_backoff_s

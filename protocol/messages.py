@@ -283,9 +283,10 @@ class Heartbeat(Message):
     """Worker -> daemon every second; the daemon counts a worker dead after three missed."""
 
     TYPE = 0x22
-    FIELDS = {"seq": Field("int", required=True), "busy": Field("bool")}
+    FIELDS = {"seq": Field("int", required=True), "busy": Field("bool"), "thermal": Field("dict")}
     seq: int
     busy: bool = False
+    thermal: dict | None = None  # {temp_c: float or None, throttled: bool} (workers/thermal.py)
 
 
 @dataclass

@@ -56,6 +56,7 @@ from .engine.sequence import Sequence as EngineSequence
 from .kv_link import KvLink
 from .lifetime import exit_with_parent
 from .models.local import ModelsDir
+from .thermal import ThermalGovernor, find_sensor
 
 log = logging.getLogger("genie.worker")
 
@@ -67,6 +68,9 @@ class WorkerConfig:
     heartbeat_s: float = 1.0  # the daemon counts the worker dead after three missed beats
     stream_interval_s: float = 0.005  # DELTAs of one request at most this often (delta_stream.py); 0: every token
     kv_endpoint: str = ""  # the KV-store process (kv_link.py); empty: no persistent KV
+    thermal_sensor: str = ""  # a file of millidegrees to watch (thermal.py); empty: NVML, else the thermal zones
+    thermal_throttle_c: float = 80.0  # above this the worker slows down ...
+    thermal_resume_c: float = 70.0  # ... until it is at or below this again
 
 
 @dataclass
@@ -82,10 +86,16 @@ class _IoThread(threading.Thread):
     """Owns the inbound DEALER socket: receives requests (acting on CANCEL at once) and beats the heartbeat."""
 
     def __init__(
-        self, ctx: zmq.Context, config: WorkerConfig, inbox: queue.Queue[Message], cancelled: set[str]
+        self,
+        ctx: zmq.Context,
+        config: WorkerConfig,
+        inbox: queue.Queue[Message],
+        cancelled: set[str],
+        thermal: ThermalGovernor,
     ) -> None:
         super().__init__(name="worker-io", daemon=True)
         self.config = config
+        self.thermal = thermal
         self.inbox = inbox
         self.cancelled = cancelled
         self.busy = False
@@ -98,7 +108,9 @@ class _IoThread(threading.Thread):
         while not self.stopped.is_set():
             now = time.monotonic()
             if now >= next_beat:
-                self.dealer.send_multipart(encode(Heartbeat(seq=seq, busy=self.busy)))
+                self.thermal.poll()  # once a beat, busy or idle: a cooled device is noticed while idle too
+                beat = Heartbeat(seq=seq, busy=self.busy, thermal=self.thermal.report())
+                self.dealer.send_multipart(encode(beat))
                 seq += 1
                 next_beat = now + self.config.heartbeat_s
             if self.dealer.poll(timeout=max(1, int(min(next_beat - now, 0.2) * 1000))):
@@ -140,7 +152,10 @@ class Worker:
         self.ctx: zmq.Context = zmq.Context.instance()
         self.inbox: queue.Queue[Message] = queue.Queue()
         self.cancelled: set[str] = set()
-        self.io = _IoThread(self.ctx, config, self.inbox, self.cancelled)
+        source, read = find_sensor(config.thermal_sensor, gpu=engine.backend.name == "cupy")
+        log.info("event=thermal_sensor source=%s throttle_c=%s", source, config.thermal_throttle_c)
+        self.thermal = ThermalGovernor(read, config.thermal_throttle_c, config.thermal_resume_c)
+        self.io = _IoThread(self.ctx, config, self.inbox, self.cancelled, self.thermal)
         self.out = _dealer(self.ctx, config.endpoint, worker_identities(os.getpid())[1])  # the engine thread's own
         self.kv = KvLink(self.ctx, config.kv_endpoint, engine) if config.kv_endpoint else None
         self.turns: dict[EngineSequence, _Turn] = {}  # the requests in the engine's scheduler
@@ -181,8 +196,13 @@ class Worker:
                 if scheduler.idle:
                     continue
                 self.io.busy = True
+                scheduler.limit = 1 if self.thermal.throttled else None  # hot: one stream at a time
+                t0 = time.monotonic()
                 for seq, ev in scheduler.step():
                     self._on_event(seq, ev)
+                pause = self.thermal.pause_s(time.monotonic() - t0)
+                if pause:  # hot: as long again as the step took, half the speed
+                    time.sleep(pause)
                 self.io.busy = not scheduler.idle
             return 0
         except Exception as exc:  # fatal: tell the daemon, then exit for it to restart us
@@ -348,6 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="send a request's text at most this often, first token and sentence ends at once (default: %(default)s)",
     )
     p.add_argument("--kv-endpoint", default="", help="the KV-store process's socket (default: none, no saved KV)")
+    p.add_argument("--thermal-sensor", default="", help="a file of millidegrees C (default: NVML, else thermal zones)")
+    p.add_argument("--thermal-throttle-c", type=float, default=WorkerConfig.thermal_throttle_c, help="slow down above")
+    p.add_argument("--thermal-resume-c", type=float, default=WorkerConfig.thermal_resume_c, help="full speed again at")
     p.add_argument(
         "--prefill-chunk",
         type=int,
@@ -377,7 +400,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             engine=engine_config,
             stream_interval_s=args.stream_interval_ms / 1000,
             kv_endpoint=args.kv_endpoint,
+            thermal_sensor=args.thermal_sensor,
+            thermal_throttle_c=args.thermal_throttle_c,
+            thermal_resume_c=args.thermal_resume_c,
         )
+        if not config.thermal_resume_c < config.thermal_throttle_c:
+            raise GenieError("--thermal-resume-c must be below --thermal-throttle-c")
         worker = Worker(config, Engine(engine_config))
     except GenieError as e:
         print(f"genie-worker: error: {e}", file=sys.stderr)

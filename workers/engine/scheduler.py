@@ -46,6 +46,7 @@ class Scheduler:
         self.running: dict[int, Sequence] = {}  # slot -> the sequence in it
         self._clock = itertools.count(1)
         self._last_used = [0] * self.n_slots  # the clock when each slot's sequence last ended
+        self.limit: int | None = None  # streams admitted at most (a hot device runs fewer); None: every slot
 
     @property
     def idle(self) -> bool:
@@ -136,6 +137,8 @@ class Scheduler:
             seq.pos = seq.cached
 
     def _choose_slot(self, seq: Sequence) -> int | None:
+        if self.limit is not None and len(self.running) >= self.limit:
+            return None
         if seq.pinned_slot is not None:
             return None if seq.pinned_slot in self.running else seq.pinned_slot
         free = [s for s in range(self.n_slots) if s not in self.running]
