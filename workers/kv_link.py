@@ -52,17 +52,17 @@ class KvLink:
     def close(self) -> None:
         self.sock.close()
 
-    def hydrate(self, prompt: list[int], conv_id: str | None, slot: int = 0) -> int:
+    def hydrate(self, prompt: list[int], conv_id: str | None, slot: int = 0, timeout_s: float | None = None) -> int:
         """Loads the longest saved prefix of `prompt` into `slot` if it beats what the slot holds; returns the
         tokens loaded (0: nothing better, the store did not answer in time, or the answer was unusable).
         Never raises for the store's sake: the turn then simply runs cold."""
         try:
-            return self._hydrate(prompt, conv_id, slot)
+            return self._hydrate(prompt, conv_id, slot, self.timeout_s if timeout_s is None else timeout_s)
         except zmq.ZMQError as e:
             log.warning("event=kv_lookup_failed error=%r", str(e))
             return 0
 
-    def _hydrate(self, prompt: list[int], conv_id: str | None, slot: int) -> int:
+    def _hydrate(self, prompt: list[int], conv_id: str | None, slot: int, timeout_s: float) -> int:
         held = common_prefix_len(self.engine.kv.resident[slot], prompt)
         if not self.policy.worth_looking_up(len(prompt), held, conv_id):
             return 0
@@ -84,7 +84,7 @@ class KvLink:
         except zmq.Again:
             return 0
         t0 = time.monotonic()
-        deadline = t0 + self.timeout_s
+        deadline = t0 + timeout_s
         while (left := deadline - time.monotonic()) > 0 and self.sock.poll(int(left * 1000) + 1):
             reply, side = self._receive()
             if not isinstance(reply, (KvData, Error)) or reply.request_id != rid:
@@ -106,7 +106,7 @@ class KvLink:
                 return 0
             self.policy.observe_lookup(reply.n_tokens, time.monotonic() - t0)
             return reply.n_tokens
-        log.warning("event=kv_lookup_timeout timeout_s=%s", self.timeout_s)
+        log.warning("event=kv_lookup_timeout timeout_s=%s", timeout_s)
         return 0
 
     def observe_prefill(self, n_tokens: int, seconds: float) -> None:

@@ -3,10 +3,11 @@
 A Jetson next to Home Assistant is passively cooled; decoding flat out heats it until the firmware throttles
 its clocks, for everyone. The worker acts first: above `throttle_c` it pauses between steps as long as a step
 took (half its speed) and runs one stream at a time, until the temperature is at or below `resume_c` (the gap
-keeps it from flapping). The temperature comes from the first source that answers: a file named by the
-daemon's `thermal_sensor` (GENIE_THERMAL_SENSOR; millidegrees, as Linux writes them), NVML (the
-`nvidia-ml-py` package, on a GPU with it installed), else the hottest of Linux's thermal zones. No source: no
-temperature, never throttled.
+keeps it from flapping). Throttled, it admits no new stream while one runs (those running go on). The
+temperature comes from the first source that answers: a file named by the daemon's `thermal_sensor`
+(GENIE_THERMAL_SENSOR; millidegrees, as Linux writes them), NVML (the `nvidia-ml-py` package, on a GPU with
+it installed), else the hottest of Linux's thermal zones. No source, or one that stops answering for
+UNREADABLE_POLLS polls: no temperature, not throttled (a lost sensor must not halve the speed for good).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ log = logging.getLogger("genie.worker")
 
 THERMAL_ZONES = "/sys/class/thermal/thermal_zone*/temp"
 MAX_PAUSE_S = 0.5  # a throttled step's pause is at most this: a voice answer still moves
+UNREADABLE_POLLS = 5  # reads in a row that fail before the last reading is given up
 
 
 def read_millidegrees(path: str) -> float | None:
@@ -91,14 +93,18 @@ class ThermalGovernor:
         self.resume_c = resume_c
         self.state = ThermalState()
         self._lock = threading.Lock()
+        self._unread = 0  # failed reads in a row
 
     def poll(self) -> ThermalState:
         temp = self.read() if self.read is not None else None
         with self._lock:
             was = self.state.throttled
             throttled = was
+            self._unread = 0 if temp is not None else self._unread + 1
             if temp is not None:
                 throttled = temp > self.throttle_c or (was and temp > self.resume_c)
+            elif self._unread >= UNREADABLE_POLLS:
+                throttled = False
             self.state = ThermalState(temp, throttled)
         if throttled != was:
             log.warning("event=%s temp_c=%s", "thermal_throttle" if throttled else "thermal_resume", temp)

@@ -5,8 +5,9 @@ socket, decodes what arrives (acting on CANCEL at once, queueing everything else
 the main thread runs the engine and sends its answers on a second DEALER socket of its own — handing every
 token to the I/O thread cost ~100 µs a token in GIL hand-offs on a 2-core machine. With a KV store
 (`--kv-endpoint`), a third socket (kv_link.py) looks up a saved prefix before a turn and saves after it.
-A bad request gets an ERROR reply and the loop goes on; a fatal error sends DEAD and the process exits,
-for the daemon to restart it. A failing KV store is never fatal: the turn runs cold, the save is lost.
+A bad request, or one that fails (out of memory among it), gets an ERROR reply and the others go on; a
+fatal error sends DEAD and the process exits, for the daemon to restart it. A failing KV store is never
+fatal: the turn runs cold, the save is lost.
 
     python -m workers.worker --endpoint ipc:///run/genie/worker.sock [-m MODEL] [engine options]
 """
@@ -59,6 +60,8 @@ from .models.local import ModelsDir
 from .thermal import ThermalGovernor, find_sensor
 
 log = logging.getLogger("genie.worker")
+LOOKUP_BUSY_S = 0.05  # how long a KV lookup may hold up the streams already decoding
+STALE_CANCEL_S = 60.0  # a CANCEL whose request is not running after this long came after its end
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class _IoThread(threading.Thread):
         ctx: zmq.Context,
         config: WorkerConfig,
         inbox: queue.Queue[Message],
-        cancelled: set[str],
+        cancelled: dict[str, float],
         thermal: ThermalGovernor,
     ) -> None:
         super().__init__(name="worker-io", daemon=True)
@@ -124,7 +127,7 @@ class _IoThread(threading.Thread):
             self.dealer.send_multipart(encode(Error(request_id=e.request_id, code=e.code, message=e.message)))
             return
         if isinstance(msg, Cancel):  # now, not after the running generation: the engine polls this set
-            self.cancelled.add(msg.request_id)
+            self.cancelled[msg.request_id] = time.monotonic()
         elif isinstance(msg, (Generate, Prewarm)):
             self.inbox.put(msg)
         else:
@@ -151,7 +154,7 @@ class Worker:
         self.engine = engine
         self.ctx: zmq.Context = zmq.Context.instance()
         self.inbox: queue.Queue[Message] = queue.Queue()
-        self.cancelled: set[str] = set()
+        self.cancelled: dict[str, float] = {}  # request id -> when its CANCEL came (the I/O thread writes it)
         source, read = find_sensor(config.thermal_sensor, gpu=engine.backend.name == "cupy")
         log.info("event=thermal_sensor source=%s throttle_c=%s", source, config.thermal_throttle_c)
         self.thermal = ThermalGovernor(read, config.thermal_throttle_c, config.thermal_resume_c)
@@ -194,6 +197,7 @@ class Worker:
             while not (self.stopping and scheduler.idle):
                 self._take_requests(wait=scheduler.idle and not self.stopping)
                 if scheduler.idle:
+                    self._forget_stale_cancels()
                     continue
                 self.io.busy = True
                 scheduler.limit = 1 if self.thermal.throttled else None  # hot: one stream at a time
@@ -214,6 +218,14 @@ class Worker:
             self.out.close()
             if self.kv:
                 self.kv.close()
+
+    def _forget_stale_cancels(self) -> None:
+        """A CANCEL that came after its request had ended (the daemon had not seen the DONE yet) names nothing:
+        forgotten after a minute, so the set does not grow for ever (a live request is seconds from its CANCEL)."""
+        now = time.monotonic()
+        for rid, at in list(self.cancelled.items()):
+            if now - at > STALE_CANCEL_S:
+                self.cancelled.pop(rid, None)
 
     def _take_requests(self, wait: bool) -> None:
         """Every request that arrived, into the scheduler (waiting a little for one when there is no work)."""
@@ -246,15 +258,23 @@ class Worker:
             seq = self.engine.sequence(ids, params, cancel, constraint, priority, n_ctx=n_ctx)  # type: ignore[arg-type]
         except GenieError as e:  # the request's fault: reply and go on
             self.send(Error(request_id=rid, code="bad_request", message=str(e)))
-            self.cancelled.discard(rid)
+            self.cancelled.pop(rid, None)
+            return
+        except Exception as e:  # tokenizing or compiling its grammar failed: this request, not the worker
+            self.cancelled.pop(rid, None)
+            self._failed(rid, e)
             return
         self.turns[seq] = _Turn(msg, stream, dropped)
         self.engine.scheduler.submit(seq)
 
     def _prepare(self, seq: EngineSequence) -> None:
-        """A sequence has its slot: load a saved prefix of its prompt into it when the store has one."""
+        """A sequence has its slot: load a saved prefix of its prompt into it when the store has one. The
+        lookup holds up the engine thread: while other streams decode it waits LOOKUP_BUSY_S at most (the
+        store answers in milliseconds; a late answer means the turn runs cold, not that the others stall)."""
         if self.kv:
-            self.kv.hydrate(seq.prompt, self.turns[seq].msg.conv_id, seq.slot)
+            others = len(self.engine.scheduler.running) > 1
+            timeout = LOOKUP_BUSY_S if others else None
+            self.kv.hydrate(seq.prompt, self.turns[seq].msg.conv_id, seq.slot, timeout_s=timeout)
 
     def _on_event(self, seq: EngineSequence, ev: Event) -> None:
         turn = self.turns[seq]
@@ -264,25 +284,10 @@ class Worker:
                 turn.stream.add(ev.text, ev.token_ids)
             return
         del self.turns[seq]
-        self.cancelled.discard(rid)
+        self.cancelled.pop(rid, None)
         turn.stream.flush()
         if isinstance(ev, Failed):
-            e = ev.error
-            if isinstance(e, GenieError):  # the request's fault: reply and go on
-                self.send(Error(request_id=rid, code="bad_request", message=str(e)))
-                return
-            if _out_of_memory(e):  # this request's step did not fit: it fails, the worker goes on serving
-                self.engine.backend.release_memory()
-                log.error("event=out_of_memory request=%s error=%r", rid, str(e)[:500])
-                message = "out of memory for this request (a shorter prompt or context, or a larger memory budget)"
-                self.send(Error(request_id=rid, code="out_of_memory", message=message))
-                return
-            if _device_state_unknown(e):
-                raise e  # fatal: DEAD, and the daemon starts a fresh worker
-            # a bug met by one request: that request fails, the others go on (the engine's state is whole:
-            # a slot counts a token as held only once its forward pass returned)
-            log.error("event=request_failed request=%s", rid, exc_info=e)
-            self.send(Error(request_id=rid, code="internal", message=f"{type(e).__name__}: {e}"[:2000]))
+            self._failed(rid, ev.error)
             return
         if self.kv:
             self.kv.observe_prefill(ev.prompt_tokens - ev.cached_tokens, ev.timings.prefill_ms / 1000)
@@ -304,6 +309,24 @@ class Worker:
         self.send(Done(request_id=rid, finish_reason=ev.finish_reason, usage=usage, timings=timings))
         if self.kv:  # after DONE went out: the client never waits for the save (the slot is not reused before)
             self.kv.save(turn.msg.conv_id, seq.slot)
+
+    def _failed(self, rid: str, e: Exception) -> None:
+        """One request's failure as its ERROR: the others go on, unless the device can no longer be trusted."""
+        if isinstance(e, GenieError):  # the request's fault: reply and go on
+            self.send(Error(request_id=rid, code="bad_request", message=str(e)))
+            return
+        if _out_of_memory(e):  # this request's step did not fit: it fails, the worker goes on serving
+            self.engine.backend.release_memory()
+            log.error("event=out_of_memory request=%s error=%r", rid, str(e)[:500])
+            message = "out of memory for this request (a shorter prompt or context, or a larger memory budget)"
+            self.send(Error(request_id=rid, code="out_of_memory", message=message))
+            return
+        if _device_state_unknown(e):
+            raise e  # fatal: DEAD, and the daemon starts a fresh worker
+        # a bug met by one request: that request fails, the others go on (the engine's state is whole: a slot
+        # counts a token as held only once its forward pass returned)
+        log.error("event=request_failed request=%s", rid, exc_info=e)
+        self.send(Error(request_id=rid, code="internal", message=f"{type(e).__name__}: {e}"[:2000]))
 
     def _prompt_ids(self, msg: Generate | Prewarm, answer_tokens: int, n_ctx: int) -> tuple[list[int], int]:
         """The prompt's tokens, and how many of its oldest messages were dropped to fit the context."""

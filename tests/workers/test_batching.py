@@ -214,3 +214,58 @@ def test_a_prewarm_among_streams_fills_its_slot_and_says_nothing(tmp_path: Path)
     assert completion(events[warm]).finish_reason == "length"
     assert engine.kv.resident[warm.slot] == warm_ids
     assert completion(events[talk]).token_ids == alone(engine, prompt(41, 10), greedy(8))[0].token_ids
+
+
+def test_a_stream_whose_own_handling_raises_fails_alone(tmp_path: Path) -> None:
+    """A grammar that raises as it takes a token (inside accept), and a prompt chunk whose step fails (a
+    chunk too large for the memory left): those requests fail, the streams decoding beside them go on and
+    answer as alone."""
+    engine = make(model_path(tmp_path, "llama-q4_k_m"), "int8")
+    keep_ids = [prompt(51, 9), prompt(52, 14)]
+    keep = [engine.sequence(ids, greedy(10)) for ids in keep_ids]
+    grammar = engine.sequence(prompt(53, 7), greedy(10))
+    chunk = engine.sequence(prompt(54, 20), greedy(10))
+    accept = grammar.accept
+
+    def breaking(token: int, n_ctx: int):  # type: ignore[no-untyped-def]
+        if len(grammar.generated) == 3:
+            raise RuntimeError("the grammar broke")
+        return accept(token, n_ctx)
+
+    grammar.accept = breaking  # type: ignore[method-assign]
+    run_step = engine.run_step
+
+    def failing(segments, interrupt):  # type: ignore[no-untyped-def]
+        if any(s.slot == chunk.slot and s.n > 1 for s in segments):
+            raise MemoryError("out of memory for the chunk")
+        return run_step(segments, interrupt)
+
+    engine.run_step = failing  # type: ignore[method-assign]
+    events, _ = run_batched(engine, [(0, keep[0]), (0, grammar), (3, keep[1]), (5, chunk)])
+    del engine.run_step
+    assert isinstance(events[grammar][-1], Failed) and len(grammar.generated) == 3
+    assert isinstance(events[chunk][-1], Failed) and isinstance(events[chunk][-1].error, MemoryError)
+    for ids, seq in zip(keep_ids, keep, strict=True):
+        assert completion(events[seq]).token_ids == alone(engine, ids, greedy(10))[0].token_ids
+
+
+def test_a_slot_freed_by_a_cancel_is_not_given_again_in_the_same_step(tmp_path: Path) -> None:
+    """The worker saves an ended sequence's KV from its slot after the step: a request waiting for that
+    slot gets it one step later, so the save reads the ended sequence's rows, not the next one's."""
+    engine = make(model_path(tmp_path, "llama"), "f16", n_slots=1)
+    stop = {"now": False}
+    first = engine.sequence(prompt(61, 6), greedy(30), cancel=lambda: stop["now"])
+    second = engine.sequence(prompt(62, 6), greedy(3))
+    sched = engine.scheduler
+    sched.submit(first)
+    sched.step()
+    sched.step()
+    held = list(engine.kv.resident[0])
+    sched.submit(second)
+    stop["now"] = True
+    ended = sched.step()
+    assert [type(ev).__name__ for s, ev in ended if s is first][-1] == "Completion"
+    assert second in sched.waiting and engine.kv.resident[0] == held  # the slot still holds what it held
+    while not sched.idle:
+        sched.step()
+    assert second.done

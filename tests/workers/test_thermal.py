@@ -20,6 +20,13 @@ def test_throttles_above_and_resumes_at_or_below_with_a_gap_between() -> None:
     assert g.pause_s(0.02) == 0.02 and g.pause_s(3.0) == MAX_PAUSE_S
 
 
+def test_a_sensor_that_stops_answering_releases_the_throttle() -> None:
+    temps = iter([90.0, None, None, None, None, None])
+    g = ThermalGovernor(lambda: next(temps), throttle_c=80.0, resume_c=70.0)
+    seen = [g.poll().throttled for _ in range(6)]
+    assert seen == [True, True, True, True, True, False]  # UNREADABLE_POLLS (5) failed reads in a row
+
+
 def test_no_source_no_throttle_and_a_bad_range_is_refused() -> None:
     g = ThermalGovernor(None, 80.0, 70.0)
     assert not g.poll().throttled and g.report() == {"temp_c": None, "throttled": False} and g.pause_s(1.0) == 0.0

@@ -225,7 +225,7 @@ def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worke
     engine = Engine(EngineConfig(model=str(tmp_path / "tiny.gguf"), backend="numpy", n_ctx=64, n_slots=2))
     sent: list = []
     worker = Worker.__new__(Worker)  # no sockets: what a step's failure does to the requests is under test
-    worker.engine, worker.kv, worker.cancelled, worker.stopping = engine, None, set(), False
+    worker.engine, worker.kv, worker.cancelled, worker.stopping = engine, None, {}, False
     worker.turns = {}
     worker.config = type("C", (), {"stream_interval_s": 0.0})()
     worker.send = sent.append  # type: ignore[method-assign]

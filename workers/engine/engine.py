@@ -1,8 +1,9 @@
-"""The engine: one model on one backend with a KV pool, generating for one sequence slot at a time.
+"""The engine: one model on one backend with a KV pool of slots, and the scheduler that steps the sequences
+in them together (scheduler.py).
 
-`generate` is a plain iterator of `Delta`s ending with one `Completion`; the caller (CLI, GPU worker)
-decides where the text goes. It reuses the longest common prefix of what a slot already holds, prefills
-the rest in chunks, and checks `cancel()` between chunks and before every decode step.
+`generate` streams one prompt's answer as a plain iterator of `Delta`s ending with one `Completion` (the
+CLI, tests); the worker submits `sequence`s to `scheduler` instead and steps it. A slot's longest common
+prefix with a new prompt is reused, the rest prefilled in chunks; `cancel()` is checked before every step.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class Engine:
 
     def request_ctx(self, asked: int | None) -> int:
         """The context a request gets: what it asks for (Ollama's num_ctx), at most the engine's."""
-        return self.n_ctx if asked is None else max(2, min(asked, self.n_ctx))
+        return self.n_ctx if asked is None else min(max(2, asked), self.n_ctx)
 
     def fit_chat(
         self,

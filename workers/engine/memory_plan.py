@@ -85,7 +85,7 @@ def plan_memory(
     room = budget - weights - scratch
     per_token = kv_per_token * n_slots + scratch_per_token
     need = f"weights {weights / GIB:.2f} GiB + scratch {scratch / GIB:.2f} GiB"
-    if room < per_token * MIN_CTX:
+    if room <= 0 or (not ctx and room < per_token * MIN_CTX):
         raise BudgetError(
             f"a memory budget of {budget // MIB} MB cannot hold the model: {need}, and a context of "
             f"{MIN_CTX} tokens x {n_slots} slots"

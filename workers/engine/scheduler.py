@@ -47,6 +47,7 @@ class Scheduler:
         self._clock = itertools.count(1)
         self._last_used = [0] * self.n_slots  # the clock when each slot's sequence last ended
         self.limit: int | None = None  # streams admitted at most (a hot device runs fewer); None: every slot
+        self._freed: set[int] = set()  # slots whose sequence ended in the current step
 
     @property
     def idle(self) -> bool:
@@ -65,11 +66,13 @@ class Scheduler:
             self._release(seq)
 
     def step(self) -> list[tuple[Sequence, Event]]:
-        """Ends what was cancelled, admits what fits, runs one forward pass; every event it made, in order."""
+        """Ends what was cancelled, admits what fits, runs one forward pass; every event it made, in order.
+        A sequence whose own handling raises ends with Failed; the others go on."""
         events: list[tuple[Sequence, Event]] = []
+        self._freed = set()  # slots ended in this step: their KV is saved before they are given again
         for seq in [s for s in self.waiting if s.cancel()]:
             self.waiting.remove(seq)
-            events += [(seq, ev) for ev in seq.end("cancelled")]
+            events += self._ending(seq, "cancelled")
         for seq in [s for s in self.running.values() if s.cancel()]:
             events += self._end(seq, "cancelled")
         self._admit(events)
@@ -84,8 +87,12 @@ class Scheduler:
             for seq in seqs:
                 events += self._end(seq, "cancelled")
             return events
-        except Exception as e:  # the step's sequences fail; their slots' rows past what they hold are garbage
-            for seq in seqs:
+        except Exception as e:
+            # the prompts of the step fail (the likeliest cause: a chunk too large for the memory left); the
+            # streams that only decoded go on: their slots hold what they held, and the rows this step wrote
+            # past that are overwritten by their next step. A step of decode rows alone fails them all.
+            failing = [seq for seq in seqs if seq.prefilling] or seqs
+            for seq in failing:
                 self._release(seq)
                 events.append((seq, Failed(e)))
             return events
@@ -109,7 +116,13 @@ class Scheduler:
                 self._release(seq)
                 events.append((seq, Failed(token_or_error)))
                 continue
-            events += [(seq, ev) for ev in seq.accept(token_or_error, self.engine.n_ctx)]
+            try:
+                said = seq.accept(token_or_error, self.engine.n_ctx)  # a grammar or the detokenizer may raise
+            except Exception as e:
+                self._release(seq)
+                events.append((seq, Failed(e)))
+                continue
+            events += [(seq, ev) for ev in said]
             if seq.done:
                 events += self._end(seq, None)
         return events
@@ -140,8 +153,10 @@ class Scheduler:
         if self.limit is not None and len(self.running) >= self.limit:
             return None
         if seq.pinned_slot is not None:
-            return None if seq.pinned_slot in self.running else seq.pinned_slot
-        free = [s for s in range(self.n_slots) if s not in self.running]
+            busy = seq.pinned_slot in self.running or seq.pinned_slot in self._freed
+            return None if busy else seq.pinned_slot
+        # not one freed in this step: the worker saves an ended sequence's KV from its slot after the step
+        free = [s for s in range(self.n_slots) if s not in self.running and s not in self._freed]
         if not free:
             return None
         resident = self.engine.kv.resident
@@ -188,9 +203,17 @@ class Scheduler:
     # -- ends -------------------------------------------------------------------------------------------
     def _end(self, seq: Sequence, reason: str | None) -> list[tuple[Sequence, Event]]:
         self._release(seq)
-        return [(seq, ev) for ev in seq.end(reason)]
+        return self._ending(seq, reason)
+
+    def _ending(self, seq: Sequence, reason: str | None) -> list[tuple[Sequence, Event]]:
+        """The sequence's last events (the flushed text, the Completion), or Failed when making them raises."""
+        try:
+            return [(seq, ev) for ev in seq.end(reason)]
+        except Exception as e:
+            return [(seq, Failed(e))]
 
     def _release(self, seq: Sequence) -> None:
         if self.running.get(seq.slot) is seq:
             del self.running[seq.slot]
             self._last_used[seq.slot] = next(self._clock)
+            self._freed.add(seq.slot)

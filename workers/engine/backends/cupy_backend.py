@@ -892,8 +892,9 @@ class CupyBackend(NumpyBackend):
             out = run()  # eagerly once: compiles kernels, builds tables, computes this step
             try:
                 steps[key] = self._capture(run)
-            except (cp.cuda.runtime.CUDARuntimeError, NotImplementedError, RuntimeError) as e:
-                # a pass that syncs with the host or calls a library that refuses capture: it stays eager
+            except (cp.cuda.runtime.CUDARuntimeError, NotImplementedError, RuntimeError, MemoryError) as e:
+                # a pass that syncs with the host or calls a library that refuses capture, or no memory left
+                # for the graph's own: it stays eager (the eager pass above has computed this step)
                 log.warning("event=capture_failed key=%s: %s; running it eagerly", key, e)
                 steps[key] = False
             return out
