@@ -43,12 +43,18 @@ class WorkerHandle:
     def on_ready(self, info: dict[str, object]) -> None:
         self.ready, self.info = True, info
         self._backoff = self.config.restart_backoff_s
+        m = info.get("memory")
+        memory = m if isinstance(m, dict) else {}
         log.info(
-            "event=worker_ready pid=%s model=%s backend=%s slots=%d",
+            "event=worker_ready pid=%s model=%s backend=%s slots=%d ctx=%s memory_mb=%s",
             self.pid,
             info.get("model"),
             info.get("backend"),
             self.capacity,
+            info.get("n_ctx"),
+            # its plan: weights + KV + scratch = total of budget
+            "+".join(str(memory.get(k)) for k in ("weights_mb", "kv_mb", "scratch_mb"))
+            + f"={memory.get('total_mb')}/{memory.get('budget_mb')}",
         )
 
     @property

@@ -401,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="prompt tokens per forward pass; cancel is checked between chunks (default: %(default)s)",
     )
     args = p.parse_args(argv)
+    # its events (the memory plan, the heat sensor) go to the daemon's log, in the daemon's format
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     exit_with_parent()
     try:
         # the daemon's models directory, not this process's default: a pulled name wins, as in the registry
