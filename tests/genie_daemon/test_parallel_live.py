@@ -59,6 +59,15 @@ async def stream_together(client: GenieClient, rids: list[str], log: list[tuple[
     return await asyncio.gather(*(one(rid) for rid in rids))
 
 
+async def start_together(c: GenieClient, rids: list[str], log: list[tuple[str, str]]) -> asyncio.Future:
+    """The requests streaming at once (stream_together), returned once each has its first DELTA."""
+    started: dict[str, asyncio.Event] = {}
+    both = asyncio.ensure_future(stream_together(c, rids, log, started))
+    await asyncio.sleep(0)
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), 60)
+    return both
+
+
 def ends_at_length(end) -> bool:
     return isinstance(end, Done) and end.finish_reason == "length" and end.usage["completion_tokens"] == 3000
 
@@ -69,11 +78,8 @@ def test_parallel_requests_stream_at_once_in_two_slots(parallel_daemon):
 
     async def go():
         log: list[tuple[str, str]] = []
-        started: dict[str, asyncio.Event] = {}
         async with GenieClient(endpoint) as c:
-            both = asyncio.ensure_future(stream_together(c, ["p1", "p2"], log, started))
-            await asyncio.sleep(0)
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), 60)
+            both = await start_together(c, ["p1", "p2"], log)
             during = (await c.status()).data
             return log, during, await both
 
@@ -89,11 +95,8 @@ def test_parallel_cancel_ends_one_request_and_the_other_finishes(parallel_daemon
 
     async def go():
         log: list[tuple[str, str]] = []
-        started: dict[str, asyncio.Event] = {}
         async with GenieClient(endpoint) as c:
-            both = asyncio.ensure_future(stream_together(c, ["keep", "drop"], log, started))
-            await asyncio.sleep(0)
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), 60)
+            both = await start_together(c, ["keep", "drop"], log)
             await c.cancel("drop")
             return log, await both
 
