@@ -3,15 +3,13 @@
 KV; none for E2B yet, so its row has no ratio).
 
     python bench/gpu.py [--models qwen3-0.6b qwen3-4b gemma4-e2b] [--kv int8 f16] [--depths 0 1024 4096]
-                        [--paths separate fused fused-prefetch] [--repeats 3] [--out DIR]
+                        [--repeats 3] [--out DIR]
 
 Writes the synthetic GGUFs (bench/synthetic.py) into --out (default /tmp/genie-bench), then for each model
-and KV type prints pp512 (prefill of 512 tokens) and tg128 (128 greedy tokens) after a prompt of each
-depth for each decode path (--paths: the separate kernels as a CUDA graph, the fused one-launch step, the
-same with its L2 prefetch; a model the fused step does not take, such as Gemma 4, has "n/a" rows), the
-ratio to llama.cpp, the fused step's logits against the separate kernels' (relative error over 8 steps:
-the real shapes' correctness check), and the GPU memory the process holds. bench/NOTES.md keeps each
-version's numbers.
+and KV type prints pp512 (prefill of 512 tokens) and tg128 (128 greedy tokens, decode steps replayed as
+CUDA graphs) after a prompt of each depth, the ratio to llama.cpp, and the GPU memory the process holds.
+bench/NOTES.md keeps each version's numbers (the fused one-launch decode step's among them, v7-v10: it left
+the product, slower than these separate kernels at depth).
 """
 
 from __future__ import annotations
@@ -35,38 +33,7 @@ ANCHORS = {
 }
 
 
-# decode paths: label -> (fused decode step, its L2 prefetch)
-PATHS = {
-    "separate": (False, False),  # the separate kernels, replayed as a CUDA graph (the backend's default)
-    "fused": (True, False),  # kernels/decode.cu: the whole step in one launch
-    "fused-prefetch": (True, True),
-}
-
-
-def _decode(engine, token: int, pos: int):
-    return engine._run(0, [token], pos, slice(-1, None))
-
-
-def check_fused(engine, vocab: int, rng) -> float:
-    """||fused - separate|| / ||separate|| of the logits over 8 decode steps after a 300-token prompt."""
-    import cupy as cp
-    import numpy as np
-
-    backend = engine.backend
-    prompt = rng.integers(300, vocab, 300).tolist()
-    steps = rng.integers(300, vocab, 8).tolist()
-    out = {}
-    for fused in (False, True):
-        backend.use_fused = fused
-        engine.kv.resident[0] = []
-        engine._run(0, prompt, 0, None)
-        rows = [cp.asnumpy(_decode(engine, t, 300 + i))[-1] for i, t in enumerate(steps)]
-        out[fused] = np.array(rows, dtype=np.float64)
-    backend.use_fused = False
-    return float(np.linalg.norm(out[True] - out[False]) / np.linalg.norm(out[False]))
-
-
-def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int, paths: list[str]) -> dict:
+def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int) -> dict:
     import cupy as cp
 
     from workers.engine.engine import Completion, Engine, EngineConfig
@@ -76,7 +43,7 @@ def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int, pat
     backend = model.backend
     vocab = model.config.n_vocab
     rng = __import__("numpy").random.default_rng(0)
-    out: dict = {"load_ms": model.load_ms, "tg": {}}
+    out: dict = {"load_ms": model.load_ms}
 
     def run(engine: Engine, prompt: list[int], n_gen: int) -> Completion:
         engine.kv.resident[0] = []
@@ -87,49 +54,31 @@ def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int, pat
         assert isinstance(done, Completion)
         return done
 
-    from workers.engine.backends.cupy_decode import unsupported
-
-    out["skipped"] = {}
-    for label in paths:
-        backend.use_fused, backend.fused_prefetch = PATHS[label]
-        # a fresh engine per path (its own captured or fused steps) on the one loaded model
-        engine = Engine(EngineConfig(model=str(path), n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=512), model)
-        reason = unsupported(model.config, engine.kv) if backend.use_fused else None
-        if reason is not None:  # it would time the separate kernels again
-            out["skipped"][label] = reason
-            del engine
-            continue
-        first = "pp512" not in out  # the first path that runs also measures prefill and memory
-        # warm-up: kernels compiled and loaded (cuBLAS loads a GEMM's kernels at its first use of a shape)
-        run(engine, list(rng.integers(300, vocab, 64)), 4)
-        run(engine, list(rng.integers(300, vocab, 512)), 4)
-        if first:
-            pp = []
-            for _ in range(repeats):
-                prompt = list(rng.integers(300, vocab, 512))
-                engine.kv.resident[0] = []
-                t0 = time.perf_counter()
-                for _ in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=0)):
-                    pass
-                cp.cuda.Device().synchronize()
-                pp.append(512 / (time.perf_counter() - t0))
-            out["pp512"] = statistics.median(pp)
-            fused_runs = any("fused" in p for p in paths) and unsupported(model.config, engine.kv) is None
-            out["check"] = check_fused(engine, vocab, rng) if fused_runs else float("nan")
-            backend.use_fused, backend.fused_prefetch = PATHS[label]
-        tg = {}
-        for depth in depths:
-            runs = [run(engine, list(rng.integers(300, vocab, depth + 1)), 128) for _ in range(repeats)]
-            tg[depth] = statistics.median(r.timings.decode_tok_s for r in runs)
-        out["tg"][label] = tg
-        if first:  # while this engine holds its KV pool and steps
-            out["kv_gib"] = engine.kv.config.bytes_per_token * n_ctx / 2**30
-            out["pool_gib"] = cp.get_default_memory_pool().used_bytes() / 2**30  # arrays in use
-            out["graphs_gib"] = backend._capture_pool.total_bytes() / 2**30  # the captured steps' memory
-            free, total = cp.cuda.runtime.memGetInfo()
-            out["gpu_mem_gib"] = (total - free) / 2**30  # all the device memory the process holds
-        del engine
-    backend.use_fused, backend.fused_prefetch = False, False
+    engine = Engine(EngineConfig(model=str(path), n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=512), model)
+    # warm-up: kernels compiled and loaded (cuBLAS loads a GEMM's kernels at its first use of a shape)
+    run(engine, list(rng.integers(300, vocab, 64)), 4)
+    run(engine, list(rng.integers(300, vocab, 512)), 4)
+    pp = []
+    for _ in range(repeats):
+        prompt = list(rng.integers(300, vocab, 512))
+        engine.kv.resident[0] = []
+        t0 = time.perf_counter()
+        for _ in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=0)):
+            pass
+        cp.cuda.Device().synchronize()
+        pp.append(512 / (time.perf_counter() - t0))
+    out["pp512"] = statistics.median(pp)
+    tg = {}
+    for depth in depths:
+        runs = [run(engine, list(rng.integers(300, vocab, depth + 1)), 128) for _ in range(repeats)]
+        tg[depth] = statistics.median(r.timings.decode_tok_s for r in runs)
+    out["tg"] = tg
+    out["kv_gib"] = engine.kv.config.bytes_per_token * n_ctx / 2**30
+    out["pool_gib"] = cp.get_default_memory_pool().used_bytes() / 2**30  # arrays in use
+    out["graphs_gib"] = backend._capture_pool.total_bytes() / 2**30  # the captured steps' memory
+    free, total = cp.cuda.runtime.memGetInfo()
+    out["gpu_mem_gib"] = (total - free) / 2**30  # all the device memory the process holds
+    del engine
     out["gguf_gib"] = path.stat().st_size / 2**30
     return out
 
@@ -139,7 +88,6 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--kv", nargs="+", default=["int8", "f16"], choices=["int8", "f16"])
     p.add_argument("--depths", nargs="+", type=int, default=[0, 1024, 4096])
-    p.add_argument("--paths", nargs="+", default=["separate", "fused"], choices=list(PATHS), help="decode paths")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     args = p.parse_args()
@@ -153,38 +101,22 @@ def main() -> None:
         path = synthetic_file(name, args.out)
         model = Model.load(path, backend)
         for kv in args.kv:
-            r = bench_model(model, path, kv, args.depths, args.repeats, args.paths)
+            r = bench_model(model, path, kv, args.depths, args.repeats)
             a = ANCHORS.get(name, {})
-            for label, reason in r["skipped"].items():
-                rows.append(f"| {name} | {kv} | {label} | n/a: {reason} |" + " |" * (4 + len(args.depths)))
-                print(rows[-1], flush=True)
-            for label, tg_by_depth in r["tg"].items():
-                tg = " | ".join(
-                    f"{tg_by_depth[d]:.0f} ({tg_by_depth[d] / a[d]:.2f}x)" if d in a else f"{tg_by_depth[d]:.0f}"
-                    for d in args.depths
-                )
-                first = label == next(iter(r["tg"]))
-                pp = (
-                    f"{r['pp512']:.0f}" + (f" ({r['pp512'] / a['pp512']:.2f}x)" if "pp512" in a else "")
-                    if first
-                    else ""
-                )
-                check = f"{r['check']:.1e}" if first else ""
-                mem = (
-                    f"{r['pool_gib']:.2f} + {r['graphs_gib']:.2f} / {r['gpu_mem_gib']:.2f}"
-                    f" (GGUF {r['gguf_gib']:.2f} + KV {r['kv_gib']:.2f})"
-                    if first
-                    else ""
-                )
-                rows.append(f"| {name} | {kv} | {label} | {r['load_ms']:.0f} | {pp} | {tg} | {check} | {mem} |")
-                print(rows[-1], flush=True)
+            tg = " | ".join(
+                f"{r['tg'][d]:.0f} ({r['tg'][d] / a[d]:.2f}x)" if d in a else f"{r['tg'][d]:.0f}" for d in args.depths
+            )
+            pp = f"{r['pp512']:.0f}" + (f" ({r['pp512'] / a['pp512']:.2f}x)" if "pp512" in a else "")
+            mem = (
+                f"{r['pool_gib']:.2f} + {r['graphs_gib']:.2f} / {r['gpu_mem_gib']:.2f}"
+                f" (GGUF {r['gguf_gib']:.2f} + KV {r['kv_gib']:.2f})"
+            )
+            rows.append(f"| {name} | {kv} | {r['load_ms']:.0f} | {pp} | {tg} | {mem} |")
+            print(rows[-1], flush=True)
         del model
     depth_cols = " | ".join(f"tg128 @ {d}" for d in args.depths)
-    print(
-        f"\n| model | KV | decode | load ms | pp512 tok/s (x llama.cpp) | {depth_cols} | fused vs separate"
-        " | GPU GiB: arrays + graphs / process |"
-    )
-    print("|" + "---|" * (7 + len(args.depths)))
+    print(f"\n| model | KV | load ms | pp512 tok/s (x llama.cpp) | {depth_cols} | GPU GiB: arrays + graphs / process |")
+    print("|" + "---|" * (5 + len(args.depths)))
     print("\n".join(rows))
 
 

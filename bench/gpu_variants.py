@@ -83,7 +83,6 @@ def main() -> None:
     from workers.engine.sampling import SamplingParams
 
     backend = CupyBackend()
-    backend.use_fused = False
     defaults = {
         "use_pdl": 1,
         "capture_prefill": 1,

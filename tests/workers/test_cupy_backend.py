@@ -163,21 +163,14 @@ def test_tiny_model_nll_matches_numpy(gpu, tmp_path, arch, kv_dtype):
     nll = {}
     for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
         engine = Engine(EngineConfig(model=str(path), n_ctx=64, kv_dtype=kv_dtype), Model.load(path, backend))
-        # 1 row a pass: the one-token kernels; 5: the multi-token GEMV kernels; 32: dequantize + cuBLAS
+        # 1 row a pass: the one-token kernels; 5 and 32: dequantize + cuBLAS
         for rows in (1, 5, 32):
             nll[name, rows] = engine.token_nll([1, *ids], rows_per_pass=rows)
-    nll["numpy", "fused"] = nll["numpy", 1]
-    gpu.use_fused = True  # 1 row a pass through the fused decode step (where the head dims allow: qwen3, gemma3)
-    try:
-        engine = Engine(EngineConfig(model=str(path), n_ctx=64, kv_dtype=kv_dtype), Model.load(path, gpu))
-        nll["cupy", "fused"] = engine.token_nll([1, *ids], rows_per_pass=1)
-    finally:
-        gpu.use_fused = False
     # INT8 KV: a last-bit difference before rounding can move one code by 1/127, so single tokens
     # may differ by a few hundredths of a nat; FP16 KV has no such steps, but the 32-row passes' TF32
     # GEMM and FP16 attention inputs (10 mantissa bits) move single tokens by up to ~5e-3 (H200)
     max_delta = 0.03 if kv_dtype == "int8" else 1e-2
-    for rows in (1, 5, 32, "fused"):
+    for rows in (1, 5, 32):
         delta = np.abs(nll["cupy", rows] - nll["numpy", rows])
         assert delta.mean() <= 0.05 and delta.max() < max_delta, (rows, float(delta.mean()), float(delta.max()))
 
@@ -226,9 +219,8 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 def test_q4_k_m_tiny_model_nll_matches_numpy(gpu, kv_dtype):
-    """The committed Q4_K_M model: the decode path's int8-activation dp4a GEMVs and GQA attention (1 token a
-    pass, separate kernels and the fused step), the multi-token GEMV (5) and the tensor-core prefill (32)
-    against NumPy."""
+    """The committed Q4_K_M model: the decode path's int8-activation GEMVs and GQA attention (1 token a pass)
+    and the tensor-core prefill (5 and 32) against NumPy."""
     from pathlib import Path
 
     from workers.engine.backends.numpy_backend import NumpyBackend
@@ -242,17 +234,10 @@ def test_q4_k_m_tiny_model_nll_matches_numpy(gpu, kv_dtype):
         engine = Engine(EngineConfig(model=str(path), n_ctx=64, kv_dtype=kv_dtype), Model.load(path, backend))
         for rows in (1, 5, 32):
             nll[name, rows] = engine.token_nll([1, *ids], rows_per_pass=rows)
-    nll["numpy", "fused"] = nll["numpy", 1]
-    gpu.use_fused = True
-    try:
-        engine = Engine(EngineConfig(model=str(path), n_ctx=64, kv_dtype=kv_dtype), Model.load(path, gpu))
-        nll["cupy", "fused"] = engine.token_nll([1, *ids], rows_per_pass=1)
-    finally:
-        gpu.use_fused = False
     # INT8 KV: a code that rounds apart moves a single token's NLL by up to ~0.1 nat (seen once at 0.108 through
     # the TF32 prefill); the mean is what the acceptance bounds
     max_delta = 0.2 if kv_dtype == "int8" else 0.1
-    for rows in (1, 5, 32, "fused"):
+    for rows in (1, 5, 32):
         delta = np.abs(nll["cupy", rows] - nll["numpy", rows])
         assert delta.mean() <= 0.05 and delta.max() < max_delta, (rows, float(delta.mean()), float(delta.max()))
 
@@ -390,7 +375,6 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
     rng = np.random.default_rng()
     prompt, steps = rng.integers(3, 300, 17).tolist(), rng.integers(3, 300, 12).tolist()
     logits = {}
-    gpu.use_fused = False
     try:
         for use_pdl in (False, True):
             gpu.use_pdl = use_pdl
@@ -423,7 +407,6 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
     model = Model.load(path, gpu)
     prompt = [1, *np.random.default_rng().integers(3, 300, 3 * 24 + 6).tolist()]  # chunks of 24: cuBLAS
     logits, tokens, nll = {}, {}, {}
-    gpu.use_fused = False
     try:
         for use_graphs in (False, True):
             gpu.use_graphs = use_graphs
@@ -458,7 +441,6 @@ def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
     model = Model.load(path, gpu)
     prompt = [1, *np.random.default_rng().integers(3, 300, 20).tolist()]
     tokens = {}
-    gpu.use_fused = False  # the separate kernels, which the graphs capture (the fused step needs none)
     for use_graphs in (False, True):
         gpu.use_graphs = use_graphs
         engine = Engine(EngineConfig(model=str(path), n_ctx=128, kv_dtype=kv_dtype, n_slots=2), model)
@@ -474,55 +456,6 @@ def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
         assert len(decode_steps) == (2 if use_graphs else 0)  # one captured decode step per slot
     gpu.use_graphs = True
     assert tokens[True, 0] == tokens[False, 0] and tokens[True, 1] == tokens[False, 1]
-
-
-@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "q4_k_m"])
-def test_fused_decode_step_matches_the_separate_kernels(gpu, tmp_path, arch, kv_dtype):
-    """The one-launch decode step (kernels/decode.cu) against the same model's separate kernels, token by
-    token over 48 positions (gemma3's window is 8: its sliding layers drop keys; two slots): the logits,
-    the K/V it writes, and the argmax it takes on the device. qwen3 and gemma3 are F32 (the float product
-    path, q/k norms, post-norms, GELU), the Q4_K_M model the dp4a types."""
-    from pathlib import Path
-
-    import cupy as cp
-
-    from workers.engine.engine import Engine, EngineConfig
-    from workers.engine.model import Model
-
-    if arch == "q4_k_m":
-        path = Path(__file__).resolve().parents[1] / FIXTURE_Q4_K_M
-    else:
-        path = tmp_path / f"{arch}.gguf"
-        write_tiny_model(arch, path, seed=7)
-    model = Model.load(path, gpu)
-    ids = [1, *np.random.default_rng().integers(3, 300, 47).tolist()]
-    logits, snaps = {}, {}
-    for fused in (False, True):
-        gpu.use_fused = fused
-        engine = Engine(EngineConfig(model=str(path), n_ctx=64, kv_dtype=kv_dtype, n_slots=2), model)
-        rows = []
-        for pos, tok in enumerate(ids):
-            out = engine._run(1, [tok], pos, slice(-1, None))
-            rows.append(cp.asnumpy(out)[-1].astype(np.float64))
-            assert gpu.greedy_token(out) == int(np.argmax(rows[-1]))
-        assert (engine._steps.get(("fused", 1)) not in (None, False)) == fused  # the path that ran
-        logits[fused], snaps[fused] = np.array(rows), engine.export_kv(1)
-    gpu.use_fused = False
-    # the same arithmetic in another order and grouping (reductions over 512 instead of 1024 threads, a
-    # warp's q norm, Q4_K's codes combined as integers; the separate kernels code a norm's input before its RMS
-    # factor, in the product that writes it, so a code may round apart): float rounding, amplified by 2-7
-    # random layers (INT8 KV: 2.9e-3 seen once the separate kernels coded inputs in their producers)
-    assert rel_err(logits[True], logits[False]) < (5e-3 if kv_dtype == "int8" else 1e-3)
-    for name in ("k", "v", "k_scale", "v_scale"):
-        a, b = getattr(snaps[False], name), getattr(snaps[True], name)
-        if a is None:
-            continue
-        a, b = np.stack(a).astype(np.float64), np.stack(b).astype(np.float64)
-        if name in ("k", "v") and kv_dtype == "int8":  # codes may round apart at a .5 boundary: more so in
-            assert np.mean(a != b) < 2e-2 and np.abs(a - b).max() <= 1  # later layers (7 in gemma3)
-        else:  # FP16 rows may round a last bit apart (2^-11)
-            assert rel_err(b, a) < 5e-4
 
 
 def _quant_weight(qtype, rows: int, cols: int, rng: np.random.Generator) -> tuple[QuantWeight, np.ndarray]:

@@ -196,9 +196,7 @@ class Engine:
         out = None
         last_row = logit_rows is None or (logit_rows.start, logit_rows.stop, logit_rows.step) == (-1, None, None)
         bucket = self._bucket(len(arr), pos0) if last_row else len(arr)  # (token_nll wants every row)
-        if len(arr) == 1 and logit_rows is not None:  # a decode step: the backend's fused path if it has one
-            out = self.backend.decode_step(self._steps, m.config, m.weights, self.kv, slot, int(arr[0]), pos0)
-        elif bucket != len(arr):
+        if bucket != len(arr):
             # a short chunk padded to a size whose step is captured (a chunk of any length up to it replays that
             # one step): the pad's K/V lands past what the slot holds (rows no query reads before a real token
             # overwrites them), its logits are never taken
@@ -234,7 +232,7 @@ class Engine:
 
     def run_step(self, segments: list[Segment], interrupt: Callable[[], bool] | None) -> Any:
         """One forward pass of the scheduler's segments: logits [k, vocab], a row per segment that wants
-        them (None when none does). A step of one segment takes the backend's captured and fused paths."""
+        them (None when none does). A step of one segment takes the backend's captured steps (_run)."""
         if len(segments) == 1:
             seg = segments[0]
             return self._run(seg.slot, seg.ids, seg.pos0, slice(-1, None) if seg.wants_logits else None, interrupt)

@@ -90,7 +90,7 @@ class ModelConfig:
     @property
     def uniform(self) -> bool:
         """Every layer has the model's head dims, KV heads, FFN width and RoPE dims and its own K/V, and the
-        model has no PLE or V norm: what the fused decode kernel takes (cupy_decode.py)."""
+        model has no PLE or V norm (a model of one layer shape throughout)."""
         return (
             not self.v_norm
             and not self.ple_dim

@@ -134,21 +134,6 @@ class Backend(ABC):
         step's output is valid until the next step runs (captured steps may share memory)."""
         return run()
 
-    def decode_step(
-        self,
-        steps: dict[Hashable, Any],
-        cfg: ModelConfig,
-        weights: Any,
-        kv: Any,
-        slot: int,
-        token: int,
-        pos0: int,
-    ) -> Array | None:
-        """The logits [1, vocab] of one token at pos0 of `slot` (writing its K/V), computed by a path of the
-        backend's own that runs the whole step at once (state kept in `steps`, as `forward_step`'s), or
-        None: the caller runs `forward` (weights: ModelWeights, kv: KVCache)."""
-        return None
-
     # -- compute ----------------------------------------------------------------------------------
     @abstractmethod
     def embed(self, weight: Weight, ids: Array, scale: float) -> Array:

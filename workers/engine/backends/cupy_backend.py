@@ -8,8 +8,8 @@ cuBLAS in TF32: float32's range (float16 inputs overflowed to inf on the synthet
 inputs rounded to 10 mantissa bits, float32 accumulation. RMSNorm, RoPE, the gated activation, the KV
 write and attention are one fused kernel each (kernels/ops.cu); what is left (residual adds, the float32
 KV used by tests) is the NumPy backend's code run on CuPy arrays. A decode step of these kernels is
-captured as a CUDA graph and replayed; with `use_fused`, `decode_step` runs the whole step as one launch
-of kernels/decode.cu instead (cupy_decode.py).
+captured as a CUDA graph and replayed. (A second decode path, the whole step in one cooperative launch, was
+measured slower and left the product: bench/NOTES.md v7.)
 """
 
 from __future__ import annotations
@@ -24,14 +24,12 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..arch.layers import ModelWeights
 from ..batch import Batch
 from ..gguf_file import TensorInfo
-from ..kv_cache import KVCache, LayerKV
+from ..kv_cache import LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
 from .base import Backend, NextInput
 from .capture_gemm import CaptureGemm
-from .cupy_decode import ACTIVATIONS, FusedDecode, unsupported
 from .numpy_backend import NumpyBackend, dequantize_tensor
 from .pdl import DependentLauncher
 
@@ -48,7 +46,7 @@ THREADS = 256
 # each module's source: kernels/ files in order (shared headers first; CuPy's disk cache keys on the text)
 QUANT_SOURCES = ("common.cuh", "blocks.cuh", "quant.cu")
 OPS_SOURCES = ("common.cuh", "kv_rows.cuh", "attend.cuh", "ops.cu")
-DECODE_SOURCES = ("common.cuh", "blocks.cuh", "kv_rows.cuh", "attend.cuh", "decode.cu")
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the kernels' activation codes (common.cuh)
 
 # GGML type -> kernel name suffix in quant.cu
 KERNEL_TYPES: dict[GGMLQuantizationType, str] = {
@@ -181,7 +179,6 @@ class CupyBackend(NumpyBackend):
         self._module, self._ops = (kernel_module(*files) for files in (QUANT_SOURCES, OPS_SOURCES))
         for module in (self._module, self._ops):
             module.compile()  # now, not mid-generation: a compile failure is a start-up error
-        self._decode_modules: dict[tuple[tuple[str, int], ...], Any] = {}
         self._kernels: dict[str, _Kernel] = {}
         self._ids = cupy.zeros(1, dtype=cupy.int64)  # staged token ids of the current step
         self._pos = cupy.zeros(1, dtype=cupy.int32)  # staged first position (the kernels read it here)
@@ -205,14 +202,6 @@ class CupyBackend(NumpyBackend):
         # and one stream to capture on: CuPy's pool hands a freed block only to allocations on the stream it was
         # freed on, so a new stream per capture would share nothing
         self._capture_stream = cupy.cuda.Stream(non_blocking=True)
-        # one-token steps through the fused decode kernel (cupy_decode.py) where it applies: off by default while it
-        # is slower than the separate kernels at depth (bench/NOTES.md v7: 4B 252 vs 244 tok/s at 0, 215 vs 244
-        # at 4096)
-        self.use_fused = False
-        self.fused_prefetch = False  # its L2 prefetch of the next product's weights (measured slower)
-        self.fused_threads = 512  # its block size (one block per SM)
-        self.fused_units = 1  # 256-value weight units per octet of lanes and round (two rounds in flight)
-        self._fused_last: tuple[Any, Any] | None = None  # (logits, token) of the last fused step
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
         self.n_sm = int(props["multiProcessorCount"])
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
@@ -790,38 +779,6 @@ class CupyBackend(NumpyBackend):
         return self.dequant_into(weight, cp.empty((len(ids), weight.cols), dtype=cp.float32), dev_ids, scale)
 
     # -- steps and CUDA graphs ---------------------------------------------------------------------------
-    def decode_step(
-        self,
-        steps: dict[Hashable, Any],
-        cfg: ModelConfig,
-        weights: ModelWeights,
-        kv: KVCache,
-        slot: int,
-        token: int,
-        pos0: int,
-    ) -> Any:
-        """One token through the fused decode kernel (cupy_decode.py), when it takes this model and cache."""
-        if not self.use_fused:
-            return None
-        key = ("fused", slot)
-        if key not in steps:  # False: this model takes the separate kernels
-            steps[key] = FusedDecode(self, cfg, weights, kv, slot) if unsupported(cfg, kv) is None else False
-        fused = steps[key]
-        if not isinstance(fused, FusedDecode):
-            return None
-        logits = fused.run(token, pos0)
-        self._fused_last = (logits, fused.token)
-        return logits
-
-    def decode_module(self, defines: tuple[tuple[str, int], ...]) -> Any:
-        """decode.cu compiled for one model shape (cupy_decode.FusedDecode's defines)."""
-        module = self._decode_modules.get(defines)
-        if module is None:
-            module = kernel_module(*DECODE_SOURCES, options=tuple(f"-D{k}={v}" for k, v in defines))
-            module.compile()
-            self._decode_modules[defines] = module
-        return module
-
     def rope_table(self, base: float, scale: float, rope_dim: int, n_pos: int) -> Any:
         """The cos/sin tables [>= n_pos, rope_dim / 2] on the device (replacing one bumps `buffer_version`)."""
         return self._rope_table(base, scale, rope_dim, n_pos)
@@ -832,7 +789,7 @@ class CupyBackend(NumpyBackend):
 
     @property
     def buffer_version(self) -> int:
-        """Bumped whenever a buffer that captured steps or fused descriptors point to is replaced."""
+        """Bumped whenever a buffer that captured steps point to is replaced."""
         return self._version
 
     def stage_batch(self, batch: Batch) -> Any:
@@ -951,8 +908,6 @@ class CupyBackend(NumpyBackend):
 
     def greedy_token(self, logits: Any) -> int:
         cp = self.xp
-        if self._fused_last is not None and logits is self._fused_last[0]:  # the fused step took the argmax
-            return int(cp.asnumpy(self._fused_last[1])[0])
         row = cp.ascontiguousarray(logits[-1], dtype=cp.float32)
         if self._argmax_buf is None:  # per-block partials, the last-block counter (zero between launches), the result
             self._argmax_buf = (
