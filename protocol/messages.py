@@ -286,7 +286,7 @@ class Heartbeat(Message):
     FIELDS = {"seq": Field("int", required=True), "busy": Field("bool"), "thermal": Field("dict")}
     seq: int
     busy: bool = False
-    thermal: dict | None = None  # {temp_c: float or None, throttled: bool} (workers/thermal.py)
+    thermal: dict | None = None  # {temp_c: float or None, throttled: bool, paused_steps: int} (workers/thermal.py)
 
 
 @dataclass

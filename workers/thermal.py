@@ -94,6 +94,7 @@ class ThermalGovernor:
         self.state = ThermalState()
         self._lock = threading.Lock()
         self._unread = 0  # failed reads in a row
+        self.paused_steps = 0  # steps the worker paused after, since it started (the engine thread counts)
 
     def poll(self) -> ThermalState:
         temp = self.read() if self.read is not None else None
@@ -116,8 +117,12 @@ class ThermalGovernor:
 
     def pause_s(self, step_s: float) -> float:
         """How long to wait after a step that took `step_s`: as long again while throttled (half speed)."""
-        return min(step_s, MAX_PAUSE_S) if self.state.throttled else 0.0
+        if not self.state.throttled:
+            return 0.0
+        self.paused_steps += 1
+        return min(step_s, MAX_PAUSE_S)
 
     def report(self) -> dict[str, object]:
         s = self.state
-        return {"temp_c": None if s.temp_c is None else round(s.temp_c, 1), "throttled": s.throttled}
+        temp = None if s.temp_c is None else round(s.temp_c, 1)
+        return {"temp_c": temp, "throttled": s.throttled, "paused_steps": self.paused_steps}

@@ -1,5 +1,6 @@
 """Heat through the real daemon and worker (issue 18): a sensor file at 85 000 m°C and the daemon says
-"throttled" and decodes slower; at 40 000 it is back to full speed within 5 s."""
+"throttled" and the worker pauses after every step of an answer; at 40 000 it says so within 5 s and pauses
+no more. (Speeds are not asserted: bench-like figures are in the closing note; the pauses are counted.)"""
 
 from __future__ import annotations
 
@@ -15,14 +16,17 @@ from tests.genie_daemon.test_daemon import collect, start_daemon, status
 REQUEST = {"token_ids": [1, *range(40, 60)], "params": {"temperature": 0.0, "max_tokens": 120, "ignore_eos": True}}
 
 
-def decode_tok_s(endpoint: str) -> float:
+def answer(endpoint: str) -> None:
     async def go():
         async with GenieClient(endpoint, timeout_s=60) as client:
             return await collect(client, **REQUEST)
 
     _, done = asyncio.run(go())
     assert isinstance(done, Done) and done.usage["completion_tokens"] == 120
-    return float(done.timings["decode_tok_s"])
+
+
+def paused(endpoint: str) -> int:
+    return int(asyncio.run(status(endpoint)).data["thermal"]["paused_steps"])
 
 
 def wait_for_thermal(endpoint: str, throttled: bool, within_s: float) -> tuple[float, dict]:
@@ -44,16 +48,21 @@ def test_a_hot_sensor_slows_the_worker_down_and_a_cool_one_lets_it_go(tmp_path: 
     try:
         _, thermal = wait_for_thermal(endpoint, False, 5)
         assert thermal["temp_c"] == 40.0
-        cool = decode_tok_s(endpoint)
+        answer(endpoint)
+        assert paused(endpoint) == 0
         sensor.write_text("85000\n")
         _, thermal = wait_for_thermal(endpoint, True, 5)
         assert thermal["temp_c"] == 85.0
-        hot = decode_tok_s(endpoint)
-        assert hot < 0.7 * cool, (hot, cool)  # a pause as long as each step: about half the speed
+        answer(endpoint)
+        time.sleep(1.2)  # the next heartbeat carries the count
+        hot = paused(endpoint)
+        assert hot >= 120  # a pause after every step of the answer (its prefill and 119 decode steps)
         sensor.write_text("40000\n")
         took, _ = wait_for_thermal(endpoint, False, 5)
         assert took < 5
-        assert decode_tok_s(endpoint) > 0.7 * cool
+        answer(endpoint)
+        time.sleep(1.2)
+        assert paused(endpoint) == hot  # cool again: no step paused
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)

@@ -16,8 +16,8 @@ def test_throttles_above_and_resumes_at_or_below_with_a_gap_between() -> None:
     seen = [g.poll().throttled for _ in range(7)]
     # 65 cool; 85 hot; 75 still hot (above resume); unreadable keeps the state; 70 cool; 79 cool; 80.5 hot
     assert seen == [False, True, True, True, False, False, True]
-    assert g.report() == {"temp_c": 80.5, "throttled": True}
     assert g.pause_s(0.02) == 0.02 and g.pause_s(3.0) == MAX_PAUSE_S
+    assert g.report() == {"temp_c": 80.5, "throttled": True, "paused_steps": 2}
 
 
 def test_a_sensor_that_stops_answering_releases_the_throttle() -> None:
@@ -29,7 +29,8 @@ def test_a_sensor_that_stops_answering_releases_the_throttle() -> None:
 
 def test_no_source_no_throttle_and_a_bad_range_is_refused() -> None:
     g = ThermalGovernor(None, 80.0, 70.0)
-    assert not g.poll().throttled and g.report() == {"temp_c": None, "throttled": False} and g.pause_s(1.0) == 0.0
+    assert not g.poll().throttled and g.pause_s(1.0) == 0.0
+    assert g.report() == {"temp_c": None, "throttled": False, "paused_steps": 0}
     with pytest.raises(ValueError, match="must be below"):
         ThermalGovernor(None, 70.0, 70.0)
 
