@@ -10,6 +10,7 @@ for any other the digest is the GGUF fingerprint, which needs no pass over the w
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -74,6 +75,18 @@ class ModelInfo:
         if "<think>" in self.chat_template or "enable_thinking" in self.chat_template:
             caps.append("thinking")
         return caps
+
+
+def known_at_once(model: str) -> ModelInfo:
+    """What the daemon says of a model before its header is read in a thread (describe): its name and its
+    size (a packaged model's, or the file's by one stat), so /api/tags never lists a model of 0 bytes."""
+    packaged = MODELS.get(model)
+    if packaged is not None:
+        return ModelInfo.named(model, packaged.size_bytes)
+    try:
+        return ModelInfo.named(model, os.stat(model).st_size)
+    except OSError:  # a name, or a file not there (yet): the thread's describe says more
+        return ModelInfo.named(model)
 
 
 def describe(model: str, models: ModelsDir) -> ModelInfo:

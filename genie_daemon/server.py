@@ -43,7 +43,7 @@ from .config import DaemonConfig
 from .http_server import HttpFront
 from .kv_store_handle import KvStoreHandle
 from .metrics import DaemonMetrics
-from .model_info import ModelInfo, describe
+from .model_info import ModelInfo, describe, known_at_once
 from .model_store import ModelStore
 from .scheduler import ReplyFn, Request, Scheduler, Switch
 from .worker_handle import WorkerHandle
@@ -79,7 +79,7 @@ class Daemon:
         self._kv_restart: asyncio.Task[None] | None = None
         self.metrics = DaemonMetrics()
         self.store = ModelStore(config.models_dir)
-        self._model_info = ModelInfo.named(config.model)  # read from the file in a thread (model_info.py)
+        self._model_info = known_at_once(config.model)  # the rest read from the file in a thread (model_info.py)
         # the configured model (genie.toml, -m) stays nameable whatever a request or LOAD loaded since
         self.home_model = config.model
         self._home_info = self._model_info
@@ -113,7 +113,7 @@ class Daemon:
         # the old worker takes nothing from now: config.model names the new model, and a request arriving
         # before the switch task stops it would otherwise go to it (a free slot) and run on the old one
         self.worker.mark_lost()
-        self._model_info = ModelInfo.named(model)
+        self._model_info = known_at_once(model)
         self._switch = asyncio.create_task(self._load(self._switch))
         self._refresh_model_info()
 
@@ -362,7 +362,7 @@ class Daemon:
             return False
         if name != model:  # a URL or hf:// source: from now on the model is its name in the models directory
             self.worker.config = self.config = replace(self.config, model=name)
-            self.home_model, self._model_info = name, ModelInfo.named(name)
+            self.home_model, self._model_info = name, known_at_once(name)
             self._home_info = self._model_info
         self._refresh_model_info()
         return True
