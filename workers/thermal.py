@@ -2,8 +2,8 @@
 
 A Jetson next to Home Assistant is passively cooled; decoding flat out heats it until the firmware throttles
 its clocks, for everyone. The worker acts first: above `throttle_c` it pauses between steps as long as a step
-took (half its speed) and runs one stream at a time, until the temperature is at or below `resume_c` (the gap
-keeps it from flapping). Throttled, it admits no new stream while one runs (those running go on). The
+took (half its speed) and admits no new stream while one runs (those running go on), until the temperature is
+at or below `resume_c` (the gap keeps it from flapping). The
 temperature comes from the first source that answers: a file named by the daemon's `thermal_sensor`
 (GENIE_THERMAL_SENSOR; millidegrees, as Linux writes them), NVML (the `nvidia-ml-py` package, on a GPU with
 it installed), else the hottest of Linux's thermal zones. No source, or one that stops answering for

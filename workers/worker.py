@@ -200,7 +200,7 @@ class Worker:
                     self._forget_stale_cancels()
                     continue
                 self.io.busy = True
-                scheduler.limit = 1 if self.thermal.throttled else None  # hot: one stream at a time
+                scheduler.limit = 1 if self.thermal.throttled else None  # hot: no new stream while one runs
                 t0 = time.monotonic()
                 for seq, ev in scheduler.step():
                     self._on_event(seq, ev)
