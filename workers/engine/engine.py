@@ -26,7 +26,7 @@ from .context_fit import Fitted, fit_messages
 from .errors import BackendUnsupportedError, ModelError, RequestError
 from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
 from .memory_plan import MIB, MemoryPlan, default_budget, plan_memory
-from .model import Model, inspect
+from .model import Model, ModelHeader
 from .model_config import ModelConfig
 from .registry import DEFAULT_MODEL, resolve_model
 from .sampling import SamplingParams
@@ -74,19 +74,16 @@ class Engine:
             self.backend = select_backend(config.backend)
             path = resolve_model(config.model)
             try:
-                header = inspect(path, self.backend)
+                model = Model.load(path, self.backend, self._plan_before_weights)
             except BackendUnsupportedError:
                 if config.backend != "auto" or self.backend.name == "numpy":
                     raise
                 log.warning("event=backend_fallback backend=%s model=%s: running it on numpy", self.backend.name, path)
                 self.backend = NumpyBackend()
-                header = inspect(path, self.backend)
-            self.plan = self._plan(header.config, header.weight_bytes, loaded=False)  # before any allocation
-            log.info("event=memory_plan %s", self.plan.line())
-            model = Model.load(path, self.backend)
+                model = Model.load(path, self.backend, self._plan_before_weights)
         else:  # the weights are in memory already: the budget is counted as if they were not
             self.backend = model.backend
-            self.plan = self._plan(model.config, inspect(model.path, self.backend).weight_bytes, loaded=True)
+            self.plan = self._plan(model.config, model.weight_bytes, loaded=True)
         self.model = model
         self.tokenizer = self.model.tokenizer
         mc = self.model.config
@@ -99,6 +96,11 @@ class Engine:
         self._banned = (banned, self.backend.xp.asarray(banned)) if banned.size else None
         self._steps: dict[Any, Any] = {}  # decode steps the backend captured for this engine's KV cache
         self.scheduler = Scheduler(self)  # what runs in each step (scheduler.py)
+
+    def _plan_before_weights(self, header: ModelHeader) -> None:
+        """Model.load's hook: the plan, before any weight is allocated (a BudgetError stops the load)."""
+        self.plan = self._plan(header.config, header.weight_bytes, loaded=False)
+        log.info("event=memory_plan %s", self.plan.line())
 
     def _plan(self, mc: ModelConfig, weight_bytes: int, loaded: bool) -> MemoryPlan:
         """The memory the model, its KV pool and a step take, and the context they leave room for."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,14 @@ MATRIX_ROLES = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class ModelHeader:
+    """What the file's header says before any weight is loaded: enough to plan the memory (memory_plan.py)."""
+
+    config: ModelConfig
+    weight_bytes: int  # what the backend will hold for the weights, in its own form
+
+
 @dataclass
 class Model:
     path: Path
@@ -34,9 +43,14 @@ class Model:
     fingerprint: bytes  # GGUFFile.fingerprint(): saved KV is only ever hydrated into this exact model
     load_ms: float
     backend: Backend
+    weight_bytes: int  # what `weights` holds, counted from the header before they were loaded
 
     @classmethod
-    def load(cls, path: str | Path, backend: Backend) -> Model:
+    def load(
+        cls, path: str | Path, backend: Backend, before_weights: Callable[[ModelHeader], None] | None = None
+    ) -> Model:
+        """`before_weights(header)` is called once the header is read and before any weight is allocated
+        (the engine's memory plan, which may refuse the model)."""
         t0 = time.perf_counter()
         path = Path(path)
         with GGUFFile(path) as gf:
@@ -51,6 +65,9 @@ class Model:
             reason = backend.unsupported(config)
             if reason is not None:
                 raise BackendUnsupportedError(path, f"the {backend.name} backend does not run this model: {reason}")
+            weight_bytes = _planned_weight_bytes(gf, config, spec, backend)
+            if before_weights is not None:
+                before_weights(ModelHeader(config, weight_bytes))
             weights = _load_weights(gf, config, spec, backend)
             name = str(gf.get("general.name") or path.stem)
             template = gf.get("tokenizer.chat_template")
@@ -67,39 +84,17 @@ class Model:
             fingerprint,
             (time.perf_counter() - t0) * 1000,
             backend,
+            weight_bytes,
         )
 
 
-@dataclass(frozen=True)
-class ModelHeader:
-    """What the file's header says before any weight is loaded: enough to plan the memory (memory_plan.py)."""
-
-    config: ModelConfig
-    weight_bytes: int  # what the backend will hold for the weights, in its own form
-
-
-def inspect(path: str | Path, backend: Backend) -> ModelHeader:
-    """The model's config and the bytes its weights will take on `backend`, from the header alone; the
-    same checks as Model.load on the architecture and the backend (the tensors' shapes are load's)."""
-    path = Path(path)
-    with GGUFFile(path) as gf:
-        spec = ARCHITECTURES.get(gf.architecture)
-        if spec is None:
-            known = ", ".join(sorted(ARCHITECTURES))
-            raise ModelFileError(path, f"unknown architecture {gf.architecture!r} (genie runs {known})")
-        embed = gf.tensors.get(GLOBAL_TENSORS["embed"])
-        if embed is None:
-            raise ModelFileError(path, f"missing tensor {GLOBAL_TENSORS['embed']}")
-        n_vocab = embed.shape[0]  # load checks it against the tokenizer's
-        config = spec.read_config(MetaReader(gf.metadata, gf.architecture, str(path), gf.tensors), n_vocab)
-        reason = backend.unsupported(config)
-        if reason is not None:
-            raise BackendUnsupportedError(path, f"the {backend.name} backend does not run this model: {reason}")
-        total = sum(backend.weight_bytes(group, matrix) for group, matrix in _weight_groups(gf, config, spec))
-        for i, lc in enumerate(config.layers):  # q/k norms become rows [H (+ Hkv), hd] (_layer)
-            if LAYER_TENSORS["q_norm"].format(i=i) in gf.tensors:
-                total += (config.n_heads + (lc.n_kv_heads if lc.kv_source == i else 0)) * lc.head_dim * 4
-    return ModelHeader(config, total)
+def _planned_weight_bytes(gf: GGUFFile, config: ModelConfig, spec: ArchSpec, backend: Backend) -> int:
+    """The bytes the backend will hold for the weights (Backend.weight_bytes), from the header alone."""
+    total = sum(backend.weight_bytes(group, matrix) for group, matrix in _weight_groups(gf, config, spec))
+    for i, lc in enumerate(config.layers):  # q/k norms become rows [H (+ Hkv), hd] (_layer)
+        if LAYER_TENSORS["q_norm"].format(i=i) in gf.tensors:
+            total += (config.n_heads + (lc.n_kv_heads if lc.kv_source == i else 0)) * lc.head_dim * 4
+    return total
 
 
 def _weight_groups(gf: GGUFFile, cfg: ModelConfig, spec: ArchSpec) -> list[tuple[list[TensorInfo], bool]]:
@@ -111,7 +106,7 @@ def _weight_groups(gf: GGUFFile, cfg: ModelConfig, spec: ArchSpec) -> list[tuple
         roles = [r for r in (*spec.layer_roles, *spec.optional_layer_roles) if owns_kv or r not in KV_ROLES]
         named = {r: LAYER_TENSORS[r].format(i=i) for r in roles}
         present = {r: gf.tensors[name] for r, name in named.items() if name in gf.tensors}
-        for norm in ("q_norm", "k_norm"):  # counted as the rows they become (inspect)
+        for norm in ("q_norm", "k_norm"):  # counted as the rows they become (_planned_weight_bytes)
             present.pop(norm, None)
         for group in (("wq", "wk", "wv"), ("w_gate", "w_up")):
             parts = [present.pop(r) for r in group if r in present]

@@ -538,11 +538,10 @@ class CupyBackend(NumpyBackend):
             )
 
     def matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
-        if sum(self._row_groups) == x.shape[0] and len(self._row_groups) > 1:  # a step of several sequences
-            # each decode row through the one-token kernels, as alone (the same numbers, and for now faster than
-            # any few-token product here), each prompt chunk through the prefill GEMM, as alone
-            return self.grouped_rows(x, 1, self._one_matmul, weight)
-        return self._one_matmul(x, weight, then)
+        # in a step of several sequences each decode row through the one-token kernels, as alone (the same
+        # numbers, and for now faster than any few-token product here), each prompt chunk through the prefill
+        # GEMM, as alone
+        return self.grouped_rows(x, 1, self._one_matmul, weight, then)
 
     def _one_matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
         cp = self.xp

@@ -135,16 +135,18 @@ class NumpyBackend(Backend):
         self._row_groups = groups
 
     def matmul(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
-        return self.grouped_rows(x, GEMV_MAX_TOKENS if isinstance(weight, BlockWeight) else 0, self._product, weight)
+        small_max = GEMV_MAX_TOKENS if isinstance(weight, BlockWeight) else 0
+        return self.grouped_rows(x, small_max, self._product, weight, then)
 
-    def grouped_rows(self, x: Array, small_max: int, product: Any, weight: Weight) -> Array:
+    def grouped_rows(self, x: Array, small_max: int, product: Any, weight: Weight, then: NextInput | None) -> Array:
         """product(rows, weight) for the rows of a step of several sequences (stage_rows), each group as it runs
         alone: groups of at most `small_max` rows (whose kernel gives a row the same numbers whatever rows
-        share its call) together, at most small_max rows a call; every other group in a call of its own."""
+        share its call) together, at most small_max rows a call; every other group in a call of its own.
+        Rows of one group (one sequence) are one call, with the `then` hint."""
         n = x.shape[0]
         groups = self._row_groups if sum(self._row_groups) == n else (n,)
         if len(groups) == 1:
-            return product(x, weight)
+            return product(x, weight, then)
         calls, run, start = [], 0, 0  # the row ranges of the product calls
         for g in groups:
             small = g <= small_max
@@ -160,7 +162,7 @@ class NumpyBackend(Backend):
             calls.append((start - run, start))
         return self.stack_rows([product(x[a:b], weight) for a, b in calls])
 
-    def _product(self, x: Array, weight: Weight) -> Array:
+    def _product(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
         if isinstance(weight, BlockWeight):
             assert self._blocks is not None
             if x.shape[0] <= GEMV_MAX_TOKENS:
