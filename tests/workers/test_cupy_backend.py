@@ -132,6 +132,42 @@ def test_tensor_core_products_match_the_dp4a_kernel(gpu, qtype, shape):
     assert rel_err(got[sample], (q8_activations(x) @ dense.T)[0]) < 1e-5
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("shape", MMA_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, shape):
+    """gemvn (2-64 tokens in the tensor cores' columns, cupy_rows.py) gives every token the float gemv1m gives
+    it alone, bit for bit: plain, with a late RMS factor per token, and for token counts that fill 1, 2 and 4
+    groups of four and spill into a second launch; q8_input's rows code each token as its one-row launch does."""
+    import cupy as cp
+
+    from workers.engine.backends.cupy_rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows
+
+    if not gpu._mma:
+        pytest.skip("the tensor-core products need compute capability 9.0")
+    rng = np.random.default_rng(5)
+    rows, cols = shape
+    if qtype == Q.Q6_K and rows % 8:
+        rows += 8 - rows % 8
+    w = QuantWeight(cp.asarray(random_blocks(qtype, rows, cols, rng).reshape(-1)), qtype, rows, cols)
+    norm = cp.asarray(rng.uniform(0.5, 1.5, cols).astype(np.float32))
+    for n in (2, 7, 16, 23):
+        x = cp.asarray(rng.standard_normal((n, cols), dtype=np.float32))
+        for mode in (X_PLAIN, X_NORM_LATE):
+            inp = RowsInput(x, mode, norm=norm if mode == X_NORM_LATE else None, eps=1e-6)
+            x8, ss = q8_rows(gpu, inp, 0, n)
+            y = cp.full((n, rows), cp.nan, dtype=cp.float32)
+            gemvn(gpu, w, x8, n, y, ss, 1e-6)
+            for k in range(n):
+                one = cp.full(rows, cp.nan, dtype=cp.float32)
+                if mode == X_PLAIN:
+                    x8_one = gpu._q8_input(x[k : k + 1], cols)
+                    np.testing.assert_array_equal(cp.asnumpy(x8_one), cp.asnumpy(x8[k, : x8_one.size]))
+                else:
+                    x8_one = x8[k]
+                gpu._gemv1q(w, x8_one, one, None if ss is None else ss[k], 1e-6)
+                np.testing.assert_array_equal(cp.asnumpy(y[k]), cp.asnumpy(one), err_msg=f"n={n} token {k} mode {mode}")
+
+
 def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
     import cupy as cp
 

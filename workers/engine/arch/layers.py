@@ -165,9 +165,15 @@ def _attention(
 ) -> Array:
     """Layer i's attention, each segment over its own slot -> [n, H * hdv]."""
     layer_kv = kv.layers[cfg.kv_pools[i]]
+    many = len(batch.segments) > 1
+    # the one-token segments (several streams' decode rows) at once, where the backend can: it fills their rows
+    together = None
+    if many and lc.kv_source == i and sum(1 for s in batch.segments if s.n == 1) > 1:
+        together = b.decode_attention(qkv, cfg, lc, qk_norm, layer_kv, batch)
     outs = []
     for j, seg in enumerate(batch.segments):
-        many = len(batch.segments) > 1
+        if together is not None and seg.n == 1:
+            continue
         if many:
             b.stage_segment(j)
         part = qkv[batch.rows(j)] if many else qkv
@@ -178,6 +184,10 @@ def _attention(
             q = b.prepare_q(part, cfg, lc, qk_norm, positions)
             window, scale, cap = lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap
             outs.append(b.attention(q, layer_kv, seg.slot, seg.pos0, window, scale, cap))
+        if together is not None:
+            together[batch.rows(j)] = outs.pop()
+    if together is not None:
+        return together
     return outs[0] if len(outs) == 1 else b.stack_rows(outs)
 
 

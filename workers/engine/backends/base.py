@@ -104,6 +104,14 @@ class Backend(ABC):
         attention, self_attention) are segment i's: a backend whose kernels read the position from a staged
         buffer points them at segment i's (None: back to the step's own)."""
 
+    def decode_attention(
+        self, qkv: Array, cfg: ModelConfig, lc: LayerConfig, qk_norm: Array | None, kv: LayerKV, batch: Batch
+    ) -> Array | None:
+        """In a step of several segments, self_attention for every one-token segment at once: an array
+        [n, H * hdv] whose rows of those segments are filled (the caller fills the others), or None where
+        this backend runs them one by one (the default)."""
+        return None
+
     def stage_rows(self, groups: tuple[int, ...]) -> None:  # noqa: B027 (a hook, as stage_segment)
         """The rows of the products that follow come in independent groups of these sizes (a segment's
         tokens; one row a sequence for the logits). A backend whose product gives a row other numbers when

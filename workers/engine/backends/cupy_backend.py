@@ -1,15 +1,16 @@
 """The GPU backend on CuPy: weights stay in GGUF block layout on the device.
 
 Products of one row (decode) run a quantized matrix-vector kernel that dequantizes in registers
-(kernels/quant.cu; for Q4_K and Q6_K, int8 activations, dp4a or the tensor cores); in a step of several
-streams each decode row takes that kernel on its own for now. Products of more rows (a prompt, however
-short) dequantize tiles of the weight to float32 scratch and multiply on the tensor cores through
-cuBLAS in TF32: float32's range (float16 inputs overflowed to inf on the synthetic Qwen3 bench models),
-inputs rounded to 10 mantissa bits, float32 accumulation. RMSNorm, RoPE, the gated activation, the KV
-write and attention are one fused kernel each (kernels/ops.cu); what is left (residual adds, the float32
-KV used by tests) is the NumPy backend's code run on CuPy arrays. A decode step of these kernels is
-captured as a CUDA graph and replayed. (A second decode path, the whole step in one cooperative launch, was
-measured slower and left the product: bench/NOTES.md v7.)
+(kernels/quant.cu; for Q4_K and Q6_K, int8 activations, dp4a or the tensor cores). Products of 2-64 rows
+(the decode rows of a step of several streams, a short prompt) take the n-token kernel where the one-token
+kernel is gemv1m, which gives every row its one-row numbers (cupy_rows.py). Products of more rows (a prompt
+chunk) dequantize tiles of the weight to float32 scratch and multiply on the tensor cores through cuBLAS in
+TF32: float32's range (float16 inputs overflowed to inf on the synthetic Qwen3 bench models), inputs rounded
+to 10 mantissa bits, float32 accumulation. RMSNorm, RoPE, the gated activation, the KV write and attention
+are one fused kernel each (kernels/ops.cu); what is left (residual adds, the float32 KV used by tests) is the
+NumPy backend's code run on CuPy arrays. Decode steps and prompt chunks of the step sizes are captured as
+CUDA graphs and replayed. (A second decode path, the whole step in one cooperative launch, was measured
+slower and left the product: bench/NOTES.md v7.)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..batch import Batch
 from ..gguf_file import TensorInfo
 from ..kv_cache import LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
+from . import cupy_rows
 from .base import Backend, NextInput
 from .capture_gemm import CaptureGemm
 from .numpy_backend import NumpyBackend, dequantize_tensor
@@ -162,13 +164,12 @@ def cupy_available() -> bool:
 
 
 class CupyBackend(NumpyBackend):
-    # one request at a time until the few-token products and a step's attention have kernels of their own:
-    # today a step of several streams runs eagerly through the float GEMV, 4B INT8 on the H200: 52 tok/s for
-    # 2 streams against 425 for one (bench/NOTES.md); the others wait in the queue, as before
-    default_parallel = 1
+    # four streams at once: a step's decode rows share one read of the weights (gemvn, cupy_rows.py) and one
+    # attention launch a layer (attention_decn); 4B INT8 on the H200 (bench/NOTES.md v13)
+    default_parallel = 4
     # a prompt chunk shorter than the engine's prefill_chunk is padded to the next of these and replays that
     # size's captured step: eager, a 33-token prompt's first token took 45 ms on the 4B
-    step_buckets = (16, 32, 64, 128, 256, 512)
+    step_buckets = (16, 32, 48, 64, 128, 256, 512)
     name = "cupy"
 
     def __init__(self) -> None:
@@ -185,6 +186,7 @@ class CupyBackend(NumpyBackend):
         self._step_pos = self._pos  # the one stage_inputs fills (and captured steps read)
         self._segment_pos = cupy.zeros(1, dtype=cupy.int32)  # a step of several segments: each one's first position
         self._logit_rows = cupy.zeros(1, dtype=cupy.int64)  # the rows whose logits a step returns (take_rows)
+        self._dec = cupy.zeros(3, dtype=cupy.int32)  # a step's one-token segments: rows, slots, positions
         self._done = cupy.zeros(1024, dtype=cupy.int32)  # split-K attention's per-row merge counters
         self._argmax_buf: tuple[Any, ...] | None = None
         self._capturing = False
@@ -216,8 +218,10 @@ class CupyBackend(NumpyBackend):
         # thread-block clusters (compute capability 9.0 and later): one-token attention as attention_dec
         self._clusters = int(props["major"]) >= 9
         self.use_clusters = True
+        self.use_decode_rows = True  # a step's one-token segments' attention in one launch (attention_decn)
         self.dec_max_warps = 16  # DEC_MAX_WARPS of ops.cu as built: 8 gives every size two tasks' loads in flight
         self._coded: _Coded | None = None  # the last product's output coded for its consumer, until one takes it
+        self._late_out: Any = None  # the last rows product's output, when its consumer codes it late (cupy_rows.py)
         self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
         self.use_epilogues = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
         # one-token Q4_K/Q6_K products on the tensor cores, weights streamed by bulk copies (gemv1m): compute
@@ -227,6 +231,7 @@ class CupyBackend(NumpyBackend):
         self.mma_threads = 256
         self.mma_blocks_per_sm = 2
         self.mma_stages = MMA_STAGES  # MMA_STAGES of quant.cu as built
+        self.gemvn_groups = 2  # groups of four tokens a block of the n-token product (1, 2 or 4: gemvn{1,2,4}_*)
         self._smem_per_sm = int(props["sharedMemPerMultiprocessor"])
 
     @property
@@ -369,6 +374,9 @@ class CupyBackend(NumpyBackend):
                 np.int32(act),
                 np.int32(cols),
                 x8,
+                np.int64(0),
+                np.int64(0),
+                null,
             ),
         )
         return x8
@@ -405,11 +413,19 @@ class CupyBackend(NumpyBackend):
         return ks
 
     def _gemv1q(
-        self, w: QuantWeight, x8: Any, out: Any, norm_ss: Any = None, eps: float = 0.0, then: NextInput | None = None
+        self,
+        w: QuantWeight,
+        x8: Any,
+        out: Any,
+        norm_ss: Any = None,
+        eps: float = 0.0,
+        then: NextInput | None = None,
+        alone: NextInput | None = None,
     ) -> _Coded | None:
         """out = w @ x for x coded in x8 (times its RMS factor from the group sums of squares norm_ss, when
-        given); with `then`, the kernel's epilogue codes the consumer's input (see _Coded), which it returns."""
-        mma_tiles = self._mma_tiles(w, x8, then)
+        given); with `then`, the kernel's epilogue codes the consumer's input (see _Coded), which it returns.
+        `alone`: the `then` this row would have alone, when it differs (the rows path: the same kernel)."""
+        mma_tiles = self._mma_tiles(w, x8, then if alone is None else alone)
         ks = self._row_split(w)
         rows_per_warp = self._rows_per_warp(w) if ks == 1 else 1
         rows_per_block = 16 * mma_tiles or THREADS // 32 // ks * rows_per_warp
@@ -479,8 +495,8 @@ class CupyBackend(NumpyBackend):
         cp = self.xp
         if then.norm is None or rows % 32 or then.norm.size != rows or then.norm.dtype != cp.float32:
             return None
-        res = then.residual
-        if res is not None and (res.shape != (1, rows) or res.dtype != cp.float32 or not res.flags.c_contiguous):
+        res = then.residual  # a row of it a row of the output (the rows path asks this for one row of many)
+        if res is not None and (res.shape[-1] != rows or res.dtype != cp.float32 or not res.flags.c_contiguous):
             return None
         return then if then.norm.flags.c_contiguous else None
 
@@ -538,10 +554,9 @@ class CupyBackend(NumpyBackend):
             )
 
     def matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
-        # in a step of several sequences each decode row through the one-token kernels, as alone (the same
-        # numbers, and for now faster than any few-token product here), each prompt chunk through the prefill
-        # GEMM, as alone
-        return self.grouped_rows(x, 1, self._one_matmul, weight, then)
+        if x.shape[0] == 1:
+            return self._one_matmul(x, weight, then)
+        return cupy_rows.matmul(self, x, weight, then)  # a step's rows, or a prompt chunk (cupy_rows.py)
 
     def _one_matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
         cp = self.xp
@@ -581,15 +596,21 @@ class CupyBackend(NumpyBackend):
 
     # -- fused compositions (decode: one token, dp4a weights) ---------------------------------------------
     def _fusable(self, x: Any, weight: QuantWeight | GroupWeight) -> bool:
-        """One token through the dp4a kernels (q8_input takes rows of up to Q8_MAX_COLS values)."""
+        """One token through the dp4a kernels."""
         parts = weight.parts if isinstance(weight, GroupWeight) else [weight]
-        return x.shape[0] == 1 and all(p.qtype in OCTET_TYPES and p.cols <= Q8_MAX_COLS for p in parts)
+        return x.shape[0] == 1 and self._fusable_parts(parts)
+
+    def _fusable_parts(self, parts: list[QuantWeight]) -> bool:
+        """Every part takes int8 codes of its input (q8_input takes rows of up to Q8_MAX_COLS values)."""
+        return all(p.qtype in OCTET_TYPES and p.cols <= Q8_MAX_COLS for p in parts)
 
     def add_norm_matmul(
         self, x: Any, r: Any, norm: Any, eps: float, w: QuantWeight | GroupWeight, then: NextInput | None = None
     ) -> tuple[Any, Any]:
         cp = self.xp
         coded = self._take_coded()
+        if x.shape[0] > 1:
+            return cupy_rows.add_norm_matmul(self, x, r, norm, eps, w, then)
         if not self._fusable(x, w):
             return super().add_norm_matmul(x, r, norm, eps, w, then)
         parts = w.parts if isinstance(w, GroupWeight) else [w]
@@ -607,6 +628,8 @@ class CupyBackend(NumpyBackend):
     def gated_matmul(self, gate_up: Any, kind: str, w: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
         cp = self.xp
         coded = self._take_coded()
+        if gate_up.shape[0] > 1:
+            return cupy_rows.gated_matmul(self, gate_up, kind, w, then)
         if not self._fusable(gate_up, w):
             return super().gated_matmul(gate_up, kind, w, then)
         parts = w.parts if isinstance(w, GroupWeight) else [w]
@@ -725,17 +748,7 @@ class CupyBackend(NumpyBackend):
         cp = self.xp
         H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
         group = H // Hkv
-        if not (
-            self.use_clusters
-            and self._clusters
-            and qkv.shape[0] == 1
-            and kv.k.dtype != cp.float32
-            and hd == hdv
-            and hd % 32 == 0
-            and (group, hd // 32) in DEC_KERNELS
-            and not cfg.v_norm
-            and (cfg.rope_mode != "neox" or lc.rope_dim // 2 & (lc.rope_dim // 2 - 1) == 0)
-        ):
+        if qkv.shape[0] != 1 or not self._dec_kernel_takes(cfg, lc, kv):
             return super().self_attention(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
         qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
         table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
@@ -772,6 +785,65 @@ class CupyBackend(NumpyBackend):
         )
         return out
 
+    def _dec_kernel_takes(self, cfg: ModelConfig, lc: LayerConfig, kv: LayerKV) -> bool:
+        """attention_dec (a cluster a KV head, Hopper) runs this layer's one-token attention."""
+        H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
+        return (
+            self.use_clusters
+            and self._clusters
+            and kv.k.dtype != self.xp.float32
+            and hd == hdv
+            and hd % 32 == 0
+            and (H // Hkv, hd // 32) in DEC_KERNELS
+            and not cfg.v_norm
+            and (cfg.rope_mode != "neox" or lc.rope_dim // 2 & (lc.rope_dim // 2 - 1) == 0)
+        )
+
+    def decode_attention(
+        self, qkv: Any, cfg: ModelConfig, lc: LayerConfig, qk_norm: Any, kv: LayerKV, batch: Batch
+    ) -> Any:
+        """Every one-token segment's attention_dec in one launch (attention_decn: a row of clusters a segment,
+        its row, slot and position from the buffer stage_batch filled), written into its row of the output."""
+        cp = self.xp
+        if not (self.use_decode_rows and self._dec_kernel_takes(cfg, lc, kv)):
+            return None
+        n_dec = sum(1 for s in batch.segments if s.n == 1)
+        H, Hkv, hd = cfg.n_heads, lc.n_kv_heads, lc.head_dim
+        group = H // Hkv
+        qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
+        last = max(s.pos0 for s in batch.segments if s.n == 1)
+        table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, last + 1, lc.rope_freq_factors)
+        out = cp.empty((qkv.shape[0], H * hd), dtype=cp.float32)
+        null = np.uint64(0)
+        self._op(f"attention_decn_{group}_{hd // 32}")(
+            (Hkv * ATTENTION_CLUSTER, n_dec),
+            (32 * _dec_warps(group, hd // 32, self.dec_max_warps),),
+            (
+                qkv,
+                kv.k,
+                kv.v,
+                null if kv.k_scale is None else kv.k_scale,
+                null if kv.v_scale is None else kv.v_scale,
+                out,
+                np.int32(H),
+                np.int32(Hkv),
+                null if qk_norm is None else cp.ascontiguousarray(qk_norm),
+                np.float32(cfg.rms_eps),
+                table.cos,
+                table.sin,
+                np.int32(lc.rope_dim),
+                np.int32(cfg.rope_mode == "neox"),
+                self._dec,
+                np.int32(n_dec),
+                np.int64(kv.k.strides[0]),
+                np.int64(0 if kv.k_scale is None else kv.k_scale.strides[0] // 4),
+                np.int32(lc.sliding_window),
+                np.float32(cfg.attn_scale),
+                np.float32(cfg.attn_logit_softcap),
+            ),
+        )
+        return out
+
     def embed(self, weight: QuantWeight, ids: Any, scale: float) -> Any:
         cp = self.xp
         dev_ids = ids if isinstance(ids, cp.ndarray) else cp.asarray(np.asarray(ids, dtype=np.int64))
@@ -798,6 +870,10 @@ class CupyBackend(NumpyBackend):
         n, k = len(batch.segments), len(batch.logit_rows)
         if n > 1:  # each segment's position, in one copy: stage_segment points at them
             self._segment_pos = self._staged(self._segment_pos, np.array([s.pos0 for s in batch.segments], np.int32))
+            # the one-token segments' rows, slots and positions, for decode_attention
+            dec = [(batch.rows(j).start, s.slot, s.pos0) for j, s in enumerate(batch.segments) if s.n == 1]
+            if dec:
+                self._dec = self._staged(self._dec, np.array(dec, np.int32).T.reshape(-1))
         if k:
             self._logit_rows = self._staged(self._logit_rows, batch.logit_rows.astype(np.int64))
         return ids

@@ -147,20 +147,7 @@ class NumpyBackend(Backend):
         groups = self._row_groups if sum(self._row_groups) == n else (n,)
         if len(groups) == 1:
             return product(x, weight, then)
-        calls, run, start = [], 0, 0  # the row ranges of the product calls
-        for g in groups:
-            small = g <= small_max
-            if run and (not small or run + g > small_max):
-                calls.append((start - run, start))
-                run = 0
-            if small:
-                run += g
-            else:
-                calls.append((start, start + g))
-            start += g
-        if run:
-            calls.append((start - run, start))
-        return self.stack_rows([product(x[a:b], weight) for a, b in calls])
+        return self.stack_rows([product(x[a:b], weight) for a, b in row_calls(groups, small_max)])
 
     def _product(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
         if isinstance(weight, BlockWeight):
@@ -306,3 +293,22 @@ def quantize_int8(x: Any, xp: Any = np) -> tuple[Any, Any]:
     inv = xp.where(scale > 0, np.float32(1.0) / xp.where(scale > 0, scale, np.float32(1.0)), np.float32(0.0))
     q = xp.clip(xp.rint(x * inv[..., None]), -INT8_QMAX, INT8_QMAX).astype(np.int8)
     return q, scale
+
+
+def row_calls(groups: tuple[int, ...], small_max: int) -> list[tuple[int, int]]:
+    """The row ranges [a, b) of a step's product calls for row groups of these sizes (a sequence's rows each):
+    groups of at most small_max rows together, at most small_max rows a call, in order; a larger group alone."""
+    calls, run, start = [], 0, 0
+    for g in groups:
+        small = g <= small_max
+        if run and (not small or run + g > small_max):
+            calls.append((start - run, start))
+            run = 0
+        if small:
+            run += g
+        else:
+            calls.append((start, start + g))
+        start += g
+    if run:
+        calls.append((start - run, start))
+    return calls

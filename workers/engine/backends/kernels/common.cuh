@@ -93,20 +93,28 @@ __device__ void argmax_block(float& best, int& idx, int& bad) {
 // product in global memory, the decode attention (ops.cu) for the o product as it writes its output, the fused
 // decode step (decode.cu) in each block's shared memory.
 // Layout of an x8 buffer for `cols` values: xq [cols] int8, xr [cols] int8 (q2), xd [cols / 32] float
-// scales, xs [cols / 32] float sums of the values as coded.
+// scales, xs [cols / 32] float sums of the values as coded; a row of an n-token buffer (X8_ROW_BYTES) then
+// has gs [cols / 16] int2: the 16-value sums of xq and of xr.
 
 // One sub-block of an x8 buffer, coded by the 32 lanes of a warp (lane i holds value i, v): one integer
 // max reduction for the scale (|v| as bits orders like |v| itself), then both codes and the sub-block's sum.
-__device__ __forceinline__ void q8_code(float v, int sb, int lane, signed char* xq, signed char* xr, float* xd, float* xs) {
+__device__ __forceinline__ void q8_code(float v, int sb, int lane, signed char* xq, signed char* xr, float* xd, float* xs,
+                                        int2* gs = nullptr) {
     const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v))));
     const float d = amax / 127.f;
-    const int q = amax > 0.f ? __float2int_rn(v / d) : 0;
-    const int q2 = amax > 0.f ? max(-127, min(127, __float2int_rn((v - q * d) * 254.f / d))) : 0;
+    // every rounding spelled out: the one-token and the n-token paths code a value to the same bytes
+    const int q = amax > 0.f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
+    const int q2 = amax > 0.f ? max(-127, min(127, __float2int_rn(__fdiv_rn(__fmul_rn(__fsub_rn(v, __fmul_rn((float)q, d)), 254.f), d)))) : 0;
     xq[sb * 32 + lane] = (signed char)q;
     xr[sb * 32 + lane] = (signed char)q2;
     const int sum = __reduce_add_sync(0xffffffffu, q), sum2 = __reduce_add_sync(0xffffffffu, q2);
     if (lane == 0) {
         xd[sb] = d;
-        xs[sb] = d * ((float)sum + (float)sum2 * (1.f / 254.f));
+        xs[sb] = __fmul_rn(d, __fmaf_rn((float)sum2, 1.f / 254.f, (float)sum));
+    }
+    if (gs != nullptr) {  // the 16-value sums of both codes (Q6_K's offset in the n-token product): lanes 0 and 16
+        int h = q, h2 = q2;
+        for (int o = 8; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o), h2 += __shfl_xor_sync(0xffffffffu, h2, o);
+        if ((lane & 15) == 0) gs[2 * sb + (lane >> 4)] = make_int2(h, h2);
     }
 }

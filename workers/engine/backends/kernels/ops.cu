@@ -624,6 +624,9 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     cluster_sync();  // no block leaves while a peer may still read its shared memory
 }
 
+// attention_decn_*: the decode rows of a step of several streams in one launch, blockIdx.y the row: dec holds
+// n_dec rows of qkv and out, then their slots, then their positions; a slot's K and V pools start kv_stride bytes
+// (its scales scale_stride floats) after the slot before it. Its output is not coded (the rows path codes it).
 // 16 warps a block where their accumulators fit the static shared memory and a task's loads fit 128 registers,
 // else 8 (the backend's _dec_warps)
 #ifndef DEC_MAX_WARPS
@@ -639,6 +642,21 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         attention_dec<G, DPL, DEC_WARPS(G, DPL)>(qkv, k_pool, v_pool, k_scale, v_scale, out, x8, n_heads, n_kv,       \
                                                  qk_norm, eps, cos_t, sin_t, rope_dim, neox, pos0p, window, scale,     \
                                                  softcap);                                                             \
+    }                                                                                                                 \
+    extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1) __launch_bounds__(32 * DEC_WARPS(G, DPL), 1)           \
+        attention_decn_##G##_##DPL(const float* qkv, char* k_pools, char* v_pools, float* k_scales, float* v_scales,  \
+                                   float* out, int n_heads, int n_kv, const float* qk_norm, float eps,                \
+                                   const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* dec,    \
+                                   int n_dec, long long kv_stride, long long scale_stride, int window, float scale,   \
+                                   float softcap) {                                                                   \
+        const int* d = dec + blockIdx.y;                                                                              \
+        const long long row = d[0], slot = d[n_dec];                                                                  \
+        const long long qkv_cols = (long long)(n_heads + 2 * n_kv) * 32 * DPL;                                       \
+        attention_dec<G, DPL, DEC_WARPS(G, DPL)>(                                                                     \
+            qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                             \
+            k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr, \
+            out + row * n_heads * 32 * DPL, nullptr, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox,       \
+            d + 2 * n_dec, window, scale, softcap);                                                                   \
     }
 DEC_INSTANTIATE(1, 2)
 DEC_INSTANTIATE(1, 4)

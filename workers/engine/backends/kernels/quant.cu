@@ -52,18 +52,28 @@ __device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols,
 // q8_input writes the x8 buffer that blocks.cuh describes, and takes over the operation that produced x:
 // X_PLAIN x itself; X_GATED act(x[i]) *
 // x[cols + i] (x = [gate | up]: the FFN's activation); X_NORM rms_norm(x + r) * w (r may be NULL), writing
-// x + r to x_new when that is not NULL (the residual add and the next layer's input norm). One block of
-// up to 1024 threads.
+// x + r to x_new when that is not NULL (the residual add and the next layer's input norm); X_NORM_LATE
+// (x + r) * w without the RMS factor, each 32-value group's sum of squares to ss, exactly as a product's
+// EP_NORM epilogue codes it (the product applies the factor: nss). A block a row: row b of x, r and x_new
+// starts x_stride floats after row b - 1, of x8 x8_stride bytes (0: one row); an x8 row of an n-token
+// product (x8_stride > 0) also gets its 16-value sums of codes. Blocks of up to 1024 threads.
 #define X_PLAIN 0
 #define X_GATED 1
 #define X_NORM 2
+#define X_NORM_LATE 3
 #define Q8_MAX 16  // values per thread: cols <= Q8_MAX * blockDim.x (the backend checks)
 extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ w,
-                                    float* x_new, float eps, int mode, int act, int cols, signed char* x8) {
-    // one block, a few microseconds: the product that reads x8 may start now and load its weights meanwhile
+                                    float* x_new, float eps, int mode, int act, int cols, signed char* x8,
+                                    long long x_stride, long long x8_stride, float* ss_out) {
+    // one block a row, a few microseconds: the product that reads x8 may start now and load its weights meanwhile
     grid_dep_launch();
     grid_dep_wait();
     __shared__ float red[32];
+    x += blockIdx.x * x_stride;
+    if (r) r += blockIdx.x * x_stride;
+    if (x_new) x_new += blockIdx.x * x_stride;
+    if (ss_out) ss_out += blockIdx.x * (cols / 32);
+    x8 += blockIdx.x * x8_stride;
     signed char* xq = x8;
     signed char* xr = x8 + cols;
     float* xd = reinterpret_cast<float*>(x8 + 2 * cols);
@@ -82,7 +92,7 @@ extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __
                 v[k] = gated(x[i], x[cols + i], act);
             } else {
                 v[k] = x[i];
-                if (mode == X_NORM) {
+                if (mode == X_NORM || mode == X_NORM_LATE) {
                     if (r) v[k] += r[i];
                     wv[k] = w[i];
                     if (x_new) x_new[i] = v[k];
@@ -96,11 +106,17 @@ extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __
 #pragma unroll
         for (int k = 0; k < Q8_MAX; ++k) v[k] = v[k] * inv * wv[k];
     }
+    int2* gs = x8_stride > 0 ? reinterpret_cast<int2*>(xs + n_sb) : nullptr;
 #pragma unroll
     for (int k = 0; k < Q8_MAX; ++k) {
         const int sb = (threadIdx.x >> 5) + k * n_warps;
         if (sb >= n_sb) break;
-        q8_code(v[k], sb, lane, xq, xr, xd, xs);
+        if (mode == X_NORM_LATE) {  // as gemv_epilogue's EP_NORM
+            const float sq = warp_sum(__fmul_rn(v[k], v[k]));
+            if (lane == 0) ss_out[sb] = sq;
+            v[k] *= wv[k];
+        }
+        q8_code(v[k], sb, lane, xq, xr, xd, xs, gs);
     }
 }
 
@@ -179,7 +195,7 @@ __device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue&
             v = __ldcg(y + i);
             if (ep.res) v += ep.res[i];
             ep.xnew[i] = v;
-            const float sq = warp_sum(v * v);
+            const float sq = warp_sum(__fmul_rn(v, v));  // as q8_input's X_NORM_LATE
             if (lane == 0) ep.ss[g] = sq;
             v *= ep.w[i];
         }
@@ -328,6 +344,19 @@ __device__ __forceinline__ uint2 lds8_a2(const u8* p) {  // 8 bytes at a 2-byte 
     return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
 }
 __device__ __forceinline__ int mma_off(long long unit, int bytes) { return (int)((unit * bytes) & 15); }
+// A group's term added to a lane's partial sum, from its integer sums c0 (xq) and c1 (xr) as one integer
+// 254 c0 + c1 (exact in a float: |c0|, |c1| <= 16 * 32 * 127), every rounding spelled out, so the one-token and
+// the n-token products (gemvn below) give a token the same float. xd254: x8's scale of the group / 254.
+// Q4_K: ds = d sc, dm = dmin m, xs: x8's sum of the group. Q6_K: ds = d sc; off = 32 (254 sq + sr) from x8's
+// 16-value sums of codes sq, sr (the quants go in as 0..63).
+__device__ __forceinline__ float q4k_acc(float acc, float ds, float dm, float xd254, float xs, int c0, int c1) {
+    return __fmaf_rn(-dm, xs, __fmaf_rn(__fmul_rn(ds, xd254), (float)(254 * c0 + c1), acc));
+}
+__device__ __forceinline__ float q6k_acc(float acc, float ds, float xd254, int c0, int c1, int off) {
+    return __fmaf_rn(__fmul_rn(ds, xd254), (float)(254 * c0 + c1 - off), acc);
+}
+__device__ __forceinline__ float div254(float xd) { return __fmul_rn(xd, 1.f / 254.f); }
+__device__ __forceinline__ int q6k_off(int2 sums) { return 32 * (254 * sums.x + sums.y); }
 
 // One item: sub-blocks 4q .. 4q + 3 of unit u of the stage's rows g (r0) and g + 8 (r1); adds lane (g, t)'s
 // groups to acc0 (row g) and acc1 (row g + 8). xc: this lane's code of B (xq for even g, xr for odd g), sbu:
@@ -363,9 +392,8 @@ template <> __device__ __forceinline__ void mma_item<12>(const u8* r0, const u8*
         const int sc = q ? (b3 & 0xF) | ((b1 >> 6) << 4) : b1 & 63;
         const int mn = q ? (b3 >> 4) | ((b2 >> 6) << 4) : b2 & 63;
         const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&h.x));
-        const float f = (float)c[2 * r] + (float)c[2 * r + 1] * (1.f / 254.f);
-        const float v = dm.x * (float)sc * xdv * f - dm.y * (float)mn * xsv;
-        if (r) acc1 += v; else acc0 += v;
+        float& acc = r ? acc1 : acc0;
+        acc = q4k_acc(acc, __fmul_rn(dm.x, (float)sc), __fmul_rn(dm.y, (float)mn), div254(xdv), xsv, c[2 * r], c[2 * r + 1]);
     }
 }
 template <> __device__ __forceinline__ void mma_item<14>(const u8* r0, const u8* r1, int q, int g, int t, const signed char* xc,
@@ -412,35 +440,35 @@ template <> __device__ __forceinline__ void mma_item<14>(const u8* r0, const u8*
             const u8* u = r ? r1 : r0;
             const float d = __half2float(*reinterpret_cast<const __half*>(u + 208));
             const int sc = reinterpret_cast<const signed char*>(u)[192 + gi];
-            const float f = (float)(c[p][2 * r] - 32 * sums.x) + (float)(c[p][2 * r + 1] - 32 * sums.y) * (1.f / 254.f);
-            const float v = d * (float)sc * xdv * f;
-            if (r) acc1 += v; else acc0 += v;
+            float& acc = r ? acc1 : acc0;
+            acc = q6k_acc(acc, __fmul_rn(d, (float)sc), div254(xdv), c[p][2 * r], c[p][2 * r + 1], q6k_off(sums));
         }
     }
 }
 
-// dynamic shared memory: MMA_STAGES * 16 * MmaRow<T>::bytes (the ring), x8 (2 cols + cols / 4 bytes), then for
-// Q6_K cols / 16 int2 sums of codes
+// The weight stream of gemv1m and gemvn: a block's tiles of 16 rows, each in column stages of at most MMA_U
+// units, through a ring of MMA_STAGES stages in shared memory filled by bulk copies (warp 0 issues them).
 template <int T>
-__device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int rows, int cols, int tpb, const float* nss,
-                          int n_ss, float eps, const Epilogue& ep) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int ROW = MmaRow<T>::bytes, STAGE = 16 * ROW, UB = Blk<T>::bytes;
-    extern __shared__ __align__(16) u8 smem[];
-    __shared__ unsigned long long full[MMA_STAGES];
-    __shared__ float red[2][16][16], inv_s;  // a tile's sums: [tile parity][warp][row]
-    u8* ring = smem;
-    signed char* x8 = reinterpret_cast<signed char*>(smem + MMA_STAGES * STAGE);
-    int2* gs = reinterpret_cast<int2*>(x8 + 2 * cols + cols / 4);
-    const int nb = cols >> 8, ncs = (nb + MMA_U - 1) / MMA_U, cu = (nb + ncs - 1) / ncs;  // column stages a tile
-    const int tile0 = blockIdx.x * tpb, n_tiles = min(tpb, (rows + 15) / 16 - tile0), n_stages = n_tiles * ncs;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int n_warps = blockDim.x >> 5;
+struct MmaStream {
+    static constexpr int ROW = MmaRow<T>::bytes, STAGE = 16 * ROW, UB = Blk<T>::bytes;
+    const u8* W;
+    u8* ring;
+    unsigned long long* full;
+    int rows, nb, ncs, cu, tile0, n_stages, row_step;
+    bool whole;  // a tile of whole rows (one column stage) is one contiguous run of bytes: one copy, rows packed
+    __device__ MmaStream(const u8* W_, u8* ring_, unsigned long long* full_, int rows_, int cols, int tpb, int blk)
+        : W(W_), ring(ring_), full(full_), rows(rows_) {
+        nb = cols >> 8;
+        ncs = (nb + MMA_U - 1) / MMA_U;
+        cu = (nb + ncs - 1) / ncs;
+        tile0 = blk * tpb;
+        n_stages = min(tpb, (rows + 15) / 16 - tile0) * ncs;
+        whole = ncs == 1;
+        row_step = whole ? nb * UB : ROW;
+    }
     // stage s: tile s / ncs, units [cs * cu, min(nb, cs * cu + cu)) of its rows, a row a lane of warp 0
-    // a tile of whole rows (one column stage) is one contiguous run of bytes, one copy, rows nb units apart
-    const bool whole = ncs == 1;
-    const int row_step = whole ? nb * UB : ROW;
-    auto issue = [&](int s) {
+    __device__ void issue(int s, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         const int tile = tile0 + s / ncs, cs = s % ncs, ub = cs * cu, nu = min(cu, nb - ub);
         const int nr = min(16, rows - 16 * tile);
         unsigned long long* bar = &full[s % MMA_STAGES];
@@ -458,16 +486,57 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
         if (lane == 0) mbar_expect(bar, total);
         __syncwarp();
         if (lane < nr) bulk_copy(dst + lane * ROW, W + unit * UB - off, bytes, bar);
-    };
-    if (warp == 0) {
+#endif
+    }
+    // warp 0: the barriers, then the first stages, before the wait for the predecessor (weights are constants)
+    __device__ void start(int warp, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (warp != 0) return;
         if (lane == 0) {
             for (int i = 0; i < MMA_STAGES; ++i)
                 asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[i])) : "memory");
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
         __syncwarp();
-        for (int s = 0; s < min(MMA_STAGES, n_stages); ++s) issue(s);  // before the wait: weights are constants
+        for (int s = 0; s < min(MMA_STAGES, n_stages); ++s) issue(s, lane);
+#endif
     }
+    // row r of stage s in shared memory (its unit ub of the stage first); waits for the stage
+    __device__ const u8* row(int s, int r) const {
+        const int tile = tile0 + s / ncs, ub = (s % ncs) * cu;
+        return ring + (s % MMA_STAGES) * STAGE + r * row_step + (whole ? 0 : mma_off((long long)(16 * tile + r) * nb + ub, UB));
+    }
+    __device__ void wait(int s) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        mbar_wait(&full[s % MMA_STAGES], (s / MMA_STAGES) & 1);
+#endif
+    }
+    // after the block's __syncthreads: the stage is read, its slot takes stage s + MMA_STAGES
+    __device__ void refill(int s, int warp, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (warp == 0 && s + MMA_STAGES < n_stages) {
+            if (lane == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the reads before the copy
+            issue(s + MMA_STAGES, lane);
+        }
+#endif
+    }
+};
+
+// dynamic shared memory: MMA_STAGES * 16 * MmaRow<T>::bytes (the ring), x8 (2 cols + cols / 4 bytes), then for
+// Q6_K cols / 16 int2 sums of codes
+template <int T>
+__device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int rows, int cols, int tpb, const float* nss,
+                          int n_ss, float eps, const Epilogue& ep) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ unsigned long long full[MMA_STAGES];
+    __shared__ float red[2][16][16], inv_s;  // a tile's sums: [tile parity][warp][row]
+    MmaStream<T> st(W, smem, full, rows, cols, tpb, blockIdx.x);
+    signed char* x8 = reinterpret_cast<signed char*>(smem + MMA_STAGES * MmaStream<T>::STAGE);
+    int2* gs = reinterpret_cast<int2*>(x8 + 2 * cols + cols / 4);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int n_warps = blockDim.x >> 5;
+    st.start(warp, lane);
     GRID_DEP_START();
     const int x8_lines = (2 * cols + cols / 4) / 16;
     for (int i = threadIdx.x; i < x8_lines; i += blockDim.x)
@@ -496,18 +565,18 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
     const float* xd = reinterpret_cast<const float*>(x8 + 2 * cols);
     const float* xs = xd + cols / 32;
     float acc0 = 0.f, acc1 = 0.f;  // rows g and g + 8 of the tile, this lane's groups
-    for (int s = 0; s < n_stages; ++s) {
-        const int tile = tile0 + s / ncs, cs = s % ncs, ub = cs * cu, nu = min(cu, nb - ub);
-        const u8* stage = ring + (s % MMA_STAGES) * STAGE;
-        const u8* g0 = stage + g * row_step + (whole ? 0 : mma_off((long long)(16 * tile + g) * nb + ub, UB));
-        const u8* g8 = stage + (g + 8) * row_step + (whole ? 0 : mma_off((long long)(16 * tile + g + 8) * nb + ub, UB));
-        mbar_wait(&full[s % MMA_STAGES], (s / MMA_STAGES) & 1);
+    for (int s = 0; s < st.n_stages; ++s) {
+        const int tile = st.tile0 + s / st.ncs, cs = s % st.ncs, ub = cs * st.cu, nu = min(st.cu, st.nb - ub);
+        const u8* g0 = st.row(s, g);
+        const u8* g8 = st.row(s, g + 8);
+        st.wait(s);
         for (int item = warp; item < 2 * nu; item += n_warps) {
             const int u = item >> 1, q = item & 1;  // unit u of the stage, its sub-blocks 4q .. 4q + 3
-            mma_item<T>(g0 + u * UB, g8 + u * UB, q, g, t, xc, 8 * (ub + u) + 4 * q, xd, xs, gs, acc0, acc1);
+            mma_item<T>(g0 + u * MmaStream<T>::UB, g8 + u * MmaStream<T>::UB, q, g, t, xc, 8 * (ub + u) + 4 * q, xd, xs, gs,
+                        acc0, acc1);
         }
-        const bool last = cs == ncs - 1;  // the tile's sums are complete
-        const int par = (s / ncs) & 1;
+        const bool last = cs == st.ncs - 1;  // the tile's sums are complete
+        const int par = (s / st.ncs) & 1;
         if (last) {
             acc0 += __shfl_xor_sync(FULL, acc0, 1);
             acc0 += __shfl_xor_sync(FULL, acc0, 2);
@@ -517,10 +586,7 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
             acc0 = acc1 = 0.f;
         }
         __syncthreads();  // the stage is read (and a finished tile's sums are in red)
-        if (warp == 0 && s + MMA_STAGES < n_stages) {
-            if (lane == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the reads before the copy
-            issue(s + MMA_STAGES);
-        }
+        st.refill(s, warp, lane);
         if (last && threadIdx.x < 16) {
             const int row = 16 * tile + threadIdx.x;
             float v = 0.f;
@@ -531,6 +597,215 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
     if (ep.mode != EP_NONE) gemv_epilogue(y, rows, 16 * tpb, ep);
 #endif
 }
+
+// The n-token product (2-64 tokens: several streams' decode rows, a short prompt): gemv1m's weight stream, tiles
+// and items, with the tokens in B's columns, four an mma (columns 2k and 2k + 1: token k's xq and xr), NG
+// groups of four a launch. A token gets the float gemv1m gives it alone, bit for bit: the integer sums are
+// exact, each group's term is added by the same expression (q4k_acc, q6k_acc), and a lane keeps gemv1m's four
+// partial sums apart (acc[.][j]: what gemv1m's lane t = j sums), added in its order: the items a warp takes,
+// (j0 + j1) + (j2 + j3), then the warps in order, times the token's norm factor. So a launch must have
+// gemv1m's warps for the matrix (the backend gives it that block size), and a token's x8 row is what q8_input
+// or the producer's epilogue would have coded for it alone. x8: n_tok rows x8_stride bytes apart (q8_input's
+// rows, with their 16-value sums of codes), read through L1; y: row k at y + k y_stride; nss: n_ss group sums
+// of squares a token (or NULL).
+// Q4_K: a lane's B for token 4 tg + g / 2 is 8 codes of sub-block j; C lane (g, t): token 4 tg + t, rows g, g + 8.
+template <int NG>
+__device__ __forceinline__ void mma_item_n12(const u8* r0, const u8* r1, int q, int g, int t, const signed char* x8,
+                                             long long xst, int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
+    const uint2 w00 = *reinterpret_cast<const uint2*>(r0 + 16 + 64 * q + 8 * t);
+    const uint2 w01 = *reinterpret_cast<const uint2*>(r1 + 16 + 64 * q + 8 * t);
+    const uint2 w10 = *reinterpret_cast<const uint2*>(r0 + 48 + 64 * q + 8 * t);
+    const uint2 w11 = *reinterpret_cast<const uint2*>(r1 + 48 + 64 * q + 8 * t);
+    unsigned A[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint2 wa = j < 2 ? w00 : w10, wb = j < 2 ? w01 : w11;
+        const int sh = (j & 1) * 4;
+        A[j][0] = (wa.x >> sh) & 0x0F0F0F0F, A[j][1] = (wb.x >> sh) & 0x0F0F0F0F;
+        A[j][2] = (wa.y >> sh) & 0x0F0F0F0F, A[j][3] = (wb.y >> sh) & 0x0F0F0F0F;
+    }
+    // sub-block j's scales for rows g and g + 8: lane (g, t) decodes j = t as gemv1m does, the quad shares them
+    float ds[2][4], dm[2][4];
+    const uint4 h0 = *reinterpret_cast<const uint4*>(r0), h1 = *reinterpret_cast<const uint4*>(r1);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const uint4 h = r ? h1 : h0;
+        const float2 d = __half22float2(*reinterpret_cast<const __half2*>(&h.x));
+        const int b1 = (h.y >> (8 * t)) & 0xFF, b2 = (h.z >> (8 * t)) & 0xFF, b3 = (h.w >> (8 * t)) & 0xFF;
+        const int sc = q ? (b3 & 0xF) | ((b1 >> 6) << 4) : b1 & 63;
+        const int mn = q ? (b3 >> 4) | ((b2 >> 6) << 4) : b2 & 63;
+        const float my_ds = __fmul_rn(d.x, (float)sc), my_dm = __fmul_rn(d.y, (float)mn);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            ds[r][j] = __shfl_sync(FULL, my_ds, (g << 2) | j);
+            dm[r][j] = __shfl_sync(FULL, my_dm, (g << 2) | j);
+        }
+    }
+#pragma unroll
+    for (int tg = 0; tg < NG; ++tg) {
+        const int tb = 4 * tg + (g >> 1), tc = min(4 * tg + t, n_tok - 1);  // B's token; C's (a pad repeats the last)
+        const signed char* xb = x8 + tb * xst + (g & 1) * cols + 32 * sbu + 8 * t;
+        const float* xd = reinterpret_cast<const float*>(x8 + tc * xst + 2 * cols) + sbu;  // 16-byte aligned: sbu % 4 == 0
+        uint2 b[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = tb < n_tok ? __ldg(reinterpret_cast<const uint2*>(xb + 32 * j)) : make_uint2(0u, 0u);
+        const float4 xd4 = __ldg(reinterpret_cast<const float4*>(xd)), xs4 = __ldg(reinterpret_cast<const float4*>(xd + cols / 32));
+        const float xdj[4] = {xd4.x, xd4.y, xd4.z, xd4.w}, xsj[4] = {xs4.x, xs4.y, xs4.z, xs4.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int c[4] = {0, 0, 0, 0};
+            mma_s8(c, A[j][0], A[j][1], A[j][2], A[j][3], b[j].x, b[j].y);
+            const float xd254 = div254(xdj[j]);
+            acc[0][j][tg] = q4k_acc(acc[0][j][tg], ds[0][j], dm[0][j], xd254, xsj[j], c[0], c[1]);
+            acc[1][j][tg] = q4k_acc(acc[1][j][tg], ds[1][j], dm[1][j], xd254, xsj[j], c[2], c[3]);
+        }
+    }
+}
+// Q6_K: sub-block ts of the item (half q of the super-block), 16-value half h: an mma of its own (B zero in the
+// other half's k), term into acc[.][2 (ts & 1) + h] (gemv1m's lane t = 2 (ts & 1) + h of pair p = ts / 2)
+template <int NG>
+__device__ __forceinline__ void mma_item_n14(const u8* r0, const u8* r1, int q, int g, int t, const signed char* x8,
+                                             long long xst, int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
+    uint2 a[2], b[2], h[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u8* u = r ? r1 : r0;
+        a[r] = lds8_a2(u + 64 * q + 8 * t);
+        b[r] = lds8_a2(u + 64 * q + 32 + 8 * t);
+        h[r] = lds8_a2(u + 128 + 32 * q + 8 * t);
+    }
+    unsigned A[4][4];
+#pragma unroll
+    for (int ts = 0; ts < 4; ++ts) {
+        const int ns = (ts >> 1) * 4, hs = 2 * ts;
+        unsigned w[2][2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint2 run = (ts & 1) ? b[r] : a[r];
+            w[r][0] = ((run.x >> ns) & 0x0F0F0F0F) | (((h[r].x >> hs) & 0x03030303) << 4);
+            w[r][1] = ((run.y >> ns) & 0x0F0F0F0F) | (((h[r].y >> hs) & 0x03030303) << 4);
+        }
+        A[ts][0] = w[0][0], A[ts][1] = w[1][0], A[ts][2] = w[0][1], A[ts][3] = w[1][1];
+    }
+    float ds[2][8];  // [row][2 ts + h]
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u8* u = r ? r1 : r0;
+        const float d = __half2float(*reinterpret_cast<const __half*>(u + 208));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ds[r][i] = __fmul_rn(d, (float)reinterpret_cast<const signed char*>(u)[192 + 8 * q + i]);
+    }
+    const bool lo = (t >> 1) == 0;  // this lane's B rows hold values 0-15 of a sub-block (else 16-31)
+#pragma unroll
+    for (int tg = 0; tg < NG; ++tg) {
+        const int tb = 4 * tg + (g >> 1), tc = min(4 * tg + t, n_tok - 1);
+        const signed char* xb = x8 + tb * xst + (g & 1) * cols + 32 * sbu + 8 * t;
+        const float* xd = reinterpret_cast<const float*>(x8 + tc * xst + 2 * cols) + sbu;
+        const int2* gs = reinterpret_cast<const int2*>(x8 + tc * xst + 2 * cols + cols / 4) + 2 * sbu;
+        uint2 bv[4];
+#pragma unroll
+        for (int ts = 0; ts < 4; ++ts) bv[ts] = tb < n_tok ? __ldg(reinterpret_cast<const uint2*>(xb + 32 * ts)) : make_uint2(0u, 0u);
+        const float4 xd4 = __ldg(reinterpret_cast<const float4*>(xd));
+        const float xdj[4] = {xd4.x, xd4.y, xd4.z, xd4.w};
+#pragma unroll
+        for (int ts = 0; ts < 4; ++ts) {
+            const float xd254 = div254(xdj[ts]);
+            const int4 sums = __ldg(reinterpret_cast<const int4*>(gs + 2 * ts));  // both halves' sums
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const bool mine = lo == (hf == 0);
+                int c[4] = {0, 0, 0, 0};
+                mma_s8(c, A[ts][0], A[ts][1], A[ts][2], A[ts][3], mine ? bv[ts].x : 0u, mine ? bv[ts].y : 0u);
+                const int off = q6k_off(hf ? make_int2(sums.z, sums.w) : make_int2(sums.x, sums.y));
+                const int j = 2 * (ts & 1) + hf;
+                acc[0][j][tg] = q6k_acc(acc[0][j][tg], ds[0][2 * ts + hf], xd254, c[0], c[1], off);
+                acc[1][j][tg] = q6k_acc(acc[1][j][tg], ds[1][2 * ts + hf], xd254, c[2], c[3], off);
+            }
+        }
+    }
+}
+template <int T, int NG>
+__device__ __forceinline__ void mma_item_n(const u8* r0, const u8* r1, int q, int g, int t, const signed char* x8, long long xst,
+                                           int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
+    if constexpr (T == 12) mma_item_n12<NG>(r0, r1, q, g, t, x8, xst, n_tok, cols, sbu, acc);
+    else mma_item_n14<NG>(r0, r1, q, g, t, x8, xst, n_tok, cols, sbu, acc);
+}
+// dynamic shared memory: the ring, then the tiles' sums [2][n_warps][16][4 NG] floats
+// Block b takes tokens [4 NG s, 4 NG s + 4 NG) for s = b % sets of the tiles of b / sets: the sets of one
+// stretch of tiles run side by side, so the weights come from HBM once and from L2 for the other sets.
+template <int T, int NG>
+__device__ void gemvn_mma(const u8* W, const signed char* x8, long long xst, int n_tok, float* y, long long y_stride, int rows,
+                          int cols, int tpb, int sets, const float* nss, int n_ss, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int NT = 4 * NG;
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ unsigned long long full[MMA_STAGES];
+    __shared__ float inv_s[NT];
+    const int set = blockIdx.x % sets;
+    x8 += set * NT * xst;
+    y += set * NT * y_stride;
+    if (nss != nullptr) nss += set * NT * n_ss;
+    n_tok = min(NT, n_tok - set * NT);
+    if (n_tok <= 0) return;
+    MmaStream<T> st(W, smem, full, rows, cols, tpb, blockIdx.x / sets);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int n_warps = blockDim.x >> 5;
+    float* red = reinterpret_cast<float*>(smem + MMA_STAGES * MmaStream<T>::STAGE);
+    st.start(warp, lane);
+    GRID_DEP_START();
+    for (int k = warp; k < n_tok; k += n_warps) {  // each token's norm factor, as gemv1m's warp 0 makes it
+        float inv = 1.f;
+        if (nss != nullptr) {
+            float s = 0.f;
+            for (int i = lane; i < n_ss; i += 32) s += __ldcg(nss + k * n_ss + i);
+            inv = rsqrtf(warp_sum(s) / cols + eps);
+        }
+        if (lane == 0) inv_s[k] = inv;
+    }
+    __syncthreads();  // the barriers' initialisation and the norm factors
+    float acc[2][4][NG];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int k = 0; k < NG; ++k) acc[r][j][k] = 0.f;
+    for (int s = 0; s < st.n_stages; ++s) {
+        const int tile = st.tile0 + s / st.ncs, cs = s % st.ncs, ub = cs * st.cu, nu = min(st.cu, st.nb - ub);
+        const u8* g0 = st.row(s, g);
+        const u8* g8 = st.row(s, g + 8);
+        st.wait(s);
+        for (int item = warp; item < 2 * nu; item += n_warps) {
+            const int u = item >> 1, q = item & 1;
+            mma_item_n<T, NG>(g0 + u * MmaStream<T>::UB, g8 + u * MmaStream<T>::UB, q, g, t, x8, xst, n_tok, cols,
+                              8 * (ub + u) + 4 * q, acc);
+        }
+        const bool last = cs == st.ncs - 1;
+        float* part = red + ((s / st.ncs) & 1) * n_warps * 16 * NT;  // [warp][row][token]
+        if (last) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int k = 0; k < NG; ++k) {
+                    part[(warp * 16 + g + 8 * r) * NT + 4 * k + t] =
+                        __fadd_rn(__fadd_rn(acc[r][0][k], acc[r][1][k]), __fadd_rn(acc[r][2][k], acc[r][3][k]));
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[r][j][k] = 0.f;
+                }
+        }
+        __syncthreads();
+        st.refill(s, warp, lane);
+        if (last) {
+            for (int i = threadIdx.x; i < 16 * n_tok; i += blockDim.x) {
+                const int rr = i & 15, k = i >> 4, row = 16 * tile + rr;
+                float v = 0.f;
+                for (int w = 0; w < n_warps; ++w) v += part[(w * 16 + rr) * NT + k];
+                if (row < rows) y[k * y_stride + row] = v * inv_s[k];
+            }
+        }
+    }
+#endif
+}
 #define INSTANTIATE_M(T, NAME)                                                                                   \
     extern "C" __global__ void __launch_bounds__(512) gemv1m_##NAME(                                             \
         const u8* W, const signed char* x8, float* y, int rows, int cols, int tpb, const float* nss, int n_ss,     \
@@ -539,8 +814,20 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
         const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                          \
         gemv1_mma<T>(W, x8, y, rows, cols, tpb, nss, n_ss, eps, ep);                                              \
     }
+#define INSTANTIATE_N(T, NG, NAME)                                                                                \
+    extern "C" __global__ void __launch_bounds__(512) gemvn##NG##_##NAME(                                         \
+        const u8* W, const signed char* x8, long long x8_stride, int n_tok, float* y, long long y_stride, int rows, \
+        int cols, int tpb, int sets, const float* nss, int n_ss, float eps) {                                     \
+        gemvn_mma<T, NG>(W, x8, x8_stride, n_tok, y, y_stride, rows, cols, tpb, sets, nss, n_ss, eps);            \
+    }
 INSTANTIATE_M(12, q4_k)
 INSTANTIATE_M(14, q6_k)
+INSTANTIATE_N(12, 1, q4_k)
+INSTANTIATE_N(12, 2, q4_k)
+INSTANTIATE_N(12, 4, q4_k)
+INSTANTIATE_N(14, 1, q6_k)
+INSTANTIATE_N(14, 2, q6_k)
+INSTANTIATE_N(14, 4, q6_k)
 
 // The one-token products of the dp4a types, on an x8 buffer from q8_input or a producer's epilogue:
 // gemv1q_q4_k, gemv1q_q6_k (gemv1m_* above is the tensor-core form, for compute capability 9.0).

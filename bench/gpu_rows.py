@@ -1,0 +1,99 @@
+"""The n-token products on the GPU (gemvn, kernels/quant.cu; cupy_rows.py) against the one-token gemv1m, on
+the Q4_K and Q6_K matrix shapes of Qwen3-4B: microseconds a product and the weights' GB/s, for 1 (gemv1m) and
+2 / 4 / 8 / 16 tokens (gemvn), each captured as a graph of one product a copy of the matrix (> 4x the L2, so
+every launch reads its weights from HBM, as a decode step does) and replayed.
+
+    python bench/gpu_rows.py [--tokens 1 2 4 8 16 32] [--groups 1|2|4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from synthetic import _blocks  # noqa: E402
+
+
+def replay_us(backend: Any, run: Any, n_launches: int) -> float:
+    """Microseconds a product: `run` (one product a copy) captured once, replayed 10 times."""
+    import cupy as cp
+
+    captured = backend._capture(run)
+    stream = cp.cuda.get_current_stream()
+    captured.graph.launch(stream)
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record()
+    for _ in range(10):
+        captured.graph.launch(stream)
+    b.record()
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) * 1e3 / (10 * n_launches)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--groups", type=int, default=0, help="gemvn_groups (0: the backend's)")
+    args = p.parse_args()
+
+    import cupy as cp
+    from gguf import GGMLQuantizationType as Q
+
+    from workers.engine.backends.cupy_backend import CupyBackend, QuantWeight
+    from workers.engine.backends.cupy_rows import X_PLAIN, RowsInput, gemvn, q8_rows
+
+    backend = CupyBackend()
+    if args.groups:
+        backend.gemvn_groups = args.groups
+    print(f"gemvn_groups {backend.gemvn_groups}")
+    rng = np.random.default_rng(0)
+    shapes = [
+        ("qk 5120x2560", Q.Q4_K, 5120, 2560),
+        ("o 2560x4096", Q.Q4_K, 2560, 4096),
+        ("gate_up 19456x2560", Q.Q4_K, 19456, 2560),
+        ("down 2560x9728", Q.Q4_K, 2560, 9728),
+        ("down 2560x9728", Q.Q6_K, 2560, 9728),
+        ("v 1024x2560", Q.Q6_K, 1024, 2560),
+        ("output 151936x2560", Q.Q6_K, 151936, 2560),
+    ]
+    print("µs a product (GB/s of its weights); 1 token: gemv1m, more: gemvn")
+    print("| matrix | type | MB | " + " | ".join(f"{n} tok" for n in args.tokens) + " |")
+    print("|" + "---|" * (3 + len(args.tokens)), flush=True)
+    for label, qtype, rows, cols in shapes:
+        block = _blocks(qtype, rows, cols, rng).reshape(-1)
+        nbytes = block.nbytes
+        n_copies = max(2, (4 * 50 * 2**20) // nbytes + 1)
+        copies = [QuantWeight(cp.asarray(block), qtype, rows, cols) for _ in range(n_copies)]
+        cells = []
+        for n in args.tokens:
+            x = cp.asarray(rng.standard_normal((n, cols), dtype=np.float32))
+            y = cp.empty((n, rows), dtype=cp.float32)
+            if n == 1:
+                x8 = backend._q8_input(x, cols)
+
+                def run(x8: Any = x8, y: Any = y, n: int = n, copies: list = copies) -> None:
+                    for w in copies:
+                        backend._gemv1q(w, x8, y[0])
+            else:
+                x8, _ = q8_rows(backend, RowsInput(x, X_PLAIN), 0, n)
+
+                def run(x8: Any = x8, y: Any = y, n: int = n, copies: list = copies) -> None:
+                    for w in copies:
+                        gemvn(backend, w, x8, n, y, None, 0.0)
+
+            us = replay_us(backend, run, len(copies))
+            cells.append(f"{us:.1f} ({nbytes / us / 1e3:.0f})")
+        print(f"| {label} | {qtype.name} | {nbytes / 1e6:.1f} | {' | '.join(cells)} |", flush=True)
+        del copies
+
+
+if __name__ == "__main__":
+    main()
