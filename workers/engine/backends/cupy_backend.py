@@ -16,6 +16,8 @@ slower and left the product: bench/NOTES.md v7.)
 from __future__ import annotations
 
 import logging
+import os
+import re
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
@@ -206,6 +208,9 @@ class CupyBackend(NumpyBackend):
         self._capture_stream = cupy.cuda.Stream(non_blocking=True)
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
         self.n_sm = int(props["multiProcessorCount"])
+        # the kernel paths of this capability; GENIE_CUDA_COMPAT (sm87, 8.7) takes an older GPU's on a newer one
+        self.capability = compat_capability((int(props["major"]), int(props["minor"])), os.environ.get(COMPAT_ENV))
+        hopper = self.capability >= (9, 0)
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         # programmatic dependent launch in captured steps (pdl.py): compute capability 9.0 and later
         self.use_pdl = True
@@ -214,9 +219,9 @@ class CupyBackend(NumpyBackend):
         self.gemv_max_rows = GEMV1_ROWS
         self.gemv_split_warps = 32  # rows split over warps below this many warps per SM (0: never split)
         self.pf_warps = PF_WARPS  # the prefill attention's warps a block (16 query rows each), as ops.cu is built
-        self._pdl = _dependent_launcher() if int(props["major"]) >= 9 else None
+        self._pdl = _dependent_launcher() if hopper else None
         # thread-block clusters (compute capability 9.0 and later): one-token attention as attention_dec
-        self._clusters = int(props["major"]) >= 9
+        self._clusters = hopper
         self.use_clusters = True
         self.use_decode_rows = True  # a step's one-token segments' attention in one launch (attention_decn)
         self.dec_max_warps = 16  # DEC_MAX_WARPS of ops.cu as built: 8 gives every size two tasks' loads in flight
@@ -226,7 +231,7 @@ class CupyBackend(NumpyBackend):
         self.use_epilogues = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
         # one-token Q4_K/Q6_K products on the tensor cores, weights streamed by bulk copies (gemv1m): compute
         # capability 9.0 (gemv1q, dp4a, elsewhere)
-        self._mma = int(props["major"]) >= 9
+        self._mma = hopper
         self.use_mma = True
         self.mma_threads = 256
         self.mma_blocks_per_sm = 2
@@ -236,7 +241,8 @@ class CupyBackend(NumpyBackend):
 
     @property
     def device_name(self) -> str:
-        return f"cupy ({self._device_name})"
+        forced = f", {COMPAT_ENV}={self.capability[0]}.{self.capability[1]}" if os.environ.get(COMPAT_ENV) else ""
+        return f"cupy ({self._device_name}{forced})"
 
     def _kernel(self, op: str, qtype: GGMLQuantizationType) -> _Kernel:
         return self._kernel_named(f"{op}_{KERNEL_TYPES[qtype]}")
@@ -1208,6 +1214,26 @@ DEC_KERNELS = GQA_KERNELS - {(8, 4)}  # attention_dec's (group, head dim / 32): 
 PREFILL_ATTENTION_MIN_TOKENS = 16
 PF_WARPS, PF_KEYS = 4, 64  # as in ops.cu (PF_WARPS: its default; ops.cu takes -DPF_WARPS)
 PF_HEAD_DIMS = frozenset({16, 32, 64, 128, 256})  # its instantiations (K and V head dims equal)
+
+
+COMPAT_ENV = "GENIE_CUDA_COMPAT"
+
+
+def compat_capability(device: tuple[int, int], forced: str | None) -> tuple[int, int]:
+    """The compute capability whose kernel paths run: the device's, or the older one `forced` names ("sm87",
+    "sm_87", "8.7"; empty: the device's), so the Jetson's paths (no bulk copies, clusters or programmatic
+    launch) run and are tested on an H200. One newer than the device is refused."""
+    if not forced:
+        return device
+    m = re.fullmatch(r"\s*(?:sm_?(\d+)(\d)|(\d+)\.(\d+))\s*", forced)
+    if m is None:
+        raise ValueError(f"{COMPAT_ENV}={forced!r}: give a compute capability such as sm87 or 8.7")
+    major, minor = (int(m[1]), int(m[2])) if m[1] else (int(m[3]), int(m[4]))
+    if (major, minor) > device:
+        raise ValueError(
+            f"{COMPAT_ENV}={forced!r}: this GPU is {device[0]}.{device[1]}; it cannot run {major}.{minor}'s paths"
+        )
+    return (major, minor)
 
 
 def _dec_warps(group: int, dpl: int, most: int = 16) -> int:
