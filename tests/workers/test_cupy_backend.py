@@ -747,6 +747,7 @@ def test_greedy_token_on_the_device(gpu):
 def test_every_module_compiles_for_the_jetson(sources):
     """Each kernel module compiles with NVRTC for compute capability 8.7 (Orin), as the backend builds it: the
     9.0-only parts (bulk copies, clusters, programmatic launch) are guarded, never compiled out of reach."""
+    import os
     from importlib import resources
 
     import cupy as cp
@@ -755,7 +756,8 @@ def test_every_module_compiles_for_the_jetson(sources):
 
     kernels = resources.files("workers.engine.backends").joinpath("kernels")
     code = "\n".join(kernels.joinpath(name).read_text("utf-8") for name in getattr(cupy_backend, sources))
-    ptx = cp.cuda.compiler.compile_using_nvrtc(code, options=("-std=c++17", "-arch=compute_87"))
+    include = os.path.join(cp.cuda.get_cuda_path() or "/usr/local/cuda", "include")  # cuda_fp16.h
+    ptx = cp.cuda.compiler.compile_using_nvrtc(code, options=("-std=c++17", f"-I{include}"), arch="87")
     assert b".target sm_87" in (ptx if isinstance(ptx, bytes) else ptx.encode())
 
 

@@ -234,6 +234,18 @@ class GGUFFile:
         data = np.frombuffer(self._buf, dtype=np.uint8, count=n_bytes, offset=start)
         return TensorInfo(name, tuple(reversed(dims)), qtype, start, n_bytes, data)
 
+    def release(self, tensor: TensorInfo) -> None:
+        """Drops the pages of `tensor` from this process's resident set once a backend has copied it (the file
+        stays in the page cache; a view still held reads it back from there): a load holds at most a tensor of
+        the file at a time beside what the backend made of it, not the whole file (on a Jetson host and GPU
+        share the DRAM)."""
+        if self._mmap is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        start = tensor.offset // page * page
+        end = min(self.file_size, -(-(tensor.offset + tensor.n_bytes) // page) * page)
+        self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 

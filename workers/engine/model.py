@@ -130,9 +130,11 @@ def _load_weights(gf: GGUFFile, cfg: ModelConfig, spec: ArchSpec, backend: Backe
         if info.shape != shapes[role]:
             raise ModelFileError(gf.path, f"tensor {name} has shape {info.shape}, expected {shapes[role]}")
         try:
-            return backend.load_matrix(info) if role in MATRIX_ROLES else backend.load_vector(info)
+            loaded = backend.load_matrix(info) if role in MATRIX_ROLES else backend.load_vector(info)
         except ValueError as e:  # the backend found the data itself unusable
             raise ModelFileError(gf.path, str(e)) from None
+        gf.release(info)  # the file's pages of it leave the resident set: the load never holds the file whole
+        return loaded
 
     embed = load("embed", GLOBAL_TENSORS["embed"], global_shapes)
     has_output = GLOBAL_TENSORS["output"] in gf.tensors
