@@ -757,7 +757,8 @@ def test_every_module_compiles_for_the_jetson(sources):
     kernels = resources.files("workers.engine.backends").joinpath("kernels")
     code = "\n".join(kernels.joinpath(name).read_text("utf-8") for name in getattr(cupy_backend, sources))
     include = os.path.join(cp.cuda.get_cuda_path() or "/usr/local/cuda", "include")  # cuda_fp16.h
-    ptx = cp.cuda.compiler.compile_using_nvrtc(code, options=("-std=c++17", f"-I{include}"), arch="87")
+    out = cp.cuda.compiler.compile_using_nvrtc(code, options=("-std=c++17", f"-I{include}"), arch="87")
+    ptx = out[0] if isinstance(out, tuple) else out  # (ptx, name mapping) in CuPy 13 and later
     assert b".target sm_87" in (ptx if isinstance(ptx, bytes) else ptx.encode())
 
 
