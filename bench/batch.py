@@ -38,8 +38,8 @@ REPEATS = 7
 
 
 def load(model: str, kv: str, n_slots: int, backend: str, out: Path, n_ctx: int):  # type: ignore[no-untyped-def]
+    from genie_common.registry import MODELS
     from workers.engine.engine import Engine, EngineConfig
-    from workers.engine.registry import MODELS
 
     path = model
     if model not in MODELS and not Path(model).exists():

@@ -57,7 +57,7 @@ def child_llama(model: str, n_prompt: int, n_gen: int) -> dict:
     import llama_cpp
     import numpy as np
 
-    from workers.engine.registry import resolve_model
+    from genie_common.registry import resolve_model
 
     t0 = time.perf_counter()
     n_ctx = n_prompt + n_gen + 8  # n_batch = n_ctx: llama-cpp-python keeps n_batch rows of logits

@@ -23,9 +23,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from genie_common.registry import resolve_model  # noqa: E402
 from workers.engine.constraint import JsonConstraint, _TokenizerView  # noqa: E402
 from workers.engine.model import Model  # noqa: E402
-from workers.engine.registry import resolve_model  # noqa: E402
 
 SCHEMA = {
     "type": "object",

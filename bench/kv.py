@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvstore.engine_kv import engine_layout  # noqa: E402
 from kvstore.store import KVStore, StoreConfig  # noqa: E402
 from workers.engine.engine import Completion, Engine, EngineConfig  # noqa: E402
 from workers.engine.sampling import SamplingParams  # noqa: E402
+from workers.kv_engine import engine_layout  # noqa: E402
 
 TEXT = ROOT / "tests/fixtures/text/apache-2.0.txt"
 REPEATS = 5

@@ -54,9 +54,9 @@ def child(model: str, ctx: int, backend: str, budget_mb: int) -> dict:
     sys.path.insert(0, str(ROOT / "bench"))
     import numpy as np
 
+    from genie_common.errors import RequestError
+    from genie_common.registry import MODELS
     from workers.engine.engine import Engine, EngineConfig
-    from workers.engine.errors import RequestError
-    from workers.engine.registry import MODELS
     from workers.engine.sampling import SamplingParams
 
     if model not in MODELS and not Path(model).exists():

@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import time
 
-from genie_daemon.config import DaemonConfig
+from genie_common.config import DaemonConfig
 from protocol.client import GenieClient
 from protocol.messages import Delta, Done, Error
 

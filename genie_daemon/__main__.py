@@ -10,7 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import DaemonConfig, default_config_path, load_config
+from genie_common.config import DaemonConfig, default_config_path, load_config
+
 from .server import Daemon
 
 

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from workers.engine.atomic_file import atomic_path
+from genie_common.atomic_file import atomic_path
 
 ADDON_PORT = 11434  # the port inside the container (config.yaml `ports`), Ollama's default
 KV_CACHE_DIR = "/data/kv"  # on the add-on's persistent volume; config.yaml's backup_exclude skips it
 MODELS_DIR = "/data/models"  # pulled models, kept across restarts; left out of backups (pulled again)
-PULL_SCHEMES = ("hf://", "https://", "http://")  # sources the daemon pulls (workers/models/sources.py)
+PULL_SCHEMES = ("hf://", "https://", "http://")  # sources the daemon pulls (genie_common/models/sources.py)
 SOCKET_DIR = "/run/genie"
 MODEL_DIRS = ("/share/", "/media/")  # the folders config.yaml maps in, where users can put a GGUF file
 CTX_MIN, CTX_MAX = 256, 131072  # config.yaml's schema: int(256,131072)

@@ -14,6 +14,8 @@ from typing import Any
 
 import zmq
 
+from genie_common.config import DaemonConfig
+from genie_common.models.catalogue import CATALOGUE
 from protocol.client import GenieClient
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
@@ -34,9 +36,6 @@ from protocol.messages import (
     Status,
     Unload,
 )
-from workers.models.catalogue import CATALOGUE
-
-from .config import DaemonConfig
 
 TIMEOUT_S = 3.0
 PULL_SILENCE_S = 30.0  # a pull's daemon sends progress at least every 5 s (PULL_KEEPALIVE_S): silence is death
@@ -180,8 +179,8 @@ def _pull(endpoint: str, source: str, as_json: bool) -> int:
 
 def _follow_pull(sock: zmq.Socket, endpoint: str, as_json: bool) -> int:
     # here, not at the top: they load the GGUF reader, which every other genie-ctl command can do without
-    from workers.models.progress_bar import ProgressBar
-    from workers.models.pull import PullProgress
+    from genie_common.models.progress_bar import ProgressBar
+    from genie_common.models.pull import PullProgress
 
     show = ProgressBar(sys.stderr, sys.stderr.isatty())
     while True:

@@ -13,13 +13,13 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from genie_common.config import DaemonConfig
+from genie_common.models.local import LocalModel
+from genie_common.models.pull import PullProgress
 from protocol.codec import encode
 from protocol.errors import ProtocolError
 from protocol.messages import Delta, Done, Error, Generate, Message
-from workers.models.local import LocalModel
-from workers.models.pull import PullProgress
 
-from .config import DaemonConfig
 from .metrics import DaemonMetrics
 from .model_info import ModelInfo
 from .output_parser import Event, OutputParser, ToolCall

@@ -19,11 +19,10 @@ from collections.abc import Awaitable, Callable
 import zmq
 import zmq.asyncio
 
+from genie_common.config import DaemonConfig
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
 from protocol.messages import Error, Message
-
-from .config import DaemonConfig
 
 log = logging.getLogger("genie.daemon")
 ADMIN_TIMEOUT_S = 2.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from workers.models.local import LocalModel, ModelsDir
+from genie_common.models.local import LocalModel, ModelsDir
 
 from .model_info import ModelInfo, describe_local
 

@@ -18,10 +18,10 @@ from typing import Any
 
 from gguf import LlamaFileType
 
-from workers.engine.errors import GenieError
-from workers.engine.gguf_file import GGUFFile
-from workers.engine.registry import MODELS, installed_path
-from workers.models.local import LocalModel, ModelsDir
+from genie_common.errors import GenieError
+from genie_common.gguf_file import GGUFFile
+from genie_common.models.local import LocalModel, ModelsDir
+from genie_common.registry import MODELS, installed_path
 
 
 def client_name(model: str) -> str:
@@ -92,7 +92,7 @@ def known_at_once(model: str) -> ModelInfo:
 def describe(model: str, models: ModelsDir) -> ModelInfo:
     """The served model (config.model) as the HTTP APIs report it; never raises for a missing or unreadable
     file. A model pulled into the models directory wins over a packaged one of the same name, as the
-    worker reads it (workers/engine/registry.py)."""
+    worker reads it (genie_common/registry.py)."""
     local = models.get(model)
     if local is not None:
         return describe_local(local)

@@ -15,11 +15,11 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from genie_common.errors import PullError
+from genie_common.models.local import LocalModel, ModelsDir
+from genie_common.models.pull import PullProgress
+from genie_common.registry import MODELS
 from protocol.messages import Cancel, Error, Message, Pull, Reply
-from workers.engine.errors import PullError
-from workers.engine.registry import MODELS
-from workers.models.local import LocalModel, ModelsDir
-from workers.models.pull import PullProgress
 
 from .model_catalog import ModelCatalog, listing
 from .model_info import ModelInfo

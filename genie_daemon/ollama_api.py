@@ -19,11 +19,11 @@ from typing import Any
 
 from aiohttp import web
 
+from genie_common.errors import PullError
+from genie_common.models.local import LocalModel
+from genie_common.models.pull import PullProgress
+from genie_common.models.sources import parse_source
 from protocol.messages import Done, Error
-from workers.engine.errors import PullError
-from workers.models.local import LocalModel
-from workers.models.pull import PullProgress
-from workers.models.sources import parse_source
 
 from .http_turn import (
     SERVICE,

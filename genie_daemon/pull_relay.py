@@ -1,4 +1,4 @@
-"""One `pull` (workers/models/pull.py) run for the daemon: in a thread of its own, its progress relayed to the
+"""One `pull` (genie_common/models/pull.py) run for the daemon: in a thread of its own, its progress relayed to the
 event loop as an async stream, and cancelled when whoever reads the stream goes away.
 
 The thread is a daemon thread, not the loop's executor: asyncio.run waits for its executor's threads at
@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 
-from workers.engine.errors import GenieError, PullError
-from workers.models.local import LocalModel, ModelsDir
-from workers.models.pull import PullProgress, pull
+from genie_common.errors import GenieError, PullError
+from genie_common.models.local import LocalModel, ModelsDir
+from genie_common.models.pull import PullProgress, pull
 
 DOWNLOADING = "downloading"
 

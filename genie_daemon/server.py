@@ -17,6 +17,10 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from genie_common.config import DaemonConfig
+from genie_common.errors import PullError
+from genie_common.models.local import LocalModel
+from genie_common.models.pull import PullProgress
 from protocol import PROTOCOL_VERSION
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
@@ -35,11 +39,7 @@ from protocol.messages import (
     Ready,
     Reply,
 )
-from workers.engine.errors import PullError
-from workers.models.local import LocalModel
-from workers.models.pull import PullProgress
 
-from .config import DaemonConfig
 from .http_server import HttpFront
 from .kv_store_handle import KvStoreHandle
 from .metrics import DaemonMetrics

@@ -7,9 +7,8 @@ import logging
 import sys
 import time
 
+from genie_common.config import DaemonConfig
 from protocol.messages import worker_identities
-
-from .config import DaemonConfig
 
 log = logging.getLogger("genie.daemon")
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from workers.lifetime import exit_with_parent
+from genie_common.lifetime import exit_with_parent
 
 from .server import KVStoreServer, ServerConfig
 from .store import StoreConfig

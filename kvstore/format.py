@@ -26,8 +26,8 @@ from typing import BinaryIO
 
 import numpy as np
 
-from workers.engine.atomic_file import atomic_path
-from workers.engine.kv_cache import KVCacheConfig, KVSnapshot
+from genie_common.atomic_file import atomic_path
+from genie_common.kv_types import KVCacheConfig, KVSnapshot
 
 MAGIC = b"GENIEKV\x00"
 VERSION = 4

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from genie_common.kv_types import KVSnapshot
 from protocol.schema import CONV_ID
-from workers.engine.kv_cache import KVSnapshot
 
 from .cache_dir import CacheDir
 from .format import (

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.engine.kv_cache import KVSnapshot
+from genie_common.kv_types import KVSnapshot
 
 from .format import NUMPY_DTYPES, KVLayout
 

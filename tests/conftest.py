@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from genie_common.registry import resolve_model
 from workers.engine.backends.numpy_backend import NumpyBackend
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.model import Model
-from workers.engine.registry import resolve_model
 
 _models: dict[str, Model] = {}
 _engines: dict[tuple[str, str, int], Engine] = {}

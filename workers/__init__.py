@@ -1,3 +1,5 @@
 """genie's GPU worker process and the inference engine it owns."""
 
-__version__ = "0.1.0"
+from genie_common import __version__
+
+__all__ = ["__version__"]

@@ -1,5 +1,5 @@
 """`genie`: run the engine in this process — generate, chat, tokenize, perplexity — and manage the models
-directory (pull, list, rm: `models/commands.py`)."""
+directory (pull, list, rm: `genie_common/model_commands.py`)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from genie_common import model_commands
+from genie_common.errors import GenieError, RequestError
+from genie_common.registry import DEFAULT_MODEL, MODELS
+
 from . import __version__
 from .engine.backends import BACKEND_CHOICES
 from .engine.engine import Completion, Delta, Engine, EngineConfig
-from .engine.errors import GenieError, RequestError
 from .engine.memory_plan import parse_ctx
 from .engine.perplexity import perplexity
-from .engine.registry import DEFAULT_MODEL, MODELS
 from .engine.sampling import SamplingParams
 from .engine.text_filters import ThinkFilter
-from .models import commands as model_commands
 
 D = SamplingParams()
 
@@ -79,10 +80,10 @@ class _ConvCache:
     """`--conv-id`: the daemon's KV cache directory used in this process, beside a running daemon or not."""
 
     def __init__(self, engine: Engine, conv_id: str) -> None:
-        from genie_daemon.config import load_config
-        from kvstore.engine_kv import engine_layout
+        from genie_common.config import load_config
         from kvstore.policy import ReusePolicy
         from kvstore.store import KVStore, StoreConfig, check_conv_id
+        from workers.kv_engine import engine_layout
 
         try:
             self.conv_id = check_conv_id(conv_id)
@@ -95,12 +96,12 @@ class _ConvCache:
         self.policy = ReusePolicy()
 
     def before(self, ids: list[int]) -> None:
-        from kvstore.engine_kv import hydrate
+        from workers.kv_engine import hydrate
 
         hydrate(self.engine, self.store, ids, self.conv_id, policy=self.policy)
 
     def after(self, completion: Completion) -> None:
-        from kvstore.engine_kv import save
+        from workers.kv_engine import save
 
         n_prefilled = completion.prompt_tokens - completion.cached_tokens
         self.policy.observe_prefill(n_prefilled, completion.timings.prefill_ms / 1000)
@@ -304,8 +305,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from .engine.gguf_file import GGUFFile
-    from .engine.registry import resolve_model
+    from genie_common.gguf_file import GGUFFile
+    from genie_common.registry import resolve_model
+
     from .engine.tokenizer import Tokenizer
 
     path = resolve_model(args.model)

@@ -12,13 +12,13 @@ import time
 
 import zmq
 
-from kvstore.engine_kv import engine_layout
 from kvstore.policy import ReusePolicy
 from kvstore.wire import layout_body, snapshot_frames, snapshot_from_frames
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
 from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
 from protocol.messages import Error
+from workers.kv_engine import engine_layout
 
 from .engine.engine import Engine
 from .engine.scheduler import common_prefix_len

@@ -28,6 +28,10 @@ from pathlib import Path
 
 import zmq
 
+from genie_common.errors import GenieError
+from genie_common.lifetime import exit_with_parent
+from genie_common.models.local import ModelsDir
+from genie_common.registry import DEFAULT_MODEL
 from protocol import PROTOCOL_VERSION
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
@@ -48,15 +52,11 @@ from protocol.messages import (
 from .delta_stream import DeltaStream
 from .engine.backends import BACKEND_CHOICES
 from .engine.engine import Engine, EngineConfig
-from .engine.errors import GenieError
 from .engine.memory_plan import parse_ctx
-from .engine.registry import DEFAULT_MODEL
 from .engine.sampling import SamplingParams
 from .engine.sequence import Delta, Event, Failed
 from .engine.sequence import Sequence as EngineSequence
 from .kv_link import KvLink
-from .lifetime import exit_with_parent
-from .models.local import ModelsDir
 from .thermal import ThermalGovernor, find_sensor
 
 log = logging.getLogger("genie.worker")

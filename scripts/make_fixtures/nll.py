@@ -20,7 +20,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from workers.engine.registry import resolve_model  # noqa: E402
+from genie_common.registry import resolve_model  # noqa: E402
 
 TEXT = ROOT / "tests/fixtures/text/apache-2.0.txt"
 CTX = 512

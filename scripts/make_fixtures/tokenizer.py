@@ -142,7 +142,7 @@ def model_paths() -> dict[str, Path]:
 
     paths = {"gemma-4": vocab_gguf("gemma-4")}
     try:
-        from workers.engine.registry import resolve_model  # type: ignore[import-not-found]
+        from genie_common.registry import resolve_model  # type: ignore[import-not-found]
     except ImportError:
         resolve_model = None
     if resolve_model is not None:

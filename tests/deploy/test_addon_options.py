@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
+from genie_common.config import DaemonConfig, load_config
 from genie_daemon.addon_options import (
     DEFAULTS,
     KV_CACHE_DIR,
@@ -20,7 +21,6 @@ from genie_daemon.addon_options import (
     parse_options,
     toml_string,
 )
-from genie_daemon.config import DaemonConfig, load_config
 
 ADDON_CONFIG = Path(__file__).parents[2] / "deploy/homeassistant/config.yaml"
 HTTP_KEYS = {"http", "http_host", "http_port", "api_key"}

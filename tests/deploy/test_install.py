@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from genie_daemon.config import DaemonConfig, load_config
+from genie_common.config import DaemonConfig, load_config
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 INSTALL = DEPLOY / "install.sh"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from genie_daemon.config import DaemonConfig
+from genie_common.config import DaemonConfig
 from genie_daemon.server import Daemon
 from protocol.client import GenieClient
 from protocol.codec import decode

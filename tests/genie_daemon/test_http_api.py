@@ -19,15 +19,15 @@ import ollama
 import openai
 import pytest
 
-from genie_daemon.config import DaemonConfig
+from genie_common.config import DaemonConfig
+from genie_common.errors import PullError
+from genie_common.models.local import LocalModel, ModelsDir
+from genie_common.models.pull import PullProgress
 from genie_daemon.http_server import HttpFront
 from genie_daemon.metrics import DaemonMetrics
 from genie_daemon.model_info import ModelInfo, describe
 from protocol.messages import Delta, Done, Error, Generate
 from tests.tiny_models import write_tiny_model
-from workers.engine.errors import PullError
-from workers.models.local import LocalModel, ModelsDir
-from workers.models.pull import PullProgress
 
 QWEN_CALLS = [
     "<think>\nThe user wants the kitchen light on.\n</think>\n\n<tool",

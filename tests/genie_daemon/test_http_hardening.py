@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from genie_daemon.config import DaemonConfig
+from genie_common.config import DaemonConfig
 from genie_daemon.http_server import HttpFront
 from tests.genie_daemon.test_http_api import ScriptedService
 

@@ -20,7 +20,7 @@ import ollama
 import openai
 import pytest
 
-from genie_daemon.config import DaemonConfig
+from genie_common.config import DaemonConfig
 from tests.child_env import child_env
 from tests.tiny_models import write_tiny_model
 

@@ -8,8 +8,8 @@ import asyncio
 
 import zmq.asyncio
 
+from genie_common.config import DaemonConfig
 from genie_daemon import kv_store_handle
-from genie_daemon.config import DaemonConfig
 from genie_daemon.kv_store_handle import KvStoreHandle
 
 

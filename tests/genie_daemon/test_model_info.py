@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from genie_common.registry import MODELS
 from genie_daemon.model_info import known_at_once
-from workers.engine.registry import MODELS
 
 
 def test_a_path_model_has_its_files_size_and_a_packaged_one_its_package_size(tmp_path: Path) -> None:

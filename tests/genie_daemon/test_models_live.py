@@ -31,9 +31,9 @@ import openai
 import pytest
 
 from tests.child_env import ROOT, child_env
+from tests.genie_common.models.file_server import FileServer, serving
 from tests.genie_daemon.test_http_live import free_port, get_json
 from tests.tiny_models import write_tiny_model
-from tests.workers.models.file_server import FileServer, serving
 
 START_TIMEOUT_S = 60
 HI = [{"role": "user", "content": "hi"}]

@@ -15,7 +15,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from genie_daemon.config import DaemonConfig
+from genie_common.config import DaemonConfig
 from genie_daemon.server import CANCEL_GRACE_S, Daemon
 from genie_daemon.worker_handle import WorkerHandle
 from protocol.codec import decode, encode

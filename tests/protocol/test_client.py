@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from genie_daemon.config import DaemonConfig
+from genie_common.config import DaemonConfig
 from protocol.client import GenieClient
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "protocol"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from genie_common.errors import RequestError
+from genie_common.gguf_file import GGUFFile
+from genie_common.registry import resolve_model
 from workers.engine.chat_template import CHATML_TEMPLATE, GEMMA_TEMPLATE, builtin_template, render_chat
-from workers.engine.errors import RequestError
-from workers.engine.gguf_file import GGUFFile
-from workers.engine.registry import resolve_model
 
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 USER = [{"role": "user", "content": "Hi"}]

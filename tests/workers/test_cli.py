@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from genie_common.gguf_file import GGUFFile
+from genie_common.registry import resolve_model
 from tests.tiny_models import write_tiny_model
-from workers.engine.gguf_file import GGUFFile
-from workers.engine.registry import resolve_model
 from workers.engine.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from genie_common.errors import RequestError
 from workers.engine.context_fit import fit_messages
-from workers.engine.errors import RequestError
 
 
 def render(messages):

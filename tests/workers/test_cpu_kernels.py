@@ -16,13 +16,13 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
+from genie_common.gguf_file import TensorInfo
 from tests.child_env import child_env
 from tests.quant_blocks import F16_FIELDS, Q, product_err, random_blocks, rel_err
 from workers.engine.arch.layers import forward
 from workers.engine.backends import cpu_kernels
 from workers.engine.backends.block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
 from workers.engine.backends.numpy_backend import GEMV_MAX_TOKENS, NumpyBackend
-from workers.engine.gguf_file import TensorInfo
 from workers.engine.kv_cache import KVCache, KVCacheConfig
 from workers.engine.model import Model
 

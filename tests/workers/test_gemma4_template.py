@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from genie_common.gguf_file import GGUFFile
 from tests.vocab_files import vocab_gguf
 from workers.engine.chat_template import chat_prompt_ids, fold_tool_results, folds_tool_results, render_chat
-from workers.engine.gguf_file import GGUFFile
 from workers.engine.tokenizer import Tokenizer
 
 TOOLS = [

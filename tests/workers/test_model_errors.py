@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
 
+from genie_common.errors import ModelFileError
+from genie_common.gguf_file import GGUFFile
 from tests.tiny_models import write_tiny_model
 from workers.engine.backends.numpy_backend import NumpyBackend
-from workers.engine.errors import ModelFileError
-from workers.engine.gguf_file import GGUFFile
 from workers.engine.model import Model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -419,7 +419,7 @@ def test_huge_block_count_fails_fast(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         from workers.engine.backends.numpy_backend import NumpyBackend
-        from workers.engine.errors import ModelFileError
+        from genie_common.errors import ModelFileError
         from workers.engine.model import Model
         try:
             Model.load({str(path)!r}, NumpyBackend())

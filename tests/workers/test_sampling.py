@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from workers.engine.errors import RequestError
+from genie_common.errors import RequestError
 from workers.engine.sampling import Sampler, SamplingParams, apply_repeat_penalty
 
 

@@ -171,8 +171,8 @@ def test_tiny_gemma4_config(tmp_path: Path) -> None:
 
 
 def test_gemma4_kv_sharing_follows_both_rules() -> None:
+    from genie_common.errors import ModelFileError
     from workers.engine.arch.gemma4 import kv_sources
-    from workers.engine.errors import ModelFileError
 
     S, F = True, False
     assert kv_sources((S, S, S, F, S, S, S, F), 4, "m") == (0, 1, 2, 3, 2, 2, 2, 3)
@@ -211,9 +211,9 @@ def test_tiny_gemma4_quantized_kv_close_to_f32(tmp_path: Path, kv_dtype: str, bo
 def test_a_backend_that_refuses_a_model_is_left_for_numpy_under_auto(tmp_path: Path, monkeypatch) -> None:
     """`--backend cupy` refuses a model its kernels cannot run with a clear error before loading any weight;
     `auto` then runs it on NumPy."""
+    from genie_common.errors import BackendUnsupportedError
     from workers.engine import engine as engine_module
     from workers.engine.engine import Engine, EngineConfig
-    from workers.engine.errors import BackendUnsupportedError
 
     class Refusing(NumpyBackend):
         name = "cupy"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from genie_common.gguf_file import GGUFFile
 from tests.vocab_files import vocab_gguf
-from workers.engine.gguf_file import GGUFFile
 from workers.engine.tokenizer import Tokenizer, TokenType
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tokenizer"
@@ -23,7 +23,7 @@ def model_path(name: str) -> Path:
     if name == "gemma-4":  # llama.cpp's vocab-only GGUF: no weights, the tokenizer and chat template
         return vocab_gguf(name)
     try:
-        from workers.engine.registry import resolve_model  # type: ignore[import-not-found]
+        from genie_common.registry import resolve_model  # type: ignore[import-not-found]
     except ImportError:
         resolve_model = None
     if resolve_model is not None:

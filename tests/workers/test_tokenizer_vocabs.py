@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from genie_common.errors import ModelFileError
+from genie_common.gguf_file import GGUFFile
 from tests.vocab_files import vector_file, vocab_gguf
-from workers.engine.errors import ModelFileError
-from workers.engine.gguf_file import GGUFFile
 from workers.engine.tokenizer import Tokenizer
 from workers.engine.tokenizer.vocab import TokenType, vocab_from_metadata
 

@@ -16,7 +16,8 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import RequestError
+from genie_common.errors import RequestError
+
 from .tokenizer import Tokenizer
 
 Message = dict[str, Any]

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelError, RequestError
+from genie_common.errors import ModelError, RequestError
+
 from .json_bounds import bounded_schema
 from .tokenizer import Tokenizer
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import RequestError
+from genie_common.errors import RequestError
 
 Message = dict[str, Any]
 

@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from genie_common.errors import BackendUnsupportedError, ModelError, RequestError
+from genie_common.registry import DEFAULT_MODEL, resolve_model
+
 from .arch.layers import forward, forward_batch
 from .backends import BACKEND_CHOICES, select_backend
 from .backends.numpy_backend import NumpyBackend
@@ -23,12 +26,10 @@ from .batch import Batch, Segment
 from .chat_template import builtin_template, chat_prompt_ids
 from .constraint import JsonConstraint
 from .context_fit import Fitted, fit_messages
-from .errors import BackendUnsupportedError, ModelError, RequestError
 from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
 from .memory_plan import MIB, MemoryPlan, default_budget, plan_memory
 from .model import Model, ModelHeader
 from .model_config import ModelConfig
-from .registry import DEFAULT_MODEL, resolve_model
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Completion, Delta, Failed, Priority, Sequence

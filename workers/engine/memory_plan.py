@@ -14,7 +14,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from .errors import GenieError
+from genie_common.errors import GenieError
 
 MIB = 1 << 20
 GIB = 1 << 30

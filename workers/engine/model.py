@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from genie_common.errors import BackendUnsupportedError, ModelFileError
+from genie_common.gguf_file import GGUFFile, TensorInfo
+
 from .arch import ARCHITECTURES
 from .arch.layers import LayerWeights, ModelWeights, expected_shapes
 from .arch.spec import GLOBAL_TENSORS, KV_ROLES, LAYER_TENSORS, ArchSpec
 from .backends.base import Backend
-from .errors import BackendUnsupportedError, ModelFileError
-from .gguf_file import GGUFFile, TensorInfo
 from .model_config import MetaReader, ModelConfig
 from .tokenizer import Tokenizer
 

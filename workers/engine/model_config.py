@@ -11,8 +11,8 @@ from typing import Any, Literal
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from .errors import ModelFileError
-from .gguf_file import TensorInfo
+from genie_common.errors import ModelFileError
+from genie_common.gguf_file import TensorInfo
 
 RopeMode = Literal["norm", "neox"]  # norm: rotate pairs (x[2i], x[2i+1]); neox: rotate halves
 Activation = Literal["silu", "gelu_tanh"]

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from genie_common.errors import RequestError
+
 from .engine import Engine
-from .errors import RequestError
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import RequestError
+from genie_common.errors import RequestError
 
 FLOAT32_BIG = float(np.finfo(np.float32).max) / 4  # penalized logits stay within this: differences stay finite
 

@@ -12,7 +12,8 @@ stored (no Gemma "+1"). Per-layer embeddings (PLE) and each layer's output scale
 
 import math
 
-from ..errors import ModelFileError
+from genie_common.errors import ModelFileError
+
 from ..model_config import LayerConfig, MetaReader, ModelConfig, base_config
 from .spec import BASE_LAYER_ROLES, ArchSpec
 

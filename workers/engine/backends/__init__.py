@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import GenieError
+from genie_common.errors import GenieError
+
 from .base import Backend
 from .numpy_backend import NumpyBackend
 

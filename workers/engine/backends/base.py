@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from genie_common.gguf_file import TensorInfo
+
 from ..batch import Batch
-from ..gguf_file import TensorInfo
 from ..kv_cache import LayerKV
 from ..memory_plan import available_ram
 from ..model_config import LayerConfig, ModelConfig, RopeMode

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..gguf_file import TensorInfo
+from genie_common.gguf_file import TensorInfo
 
 Q = GGMLQuantizationType
 UNPACK_CHUNK_BYTES = 8 << 20  # raw bytes unpacked at a time: bounds the temporaries

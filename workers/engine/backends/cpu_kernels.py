@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic_file import atomic_path
+from genie_common.atomic_file import atomic_path
+
 from .block_weight import BlockWeight
 
 log = logging.getLogger("genie.cpu")

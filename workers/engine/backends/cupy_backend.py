@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from genie_common.gguf_file import TensorInfo
+
 from ..batch import Batch
-from ..gguf_file import TensorInfo
 from ..kv_cache import LayerKV
 from ..model_config import LayerConfig, ModelConfig, RopeMode
 from . import cupy_rows
@@ -36,6 +37,21 @@ from .base import Backend, NextInput
 from .capture_gemm import CaptureGemm
 from .numpy_backend import NumpyBackend, dequantize_tensor
 from .pdl import DependentLauncher
+from .quant_consts import (
+    _EP_GATED,
+    _EP_NONE,
+    _EP_NORM,
+    _X_GATED,
+    _X_NORM,
+    ACTIVATIONS,
+    EP_MAX_ROWS,
+    MMA_MAX_THREADS,
+    MMA_ROW_BYTES,
+    MMA_STAGES,
+    MMA_STATIC_SMEM,
+    Q8_MAX_COLS,
+    Q8_THREADS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +66,6 @@ THREADS = 256
 # each module's source: kernels/ files in order (shared headers first; CuPy's disk cache keys on the text)
 QUANT_SOURCES = ("common.cuh", "blocks.cuh", "quant.cu")
 OPS_SOURCES = ("common.cuh", "kv_rows.cuh", "attend.cuh", "ops.cu")
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the kernels' activation codes (common.cuh)
 
 # GGML type -> kernel name suffix in quant.cu
 KERNEL_TYPES: dict[GGMLQuantizationType, str] = {
@@ -1189,15 +1204,6 @@ class CupyBackend(NumpyBackend):
         return out
 
 
-_X_GATED, _X_NORM = 1, 2  # q8_input's modes in quant.cu
-_EP_NONE, _EP_GATED, _EP_NORM = 0, 1, 2  # the dp4a products' epilogues (quant.cu)
-Q8_THREADS = 1024  # q8_input's block (one block per input vector)
-EP_MAX_ROWS = 224  # rows a block of a product with an epilogue (EP_MAX_GROUPS in quant.cu: 8 groups a run)
-MMA_STAGES = 3  # gemv1m's ring (quant.cu), of stages of 16 rows of MMA_U = 10 units, MmaRow bytes apart
-MMA_ROW_BYTES = {GGMLQuantizationType.Q4_K: 10 * 144 + 32, GGMLQuantizationType.Q6_K: 2128}
-MMA_STATIC_SMEM = 4096  # gemv1m's static shared memory (2 208 bytes) and the 1 KiB the GPU reserves a block
-MMA_MAX_THREADS = 512  # its __launch_bounds__
-Q8_MAX_COLS = 16 * Q8_THREADS  # Q8_MAX values per thread
 ARGMAX_BLOCKS, ARGMAX_THREADS = 64, 1024  # argmax_row's grid: the last block reduces one partial per thread
 # cuBLAS / CUDA enums (cublas_api.h, library_types.h): gemmEx's data and compute types
 _CUDA_R_32F = 0

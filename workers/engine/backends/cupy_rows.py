@@ -22,6 +22,7 @@ import numpy as np
 
 from .base import NextInput
 from .numpy_backend import row_calls
+from .quant_consts import ACTIVATIONS, MMA_ROW_BYTES, Q8_THREADS
 
 if TYPE_CHECKING:
     from .cupy_backend import CupyBackend, GroupWeight, QuantWeight
@@ -110,8 +111,6 @@ def _float_rows(gpu: CupyBackend, inp: RowsInput, a: int, b: int) -> Any:
 def q8_rows(gpu: CupyBackend, inp: RowsInput, a: int, b: int) -> tuple[Any, Any]:
     """Rows a..b of inp coded for the products (q8_input, a block a row): the x8 rows, and (late norm) the
     rows' group sums of squares."""
-    from .cupy_backend import Q8_THREADS
-
     cp = gpu.xp
     cols, n = inp.cols, b - a
     stride = x8_row_bytes(cols)
@@ -144,8 +143,6 @@ def q8_rows(gpu: CupyBackend, inp: RowsInput, a: int, b: int) -> tuple[Any, Any]
 def gemvn(gpu: CupyBackend, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float) -> None:
     """out[k, :w.rows] = w @ x_k for the n coded rows of x8 (times row k's RMS factor from ss[k]): one gemvn
     launch with gemv1m's warps for w, gemvn_groups groups of four tokens a block."""
-    from .cupy_backend import MMA_ROW_BYTES
-
     tpb = gpu._mma_tiles(w, x8, None)
     _, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
@@ -200,8 +197,6 @@ def add_norm_matmul(
 
 
 def gated_matmul(gpu: CupyBackend, gate_up: Any, kind: str, w: Any, then: NextInput | None) -> Any:
-    from .cupy_backend import ACTIVATIONS
-
     cp = gpu.xp
     gpu._late_out = None
     inp = RowsInput(cp.ascontiguousarray(gate_up, dtype=cp.float32), X_GATED, act=ACTIVATIONS[kind])
@@ -209,6 +204,5 @@ def gated_matmul(gpu: CupyBackend, gate_up: Any, kind: str, w: Any, then: NextIn
 
 
 def _act_name(code: int) -> str:
-    from .cupy_backend import ACTIVATIONS  # cupy_backend imports this module: its names are read at call time
 
     return next(name for name, c in ACTIVATIONS.items() if c == code)

@@ -20,7 +20,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from ..gguf_file import TensorInfo
+from genie_common.gguf_file import TensorInfo
+
 from ..kv_cache import INT8_QMAX, LayerKV, kv_rotation
 from ..model_config import RopeMode
 from . import cpu_kernels

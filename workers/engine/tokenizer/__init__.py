@@ -5,7 +5,8 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
-from ..errors import RequestError
+from genie_common.errors import RequestError
+
 from .bpe import BpeTokenizer, byte_decoder
 from .spm import SpmTokenizer
 from .vocab import TokenType, Vocab, vocab_from_metadata

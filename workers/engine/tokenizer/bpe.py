@@ -19,7 +19,8 @@ from typing import Any
 
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-from ..errors import ModelFileError
+from genie_common.errors import ModelFileError
+
 from .vocab import Vocab
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"

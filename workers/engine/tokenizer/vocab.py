@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFileError
+from genie_common.errors import ModelFileError
 
 
 class TokenType(IntEnum):

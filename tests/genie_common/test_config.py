@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from genie_daemon.config import DaemonConfig, load_config
+from genie_common.config import DaemonConfig, load_config
 
 
 def test_precedence_and_worker_args(tmp_path, monkeypatch):

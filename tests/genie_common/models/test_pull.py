@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from genie_common.errors import PullError
+from genie_common.models import catalogue
+from genie_common.models.catalogue import CatalogueEntry
+from genie_common.models.local import ModelsDir
+from genie_common.models.pull import PullProgress, part_path, pull
+from tests.genie_common.models.file_server import FileServer, serving
 from tests.tiny_models import write_tiny_model
-from tests.workers.models.file_server import FileServer, serving
-from workers.engine.errors import PullError
-from workers.models import catalogue
-from workers.models.catalogue import CatalogueEntry
-from workers.models.local import ModelsDir
-from workers.models.pull import PullProgress, part_path, pull
 
 
 @pytest.fixture(autouse=True)
@@ -116,7 +116,7 @@ def test_catalogue_pins_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             "right": CatalogueEntry("org/repo", "t.gguf", "pinned right", size_bytes=len(data), sha256=right),
         }
         monkeypatch.setattr(catalogue, "CATALOGUE", table)
-        monkeypatch.setattr("workers.models.sources.CATALOGUE", table)
+        monkeypatch.setattr("genie_common.models.sources.CATALOGUE", table)
         with pytest.raises(PullError, match="sha256 is .*, expected cdcd"):
             pull("wrong-sha", models)
         with pytest.raises(PullError, match=f"expected {len(data) + 1}"):

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from genie_common.errors import ModelNotFoundError
+from genie_common.models.local import ModelsDir
+from genie_common.registry import installed_path, resolve_model
 from tests.tiny_models import write_tiny_model
-from workers.engine.errors import ModelNotFoundError
-from workers.engine.registry import installed_path, resolve_model
-from workers.models.local import ModelsDir
 
 
 @pytest.fixture

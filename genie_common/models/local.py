@@ -21,10 +21,10 @@ from typing import Any
 
 from gguf import LlamaFileType
 
-from ..engine.arch import ARCHITECTURES
-from ..engine.atomic_file import atomic_path, move_into_place
-from ..engine.errors import ModelFileError, PullError
-from ..engine.gguf_file import GGUFFile
+from ..atomic_file import atomic_path, move_into_place
+from ..errors import ModelFileError, PullError
+from ..families import ARCHITECTURE_NAMES
+from ..gguf_file import GGUFFile
 from .paths import default_models_dir
 
 log = logging.getLogger("genie.models")
@@ -121,8 +121,8 @@ def _describe(path: Path, source: str) -> dict[str, Any]:
             summary = gguf_summary(gf)
     except ModelFileError as e:
         raise PullError(f"{source}: {e.problem}") from None
-    if summary["architecture"] not in ARCHITECTURES:
-        known = ", ".join(ARCHITECTURES)
+    if summary["architecture"] not in ARCHITECTURE_NAMES:
+        known = ", ".join(ARCHITECTURE_NAMES)
         raise PullError(f"{source}: architecture {summary['architecture']!r} is not one genie runs ({known})")
     return summary
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from workers.models.progress_bar import ProgressBar
-from workers.models.pull import PullProgress
+from genie_common.models.progress_bar import ProgressBar
+from genie_common.models.pull import PullProgress
 
 STEPS = [
     PullProgress("pulling manifest"),

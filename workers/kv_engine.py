@@ -3,12 +3,12 @@ without) a daemon. The worker process does the same through the KV-store process
 
 from __future__ import annotations
 
-from workers.engine.engine import Engine
-from workers.engine.scheduler import common_prefix_len
+from kvstore.format import KVLayout
+from kvstore.policy import ReusePolicy
+from kvstore.store import KVStore, Saved
 
-from .format import KVLayout
-from .policy import ReusePolicy
-from .store import KVStore, Saved
+from .engine.engine import Engine
+from .engine.scheduler import common_prefix_len
 
 
 def engine_layout(engine: Engine) -> KVLayout:

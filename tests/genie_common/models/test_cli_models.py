@@ -1,5 +1,5 @@
 """`genie pull`, `genie list`, `genie rm` and `-m NAME`, run as subprocesses against local HTTP servers
-(tests/workers/models/file_server.py) with GENIE_MODELS_DIR in tmp_path: an interrupted pull resumes with
+(tests/genie_common/models/file_server.py) with GENIE_MODELS_DIR in tmp_path: an interrupted pull resumes with
 a Range request and lands byte for byte; bad downloads are refused in one line and never listed."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.child_env import ROOT, child_env
+from tests.genie_common.models.file_server import COMMIT, FileServer, serving
 from tests.tiny_models import write_tiny_model
-from tests.workers.models.file_server import COMMIT, FileServer, serving
 
 TIMEOUT_S = 120
 
@@ -192,7 +192,7 @@ def test_hf_pull_takes_a_file_huggingface_hub_already_fetched(tmp_path: Path, ti
 
 
 def test_list_available_shows_the_catalogue_and_where_each_comes_from(tmp_path: Path) -> None:
-    from workers.models.catalogue import CATALOGUE
+    from genie_common.models.catalogue import CATALOGUE
 
     r = genie(tmp_path / "models", "list", "--available", "--json")
     assert r.returncode == 0, r.stderr

@@ -1,4 +1,4 @@
-"""The models directory (workers/models/local.py): where it is, what add() accepts and refuses, and that
+"""The models directory (genie_common/models/local.py): where it is, what add() accepts and refuses, and that
 list() shows only complete models."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import gguf
 import numpy as np
 import pytest
 
+from genie_common.errors import GenieError, PullError
+from genie_common.models.local import ModelsDir, default_models_dir, name_for_file
 from tests.tiny_models import write_tiny_model
-from workers.engine.errors import GenieError, PullError
-from workers.models.local import ModelsDir, default_models_dir, name_for_file
 
 
 @pytest.fixture

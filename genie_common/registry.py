@@ -42,7 +42,7 @@ def _progress(message: str) -> None:
 
 def _pulled_path(name: str) -> Path | None:
     """The file of a model pulled under `name` (a pulled name wins: the user asked for it by that name)."""
-    from ..models.local import ModelsDir, is_valid_name  # the models package reads GGUFs through the engine
+    from .models.local import ModelsDir, is_valid_name
 
     if not is_valid_name(name):
         return None  # a path, or a name that cannot be pulled
@@ -61,7 +61,7 @@ def resolve_model(name: str, progress: Callable[[str], None] = _progress) -> Pat
     path = Path(name).expanduser()
     if path.exists() or os.sep in name or name.endswith(".gguf"):
         return path  # GGUFFile reports a missing or unreadable file with its path
-    from ..models.catalogue import CATALOGUE
+    from .models.catalogue import CATALOGUE
 
     known = ", ".join(MODELS)
     how = (

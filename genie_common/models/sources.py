@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import quote, unquote, urlsplit
 
-from ..engine.errors import PullError
+from ..errors import PullError
 from .catalogue import CATALOGUE
 from .local import name_for_file
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from ..engine.errors import PullError
+from ..errors import PullError
 from .download import download, note_path, probe_hf
 from .local import LocalModel, ModelsDir, is_valid_name
 from .sources import Source, parse_source

@@ -2,7 +2,7 @@
 
 Environment variables are read here and nowhere else, but for XDG_RUNTIME_DIR: the default socket
 directory is protocol/endpoints.py's, which clients given no endpoint share; and the default models
-directory is workers/models/local.py's (GENIE_MODELS_DIR, XDG_DATA_HOME), which `genie` shares.
+directory is genie_common/models/local.py's (GENIE_MODELS_DIR, XDG_DATA_HOME), which `genie` shares.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from genie_common.models.paths import default_models_dir
 from protocol.endpoints import client_endpoint, default_socket_dir
-from workers.models.paths import default_models_dir
 
 
 def _cache_dir() -> Path:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..engine.atomic_file import atomic_path
-from ..engine.errors import PullError
+from ..atomic_file import atomic_path
+from ..errors import PullError
 
 TIMEOUT_S = 30.0  # per connect and per read: a stalled server fails the pull (the .part stays)
 CHUNK_BYTES = 1 << 20

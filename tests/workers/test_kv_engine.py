@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.engine_kv import engine_layout, hydrate, save
 from kvstore.store import KVStore, StoreConfig
 from workers.engine.engine import Completion, Engine, EngineConfig
 from workers.engine.sampling import SamplingParams
+from workers.kv_engine import engine_layout, hydrate, save
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 TURNS = [

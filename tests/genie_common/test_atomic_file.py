@@ -2,7 +2,7 @@
 
 import pytest
 
-from workers.engine.atomic_file import atomic_path
+from genie_common.atomic_file import atomic_path
 
 
 @pytest.mark.parametrize("durable", [False, True])

@@ -7,14 +7,14 @@ import json
 import sys
 from typing import Any
 
-from ..engine.errors import GenieError
-from ..engine.gguf_file import GGUFFile
-from ..engine.registry import MODELS, is_packaged_installed, packaged_file
-from .catalogue import CATALOGUE
-from .local import ModelsDir, default_models_dir, gguf_summary
-from .progress_bar import ProgressBar
-from .pull import pull, remove_partial
-from .sources import parse_source
+from .errors import GenieError
+from .gguf_file import GGUFFile
+from .models.catalogue import CATALOGUE
+from .models.local import ModelsDir, default_models_dir, gguf_summary
+from .models.progress_bar import ProgressBar
+from .models.pull import pull, remove_partial
+from .models.sources import parse_source
+from .registry import MODELS, is_packaged_installed, packaged_file
 
 
 def add_parsers(sub: Any) -> None:

@@ -1,0 +1,59 @@
+"""The process boundaries hold in the imports: each process's entry modules load no other process's package,
+the import contracts in pyproject.toml (lint-imports) pass, and the one table of architectures a process
+without the engine checks files against names exactly the engine's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("genie_daemon", "workers", "kvstore", "protocol", "genie_common")
+
+
+def loaded_packages(*modules: str) -> set[str]:
+    """The genie packages a fresh interpreter holds after importing `modules`."""
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {list(modules)!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout)) & set(PACKAGES)
+
+
+@pytest.mark.parametrize(
+    ("modules", "allowed"),
+    [
+        (
+            ("genie_daemon.server", "genie_daemon.http_server", "genie_daemon.ctl"),
+            {"genie_daemon", "protocol", "genie_common"},
+        ),
+        (("kvstore.server", "kvstore.__main__"), {"kvstore", "protocol", "genie_common"}),
+        (("workers.cli", "workers.worker"), {"workers", "kvstore", "protocol", "genie_common"}),
+        (("protocol.client", "protocol.codec", "protocol.messages", "protocol.kv_messages"), {"protocol"}),
+        (("genie_common.registry", "genie_common.config", "genie_common.model_commands"), {"genie_common", "protocol"}),
+    ],
+    ids=["daemon", "kv-store", "worker", "protocol", "common"],
+)
+def test_a_process_loads_no_other_process_package(modules, allowed):
+    assert loaded_packages(*modules) <= allowed
+
+
+def test_the_import_contracts_hold():
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    run = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "7 kept, 0 broken" in run.stdout
+
+
+def test_the_architecture_names_are_the_engines():
+    from genie_common.families import ARCHITECTURE_NAMES
+    from workers.engine.arch import ARCHITECTURES
+
+    assert tuple(ARCHITECTURES) == ARCHITECTURE_NAMES
