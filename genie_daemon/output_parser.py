@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from genie_common.families import ChatMarkup, markups, partial_suffix
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -141,32 +143,11 @@ def parse_gemma4_call(text: str, tools: frozenset[str] | None = None) -> ToolCal
     return ToolCall(name, args)
 
 
-@dataclass(frozen=True)
-class Markup:
-    """One model family's reasoning and tool-call tags."""
-
-    think_open: str
-    think_close: str
-    call_open: str
-    call_close: str
-    parse_call: Callable[[str, frozenset[str] | None], ToolCall | None]
-    think_header: bool = False  # the whitespace after think_open belongs to the tag, not to the reasoning
-    late_think: bool = False  # a reasoning block may also follow some content
-    stray: tuple[str, ...] = ()  # lone tags to drop from content
-
-
-QWEN = Markup("<think>", "</think>", "<tool_call>", "</tool_call>", parse_call)
-GEMMA4 = Markup(
-    "<|channel>thought",
-    "<channel|>",
-    "<|tool_call>call:",
-    "<tool_call|>",
-    parse_gemma4_call,
-    think_header=True,
-    late_think=True,
-    stray=("<|channel>", "<channel|>"),
-)
-MARKUPS = (QWEN, GEMMA4)
+# a call body's parser for each syntax a family record names (genie_common/families.py)
+CALL_PARSERS: dict[str, Callable[[str, frozenset[str] | None], ToolCall | None]] = {
+    "json": parse_call,
+    "gemma4": parse_gemma4_call,
+}
 
 
 def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
@@ -179,17 +160,6 @@ def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
     return best, found
 
 
-def _partial_suffix(text: str, tags: tuple[str, ...]) -> int:
-    """Length of the longest end of `text` that is a proper start of one of `tags` (to hold back)."""
-    best = 0
-    for tag in tags:
-        for n in range(min(len(tag) - 1, len(text)), best, -1):
-            if text.endswith(tag[:n]):
-                best = n
-                break
-    return best
-
-
 class OutputParser:
     def __init__(self, tools: list[str] | None = None, think: bool = False) -> None:
         """`tools`: the offered tools' names (none: no calls); `think`: reasoning was requested."""
@@ -200,16 +170,17 @@ class OutputParser:
         self.strip_think = False  # the reasoning after a tag with a header starts after its whitespace
         self.buf = ""
         self.mode = "start"  # start | content | thinking | maybe_thinking | call | json (a whole-reply candidate)
-        self.markup = QWEN  # whose tag opened the current reasoning block or call
+        self.markups = markups()  # every model family's tags (genie_common/families.py)
+        self.markup = self.markups[0]  # whose tag opened the current reasoning block or call
         self.space = ""  # whitespace-only content held back: dropped if it only separates tool calls
         self.calls = 0
         self.seen_content = False
-        self.opens = tuple(m.think_open for m in MARKUPS)
-        self.closes = tuple(m.think_close for m in MARKUPS)
+        self.opens = tuple(m.think_open for m in self.markups)
+        self.closes = tuple(m.think_close for m in self.markups)
         # the tags that end plain content: calls (when tools were offered), late reasoning, stray tags
-        content_tags = [m.call_open for m in MARKUPS if self.tools_offered]
-        content_tags += [m.think_open for m in MARKUPS if m.late_think]
-        content_tags += [t for m in MARKUPS for t in m.stray]
+        content_tags = [m.call_open for m in self.markups if self.tools_offered and m.call_open]
+        content_tags += [m.think_open for m in self.markups if m.late_think]
+        content_tags += [t for m in self.markups for t in m.stray]
         self.content_tags = tuple(content_tags)
 
     def feed(self, text: str) -> list[Event]:
@@ -223,7 +194,7 @@ class OutputParser:
         self.space = ""
         return out
 
-    def _open_think(self, markup: Markup, rest: str) -> None:
+    def _open_think(self, markup: ChatMarkup, rest: str) -> None:
         self.markup, self.buf, self.mode = markup, rest, "thinking"
         self.strip_think = markup.think_header
 
@@ -234,7 +205,7 @@ class OutputParser:
                 stripped = self.buf.lstrip()
                 if not stripped and not final:
                     return out
-                opened = next((m for m in MARKUPS if stripped.startswith(m.think_open)), None)
+                opened = next((m for m in self.markups if stripped.startswith(m.think_open)), None)
                 if opened is not None:
                     self._open_think(opened, stripped[len(opened.think_open) :])
                 elif not final and any(tag.startswith(stripped) for tag in self.opens):
@@ -260,7 +231,7 @@ class OutputParser:
                 close = self.markup.think_close
                 end = self.buf.find(close)
                 if end < 0:
-                    keep = 0 if final else _partial_suffix(self.buf, (close,))
+                    keep = 0 if final else partial_suffix(self.buf, (close,))
                     self._emit(out, Piece("thinking", self.buf[: len(self.buf) - keep]))
                     self.buf = self.buf[len(self.buf) - keep :]
                     return out
@@ -284,7 +255,7 @@ class OutputParser:
                 if end < 0 and not final:
                     return out
                 body = self.buf if end < 0 else self.buf[:end]
-                call = m.parse_call(body.strip(), self.tools)
+                call = CALL_PARSERS[m.call_syntax](body.strip(), self.tools)
                 # not a call after all: the text stays visible, markup and all
                 self._emit(out, call or Piece("content", m.call_open + body + ("" if end < 0 else m.call_close)))
                 self.buf, self.mode = ("" if end < 0 else self.buf[end + len(m.call_close) :]), "content"
@@ -298,8 +269,8 @@ class OutputParser:
             if start >= 0:
                 self._emit(out, Piece("content", self.buf[:start]))
                 rest = self.buf[start + len(tag) :]
-                caller = next((m for m in MARKUPS if tag == m.call_open), None)
-                thinker = next((m for m in MARKUPS if tag == m.think_open), None)
+                caller = next((m for m in self.markups if m.call_open and tag == m.call_open), None)
+                thinker = next((m for m in self.markups if tag == m.think_open), None)
                 if caller is not None:
                     self.markup, self.buf, self.mode = caller, rest, "call"
                 elif thinker is not None:
@@ -307,7 +278,7 @@ class OutputParser:
                 else:
                     self.buf = rest  # a stray tag: dropped
                 continue
-            keep = 0 if final else _partial_suffix(self.buf, self.content_tags)
+            keep = 0 if final else partial_suffix(self.buf, self.content_tags)
             self._emit(out, Piece("content", self.buf[: len(self.buf) - keep]))
             self.buf = self.buf[len(self.buf) - keep :]
             return out

@@ -53,7 +53,7 @@ def test_the_import_contracts_hold():
 
 
 def test_the_architecture_names_are_the_engines():
-    from genie_common.families import ARCHITECTURE_NAMES
+    from genie_common.families import architecture_names
     from workers.engine.arch import ARCHITECTURES
 
-    assert tuple(ARCHITECTURES) == ARCHITECTURE_NAMES
+    assert tuple(ARCHITECTURES) == architecture_names()

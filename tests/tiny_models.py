@@ -87,8 +87,9 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, **overrides: An
     def vec(n: int, scale: float = 0.1) -> np.ndarray:
         return (rng.standard_normal(n) * scale).astype(np.float32)
 
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}")
+    name = hp.get("arch_name", arch)  # another architecture's name on this one's tensors (a new family)
+    w = gguf.GGUFWriter(str(path), name)
+    w.add_name(f"tiny-{name}")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_context_length(hp["context_length"])
     w.add_embedding_length(d)

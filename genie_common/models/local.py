@@ -23,7 +23,7 @@ from gguf import LlamaFileType
 
 from ..atomic_file import atomic_path, move_into_place
 from ..errors import ModelFileError, PullError
-from ..families import ARCHITECTURE_NAMES
+from ..families import architecture_names
 from ..gguf_file import GGUFFile
 from .paths import default_models_dir
 
@@ -121,8 +121,8 @@ def _describe(path: Path, source: str) -> dict[str, Any]:
             summary = gguf_summary(gf)
     except ModelFileError as e:
         raise PullError(f"{source}: {e.problem}") from None
-    if summary["architecture"] not in ARCHITECTURE_NAMES:
-        known = ", ".join(ARCHITECTURE_NAMES)
+    if summary["architecture"] not in architecture_names():
+        known = ", ".join(architecture_names())
         raise PullError(f"{source}: architecture {summary['architecture']!r} is not one genie runs ({known})")
     return summary
 

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-
-def partial_suffix(text: str, target: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `target`: what must be held back
-    because the next piece could complete `target`."""
-    for k in range(min(len(target) - 1, len(text)), 0, -1):
-        if text.endswith(target[:k]):
-            return k
-    return 0
+from genie_common.families import markups, partial_suffix
 
 
 class StopMatcher:
@@ -30,7 +23,7 @@ class StopMatcher:
             out = self._pending[: min(hits)]
             self._pending = ""
             return out, True
-        hold = max(partial_suffix(self._pending, s) for s in self.stops)
+        hold = partial_suffix(self._pending, self.stops)
         cut = len(self._pending) - hold
         out, self._pending = self._pending[:cut], self._pending[cut:]
         return out, False
@@ -41,12 +34,11 @@ class StopMatcher:
 
 
 class ThinkFilter:
-    """Drops reasoning blocks from streamed text (when --think is off): Qwen3's `<think>…</think>` and
-    Gemma 4's `<|channel>thought…<channel|>`."""
-
-    PAIRS = (("<think>", "</think>"), ("<|channel>thought", "<channel|>"))
+    """Drops reasoning blocks from streamed text (when --think is off): each model family's markers
+    (genie_common/families.py: Qwen3's `<think>…</think>`, Gemma 4's `<|channel>thought…<channel|>`)."""
 
     def __init__(self) -> None:
+        self.pairs = tuple((m.think_open, m.think_close) for m in markups())
         self._close = ""  # the tag that ends the block we are inside; "" outside
         self._buf = ""
         self._strip_newlines = False  # after a block: drop the newlines that follow, whichever piece has them
@@ -58,7 +50,7 @@ class ThinkFilter:
             if self._close:
                 i, n, close = self._buf.find(self._close), len(self._close), ""
             else:
-                found = [(j, o, c) for o, c in self.PAIRS if (j := self._buf.find(o)) >= 0]
+                found = [(j, o, c) for o, c in self.pairs if (j := self._buf.find(o)) >= 0]
                 i, opened, close = min(found) if found else (-1, "", "")
                 n = len(opened)
             if i >= 0:
@@ -73,8 +65,8 @@ class ThinkFilter:
                 if not self._buf:
                     return "".join(out)
                 self._strip_newlines = False
-            tags = (self._close,) if self._close else tuple(o for o, _ in self.PAIRS)
-            hold = max(partial_suffix(self._buf, tag) for tag in tags)
+            tags = (self._close,) if self._close else tuple(o for o, _ in self.pairs)
+            hold = partial_suffix(self._buf, tags)
             keep = self._buf[len(self._buf) - hold :] if hold else ""
             if not self._close:
                 out.append(self._buf[: len(self._buf) - hold])

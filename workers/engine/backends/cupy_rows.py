@@ -3,7 +3,8 @@
 A row gets here the numbers it gets alone, bit for bit. Rows whose weights go through gemv1m alone (Q4_K and
 Q6_K on compute capability 9.0) are coded by q8_input (a launch for all of them, a block a row) exactly as
 the one-token path codes them, and multiplied by gemvn (quant.cu): gemv1m's weight stream and arithmetic
-with up to 16 tokens in the tensor cores' columns, so the weights are read once for 16 rows. A row whose
+with the tokens in the tensor cores' columns, in one launch whose blocks read the weights from HBM once
+(groups of four tokens a block, the other groups' blocks beside them read them from L2). A row whose
 input the one-token path would have had coded by the producing product's epilogue without its RMS factor
 (a norm after a product given `then`) is coded the same way here (X_NORM_LATE), and the factor applied by
 gemvn. Other rows run as they would alone: a row of another weight type through the one-token kernels, a
@@ -39,9 +40,9 @@ def x8_row_bytes(cols: int) -> int:
 
 @dataclass(frozen=True)
 class RowsInput:
-    """What a rows product multiplies, as its producer left it: x itself (plain), act(gate) * up of
-    x = [gate | up] (gated, act), or rms_norm(x) * norm (x: the residual sum already added), whose rows are
-    coded without the RMS factor when `late`."""
+    """What a rows product multiplies, as its producer left it: x itself (X_PLAIN), act(gate) * up of
+    x = [gate | up] (X_GATED, act), or rms_norm(x) * norm (x: the residual sum already added; X_NORM, or
+    X_NORM_LATE: coded without the RMS factor, which gemvn applies)."""
 
     x: Any
     mode: int = X_PLAIN
