@@ -2,7 +2,7 @@
 # One call on the GPU machine (the device tool, which sets $OUT): install the carried wheels (carry `.whl`,
 # made by ../shared/tools/device-wheels.sh), then run each argument as a stage under its own time limit, so a
 # hung kernel costs that stage only; each stage's output goes to $OUT/NAME.log.
-#   bench/h200.sh "NAME:LIMIT_S:COMMAND" ...     e.g. "tests:200:python3 -m pytest -q tests/workers/test_cupy_backend.py"
+#   bench/h200.sh "NAME:LIMIT_S:COMMAND" ...     e.g. "tests:200:python3 -m pytest -q tests/workers/engine/backends/test_cupy_backend.py"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -1,4 +1,4 @@
-"""Per-token NLL of llama.cpp on the committed English text, for tests/workers/test_numerics.py.
+"""Per-token NLL of llama.cpp on the committed English text, for tests/workers/engine/arch/test_numerics.py.
 
 Dev-only: needs llama-cpp-python (`pip install llama-cpp-python`, ~5 min build); never run in CI.
 Windows follow `genie perplexity`: with BOS, [BOS] + tokens[i : i + ctx - 1] with step ctx - 1;

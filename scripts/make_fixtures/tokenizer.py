@@ -1,7 +1,7 @@
 """Make the tokenizer golden fixtures in tests/fixtures/tokenizer/ from llama.cpp.
 
 Dev-only: this script needs llama-cpp-python (`pip install llama-cpp-python`) and is never run in CI.
-CI only reads the JSON it writes (tests/workers/test_tokenizer.py compares genie's tokenizer with it).
+CI only reads the JSON it writes (tests/workers/engine/tokenizer/test_tokenizer.py compares genie's tokenizer with it).
 
 For each model it tokenizes every string below with llama.cpp, once with special=False and once with
 special=True, and records the ids (without BOS) and whether llama.cpp's own detokenize gives the text

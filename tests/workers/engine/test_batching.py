@@ -17,7 +17,7 @@ from workers.engine.engine import Engine, EngineConfig
 from workers.engine.sampling import SamplingParams
 from workers.engine.sequence import Completion, Delta, Failed, Sequence
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 ARCHS = [*ARCH_PARAMS, "gemma4", "llama-q4_k_m"]
 CHUNK = 8  # prompt tokens a step: prompts below run in several chunks
 N_SLOTS = 4

@@ -263,7 +263,7 @@ def test_q4_k_m_tiny_model_nll_matches_numpy(gpu, kv_dtype):
     from workers.engine.engine import Engine, EngineConfig
     from workers.engine.model import Model
 
-    path = Path(__file__).resolve().parents[1] / FIXTURE_Q4_K_M
+    path = Path(__file__).resolve().parents[3] / FIXTURE_Q4_K_M
     ids = list(np.random.default_rng().integers(3, 300, 48))
     nll = {}
     for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
@@ -406,7 +406,7 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
     if gpu.capability < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 (GENIE_CUDA_COMPAT may force older)")
     assert gpu._pdl is not None, "sm_90 and later launch captured steps with PDL"
-    path = Path(__file__).resolve().parents[1] / FIXTURE_Q4_K_M
+    path = Path(__file__).resolve().parents[3] / FIXTURE_Q4_K_M
     model = Model.load(path, gpu)
     rng = np.random.default_rng()
     prompt, steps = rng.integers(3, 300, 17).tolist(), rng.integers(3, 300, 12).tolist()
@@ -439,7 +439,7 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
     from workers.engine.model import Model
     from workers.engine.sampling import SamplingParams
 
-    path = Path(__file__).resolve().parents[1] / FIXTURE_Q4_K_M
+    path = Path(__file__).resolve().parents[3] / FIXTURE_Q4_K_M
     model = Model.load(path, gpu)
     prompt = [1, *np.random.default_rng().integers(3, 300, 3 * 24 + 6).tolist()]  # chunks of 24: cuBLAS
     logits, tokens, nll = {}, {}, {}
@@ -771,7 +771,7 @@ def test_the_older_paths_can_be_forced_on_a_newer_gpu(monkeypatch):
     from workers.engine.engine import Engine, EngineConfig
     from workers.engine.sampling import SamplingParams
 
-    path = Path(__file__).resolve().parents[1] / FIXTURE_Q4_K_M
+    path = Path(__file__).resolve().parents[3] / FIXTURE_Q4_K_M
     config = EngineConfig(model=str(path), backend="cupy", n_ctx=96, kv_dtype="int8", n_slots=1)
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompts = [[3, 17, 99, 4, 250], [8, 41, 300, 2, 7, 7, 90, 12, 33], [5]]

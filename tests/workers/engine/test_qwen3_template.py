@@ -12,7 +12,7 @@ import pytest
 
 from workers.engine.chat_template import render_chat
 
-TEMPLATE = (Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(
+TEMPLATE = (Path(__file__).resolve().parents[2] / "fixtures" / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(
     encoding="utf-8"
 )
 

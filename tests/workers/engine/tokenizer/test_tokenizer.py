@@ -14,7 +14,7 @@ from genie_common.gguf_file import GGUFFile
 from tests.vocab_files import vocab_gguf
 from workers.engine.tokenizer import Tokenizer, TokenType
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tokenizer"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "tokenizer"
 MODELS = ("gemma3-270m", "smollm2-135m", "gemma-4")
 BOS = {"gemma3-270m": [2], "smollm2-135m": [], "gemma-4": [2]}  # what encode(add_bos=None) puts first
 

@@ -20,7 +20,7 @@ from workers.engine.engine import Engine, EngineConfig
 from workers.engine.memory_plan import CTX_STEP, GIB, MIB, BudgetError, plan_memory
 from workers.engine.model import Model
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 Q4_K_M = ROOT / "tests/fixtures/tiny/llama-q4_k_m.gguf"
 
 

@@ -26,7 +26,7 @@ from workers.engine.backends.numpy_backend import GEMV_MAX_TOKENS, NumpyBackend
 from workers.engine.kv_cache import KVCache, KVCacheConfig
 from workers.engine.model import Model
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[4]
 # Gemma q, Gemma down, ragged rows, tall and narrow, one row
 SHAPES = [(1024, 640), (640, 2048), (1001, 512), (9001, 256), (1, 256)]
 

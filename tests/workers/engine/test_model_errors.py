@@ -27,7 +27,7 @@ from tests.tiny_models import write_tiny_model
 from workers.engine.backends.numpy_backend import NumpyBackend
 from workers.engine.model import Model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)

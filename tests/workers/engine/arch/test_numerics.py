@@ -13,7 +13,7 @@ import pytest
 
 from workers.engine.perplexity import perplexity
 
-FIXTURES = Path(__file__).parents[1] / "fixtures"
+FIXTURES = Path(__file__).parents[3] / "fixtures"
 TEXT = (FIXTURES / "text/apache-2.0.txt").read_text(encoding="utf-8")
 MODELS = ("gemma3-270m", "smollm2-135m")
 pytestmark = pytest.mark.slow  # ~2 minutes: runs in CI, skip locally with -m "not slow"

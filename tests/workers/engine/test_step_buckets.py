@@ -15,7 +15,7 @@ from workers.engine.engine import Engine, EngineConfig
 from workers.engine.model import Model
 from workers.engine.sampling import SamplingParams
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 
 
 class Padding(NumpyBackend):
