@@ -26,6 +26,13 @@ from .engine.scheduler import common_prefix_len
 log = logging.getLogger("genie.worker")
 
 SAVE_QUEUE = 4  # saves waiting to leave; beyond it a save is dropped (the store is gone or stuck)
+# A store that starts beside a fresh worker may bind its socket after the worker connected (the daemon starts
+# both at once, and under load the store can be the later): until the link has reached a store once, and only
+# in its first STARTUP_S, a lookup waits up to STARTUP_WAIT_S for the connection instead of running the turn
+# cold (the first turn after a restart is the one whose saved KV matters most). After that an absent store
+# costs nothing again.
+STARTUP_S = 30.0
+STARTUP_WAIT_S = 1.0
 
 
 class KvLink:
@@ -47,6 +54,8 @@ class KvLink:
         self.saves_acked = 0
         self.saves_dropped = 0
         self._saved: tuple[str | None, list[int]] | None = None  # (conv id, tokens) of this worker's last save
+        self._born = time.monotonic()
+        self._reached = False  # a message has left for the store at least once
         self.policy = ReusePolicy()  # what is worth saving and looking up on this backend (kvstore/policy.py)
 
     def close(self) -> None:
@@ -79,10 +88,12 @@ class KvLink:
             conv_id=conv_id,
             longer_than=max(held, self.policy.shortest(conv_id) - 1),
         )
+        self._await_store(timeout_s)
         try:
             self.sock.send_multipart(encode(msg), flags=zmq.NOBLOCK)
         except zmq.Again:
             return 0
+        self._reached = True
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         while (left := deadline - time.monotonic()) > 0 and self.sock.poll(int(left * 1000) + 1):
@@ -108,6 +119,11 @@ class KvLink:
             return reply.n_tokens
         log.warning("event=kv_lookup_timeout timeout_s=%s", timeout_s)
         return 0
+
+    def _await_store(self, most_s: float) -> None:
+        """A fresh link that has not reached a store yet waits (at most STARTUP_WAIT_S) for its connection."""
+        if not self._reached and time.monotonic() - self._born < STARTUP_S:
+            self.sock.poll(int(min(most_s, STARTUP_WAIT_S) * 1000), zmq.POLLOUT)  # writable once connected
 
     def observe_prefill(self, n_tokens: int, seconds: float) -> None:
         """A turn's prefill: what recomputing costs on this backend, against which a lookup is weighed."""
@@ -135,12 +151,14 @@ class KvLink:
             token_ids=[int(t) for t in snapshot.token_ids],
             conv_id=conv_id,
         )
+        self._await_store(STARTUP_WAIT_S)
         try:
             self.sock.send_multipart(encode(msg, snapshot_frames(snapshot)), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self.saves_dropped += 1
             log.warning("event=kv_save_dropped reason='the KV store is not taking saves'")
             return False
+        self._reached = True
         self._saved = (conv_id, msg.token_ids)
         return True
 

@@ -1,15 +1,23 @@
-"""The worker's KV link when the KV store is absent: lookups return at once (no wait for the timeout)
-and saves are dropped with a count, so a turn never stalls or fails for the store's sake."""
+"""The worker's KV link when the KV store is absent: lookups return without waiting for their timeout (a
+fresh link waits at most STARTUP_WAIT_S once for a store starting beside it) and saves are dropped with a
+count, so a turn never stalls or fails for the store's sake; and a store that binds after the worker
+connected still answers the first lookup."""
 
 from __future__ import annotations
 
+import threading
+import time
+
+import numpy as np
 import pytest
 import zmq
 
+from kvstore.server import KVStoreServer, ServerConfig
+from kvstore.store import StoreConfig
 from tests.tiny_models import write_tiny_model
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.sampling import SamplingParams
-from workers.kv_link import KvLink
+from workers.kv_link import STARTUP_WAIT_S, KvLink
 
 
 @pytest.mark.timeout(60)  # with a queueing socket the lookup would wait its 600 s timeout: this fails it
@@ -21,11 +29,77 @@ def test_absent_store_costs_nothing(tmp_path):
     link = KvLink(ctx, f"ipc://{tmp_path}/no-store.sock", engine, timeout_s=600)
     try:
         prompt = [1] + [3 + i % 200 for i in range(100)]
+        t0 = time.monotonic()
         assert link.hydrate(prompt, "den") == 0
+        assert time.monotonic() - t0 < STARTUP_WAIT_S + 5  # the startup grace, never the 600 s timeout
         for _ in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=4)):
             pass
         assert link.save("den") is False and link.saves_dropped == 1
         assert link.hydrate(prompt + [7, 8], "den") == 0
     finally:
         link.close()
+        ctx.term()
+
+
+def serve_in_thread(config: ServerConfig, delay_s: float = 0.0) -> tuple[threading.Thread, list]:
+    """A KV-store server on a thread, started after `delay_s`; holder[0] is the server once it runs."""
+    holder: list = []
+
+    def run() -> None:
+        time.sleep(delay_s)
+        server = KVStoreServer(config)
+        holder.append(server)
+        server.serve()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, holder
+
+
+def stop_server(thread: threading.Thread, holder: list) -> None:
+    while not holder:
+        time.sleep(0.01)
+    holder[0].stopping = True
+    thread.join(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_store_that_binds_after_a_fresh_worker_connected_answers_its_first_lookup(tmp_path):
+    """A restart: the daemon starts the worker and the store at once, and the store may bind its socket after
+    the worker's link connected; the first turn still hydrates what the last one saved."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_model("llama", path)
+    engine = Engine(EngineConfig(model=str(path), backend="numpy", n_ctx=256, kv_dtype="int8"))
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    config = ServerConfig(endpoint, StoreConfig(tmp_path / "kv", 64 << 20, 60.0))
+    prompt = [1] + [3 + (i * 7) % 200 for i in range(150)]
+    ctx = zmq.Context()
+    servers = []
+    links = []
+    try:
+        servers.append(serve_in_thread(config))
+        first = KvLink(ctx, endpoint, engine)  # a fresh worker's link; the store binds on its own thread
+        links.append(first)
+        for _ in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=4)):
+            pass
+        assert first.save("den") is True
+        deadline = time.monotonic() + 10
+        while first.saves_acked == 0 and time.monotonic() < deadline:
+            first._drain()
+            time.sleep(0.02)
+        assert first.saves_acked == 1
+        stop_server(*servers.pop())
+        for resident in engine.kv.resident:
+            resident.clear()
+        fresh = KvLink(ctx, endpoint, engine)  # connects before the store is back
+        links.append(fresh)
+        servers.append(serve_in_thread(config, delay_s=0.3))
+        n = fresh.hydrate(prompt + [9, 9], "den")
+        assert n >= len(prompt)
+        assert np.array_equal(np.asarray(engine.kv.resident[0][:n]), np.asarray((prompt + [9, 9])[:n]))
+    finally:
+        for link in links:
+            link.close()
+        for server in servers:
+            stop_server(*server)
         ctx.term()
