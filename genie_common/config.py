@@ -22,6 +22,11 @@ def _cache_dir() -> Path:
     return (Path(base) if base else Path.home() / ".cache") / "genie" / "kv"
 
 
+# the KV store's defaults, which its own command line (kvstore/__main__.py) and StoreConfig take from here
+KV_CACHE_MAX_MB = 1024  # size cap of the saved KV
+KV_CACHE_STALE_TMP_S = 60.0  # a temp file older than this is a crashed writer's
+
+
 @dataclass(frozen=True)
 class DaemonConfig:
     model: str = "gemma3-270m"  # GGUF path, installed model name or a model of models_dir
@@ -45,8 +50,8 @@ class DaemonConfig:
     kv_store: bool = True  # run the KV-store process: conversations' KV saved at turn end, hydrated at turn start
     kv_endpoint: str = ""  # worker/daemon <-> KV store; default ipc://<socket_dir>/kv.sock
     kv_cache_dir: str = field(default_factory=lambda: str(_cache_dir()))  # where saved KV lives
-    kv_cache_max_mb: int = 1024  # size cap of the saved KV, least recently used evicted first; 0 = none
-    kv_cache_stale_tmp_s: float = 60.0  # temp files of a crashed save older than this are removed
+    kv_cache_max_mb: int = KV_CACHE_MAX_MB  # size cap of the saved KV, least recently used evicted first; 0 = none
+    kv_cache_stale_tmp_s: float = KV_CACHE_STALE_TMP_S  # temp files of a crashed save older than this are removed
     kv_store_timeout_s: float = 15.0  # a KV store that answers nothing this long is killed and restarted
     max_queue: int = 16  # requests waiting beyond those in flight (parallel); more are refused as "overloaded"
     heartbeat_timeout_s: float = 3.0  # a worker silent this long is dead (three missed 1 s beats)

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from genie_common.config import KV_CACHE_MAX_MB, KV_CACHE_STALE_TMP_S
 from genie_common.lifetime import exit_with_parent
 
 from .server import KVStoreServer, ServerConfig
@@ -20,10 +21,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--endpoint", required=True, help="the socket to bind, e.g. ipc:///run/genie/kv.sock")
     p.add_argument("--dir", required=True, type=Path, help="the cache directory")
     p.add_argument(
-        "--max-mb", type=int, default=1024, help="size cap of the entries, MB; 0 = none (default: %(default)s)"
+        "--max-mb",
+        type=int,
+        default=KV_CACHE_MAX_MB,
+        help="size cap of the entries, MB; 0 = none (default: %(default)s)",
     )
     p.add_argument(
-        "--stale-tmp-s", type=float, default=60.0, help="temp files older than this are removed (default: %(default)s)"
+        "--stale-tmp-s",
+        type=float,
+        default=KV_CACHE_STALE_TMP_S,
+        help="temp files older than this are removed (default: %(default)s)",
     )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from genie_common.config import KV_CACHE_MAX_MB, KV_CACHE_STALE_TMP_S
 from genie_common.kv_types import KVSnapshot
 from protocol.schema import CONV_ID
 
@@ -50,8 +51,8 @@ HYDRATE_UNAVAILABLE_TRIES = 3  # an entry that is kept but cannot be read now: t
 @dataclass(frozen=True)
 class StoreConfig:
     directory: Path
-    max_bytes: int = 1024 << 20  # total size of the entries; 0 = unlimited
-    stale_tmp_s: float = 60.0  # temp files older than this are a crashed writer's: removed
+    max_bytes: int = KV_CACHE_MAX_MB << 20  # total size of the entries; 0 = unlimited
+    stale_tmp_s: float = KV_CACHE_STALE_TMP_S  # temp files older than this are a crashed writer's: removed
     min_hydrate_tokens: int = 1  # shorter common prefixes are never served (the caller's policy.py decides more)
 
 
