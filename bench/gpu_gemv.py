@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType as Q
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -29,6 +30,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_variants import apply, parse_variant  # noqa: E402
 from synthetic import _blocks  # noqa: E402
+
+# the decode products of Qwen3-4B Q4_K_M: (label, type, rows, cols); gpu_rows.py times the same ones
+SHAPES = [
+    ("qk 5120x2560", Q.Q4_K, 5120, 2560),
+    ("o 2560x4096", Q.Q4_K, 2560, 4096),
+    ("gate_up 19456x2560", Q.Q4_K, 19456, 2560),
+    ("down 2560x9728", Q.Q4_K, 2560, 9728),
+    ("down 2560x9728", Q.Q6_K, 2560, 9728),
+    ("v 1024x2560", Q.Q6_K, 1024, 2560),
+    ("output 151936x2560", Q.Q6_K, 151936, 2560),
+]
 
 READ = r"""
 extern "C" __global__ void read_all(const uint4* p, long long n, float* out) {
@@ -83,7 +95,6 @@ def main() -> None:
     args = p.parse_args()
 
     import cupy as cp
-    from gguf import GGMLQuantizationType as Q
 
     from workers.engine.backends.cupy_backend import CupyBackend, QuantWeight
 
@@ -91,15 +102,6 @@ def main() -> None:
     n_sm = backend.n_sm
     read = cp.RawModule(code=READ).get_function("read_all")
     rng = np.random.default_rng(0)
-    shapes = [
-        ("qk 5120x2560", Q.Q4_K, 5120, 2560),
-        ("o 2560x4096", Q.Q4_K, 2560, 4096),
-        ("gate_up 19456x2560", Q.Q4_K, 19456, 2560),
-        ("down 2560x9728", Q.Q4_K, 2560, 9728),
-        ("down 2560x9728", Q.Q6_K, 2560, 9728),
-        ("v 1024x2560", Q.Q6_K, 1024, 2560),
-        ("output 151936x2560", Q.Q6_K, 151936, 2560),
-    ]
     variants = [parse_variant(v) for v in args.variants]
     defaults = {"use_mma": 1, "mma_threads": 256, "mma_blocks_per_sm": 2, "mma_stages": 3}
     print("GB/s of one-token products launched alone")
@@ -107,7 +109,7 @@ def main() -> None:
     print("| matrix | type | MB | read | " + " | ".join(names) + " |")
     print("|" + "---|" * (4 + len(names)), flush=True)
     dummy = cp.zeros(1, dtype=cp.float32)
-    for label, qtype, rows, cols in shapes:
+    for label, qtype, rows, cols in SHAPES:
         block = _blocks(qtype, rows, cols, rng).reshape(-1)
         nbytes = block.nbytes
         n_copies = max(2, (4 * 50 * 2**20) // nbytes + 1)  # > 4x the L2

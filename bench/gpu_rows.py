@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from gpu_gemv import SHAPES  # noqa: E402
 from synthetic import _blocks  # noqa: E402
 
 
@@ -45,7 +46,6 @@ def main() -> None:
     args = p.parse_args()
 
     import cupy as cp
-    from gguf import GGMLQuantizationType as Q
 
     from workers.engine.backends.cupy_backend import CupyBackend, QuantWeight
     from workers.engine.backends.cupy_rows import X_PLAIN, RowsInput, gemvn, q8_rows
@@ -55,19 +55,10 @@ def main() -> None:
         backend.gemvn_groups = args.groups
     print(f"gemvn_groups {backend.gemvn_groups}")
     rng = np.random.default_rng(0)
-    shapes = [
-        ("qk 5120x2560", Q.Q4_K, 5120, 2560),
-        ("o 2560x4096", Q.Q4_K, 2560, 4096),
-        ("gate_up 19456x2560", Q.Q4_K, 19456, 2560),
-        ("down 2560x9728", Q.Q4_K, 2560, 9728),
-        ("down 2560x9728", Q.Q6_K, 2560, 9728),
-        ("v 1024x2560", Q.Q6_K, 1024, 2560),
-        ("output 151936x2560", Q.Q6_K, 151936, 2560),
-    ]
     print("µs a product (GB/s of its weights); 1 token: gemv1m, more: gemvn")
     print("| matrix | type | MB | " + " | ".join(f"{n} tok" for n in args.tokens) + " |")
     print("|" + "---|" * (3 + len(args.tokens)), flush=True)
-    for label, qtype, rows, cols in shapes:
+    for label, qtype, rows, cols in SHAPES:
         block = _blocks(qtype, rows, cols, rng).reshape(-1)
         nbytes = block.nbytes
         n_copies = max(2, (4 * 50 * 2**20) // nbytes + 1)
