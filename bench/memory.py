@@ -134,7 +134,7 @@ def main() -> None:
     refusals = []
     for model in args.models:
         cmd = [sys.executable, __file__, "--child", model, str(args.ctx), args.backend, str(args.mem_budget_mb)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout.strip().splitlines()[-1]
         r = json.loads(out)
         pl = r["plan"]
         parts = f"{r['plan_total'] / GIB:.3f} ({pl['weights_mb']} + {pl['kv_mb']} + {pl['scratch_mb']} MB)"

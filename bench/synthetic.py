@@ -105,6 +105,7 @@ def synthetic_file(name: str, out_dir: Path) -> Path:
     path = out_dir / f"{name}-q4_k_m.gguf"
     if not path.exists():
         t0 = time.perf_counter()
+        out_dir.mkdir(parents=True, exist_ok=True)
         write_synthetic(SHAPES[name], path)
         print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s", flush=True)
     return path
