@@ -72,6 +72,7 @@ ERROR_STATUS = {
     "unloaded": 503,
     "shutting_down": 503,
     "worker_died": 503,
+    "worker_unreachable": 503,
     "model_changed": 503,
     "not_ready": 503,
     "load_failed": 503,

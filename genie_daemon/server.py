@@ -22,7 +22,7 @@ from genie_common.errors import PullError
 from genie_common.models.local import LocalModel
 from genie_common.models.pull import PullProgress
 from protocol import PROTOCOL_VERSION
-from protocol.codec import decode, encode
+from protocol.codec import Frame, decode, encode
 from protocol.errors import ProtocolError
 from protocol.messages import (
     Cancel,
@@ -60,7 +60,9 @@ class Daemon:
         self.ctx = zmq.asyncio.Context()
         os.makedirs(config.socket_dir, mode=0o700, exist_ok=True)
         self.clients = self._bind(config.client_endpoint)
-        self.workers = self._bind(config.worker_endpoint)
+        # mandatory: a message for a worker whose connection is not there fails at once instead of going
+        # nowhere (its request would stay "running" with the worker idle)
+        self.workers = self._bind(config.worker_endpoint, mandatory=True)
         self.admin = self._bind(config.admin_endpoint)
         if config.admin_endpoint.startswith("ipc://"):
             os.chmod(config.admin_endpoint[len("ipc://") :], 0o600)  # admin calls: the owner only
@@ -86,11 +88,11 @@ class Daemon:
         self._info_task: asyncio.Task[None] | None = None
         self.http: HttpFront | None = None
 
-    def _bind(self, endpoint: str) -> zmq.asyncio.Socket:
+    def _bind(self, endpoint: str, mandatory: bool = False) -> zmq.asyncio.Socket:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_CLIENT_MSG_BYTES)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, int(mandatory))  # clients: a reply to one gone is dropped
         sock.bind(endpoint)
         return sock
 
@@ -240,7 +242,19 @@ class Daemon:
 
     async def _cancel_in_flight(self, req: Request) -> None:
         if self.worker.identity:
-            await self.workers.send_multipart([self.worker.identity, *encode(Cancel(request_id=req.internal_id))])
+            await self._to_worker(self.worker.identity, encode(Cancel(request_id=req.internal_id)))
+
+    async def _to_worker(self, identity: bytes, frames: list[Frame]) -> bool:
+        """Sends to the worker's inbound socket; False (logged) when its connection is not there (it is
+        gone, or a message came before its READY): the caller ends what it sent, nothing waits on it."""
+        try:
+            await self.workers.send_multipart([identity, *frames])
+            return True
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            log.error("event=worker_unreachable pid=%s", self.worker.pid)
+            return False
 
     async def dispatch(self) -> None:
         """Sends the worker what the scheduler says may run now, as long as it has a free slot (its READY
@@ -264,7 +278,9 @@ class Daemon:
                 await self.fail(req, "bad_request", f"the request cannot be encoded: {e}")
                 continue
             self.scheduler.start(req)
-            await self.workers.send_multipart([identity, *frames])
+            if not await self._to_worker(identity, frames):
+                self.scheduler.finish(req.internal_id)
+                await self.fail(req, "worker_unreachable", "the worker could not be reached; try again")
 
     def _slots(self) -> int:
         """The requests the worker may hold now: its slots once it is ready, none before."""

@@ -86,7 +86,8 @@ class _Turn:
 
 
 class _IoThread(threading.Thread):
-    """Owns the inbound DEALER socket: receives requests (acting on CANCEL at once) and beats the heartbeat."""
+    """Owns the inbound DEALER socket: says HELLO and READY, then receives requests (acting on CANCEL at once)
+    and beats the heartbeat."""
 
     def __init__(
         self,
@@ -104,8 +105,14 @@ class _IoThread(threading.Thread):
         self.busy = False
         self.stopped = threading.Event()
         self.dealer = _dealer(ctx, config.endpoint, worker_identities(os.getpid())[0])
+        self.greeting: tuple[Message, ...] = ()  # HELLO and READY, sent first when the thread starts
 
     def run(self) -> None:
+        # READY leaves through the socket requests come in by: the daemon's ROUTER can route to a peer only
+        # once that peer's connection is through, and a READY from the outbound socket could arrive first,
+        # so the first GENERATE went nowhere and its request stayed "running" for ever
+        for msg in self.greeting:
+            self.dealer.send_multipart(encode(msg))
         seq = 0
         next_beat = time.monotonic()
         while not self.stopped.is_set():
@@ -177,20 +184,18 @@ class Worker:
 
     def serve(self) -> int:
         """Runs until SIGTERM/SIGINT (exit 0) or a fatal error (DEAD, exit 1)."""
-        self.io.start()
         e = self.engine
-        self.send(Hello(protocol_version=PROTOCOL_VERSION, pid=os.getpid()))
-        self.send(
-            Ready(
-                model=e.model.name,
-                n_ctx=e.n_ctx,
-                kv_capacity=e.kv.config.n_slots,  # requests served at once
-                backend=e.backend.name,
-                device=e.backend.device_name,
-                load_ms=e.model.load_ms,
-                memory=e.plan.as_dict(),
-            )
+        ready = Ready(
+            model=e.model.name,
+            n_ctx=e.n_ctx,
+            kv_capacity=e.kv.config.n_slots,  # requests served at once
+            backend=e.backend.name,
+            device=e.backend.device_name,
+            load_ms=e.model.load_ms,
+            memory=e.plan.as_dict(),
         )
+        self.io.greeting = (Hello(protocol_version=PROTOCOL_VERSION, pid=os.getpid()), ready)
+        self.io.start()
         scheduler = e.scheduler
         try:
             # on SIGTERM every turn ends as cancelled (a DONE each), then the loop ends

@@ -90,15 +90,13 @@ class Rig:
             await asyncio.sleep(0.01)
 
     async def worker_ready(self, starts: int = 1, model: str = "m1") -> None:
-        """The `starts`-th worker connects its two sockets as workers/worker.py does and says READY."""
+        """The `starts`-th worker connects its two sockets as workers/worker.py does and says READY through
+        the inbound one (the one the daemon then sends to)."""
         await self.until(lambda: self.worker.starts == starts, f"worker start {starts}")
         inbound, outbound = (self._dealer(identity) for identity in self.worker.identities)
         self.inbound, self.outbound = inbound, outbound
-        before = self.worker.last_seen
-        await inbound.send_multipart(encode(Heartbeat(seq=0)))  # the daemon has seen both once it sees this
-        await self.until(lambda: self.worker.last_seen > before, "the heartbeat")
         ready = Ready(model=model, n_ctx=512, kv_capacity=self.slots, backend="numpy", device="cpu", load_ms=1.0)
-        await self.answer(ready)
+        await inbound.send_multipart(encode(ready))
         await self.until(lambda: self.worker.ready, "READY")
 
     def _dealer(self, identity: bytes) -> zmq.asyncio.Socket:
@@ -315,5 +313,32 @@ def test_a_request_after_a_switch_was_decided_goes_to_the_new_worker(tmp_path):
             await rig.worker_ready(starts=2, model="m2")
             msg = await rig.sent()
             assert isinstance(msg, Generate) and msg.prompt == "say x"
+
+    run(go())
+
+
+def test_a_request_the_worker_cannot_be_sent_ends_with_an_error_not_running_for_ever(tmp_path):
+    """The worker's inbound connection is gone while it still counts as ready (a crash not yet noticed, or
+    a READY that overtook that connection): the request sent it ends at once with ERROR(worker_unreachable)
+    and frees its slot; the next one, once the worker is connected again, runs (a request once stayed
+    "running" with the worker idle and the client waiting for ever)."""
+
+    async def go() -> None:
+        async with Rig(tmp_path, slots=1) as rig:
+            rig.inbound.close(linger=0)
+            await asyncio.sleep(0.3)  # the ROUTER notices the disconnect
+            lost = await rig.ask("lost")
+            err = await next_answer(lost)
+            assert isinstance(err, Error) and err.code == "worker_unreachable"
+            assert not rig.daemon.scheduler.running
+            rig.inbound = rig._dealer(rig.worker.identities[0])
+            await rig.inbound.send_multipart(encode(Heartbeat(seq=1)))
+            await asyncio.sleep(0.3)
+            ok = await rig.ask("ok")
+            sent = await rig.sent()
+            assert isinstance(sent, Generate) and sent.prompt == "say ok"
+            await rig.answer(Done(request_id=sent.request_id, finish_reason="stop"))
+            done = await next_answer(ok)
+            assert isinstance(done, Done) and done.finish_reason == "stop"
 
     run(go())

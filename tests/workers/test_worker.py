@@ -41,6 +41,7 @@ class FakeDaemon:
         cmd = [sys.executable, "-m", "workers.worker", "--endpoint", endpoint, "-m", str(model), "--ctx", "512", *extra]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, env=child_env())
         self.identity = worker_identities(self.proc.pid)[0]  # requests go to the worker's inbound socket
+        self.last_from = b""  # the identity the last message came from
 
     def recv(self, timeout_s: float = 30.0, skip_heartbeats: bool = True) -> Message:
         deadline = time.monotonic() + timeout_s
@@ -52,7 +53,7 @@ class FakeDaemon:
                 if left <= 0:
                     raise TimeoutError("no message from the worker")
                 continue
-            _, *frames = self.router.recv_multipart()
+            self.last_from, *frames = self.router.recv_multipart()
             msg, _ = decode(frames)
             if not (skip_heartbeats and isinstance(msg, Heartbeat)):
                 return msg
@@ -91,6 +92,8 @@ def daemon(tmp_path_factory):
     assert isinstance(hello, Hello) and hello.pid == d.proc.pid
     ready = d.recv()
     assert isinstance(ready, Ready) and ready.n_ctx == 512 and ready.backend in ("numpy", "cupy")
+    # through the socket requests go to: once READY is here, the daemon's ROUTER can reach the worker
+    assert d.last_from == d.identity
     yield d
     stderr = d.close()
     assert d.proc.returncode == 0, stderr
