@@ -92,7 +92,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from workers.engine.backends.cupy_backend import CupyBackend
+    from workers.engine.backends.cupy import CupyBackend
     from workers.engine.model import Model
 
     backend = CupyBackend()

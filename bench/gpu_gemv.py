@@ -4,7 +4,7 @@ the Q4_K and Q6_K matrix shapes of Qwen3-4B, against a plain read of the same by
 
     python bench/gpu_gemv.py [--variants dp4a=use_mma:0 mma=use_mma:1 ...]
 
-A variant is NAME=KNOB:VALUE[,...] as in gpu_variants.py: CupyBackend attributes (use_mma, mma_threads,
+A variant is NAME=KNOB:VALUE[,...] as in gpu_variants.py: CupyTuning fields (use_mma, mma_threads,
 mma_blocks_per_sm, gemv_max_rows, gemv_split_warps) and mma_stages, units (quant.cu's defines).
 Each matrix is cycled over enough copies (> 4x the L2) that every launch reads its weights from HBM, as a
 decode step does. "alone": CUDA-event medians over 50 launches, each launched alone (launch latency and
@@ -96,14 +96,13 @@ def main() -> None:
 
     import cupy as cp
 
-    from workers.engine.backends.cupy_backend import CupyBackend, QuantWeight
+    from workers.engine.backends.cupy import CupyBackend, QuantWeight
 
     backend = CupyBackend()
     n_sm = backend.n_sm
     read = cp.RawModule(code=READ).get_function("read_all")
     rng = np.random.default_rng(0)
     variants = [parse_variant(v) for v in args.variants]
-    defaults = {"use_mma": 1, "mma_threads": 256, "mma_blocks_per_sm": 2, "mma_stages": 3}
     print("GB/s of one-token products launched alone")
     names = [f"{name} {mode}" for name, _ in variants for mode in ("alone", "graph")]
     print("| matrix | type | MB | read | " + " | ".join(names) + " |")
@@ -122,7 +121,7 @@ def main() -> None:
         )
         cells, ref = [], None
         for _, knobs in variants:
-            apply(backend, knobs, defaults)
+            apply(backend, knobs)
             bw = gb_per_s(lambda w, x8=x8, y=y: backend._gemv1q(w, x8, y), copies, nbytes)
             out = cp.asnumpy(y)
             ref = out if ref is None else ref

@@ -37,7 +37,7 @@ def workload(path: Path, kv: str, depth: int) -> None:
     from workers.engine.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(model=str(path), backend="cupy", n_ctx=depth + 1024, kv_dtype=kv, prefill_chunk=512))
-    engine.backend.use_graphs = False  # type: ignore[attr-defined]
+    engine.backend.retune(use_graphs=False)  # type: ignore[attr-defined]
     rng = np.random.default_rng(0)
     vocab = engine.model.config.n_vocab
     history = rng.integers(300, vocab, depth + 512).tolist()

@@ -35,7 +35,7 @@ class Skipped:
 
 def skip(backend, family: str | None) -> None:
     """Kernels whose name starts with `family` become no-ops on this backend (None: none do)."""
-    from workers.engine.backends.cupy_backend import CupyBackend
+    from workers.engine.backends.cupy import CupyBackend
 
     backend._kernels.clear()
     for attr in ("_kernel_named", "_op"):
@@ -82,13 +82,11 @@ def main() -> None:
 
     import numpy as np
 
-    from workers.engine.backends.cupy_backend import CupyBackend
+    from workers.engine.backends.cupy import CupyBackend, CupyTuning
     from workers.engine.engine import Engine, EngineConfig
     from workers.engine.model import Model
 
-    backend = CupyBackend()
-    backend.use_pdl = bool(args.pdl)
-    backend.use_epilogues = bool(args.epilogues)
+    backend = CupyBackend(CupyTuning(use_pdl=bool(args.pdl), use_epilogues=bool(args.epilogues)))
     args.out.mkdir(parents=True, exist_ok=True)
     print("| model | KV | variant | µs a step | family's share µs |")
     print("|---|---|---|---|---|")

@@ -1,4 +1,4 @@
-"""The n-token products on the GPU (gemvn, kernels/quant.cu; cupy_rows.py) against the one-token gemv1m, on
+"""The n-token products on the GPU (gemvn, kernels/quant.cu; backends/cupy/rows.py) against the one-token gemv1m, on
 the Q4_K and Q6_K matrix shapes of Qwen3-4B: microseconds a product and the weights' GB/s, for 1 (gemv1m) and
 2 / 4 / 8 / 16 tokens (gemvn), each captured as a graph of one product a copy of the matrix (> 4x the L2, so
 every launch reads its weights from HBM, as a decode step does) and replayed.
@@ -47,13 +47,11 @@ def main() -> None:
 
     import cupy as cp
 
-    from workers.engine.backends.cupy_backend import CupyBackend, QuantWeight
-    from workers.engine.backends.cupy_rows import X_PLAIN, RowsInput, gemvn, q8_rows
+    from workers.engine.backends.cupy import CupyBackend, CupyTuning, QuantWeight
+    from workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q8_rows
 
-    backend = CupyBackend()
-    if args.groups:
-        backend.gemvn_groups = args.groups
-    print(f"gemvn_groups {backend.gemvn_groups}")
+    backend = CupyBackend(CupyTuning(gemvn_groups=args.groups) if args.groups else None)
+    print(f"gemvn_groups {backend.tuning.gemvn_groups}")
     rng = np.random.default_rng(0)
     print("µs a product (GB/s of its weights); 1 token: gemv1m, more: gemvn")
     print("| matrix | type | MB | " + " | ".join(f"{n} tok" for n in args.tokens) + " |")

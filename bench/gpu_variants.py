@@ -6,7 +6,7 @@ in flight).
     python bench/gpu_variants.py [--models qwen3-4b qwen3-0.6b] [--kv int8] [--depths 0 1024]
                                  [--variants base=use_pdl:0 pdl=use_pdl:1 ...] [--repeats 3]
 
-A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyBackend attributes (use_pdl, capture_prefill,
+A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyTuning fields (use_pdl, capture_prefill,
 gemv_max_rows, gemv_blocks_per_sm, gemv_split_warps, use_mma, mma_threads, mma_blocks_per_sm), `units`
 (OCTET_UNITS of quant.cu), `mma_stages` (MMA_STAGES: gemv1m's ring) and `pf_warps`
 (PF_WARPS of ops.cu: warps a block of the prefill attention) and `dec_warps` (DEC_MAX_WARPS: the most warps
@@ -32,7 +32,8 @@ from gpu import ANCHORS  # noqa: E402
 from synthetic import SHAPES, synthetic_file  # noqa: E402
 
 DEFAULT_VARIANTS = ["pf4=pf_warps:4", "pf2=pf_warps:2", "pf1=pf_warps:1"]
-QUANT_DEFINES = {"units": ("OCTET_UNITS", 2), "mma_stages": ("MMA_STAGES", 3)}
+# the short names a variant may use for CupyTuning's fields
+ALIASES = {"units": "octet_units", "dec_warps": "dec_max_warps"}
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, int]]:
@@ -40,28 +41,21 @@ def parse_variant(text: str) -> tuple[str, dict[str, int]]:
     return name, {k: int(v) for k, v in (kv.split(":") for kv in knobs.split(",") if kv)}
 
 
-def apply(backend, knobs: dict[str, int], defaults: dict[str, int]) -> None:
-    from workers.engine.backends.cupy_backend import OPS_SOURCES, QUANT_SOURCES, kernel_module
+def apply(backend, knobs: dict[str, int]) -> None:
+    """The backend retuned to CupyTuning's defaults overridden by `knobs` (its fields, or their ALIASES); the
+    kernel modules are built again only where a compiled size changed (CupyBackend.retune)."""
+    from dataclasses import fields
 
-    for key, value in {**defaults, **knobs}.items():
-        if key in QUANT_DEFINES:
-            attr = "bench_" + key
-            if getattr(backend, attr, QUANT_DEFINES[key][1]) != value:  # recompile quant.cu only when it changes
-                setattr(backend, attr, value)
-                if key == "mma_stages":
-                    backend.mma_stages = value  # its shared memory
-                options = tuple(f"-D{d}={getattr(backend, 'bench_' + k, v)}" for k, (d, v) in QUANT_DEFINES.items())
-                backend._module = kernel_module(*QUANT_SOURCES, options=options)
-                backend._kernels.clear()
-        elif key in ("pf_warps", "dec_warps"):
-            attr = "pf_warps" if key == "pf_warps" else "dec_max_warps"
-            if getattr(backend, attr) != value:  # recompile ops.cu only when it changes
-                setattr(backend, attr, value)
-                options = (f"-DPF_WARPS={backend.pf_warps}", f"-DDEC_MAX_WARPS={backend.dec_max_warps}")
-                backend._ops = kernel_module(*OPS_SOURCES, options=options)
-                backend._kernels.clear()
-        else:
-            setattr(backend, key, value)
+    from workers.engine.backends.cupy import CupyTuning
+
+    types = {f.name: f.type for f in fields(CupyTuning)}
+    changes = {f.name: getattr(CupyTuning(), f.name) for f in fields(CupyTuning)}
+    for key, value in knobs.items():
+        name = ALIASES.get(key, key)
+        if name not in types:
+            raise SystemExit(f"unknown knob {key!r} (CupyTuning: {', '.join(types)})")
+        changes[name] = bool(value) if types[name] in (bool, "bool") else value
+    backend.retune(**changes)
 
 
 def main() -> None:
@@ -77,26 +71,12 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from workers.engine.backends.cupy_backend import CupyBackend
+    from workers.engine.backends.cupy import CupyBackend
     from workers.engine.engine import Completion, Engine, EngineConfig
     from workers.engine.model import Model
     from workers.engine.sampling import SamplingParams
 
     backend = CupyBackend()
-    defaults = {
-        "use_pdl": 1,
-        "capture_prefill": 1,
-        "gemv_max_rows": backend.gemv_max_rows,
-        "gemv_blocks_per_sm": 2,
-        "gemv_split_warps": 32,
-        "units": 2,
-        "pf_warps": 4,
-        "dec_warps": 16,
-        "use_mma": 1,
-        "mma_threads": 256,
-        "mma_blocks_per_sm": 2,
-        "mma_stages": 3,
-    }
     variants = [parse_variant(v) for v in args.variants]
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -108,7 +88,7 @@ def main() -> None:
         for kv in args.kv:
             reference = None
             for label, knobs in variants:
-                apply(backend, knobs, defaults)
+                apply(backend, knobs)
                 rng = np.random.default_rng(0)
                 n_ctx = max(args.depths) + 1536  # the deepest run's 129 tokens, the check's 1 024 + 8
                 config = EngineConfig(model=str(path), n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=512)

@@ -77,7 +77,7 @@ def child(model: str, ctx: int, backend: str, budget_mb: int) -> dict:
     if backend == "cupy":
         import cupy as cp
 
-        from workers.engine.backends.cupy_backend import CupyBackend
+        from workers.engine.backends.cupy import CupyBackend
 
         cp.cuda.runtime.memGetInfo()  # the CUDA context exists before the baseline
         base = rss()

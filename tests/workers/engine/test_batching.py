@@ -1,7 +1,7 @@
 """Continuous batching: sequences that share steps get, logit for logit, what each gets alone, for every
 architecture, both KV types, prompts of several chunks, streams that join and leave mid-way, a cancelled
 and a failing stream among them, and a prefix copied from another slot; on every backend present, bit for
-bit (CuPy: a decode row among others takes gemvn, which gives a token gemv1m's numbers; cupy_rows.py)."""
+bit (CuPy: a decode row among others takes gemvn, which gives a token gemv1m's numbers; cupy/rows.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_models import ARCH_PARAMS, write_tiny_gemma4, write_tiny_model
-from workers.engine.backends.cupy_backend import cupy_available
+from workers.engine.backends.cupy import cupy_available
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.sampling import SamplingParams
 from workers.engine.sequence import Completion, Delta, Failed, Sequence

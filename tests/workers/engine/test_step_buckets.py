@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_models import write_tiny_model
-from workers.engine.backends.cupy_backend import cupy_available
+from workers.engine.backends.cupy import cupy_available
 from workers.engine.backends.numpy_backend import NumpyBackend
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.model import Model

@@ -11,7 +11,7 @@ from .numpy_backend import NumpyBackend
 
 
 def _cupy() -> Backend:
-    from .cupy_backend import CupyBackend, cupy_available
+    from .cupy import CupyBackend, cupy_available
 
     if not cupy_available():
         raise GenieError("the cupy backend needs CuPy and an NVIDIA GPU (pip install 'genie[gpu]')")
@@ -28,7 +28,7 @@ BACKEND_CHOICES = ("auto", *BACKENDS)
 def select_backend(name: str) -> Backend:
     """`auto` is CuPy when it finds a GPU, else NumPy."""
     if name == "auto":
-        from .cupy_backend import cupy_available
+        from .cupy import cupy_available
 
         return _cupy() if cupy_available() else NumpyBackend()
     factory = BACKENDS.get(name)

@@ -12,14 +12,10 @@ from gguf.quants import dequantize
 
 from tests.quant_blocks import random_blocks, rel_err
 from tests.tiny_models import write_tiny_gemma4, write_tiny_model
-from workers.engine.backends.cupy_backend import (
-    KERNEL_TYPES,
-    OCTET_TYPES,
-    PREFILL_ATTENTION_MIN_TOKENS,
-    CupyBackend,
-    QuantWeight,
-    cupy_available,
-)
+from workers.engine.backends.cupy import CupyBackend, QuantWeight, cupy_available
+from workers.engine.backends.cupy.attention import PREFILL_ATTENTION_MIN_TOKENS
+from workers.engine.backends.cupy.kernels import KERNEL_TYPES
+from workers.engine.backends.cupy.products import OCTET_TYPES
 
 pytestmark = pytest.mark.skipif(not cupy_available(), reason="needs CuPy and an NVIDIA GPU")
 
@@ -110,14 +106,14 @@ def test_tensor_core_products_match_the_dp4a_kernel(gpu, qtype, shape):
     ss = cp.asarray(rng.uniform(0.5, 2.0, cols // 32).astype(np.float32))
 
     def product(mma: bool, norm_ss=None):
-        gpu.use_mma = mma
+        gpu.retune(use_mma=mma)
         try:
             assert (gpu._mma_tiles(w, x8, None) > 0) == mma
             y = cp.full(rows, cp.nan, dtype=cp.float32)
             gpu._gemv1q(w, x8, y, norm_ss, 1e-6)
             return cp.asnumpy(y).astype(np.float64)
         finally:
-            gpu.use_mma = True
+            gpu.retune(use_mma=True)
 
     got, dp4a = product(True), product(False)
     assert np.isfinite(got).all()
@@ -132,15 +128,44 @@ def test_tensor_core_products_match_the_dp4a_kernel(gpu, qtype, shape):
     assert rel_err(got[sample], (q8_activations(x) @ dense.T)[0]) < 1e-5
 
 
+def test_a_retuned_compiled_size_builds_its_module_again_with_the_same_numbers(gpu):
+    """retune(mma_stages=4) compiles quant.cu with -DMMA_STAGES=4 (a deeper ring of gemv1m: its column
+    stages summed in another order, so within float rounding); back to the default, the first numbers bit for
+    bit."""
+    import cupy as cp
+
+    if not gpu._mma:
+        pytest.skip("the tensor-core products need compute capability 9.0")
+    rng = np.random.default_rng(1)
+    rows, cols = 2560, 9728
+    w = QuantWeight(cp.asarray(random_blocks(Q.Q4_K, rows, cols, rng).reshape(-1)), Q.Q4_K, rows, cols)
+    x8 = gpu._q8_input(cp.asarray(rng.standard_normal((1, cols), dtype=np.float32)), cols)
+
+    def product():
+        y = cp.full(rows, cp.nan, dtype=cp.float32)
+        gpu._gemv1q(w, x8, y)
+        return cp.asnumpy(y)
+
+    first, module = product(), gpu._module
+    try:
+        gpu.retune(mma_stages=4)
+        assert gpu._module is not module and gpu.tuning.options("quant") == ("-DMMA_STAGES=4",)
+        assert rel_err(product().astype(np.float64), first.astype(np.float64)) < 1e-6
+    finally:
+        gpu.retune(mma_stages=3)
+    assert gpu.tuning.options("quant") == ()
+    np.testing.assert_array_equal(product(), first)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("shape", MMA_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, shape):
-    """gemvn (2-64 tokens in the tensor cores' columns, cupy_rows.py) gives every token the float gemv1m gives
+    """gemvn (2-64 tokens in the tensor cores' columns, cupy/rows.py) gives every token the float gemv1m gives
     it alone, bit for bit: plain, with a late RMS factor per token, and for token counts that fill 1, 2 and 4
     groups of four and spill into a second launch; q8_input's rows code each token as its one-row launch does."""
     import cupy as cp
 
-    from workers.engine.backends.cupy_rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows
+    from workers.engine.backends.cupy.rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows
 
     if not gpu._mma:
         pytest.skip("the tensor-core products need compute capability 9.0")
@@ -171,9 +196,9 @@ def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, 
 def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
     import cupy as cp
 
-    from workers.engine.backends import cupy_backend
+    from workers.engine.backends.cupy import core
 
-    monkeypatch.setattr(cupy_backend, "PREFILL_SCRATCH_BYTES", 256 * 1024 * 4)  # tiles of 256 rows, a ragged last one
+    monkeypatch.setattr(core, "PREFILL_SCRATCH_BYTES", 256 * 1024 * 4)  # tiles of 256 rows, a ragged last one
     rng = np.random.default_rng()
     rows, cols = 1000, 1024
     blocks = random_blocks(Q.Q4_K, rows, cols, rng)
@@ -243,13 +268,13 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
     model = Model.load(path, gpu)
     tokens = {}
     for use_graphs in (False, True):
-        gpu.use_graphs = use_graphs
+        gpu.retune(use_graphs=use_graphs)
         engine = Engine(EngineConfig(model=str(path), n_ctx=96, kv_dtype=kv_dtype), model)
         done = list(engine.generate(ids[:12], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)))[-1]
         assert isinstance(done, Completion)
         tokens[use_graphs] = done.token_ids
         assert len([key for key in engine._steps if key[1] == 1]) == (1 if use_graphs else 0)  # the decode step
-    gpu.use_graphs = True
+    gpu.retune(use_graphs=True)
     assert tokens[True] == tokens[False]
 
 
@@ -377,16 +402,20 @@ def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd, hdv):
             assert np.mean(a != b) < 5e-3 and np.abs(a - b).max() <= 1
         else:
             assert rel_err(b, a) < 1e-6
+    # the reference attends over the GPU's codes: the few that rounded apart above (a step of 1/127 of a row's
+    # absmax) moved one token's output over 64 keys by up to 3.9e-3, which is storage, not attention
+    for name in ("k", "v", "k_scale", "v_scale"):
+        a = getattr(host.layers[0], name)
+        if a is not None:
+            a[1, :pos] = cp.asnumpy(getattr(dev.layers[0], name)[1, :pos])
     for n, pos0 in ((1, 529), (3, 527), (64, 466), (16, 514), (130, 400)):
         q = rng.standard_normal((n, heads, hd), dtype=np.float32)
         for window, softcap in ((0, 0.0), (64, 0.0), (0, 30.0)):
             ref = cpu.attention(q, host.layers[0], 1, pos0, window, 1 / np.sqrt(hd), softcap)
             gpu.stage_inputs(np.zeros(n, np.int64), pos0)
             out = cp.asnumpy(gpu.attention(cp.asarray(q), dev.layers[0], 1, pos0, window, 1 / np.sqrt(hd), softcap))
-            # from PREFILL_ATTENTION_MIN_TOKENS tokens the tensor-core kernel takes FP16 Q (and P): ~5e-4;
-            # INT8: the few codes that rounded apart above (one step of 1/127 of a row's absmax) move the
-            # output by ~1e-3 (2.05e-3 seen once for one token over 530 keys)
-            bound = 3e-3 if kv_dtype == "int8" else 2e-3 if n >= PREFILL_ATTENTION_MIN_TOKENS else 1e-5
+            # from PREFILL_ATTENTION_MIN_TOKENS tokens the tensor-core kernel takes FP16 Q (and P): ~5e-4
+            bound = 2e-3 if n >= PREFILL_ATTENTION_MIN_TOKENS else 1e-4 if kv_dtype == "int8" else 1e-5
             assert rel_err(out, ref) < bound, (n, window, softcap)
 
 
@@ -413,7 +442,7 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
     logits = {}
     try:
         for use_pdl in (False, True):
-            gpu.use_pdl = use_pdl
+            gpu.retune(use_pdl=use_pdl)
             engine = Engine(EngineConfig(model=str(path), n_ctx=64, kv_dtype=kv_dtype), model)
             engine._run(0, [1, *prompt], 0, None)
             rows = [cp.asnumpy(engine._run(0, [t], 18 + i, slice(-1, None))) for i, t in enumerate(steps)]
@@ -421,7 +450,7 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
             assert [key for key in engine._steps if key[1] == 1] == [(0, 1, (-1, None, None))]
             logits[use_pdl] = np.concatenate(rows)
     finally:
-        gpu.use_pdl = True
+        gpu.retune(use_pdl=True)
     assert np.isfinite(logits[True]).all()
     np.testing.assert_array_equal(logits[True], logits[False])
 
@@ -445,7 +474,7 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
     logits, tokens, nll = {}, {}, {}
     try:
         for use_graphs in (False, True):
-            gpu.use_graphs = use_graphs
+            gpu.retune(use_graphs=use_graphs)
             engine = Engine(EngineConfig(model=str(path), n_ctx=128, kv_dtype=kv_dtype, prefill_chunk=24), model)
             for pos in range(0, 72, 24):
                 assert engine._run(0, prompt[pos : pos + 24], pos, None) is None
@@ -459,7 +488,7 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
             # every row's logits (a step of its own: not the last-row one generate captured)
             nll[use_graphs] = engine.token_nll(prompt[:73], rows_per_pass=24)
     finally:
-        gpu.use_graphs = True
+        gpu.retune(use_graphs=True)
     assert rel_err(logits[True], logits[False]) < 1e-5
     assert tokens[True] == tokens[False]
     assert np.abs(nll[True] - nll[False]).max() < 1e-4
@@ -478,7 +507,7 @@ def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
     prompt = [1, *np.random.default_rng().integers(3, 300, 20).tolist()]
     tokens = {}
     for use_graphs in (False, True):
-        gpu.use_graphs = use_graphs
+        gpu.retune(use_graphs=use_graphs)
         engine = Engine(EngineConfig(model=str(path), n_ctx=128, kv_dtype=kv_dtype, n_slots=2), model)
         for slot in (0, 1):
             done = list(
@@ -490,7 +519,7 @@ def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
             tokens[use_graphs, slot] = done.token_ids
         decode_steps = [key for key in engine._steps if key[1] == 1]
         assert len(decode_steps) == (2 if use_graphs else 0)  # one captured decode step per slot
-    gpu.use_graphs = True
+    gpu.retune(use_graphs=True)
     assert tokens[True, 0] == tokens[False, 0] and tokens[True, 1] == tokens[False, 1]
 
 
@@ -710,7 +739,8 @@ def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
                     b = getattr(dev.layers[0], name)
                     got, want = cp.asnumpy(b[1, pos0]).astype(np.float64), a[1, pos0].astype(np.float64)
                     if name in ("k", "v") and kv_dtype == "int8":  # a code may round apart at a .5 boundary
-                        assert np.mean(got != want) < 1e-2 and np.abs(got - want).max() <= 1, name
+                        # (a few per thousand: one in a 64-value row was 1.6 %, so a count, not a share)
+                        assert np.sum(got != want) <= 2 and np.abs(got - want).max() <= 1, name
                     else:
                         assert rel_err(got, want) < 1e-4, name
                     a[1, pos0] = cp.asnumpy(b[1, pos0])  # the reference attends over the GPU's row
@@ -748,14 +778,12 @@ def test_every_module_compiles_for_the_jetson(sources):
     """Each kernel module compiles with NVRTC for compute capability 8.7 (Orin), as the backend builds it: the
     9.0-only parts (bulk copies, clusters, programmatic launch) are guarded, never compiled out of reach."""
     import os
-    from importlib import resources
 
     import cupy as cp
 
-    from workers.engine.backends import cupy_backend
+    from workers.engine.backends import cupy as gpu_package
 
-    kernels = resources.files("workers.engine.backends").joinpath("kernels")
-    code = "\n".join(kernels.joinpath(name).read_text("utf-8") for name in getattr(cupy_backend, sources))
+    code = gpu_package.kernel_source(*getattr(gpu_package, sources))
     include = os.path.join(cp.cuda.get_cuda_path() or "/usr/local/cuda", "include")  # cuda_fp16.h
     out = cp.cuda.compiler.compile_using_nvrtc(code, options=("-std=c++17", f"-I{include}"), arch="87")
     code_out = out[0] if isinstance(out, tuple) else out  # (code, name mapping) in CuPy 13 and later

@@ -2,7 +2,7 @@
 
 CuPy sets the cuBLAS handle's stream before every call, and refuses to while a stream captures ("calling
 cuBLAS API during stream capture is currently unsupported"), although cuBLAS's GEMMs capture fine. A
-prefill chunk captured as a graph (cupy_backend.CupyBackend.forward_step) therefore sets the stream of
+prefill chunk captured as a graph (steps.py: CupySteps.forward_step) therefore sets the stream of
 CuPy's handle before the capture begins and calls cublasGemmEx here, through ctypes, on the same library
 CuPy loaded and the same handle.
 """

@@ -10,7 +10,7 @@ input the one-token path would have had coded by the producing product's epilogu
 gemvn. Other rows run as they would alone: a row of another weight type through the one-token kernels, a
 prompt chunk of more than ROWS_MAX tokens through the prefill GEMM.
 
-The functions take the backend (cupy_backend.py) first and use its one-token machinery: _mma_tiles,
+The functions take the backend (its products part, products.py) first and use its one-token machinery: _mma_tiles,
 _mma_shape, _epilogue_for, _gemv1q, _one_matmul, and `row_groups` as stage_rows set it.
 """
 
@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import NextInput
-from .numpy_backend import row_calls
+from ..base import NextInput
+from ..numpy_backend import row_calls
 from .quant_consts import ACTIVATIONS, MMA_ROW_BYTES, Q8_THREADS
 
 if TYPE_CHECKING:
-    from .cupy_backend import CupyBackend, GroupWeight, QuantWeight
+    from .products import CupyProducts
+    from .weights import GroupWeight, QuantWeight
 
 ROWS_MAX = 64  # a prompt chunk up to this many tokens takes gemvn
 X_PLAIN, X_GATED, X_NORM, X_NORM_LATE = 0, 1, 2, 3  # q8_input's modes (quant.cu)
@@ -57,7 +58,7 @@ class RowsInput:
         return self.x.shape[1] // 2 if self.mode == X_GATED else self.x.shape[1]
 
 
-def _fits(gpu: CupyBackend, parts: list[QuantWeight], then: NextInput | None) -> bool:
+def _fits(gpu: CupyProducts, parts: list[QuantWeight], then: NextInput | None) -> bool:
     """Every part goes through gemv1m when one row goes alone (with `then` as that row's product has it),
     so gemvn gives each row its numbers."""
     then = gpu._epilogue_for(then, parts)
@@ -65,13 +66,13 @@ def _fits(gpu: CupyBackend, parts: list[QuantWeight], then: NextInput | None) ->
     return gpu._fusable_parts(parts) and all(gpu._mma_tiles(p, probe, then) for p in parts)
 
 
-def _late(gpu: CupyBackend, parts: list[QuantWeight], then: NextInput | None) -> bool:
+def _late(gpu: CupyProducts, parts: list[QuantWeight], then: NextInput | None) -> bool:
     """Whether one row alone would have its consumer's input coded by this product's norm epilogue."""
     ep = gpu._epilogue_for(then, parts)
     return ep is not None and ep.act is None and gpu._fusable_parts(parts)
 
 
-def _product(gpu: CupyBackend, inp: RowsInput, weight: QuantWeight | GroupWeight, then: NextInput | None) -> Any:
+def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeight, then: NextInput | None) -> Any:
     """inp's rows (n >= 2, in the groups stage_rows gave) times weight.T -> [n, rows of weight]; records
     whether the consumer of the output codes it late (as `then` would have had the one-row product do)."""
     cp = gpu.xp
@@ -98,7 +99,7 @@ def _product(gpu: CupyBackend, inp: RowsInput, weight: QuantWeight | GroupWeight
     return out
 
 
-def _float_rows(gpu: CupyBackend, inp: RowsInput, a: int, b: int) -> Any:
+def _float_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> Any:
     """Rows a..b of what inp multiplies, in float32, as the composition alone makes them."""
     if inp.mode == X_GATED:
         return gpu.gated_act(inp.x[a:b], _act_name(inp.act))
@@ -109,7 +110,7 @@ def _float_rows(gpu: CupyBackend, inp: RowsInput, a: int, b: int) -> Any:
     return inp.x[a:b]
 
 
-def q8_rows(gpu: CupyBackend, inp: RowsInput, a: int, b: int) -> tuple[Any, Any]:
+def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any]:
     """Rows a..b of inp coded for the products (q8_input, a block a row): the x8 rows, and (late norm) the
     rows' group sums of squares."""
     cp = gpu.xp
@@ -141,18 +142,17 @@ def q8_rows(gpu: CupyBackend, inp: RowsInput, a: int, b: int) -> tuple[Any, Any]
     return x8.reshape(n, stride), ss
 
 
-def gemvn(gpu: CupyBackend, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float) -> None:
+def gemvn(gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float) -> None:
     """out[k, :w.rows] = w @ x_k for the n coded rows of x8 (times row k's RMS factor from ss[k]): one gemvn
     launch with gemv1m's warps for w, gemvn_groups groups of four tokens a block."""
     tpb = gpu._mma_tiles(w, x8, None)
     _, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
-    ng = min(gpu.gemvn_groups, 1 << (groups - 1).bit_length())  # 1, 2 or 4 groups a block
+    ng = min(gpu.tuning.gemvn_groups, 1 << (groups - 1).bit_length())  # 1, 2 or 4 groups a block
     sets = -(-groups // ng)
-    smem = gpu.mma_stages * 16 * MMA_ROW_BYTES[w.qtype] + 2 * (threads // 32) * 16 * 4 * ng * 4
+    smem = gpu.tuning.mma_stages * 16 * MMA_ROW_BYTES[w.qtype] + 2 * (threads // 32) * 16 * 4 * ng * 4
     kernel = gpu._kernel(f"gemvn{ng}", w.qtype)
-    if smem > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < smem:
-        kernel.max_dynamic_shared_size_bytes = smem
+    kernel.allow_smem(smem)
     null = np.uint64(0)
     kernel(
         (-(-w.rows // (16 * tpb)) * sets,),
@@ -176,14 +176,14 @@ def gemvn(gpu: CupyBackend, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, 
     )
 
 
-# -- CupyBackend's compositions for n >= 2 rows ------------------------------------------------------------
-def matmul(gpu: CupyBackend, x: Any, weight: Any, then: NextInput | None) -> Any:
+# -- CupyProducts's compositions for n >= 2 rows ------------------------------------------------------------
+def matmul(gpu: CupyProducts, x: Any, weight: Any, then: NextInput | None) -> Any:
     cp = gpu.xp
     return _product(gpu, RowsInput(cp.ascontiguousarray(x, dtype=cp.float32)), weight, then)
 
 
 def add_norm_matmul(
-    gpu: CupyBackend, x: Any, r: Any, norm: Any, eps: float, w: Any, then: NextInput | None
+    gpu: CupyProducts, x: Any, r: Any, norm: Any, eps: float, w: Any, then: NextInput | None
 ) -> tuple[Any, Any]:
     cp = gpu.xp
     x = cp.ascontiguousarray(x, dtype=cp.float32)
@@ -197,7 +197,7 @@ def add_norm_matmul(
     return added, _product(gpu, inp, w, then)
 
 
-def gated_matmul(gpu: CupyBackend, gate_up: Any, kind: str, w: Any, then: NextInput | None) -> Any:
+def gated_matmul(gpu: CupyProducts, gate_up: Any, kind: str, w: Any, then: NextInput | None) -> Any:
     cp = gpu.xp
     gpu._late_out = None
     inp = RowsInput(cp.ascontiguousarray(gate_up, dtype=cp.float32), X_GATED, act=ACTIVATIONS[kind])

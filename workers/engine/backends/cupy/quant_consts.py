@@ -4,11 +4,10 @@ layouts, limits and the codes of modes and activations (each named after its def
 from gguf import GGMLQuantizationType
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the kernels' activation codes (common.cuh)
-_X_GATED, _X_NORM = 1, 2  # q8_input's modes in quant.cu (X_NORM_LATE: cupy_rows.py)
+_X_GATED, _X_NORM = 1, 2  # q8_input's modes in quant.cu (X_NORM_LATE: rows.py)
 _EP_NONE, _EP_GATED, _EP_NORM = 0, 1, 2  # the dp4a products' epilogues (quant.cu)
 Q8_THREADS = 1024  # q8_input's block (a block an input row)
 EP_MAX_ROWS = 224  # rows a block of a product with an epilogue (EP_MAX_GROUPS in quant.cu: 8 groups a run)
-MMA_STAGES = 3  # gemv1m's ring (quant.cu), of stages of 16 rows of MMA_U = 10 units, MmaRow bytes apart
 MMA_ROW_BYTES = {GGMLQuantizationType.Q4_K: 10 * 144 + 32, GGMLQuantizationType.Q6_K: 2128}
 MMA_STATIC_SMEM = 4096  # gemv1m's static shared memory (2 208 bytes) and the 1 KiB the GPU reserves a block
 MMA_MAX_THREADS = 512  # its __launch_bounds__

@@ -1,0 +1,379 @@
+"""Attention on the device: the K/V write, prefill attention on the tensor cores, decode attention split over
+the keys (a block a KV head and split, or on compute capability 9.0 a cluster of blocks a KV head that also
+does the q/k norm, RoPE and the K/V store: attention_dec, and attention_decn for every one-token segment of a
+step in one launch). Kernels in kernels/ops.cu and attend.cuh."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...batch import Batch
+from ...kv_cache import LayerKV
+from ...model_config import LayerConfig, ModelConfig
+from .core import Coded, CupyCore
+from .kernels import threads_for
+from .quant_consts import Q8_MAX_COLS
+
+ATTENTION_WARPS = 8  # ATT_WARPS in ops.cu
+
+ATTENTION_MAX_HEAD_DIM = 512  # MAX_HD in ops.cu
+
+ATTENTION_MAX_SPLITS = 32
+
+ATTENTION_CLUSTER = 8  # ATT_CL in ops.cu: blocks a KV head of attention_dec
+
+# the GQA decode kernels (attention_gqa_G_DPL in ops.cu): (query heads per KV head, head dim / 32)
+GQA_KERNELS = frozenset({(g, d) for g in (1, 2, 4, 8) for d in (2, 4, 8)} - {(8, 8)})
+
+DEC_KERNELS = GQA_KERNELS - {(8, 4)}  # attention_dec's (group, head dim / 32): a warp a query head, the key, the value
+
+# the tensor-core prefill kernel (attention_prefill in ops.cu): from this many tokens a pass
+PREFILL_ATTENTION_MIN_TOKENS = 16
+
+PF_WARPS, PF_KEYS = 4, 64  # as in ops.cu (PF_WARPS: its default; ops.cu takes -DPF_WARPS)
+
+PF_HEAD_DIMS = frozenset({16, 32, 64, 128, 256})  # its instantiations (K and V head dims equal)
+
+GQA_MAX_TOKENS = 8  # attention_gqa's queries a launch (ops.cu)
+
+
+def _dec_warps(group: int, dpl: int, most: int = 16) -> int:
+    """Warps a block of attention_dec_{group}_{dpl}: DEC_WARPS in ops.cu (most: DEC_MAX_WARPS)."""
+    return 16 if group * dpl <= 16 and dpl <= 4 and (most >= 16 or group + 2 > 8) else 8
+
+
+def _head_dims_problem(hd: int, hdv: int) -> str | None:
+    """Why the attention kernels (ops.cu) cannot take these K/V head dims, or None."""
+    if max(hd, hdv) > ATTENTION_MAX_HEAD_DIM or hd % 16 or hdv % 4:
+        return (
+            f"head dims {hd}/{hdv} (the GPU attention kernels take K head dims that are multiples of 16 and"
+            f" V head dims that are multiples of 4, up to {ATTENTION_MAX_HEAD_DIM})"
+        )
+    return None
+
+
+def _prefill_attention_smem(hd: int, rows: int) -> int:
+    """attention_prefill's dynamic shared memory: Q, the K tile and the transposed V tile in FP16, scales."""
+    return 2 * rows * (hd + 8) + 2 * PF_KEYS * (hd + 8) + 2 * hd * (PF_KEYS + 8) + 4 * 2 * PF_KEYS
+
+
+class CupyAttention(CupyCore):
+    def _attention_gqa(
+        self, q: Any, kv: LayerKV, slot: int, window: int, scale: float, softcap: float, out: Any, group: int, dpl: int
+    ) -> Any:
+        """Decode attention, a block per (token, KV head) and split: attention_gqa_{group}_{dpl} in ops.cu."""
+        cp = self.xp
+        n, heads, hd = q.shape
+        n_kv = heads // group
+        blocks = n * n_kv
+        n_splits = 1 if blocks >= 2 * self.n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self.n_sm // blocks))
+        null = np.uint64(0)
+        part_m = part_l = part_acc = null
+        if n_splits > 1:
+            part_m = cp.empty(n * heads * n_splits, dtype=cp.float32)
+            part_l = cp.empty(n * heads * n_splits, dtype=cp.float32)
+            part_acc = cp.empty(n * heads * n_splits * hd, dtype=cp.float32)
+            if self._done.size < blocks:
+                self._done = cp.zeros(blocks, dtype=cp.int32)
+                self._version += 1
+        self._op(f"attention_gqa_{group}_{dpl}")(
+            (blocks, n_splits),
+            (32 * ATTENTION_WARPS,),
+            (
+                q,
+                kv.k[slot],
+                kv.v[slot],
+                null if kv.k_scale is None else kv.k_scale[slot],
+                null if kv.v_scale is None else kv.v_scale[slot],
+                out,
+                part_m,
+                part_l,
+                part_acc,
+                self._done,
+                np.int32(heads),
+                np.int32(n_kv),
+                np.int32(hd & -hd),
+                self._pos,
+                np.int32(window),
+                np.float32(scale),
+                np.float32(softcap),
+            ),
+        )
+        return out
+
+    def prepare_qkv(
+        self,
+        qkv: Any,
+        cfg: ModelConfig,
+        lc: LayerConfig,
+        qk_norm: Any,
+        positions: np.ndarray,
+        kv: LayerKV,
+        slot: int,
+        pos0: int,
+    ) -> Any:
+        cp = self.xp
+        if kv.k.dtype == cp.float32:
+            return super().prepare_qkv(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+        qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
+        n = qkv.shape[0]
+        H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
+        table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
+        null = np.uint64(0)
+        self._op("qkv_post")(
+            (n, H + 2 * Hkv),
+            (threads_for(max(hd, hdv)),),
+            (
+                qkv,
+                np.int32(H),
+                np.int32(Hkv),
+                np.int32(hd),
+                np.int32(hdv),
+                null if qk_norm is None else cp.ascontiguousarray(qk_norm),
+                np.float32(cfg.rms_eps),
+                np.int32(cfg.v_norm),
+                table.cos,
+                table.sin,
+                np.int32(lc.rope_dim),
+                np.int32(cfg.rope_mode == "neox"),
+                self._pos,
+                kv.k[slot],
+                kv.v[slot],
+                null if kv.k_scale is None else kv.k_scale[slot],
+                null if kv.v_scale is None else kv.v_scale[slot],
+                np.int32(hd & -hd),
+                np.int32(hdv & -hdv),
+            ),
+            shared_mem=max(hd, hdv) * 4,
+        )
+        return qkv[:, : (H + Hkv) * hd].reshape(n, H + Hkv, hd)[:, :H]
+
+    def self_attention(
+        self,
+        qkv: Any,
+        cfg: ModelConfig,
+        lc: LayerConfig,
+        qk_norm: Any,
+        positions: np.ndarray,
+        kv: LayerKV,
+        slot: int,
+        pos0: int,
+    ) -> Any:
+        """One token on Hopper and later: q/k norm, RoPE, the K/V store and attention in one launch of
+        attention_dec (ops.cu: a cluster of blocks per KV head, merged in distributed shared memory), which also
+        codes its output as the dp4a products' input: `matmul` of this very array uses that code (so the array
+        must not be changed in place before it; layers.forward only multiplies it)."""
+        cp = self.xp
+        H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
+        group = H // Hkv
+        if qkv.shape[0] != 1 or not self._dec_kernel_takes(cfg, lc, kv):
+            return super().self_attention(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+        qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
+        table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
+        out = cp.empty((1, H * hdv), dtype=cp.float32)
+        cols = H * hdv
+        # the o product's input, coded by the kernel as q8_input would (matmul takes it for `out` itself)
+        x8 = cp.empty(2 * cols + cols // 4, dtype=cp.int8) if cols <= Q8_MAX_COLS else None
+        self._coded = None if x8 is None else Coded(out, x8)
+        null = np.uint64(0)
+        self._op(f"attention_dec_{group}_{hd // 32}")(
+            (Hkv * ATTENTION_CLUSTER,),
+            (32 * _dec_warps(group, hd // 32, self.tuning.dec_max_warps),),
+            (
+                qkv,
+                kv.k[slot],
+                kv.v[slot],
+                null if kv.k_scale is None else kv.k_scale[slot],
+                null if kv.v_scale is None else kv.v_scale[slot],
+                out,
+                null if x8 is None else x8,
+                np.int32(H),
+                np.int32(Hkv),
+                null if qk_norm is None else cp.ascontiguousarray(qk_norm),
+                np.float32(cfg.rms_eps),
+                table.cos,
+                table.sin,
+                np.int32(lc.rope_dim),
+                np.int32(cfg.rope_mode == "neox"),
+                self._pos,
+                np.int32(lc.sliding_window),
+                np.float32(cfg.attn_scale),
+                np.float32(cfg.attn_logit_softcap),
+            ),
+        )
+        return out
+
+    def _dec_kernel_takes(self, cfg: ModelConfig, lc: LayerConfig, kv: LayerKV) -> bool:
+        """attention_dec (a cluster a KV head, Hopper) runs this layer's one-token attention."""
+        H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
+        return (
+            self.tuning.use_clusters
+            and self._clusters
+            and kv.k.dtype != self.xp.float32
+            and hd == hdv
+            and hd % 32 == 0
+            and (H // Hkv, hd // 32) in DEC_KERNELS
+            and not cfg.v_norm
+            and (cfg.rope_mode != "neox" or lc.rope_dim // 2 & (lc.rope_dim // 2 - 1) == 0)
+        )
+
+    def decode_attention(
+        self, qkv: Any, cfg: ModelConfig, lc: LayerConfig, qk_norm: Any, kv: LayerKV, batch: Batch
+    ) -> Any:
+        """Every one-token segment's attention_dec in one launch (attention_decn: a row of clusters a segment,
+        its row, slot and position from the buffer stage_batch filled), written into its row of the output."""
+        cp = self.xp
+        if not (self.tuning.use_decode_rows and self._dec_kernel_takes(cfg, lc, kv)):
+            return None
+        n_dec = sum(1 for s in batch.segments if s.n == 1)
+        H, Hkv, hd = cfg.n_heads, lc.n_kv_heads, lc.head_dim
+        group = H // Hkv
+        qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
+        last = max(s.pos0 for s in batch.segments if s.n == 1)
+        table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, last + 1, lc.rope_freq_factors)
+        out = cp.empty((qkv.shape[0], H * hd), dtype=cp.float32)
+        null = np.uint64(0)
+        self._op(f"attention_decn_{group}_{hd // 32}")(
+            (Hkv * ATTENTION_CLUSTER, n_dec),
+            (32 * _dec_warps(group, hd // 32, self.tuning.dec_max_warps),),
+            (
+                qkv,
+                kv.k,
+                kv.v,
+                null if kv.k_scale is None else kv.k_scale,
+                null if kv.v_scale is None else kv.v_scale,
+                out,
+                np.int32(H),
+                np.int32(Hkv),
+                null if qk_norm is None else cp.ascontiguousarray(qk_norm),
+                np.float32(cfg.rms_eps),
+                table.cos,
+                table.sin,
+                np.int32(lc.rope_dim),
+                np.int32(cfg.rope_mode == "neox"),
+                self._dec,
+                np.int32(n_dec),
+                np.int64(kv.k.strides[0]),
+                np.int64(0 if kv.k_scale is None else kv.k_scale.strides[0] // 4),
+                np.int32(lc.sliding_window),
+                np.float32(cfg.attn_scale),
+                np.float32(cfg.attn_logit_softcap),
+            ),
+        )
+        return out
+
+    def kv_write(self, kv: LayerKV, slot: int, pos0: int, k: Any, v: Any) -> None:
+        cp = self.xp
+        if kv.k.dtype == cp.float32:
+            return super().kv_write(kv, slot, pos0, k, v)
+        k = cp.ascontiguousarray(k, dtype=cp.float32)
+        v = cp.ascontiguousarray(v, dtype=cp.float32)
+        n, heads, hd = k.shape
+        hdv = v.shape[2]
+        null = np.uint64(0)
+        self._op("kv_write")(
+            (n * heads, 2),  # y: K, then V
+            (threads_for(max(hd, hdv)),),
+            (
+                k,
+                v,
+                kv.k[slot],
+                kv.v[slot],
+                kv.k_scale[slot] if kv.k_scale is not None else null,
+                kv.v_scale[slot] if kv.v_scale is not None else null,
+                np.int32(heads),
+                np.int32(hd),
+                np.int32(hdv),
+                np.int32(hd & -hd),
+                np.int32(hdv & -hdv),
+                self._pos,
+            ),
+            shared_mem=max(hd, hdv) * 4,
+        )
+
+    def attention(self, q: Any, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float) -> Any:
+        cp = self.xp
+        if kv.k.dtype == cp.float32:
+            return super().attention(q, kv, slot, pos0, window, scale, softcap)
+        q = cp.ascontiguousarray(q, dtype=cp.float32)
+        n, heads, hd = q.shape
+        n_kv, hdv = kv.k.shape[2], kv.v.shape[3]
+        problem = _head_dims_problem(hd, hdv)
+        if problem:
+            raise ValueError(problem)
+        out = cp.empty((n, heads * hdv), dtype=cp.float32)
+        null = np.uint64(0)
+        k_scale = null if kv.k_scale is None else kv.k_scale[slot]
+        v_scale = null if kv.v_scale is None else kv.v_scale[slot]
+        group = heads // n_kv
+        pf_rows = 16 * self.tuning.pf_warps
+        if n >= PREFILL_ATTENTION_MIN_TOKENS and hd == hdv and hd in PF_HEAD_DIMS and pf_rows % group == 0:
+            kernel = self._op(f"attention_prefill_{hd}")
+            smem = _prefill_attention_smem(hd, pf_rows)
+            kernel.allow_smem(smem)
+            kernel(
+                (-(-n // (pf_rows // group)), n_kv),
+                (32 * self.tuning.pf_warps,),
+                (
+                    q,
+                    kv.k[slot],
+                    kv.v[slot],
+                    k_scale,
+                    v_scale,
+                    out,
+                    np.int32(n),
+                    np.int32(heads),
+                    np.int32(n_kv),
+                    np.int32(hd & -hd),
+                    self._pos,
+                    np.int32(window),
+                    np.float32(scale),
+                    np.float32(softcap),
+                ),
+                shared_mem=smem,
+            )
+            return out
+        dpl = hd // 32
+        if n <= GQA_MAX_TOKENS and hd == hdv and hd % 32 == 0 and (group, dpl) in GQA_KERNELS:
+            return self._attention_gqa(q, kv, slot, window, scale, softcap, out, group, dpl)
+        rows = n * heads
+        # split-K when the rows alone cannot fill the GPU (decode): each split takes a share of the keys
+        n_splits = 1 if rows >= 2 * self.n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self.n_sm // rows))
+        part_m = part_l = part_acc = null
+        if n_splits > 1:
+            part_m = cp.empty(rows * n_splits, dtype=cp.float32)
+            part_l = cp.empty(rows * n_splits, dtype=cp.float32)
+            part_acc = cp.empty(rows * n_splits * hdv, dtype=cp.float32)
+            if self._done.size < rows:  # the merge counters: zero between launches (the kernel resets them)
+                self._done = cp.zeros(rows, dtype=cp.int32)
+                self._version += 1  # captured steps hold the old counters
+        blk = hd & -hd
+        self._op("attention")(
+            (rows, n_splits),
+            (32 * ATTENTION_WARPS,),
+            (
+                q,
+                kv.k[slot],
+                kv.v[slot],
+                k_scale,
+                v_scale,
+                out,
+                part_m,
+                part_l,
+                part_acc,
+                self._done,
+                np.int32(heads),
+                np.int32(n_kv),
+                np.int32(hd),
+                np.int32(hdv),
+                np.int32(blk),
+                np.int32(hdv & -hdv),
+                self._pos,
+                np.int32(window),
+                np.float32(scale),
+                np.float32(softcap),
+            ),
+        )
+        return out

@@ -1,0 +1,166 @@
+"""What every part of the CuPy backend shares: the device, its compute capability, the compiled kernel modules
+and the launch of a kernel by name, the buffers captured steps read, and memory. The parts (weights.py,
+products.py, attention.py, layer_ops.py, steps.py) are classes on this one, composed by backend.py."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from gguf import GGMLQuantizationType
+
+from genie_common.gguf_file import TensorInfo
+
+from ...model_config import ModelConfig
+from ..base import Backend, NextInput
+from ..numpy_backend import NumpyBackend
+from .capture_gemm import CaptureGemm
+from .kernels import (
+    COMPAT_ENV,
+    KERNEL_TYPES,
+    OPS_SOURCES,
+    QUANT_SOURCES,
+    Kernel,
+    compat_capability,
+    dependent_launcher,
+    kernel_module,
+)
+from .tuning import CupyTuning
+
+# float32 weight scratch of the prefill path: the GPU memory bound allows no more. A captured prefill chunk keeps
+# its scratch in the captures' pool, but smaller tiles there cost more than they save: 8 MiB halved the 4B's
+# pp512 (15.9 k -> 8.4 k tok/s on the H200; tiles of 256 rows make the down projection's GEMMs thin)
+PREFILL_SCRATCH_BYTES = 32 << 20
+
+
+@dataclass
+class Coded:
+    """A one-token product's output that its kernel also coded as the next dp4a product's input (x8, the
+    buffer q8_input writes): for the output of self_attention (then None), or as `then` asked (NextInput:
+    act(gate) * up, or the residual add and norm without the RMS factor, with x_new and the group sums of
+    squares ss the consumer applies it from)."""
+
+    out: Any
+    x8: Any
+    then: NextInput | None = None
+    x_new: Any = None
+    ss: Any = None
+
+
+TUNING_FIELDS = frozenset(f.name for f in fields(CupyTuning))
+
+
+class CupyCore(NumpyBackend):
+    name = "cupy"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in TUNING_FIELDS:  # once an attribute: set here it would be ignored, silently
+            raise AttributeError(f"{name} is part of the backend's tuning: backend.retune({name}=...)")
+        super().__setattr__(name, value)
+
+    def __init__(self, tuning: CupyTuning | None = None) -> None:
+        import cupy
+
+        self.xp = cupy
+        super().__init__(block_kernels=False)  # its own kernels; the CPU ones are never built here
+        self.tuning = tuning or CupyTuning()
+        self._module = kernel_module(*QUANT_SOURCES, options=self.tuning.options("quant"))
+        self._ops = kernel_module(*OPS_SOURCES, options=self.tuning.options("ops"))
+        for module in (self._module, self._ops):
+            module.compile()  # now, not mid-generation: a compile failure is a start-up error
+        self._kernels: dict[str, Kernel] = {}
+        self._ids = cupy.zeros(1, dtype=cupy.int64)  # staged token ids of the current step
+        self._pos = cupy.zeros(1, dtype=cupy.int32)  # staged first position (the kernels read it here)
+        self._step_pos = self._pos  # the one stage_inputs fills (and captured steps read)
+        self._segment_pos = cupy.zeros(1, dtype=cupy.int32)  # a step of several segments: each one's first position
+        self._logit_rows = cupy.zeros(1, dtype=cupy.int64)  # the rows whose logits a step returns (take_rows)
+        self._dec = cupy.zeros(3, dtype=cupy.int32)  # a step's one-token segments: rows, slots, positions
+        self._done = cupy.zeros(1024, dtype=cupy.int32)  # split-K attention's per-row merge counters
+        self._argmax_buf: tuple[Any, ...] | None = None
+        self._capturing = False
+        self._version = 0  # bumped whenever a buffer captured steps read (ids, RoPE tables) is replaced
+        self._capture_gemm: CaptureGemm | None = None
+        # Every captured step allocates from this one pool, never from the default one, so nothing eager is ever
+        # handed a buffer a graph writes. One pool for all of them: the steps replay one at a time on one stream,
+        # and each reads only its own intermediates, written earlier in the same replay; its output stays
+        # allocated while the step exists. So a step may reuse another's intermediates, and the pool holds the
+        # largest step (a 4B prefill chunk of 512 tokens, ~0.2 GiB) rather than the sum of all of them. The
+        # price: a replayed step's output is valid until the next step runs (the engine samples it at once).
+        self._capture_pool = cupy.cuda.MemoryPool()
+        # and one stream to capture on: CuPy's pool hands a freed block only to allocations on the stream it was
+        # freed on, so a new stream per capture would share nothing
+        self._capture_stream = cupy.cuda.Stream(non_blocking=True)
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+        self.n_sm = int(props["multiProcessorCount"])
+        self._smem_per_sm = int(props["sharedMemPerMultiprocessor"])
+        self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        # the kernel paths of this capability; GENIE_CUDA_COMPAT (sm87, 8.7) takes an older GPU's on a newer one.
+        # Compute capability 9.0 and later: programmatic dependent launch in captured steps (pdl.py), thread-block
+        # clusters (one-token attention as attention_dec), and one-token Q4_K/Q6_K products on the tensor cores
+        # with the weights streamed by bulk copies (gemv1m; gemv1q, dp4a, elsewhere)
+        self.capability = compat_capability((int(props["major"]), int(props["minor"])), os.environ.get(COMPAT_ENV))
+        hopper = self.capability >= (9, 0)
+        self._pdl = dependent_launcher() if hopper else None
+        self._clusters = hopper
+        self._mma = hopper
+        self._coded: Coded | None = None  # the last product's output coded for its consumer, until one takes it
+        self._late_out: Any = None  # the last rows product's output, when its consumer codes it late (rows.py)
+        self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
+
+    @property
+    def device_name(self) -> str:
+        forced = f", {COMPAT_ENV}={self.capability[0]}.{self.capability[1]}" if os.environ.get(COMPAT_ENV) else ""
+        return f"cupy ({self._device_name}{forced})"
+
+    def _kernel(self, op: str, qtype: GGMLQuantizationType) -> Kernel:
+        return self._kernel_named(f"{op}_{KERNEL_TYPES[qtype]}")
+
+    def _kernel_named(self, name: str) -> Kernel:
+        if name not in self._kernels:
+            self._kernels[name] = Kernel(self._module.get_function(name), self)
+        return self._kernels[name]
+
+    def _op(self, name: str) -> Kernel:
+        if name not in self._kernels:
+            self._kernels[name] = Kernel(self._ops.get_function(name), self)
+        return self._kernels[name]
+
+    @property
+    def dependent_launch(self) -> bool:
+        """Whether the kernels of a step being captured are launched with programmatic dependent launch."""
+        return self._capturing and self.tuning.use_pdl and self._pdl is not None
+
+    # -- memory -------------------------------------------------------------------------------------
+    def weight_bytes(self, tensors: list[TensorInfo], matrix: bool) -> int:
+        return Backend.weight_bytes(self, tensors, matrix)  # GGUF blocks as stored (not NumPy's int8 rows)
+
+    def free_memory(self) -> int:
+        return int(self.xp.cuda.runtime.memGetInfo()[0])
+
+    def release_memory(self) -> None:
+        self.xp.get_default_memory_pool().free_all_blocks()
+        self.xp.get_default_pinned_memory_pool().free_all_blocks()
+
+    def scratch_bytes(self, cfg: ModelConfig, prefill_chunk: int, n_slots: int) -> tuple[int, int]:
+        # a step's arrays, once more for the pool the captured steps allocate from, and the prefill GEMM's
+        # dequantized tile; attention keeps no per-key scores (flash-style kernels)
+        acts, _ = Backend.scratch_bytes(self, cfg, prefill_chunk, n_slots)
+        return 2 * acts + PREFILL_SCRATCH_BYTES, 0
+
+    def retune(self, **changes: Any) -> None:
+        """Another tuning (benchmarks comparing variants in one process): the kernel modules whose compiled
+        sizes changed are built again, and captured steps are captured again."""
+        tuning = replace(self.tuning, **changes)
+        modules = {"quant": QUANT_SOURCES, "ops": OPS_SOURCES}
+        for module, files in modules.items():
+            if tuning.options(module) != self.tuning.options(module):
+                built = kernel_module(*files, options=tuning.options(module))
+                built.compile()
+                if module == "quant":
+                    self._module = built
+                else:
+                    self._ops = built
+                self._kernels.clear()
+        self.tuning = tuning
+        self._version += 1

@@ -1,0 +1,361 @@
+"""Products with the weights: one token through the GEMV kernels of quant.cu (dp4a on int8 codes of the input
+for Q4_K and Q6_K, gemv1m on the tensor cores on compute capability 9.0, each able to code its consumer's
+input in its epilogue), several rows through rows.py, a prompt chunk through cuBLAS (TF32) on dequantized
+tiles of the weight."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from ..base import NextInput
+from . import core, rows
+from .capture_gemm import CaptureGemm
+from .core import Coded
+from .kernels import THREADS
+from .quant_consts import (
+    _EP_GATED,
+    _EP_NONE,
+    _EP_NORM,
+    _X_GATED,
+    _X_NORM,
+    ACTIVATIONS,
+    EP_MAX_ROWS,
+    MMA_MAX_THREADS,
+    MMA_ROW_BYTES,
+    MMA_STATIC_SMEM,
+    Q8_MAX_COLS,
+    Q8_THREADS,
+)
+from .weights import CupyWeights, GroupWeight, QuantWeight
+
+OCTET_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})  # int8-activation one-token kernels
+# cuBLAS / CUDA enums (cublas_api.h, library_types.h): gemmEx's data and compute types
+_CUDA_R_32F = 0
+_CUBLAS_COMPUTE_32F_FAST_TF32 = 77
+_CUBLAS_GEMM_DEFAULT = -1
+
+
+class CupyProducts(CupyWeights):
+    def gemv1_into(self, x: Any, w: QuantWeight, out: Any) -> Any:
+        """out[r] = (x @ w.T)[0, r] for one token (decode): dp4a on int8 activations for Q4_K/Q6_K, else x
+        staged in shared memory as float32."""
+        assert x.shape == (1, w.cols) and x.flags.c_contiguous
+        if w.qtype in OCTET_TYPES and w.cols <= Q8_MAX_COLS:
+            self._gemv1q(w, self._q8_input(x, w.cols), out)
+            return out
+        kernel = self._kernel("gemv1", w.qtype)
+        smem = w.cols * 4
+        kernel.allow_smem(smem)
+        rows_per_warp = self._rows_per_warp(w)
+        rows_per_block = THREADS // 32 * rows_per_warp
+        kernel(
+            ((w.rows + rows_per_block - 1) // rows_per_block,),
+            (THREADS,),
+            (w.data, x, out, np.int32(w.rows), np.int32(w.cols), np.int64(w.row_bytes), np.int32(rows_per_warp)),
+            shared_mem=smem,
+        )
+        return out
+
+    def _rows_per_warp(self, w: QuantWeight) -> int:
+        # several rows per warp share the x registers, but only where the grid still gives every SM two
+        # blocks: measured on the H200, 4 rows per warp everywhere lifted 4B decode 14 % and cost 0.6B 15 %
+        t = self.tuning
+        return max(1, min(t.gemv_max_rows, w.rows // (THREADS // 32 * t.gemv_blocks_per_sm * self.n_sm)))
+
+    def _q8_input(
+        self,
+        x: Any,
+        cols: int,
+        r: Any = None,
+        nw: Any = None,
+        x_new: Any = None,
+        eps: float = 0.0,
+        mode: int = 0,
+        act: int = 0,
+    ) -> Any:
+        """The dp4a kernels' input (q8_input in quant.cu): x, act(gate) * up (_X_GATED) or rms_norm(x + r)
+        (_X_NORM, writing x + r to x_new) as two int8 codes a value per 32 values, with scales and sums."""
+        x8 = self.xp.empty(2 * cols + cols // 4, dtype=self.xp.int8)  # two codes a value, scales, sums
+        null = np.uint64(0)
+        self._kernel_named("q8_input")(
+            (1,),
+            (Q8_THREADS,),
+            (
+                x,
+                null if r is None else r,
+                null if nw is None else nw,
+                null if x_new is None else x_new,
+                np.float32(eps),
+                np.int32(mode),
+                np.int32(act),
+                np.int32(cols),
+                x8,
+                np.int64(0),
+                np.int64(0),
+                null,
+            ),
+        )
+        return x8
+
+    def _mma_tiles(self, w: QuantWeight, x8: Any, then: NextInput | None) -> int:
+        """Tiles of 16 rows a block of gemv1m (quant.cu: Q4_K and Q6_K on the tensor cores) takes for w, or 0
+        where that kernel does not apply: compute capability 9.0, 16-byte aligned weights and x8."""
+        if not (self._mma and self.tuning.use_mma) or w.qtype not in MMA_ROW_BYTES:
+            return 0
+        if w.data.data.ptr % 16 or x8.data.ptr % 16 or w.rows * w.row_bytes % 16:  # no copy past the end
+            return 0
+        tiles = -(-w.rows // 16)
+        per_block = -(-tiles // (self.n_sm * self._mma_shape(w)[0]))
+        return 0 if then is not None and 16 * per_block > EP_MAX_ROWS else per_block
+
+    def _mma_shape(self, w: QuantWeight) -> tuple[int, int, int]:
+        """gemv1m's blocks an SM, threads a block and dynamic shared memory for w: mma_blocks_per_sm blocks of
+        mma_threads where their rings fit an SM, else fewer blocks of more threads (the same warps an SM)."""
+        smem = self.tuning.mma_stages * 16 * MMA_ROW_BYTES[w.qtype] + 2 * w.cols + w.cols // 4  # the ring, x8
+        if w.qtype == GGMLQuantizationType.Q6_K:
+            smem += w.cols // 2  # x8's 16-value sums of codes
+        fit = self._smem_per_sm // (smem + MMA_STATIC_SMEM)
+        blocks = max(1, min(self.tuning.mma_blocks_per_sm, fit))
+        return blocks, min(MMA_MAX_THREADS, self.tuning.mma_threads * self.tuning.mma_blocks_per_sm // blocks), smem
+
+    def _row_split(self, w: QuantWeight) -> int:
+        """Warps a row of the dp4a GEMV is split over (a power of two, at most a block's 8): a matrix of too
+        few rows to give every SM gemv_split_warps warps takes more warps a row, while each warp's slice keeps
+        a unit (256 values) for each of its 4 octets."""
+        want = self.tuning.gemv_split_warps * self.n_sm
+        ks = 1
+        while ks < THREADS // 32 and w.rows * ks < want and (w.cols // 256) // (4 * ks * 2) >= 1:
+            ks *= 2
+        return ks
+
+    def _gemv1q(
+        self,
+        w: QuantWeight,
+        x8: Any,
+        out: Any,
+        norm_ss: Any = None,
+        eps: float = 0.0,
+        then: NextInput | None = None,
+        alone: NextInput | None = None,
+    ) -> Coded | None:
+        """out = w @ x for x coded in x8 (times its RMS factor from the group sums of squares norm_ss, when
+        given); with `then`, the kernel's epilogue codes the consumer's input (see Coded), which it returns.
+        `alone`: the `then` this row would have alone, when it differs (the rows path: the same kernel)."""
+        mma_tiles = self._mma_tiles(w, x8, then if alone is None else alone)
+        ks = self._row_split(w)
+        rows_per_warp = self._rows_per_warp(w) if ks == 1 else 1
+        rows_per_block = 16 * mma_tiles or THREADS // 32 // ks * rows_per_warp
+        null = np.uint64(0)
+        mode, act, coded = _EP_NONE, 0, None
+        if then is not None:
+            len_ = w.rows // 2 if then.act is not None else w.rows
+            assert rows_per_block <= EP_MAX_ROWS and len_ % 32 == 0  # EP_MAX_GROUPS in quant.cu
+            cp = self.xp
+            coded = Coded(out, cp.empty(2 * len_ + len_ // 4, dtype=cp.int8), then)
+            if then.act is not None:
+                mode, act = _EP_GATED, ACTIVATIONS[then.act]
+            else:
+                mode = _EP_NORM
+                coded.x_new = cp.empty((1, len_), dtype=cp.float32)
+                coded.ss = cp.empty(len_ // 32, dtype=cp.float32)
+            if self._ep_cnt.size < len_ // 32:  # zero between launches (the coding blocks reset them)
+                self._ep_cnt = cp.zeros(len_ // 32, dtype=cp.int32)
+                self._version += 1  # captured steps hold the old counters
+        residual = None if then is None else then.residual
+        grid = ((w.rows + rows_per_block - 1) // rows_per_block,)
+        if mma_tiles:
+            kernel = self._kernel("gemv1m", w.qtype)
+            _, threads, smem = self._mma_shape(w)
+            kernel.allow_smem(smem)
+            head: tuple = (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int32(mma_tiles))
+            launch = partial(kernel, grid, (threads,), shared_mem=smem)
+        else:
+            head = (
+                w.data,
+                x8,
+                out,
+                np.int32(w.rows),
+                np.int32(w.cols),
+                np.int64(w.row_bytes),
+                np.int32(rows_per_warp),
+                np.int32(ks),
+            )
+            launch = partial(self._kernel("gemv1q", w.qtype), grid, (THREADS,))
+        launch(
+            (
+                *head,
+                null if norm_ss is None else norm_ss,
+                np.int32(0 if norm_ss is None else norm_ss.size),
+                np.float32(eps),
+                np.int32(mode),
+                np.int32(act),
+                null if coded is None else coded.x8,
+                self._ep_cnt,
+                null if residual is None else residual,
+                null if mode != _EP_NORM else then.norm,  # type: ignore[union-attr]
+                null if coded is None or coded.x_new is None else coded.x_new,
+                null if coded is None or coded.ss is None else coded.ss,
+            ),
+        )
+        return coded
+
+    def _epilogue_for(self, then: NextInput | None, parts: list[QuantWeight]) -> NextInput | None:
+        """`then` where one product's kernel can code its consumer's input: a single matrix whose output (act:
+        each half) is whole 32-value groups; a norm's residual and weight float32 vectors of the output's size."""
+        if then is None or not self.tuning.use_epilogues or len(parts) != 1:
+            return None
+        rows = parts[0].rows
+        if then.act is not None:
+            return then if rows % 64 == 0 and then.act in ACTIVATIONS else None
+        cp = self.xp
+        if then.norm is None or rows % 32 or then.norm.size != rows or then.norm.dtype != cp.float32:
+            return None
+        res = then.residual  # a row of it a row of the output (the rows path asks this for one row of many)
+        if res is not None and (res.shape[-1] != rows or res.dtype != cp.float32 or not res.flags.c_contiguous):
+            return None
+        return then if then.norm.flags.c_contiguous else None
+
+    def _matmul_part(self, x: Any, w: QuantWeight, out: Any, col0: int) -> None:
+        if x.shape[0] == 1:
+            self.gemv1_into(x, w, out[0, col0:])
+        else:  # a short prompt too: the few-token GEMV made an 8-token prompt's first token 128 ms on the 4B
+            self._prefill_matmul(x, w, out, col0)
+
+    def _prefill_matmul(self, x: Any, w: QuantWeight, out: Any, col0: int) -> None:
+        """out[:, col0:col0 + w.rows] = x @ w.T on the tensor cores: a tile of rows at a time is
+        dequantized to bounded float32 scratch, then one cuBLAS TF32 GEMM writes the tile's columns of
+        `out` in place."""
+        cp = self.xp
+        from cupy_backends.cuda.libs import cublas
+
+        n, k = x.shape
+        tile = max(256, core.PREFILL_SCRATCH_BYTES // (w.cols * 4))  # core's: tests shrink it
+        scratch = cp.empty((min(tile, w.rows), w.cols), dtype=cp.float32)
+        handle = cp.cuda.device.get_cublas_handle()
+        gemm: Callable[..., None]
+        if self._capturing:  # CuPy refuses cuBLAS calls now; _capture set the handle's stream (capture_gemm.py)
+            if self._capture_gemm is None:
+                self._capture_gemm = CaptureGemm(handle)
+            gemm = self._capture_gemm
+        else:
+            cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+            gemm = partial(cublas.gemmEx, handle)
+        one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+        ldo = out.shape[1]
+        for r0 in range(0, w.rows, tile):
+            rows = min(tile, w.rows - r0)
+            part = QuantWeight(w.data[r0 * w.row_bytes : (r0 + rows) * w.row_bytes], w.qtype, rows, w.cols)
+            dense = self.dequant_into(part, scratch[:rows])
+            # column-major view: out^T [rows, n] (ld = ldo) = dense [rows, k] (stored k-major) @ x^T
+            gemm(
+                cublas.CUBLAS_OP_T,
+                cublas.CUBLAS_OP_N,
+                rows,
+                n,
+                k,
+                one.ctypes.data,
+                dense.data.ptr,
+                _CUDA_R_32F,
+                k,
+                x.data.ptr,
+                _CUDA_R_32F,
+                k,
+                zero.ctypes.data,
+                out.data.ptr + (col0 + r0) * 4,
+                _CUDA_R_32F,
+                ldo,
+                _CUBLAS_COMPUTE_32F_FAST_TF32,
+                _CUBLAS_GEMM_DEFAULT,
+            )
+
+    def matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
+        if x.shape[0] == 1:
+            return self._one_matmul(x, weight, then)
+        return rows.matmul(self, x, weight, then)  # a step's rows, or a prompt chunk (rows.py)
+
+    def _one_matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
+        cp = self.xp
+        coded, self._coded = self._coded, None
+        given = x
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        parts = weight.parts if isinstance(weight, GroupWeight) else [weight]
+        if self._fusable(x, weight):  # one token, dp4a types: x quantized once for every part
+            if coded is not None and coded.out is given and coded.then is None:  # coded as it was written
+                return self._matmul_q8(coded.x8, parts, then=then)
+            return self._matmul_q8(self._q8_input(x, x.shape[1]), parts, then=then)
+        out = cp.empty((x.shape[0], sum(p.rows for p in parts)), dtype=cp.float32)
+        col0 = 0
+        for part in parts:
+            self._matmul_part(x, part, out, col0)
+            col0 += part.rows
+        return out
+
+    def _matmul_q8(
+        self, x8: Any, parts: list[QuantWeight], norm_ss: Any = None, eps: float = 0.0, then: NextInput | None = None
+    ) -> Any:
+        out = self.xp.empty((1, sum(p.rows for p in parts)), dtype=self.xp.float32)
+        then = self._epilogue_for(then, parts)
+        col0 = 0
+        for part in parts:
+            coded = self._gemv1q(part, x8, out[0, col0:], norm_ss, eps, then)
+            col0 += part.rows
+        if then is not None:
+            assert coded is not None
+            coded.out = out  # the consumer is handed `out` itself, not the part's view
+            self._coded = coded
+        return out
+
+    def _take_coded(self) -> Coded | None:
+        coded, self._coded = self._coded, None
+        return coded
+
+    # -- fused compositions (decode: one token, dp4a weights) ---------------------------------------------
+    def _fusable(self, x: Any, weight: QuantWeight | GroupWeight) -> bool:
+        """One token through the dp4a kernels."""
+        parts = weight.parts if isinstance(weight, GroupWeight) else [weight]
+        return x.shape[0] == 1 and self._fusable_parts(parts)
+
+    def _fusable_parts(self, parts: list[QuantWeight]) -> bool:
+        """Every part takes int8 codes of its input (q8_input takes rows of up to Q8_MAX_COLS values)."""
+        return all(p.qtype in OCTET_TYPES and p.cols <= Q8_MAX_COLS for p in parts)
+
+    def add_norm_matmul(
+        self, x: Any, r: Any, norm: Any, eps: float, w: QuantWeight | GroupWeight, then: NextInput | None = None
+    ) -> tuple[Any, Any]:
+        cp = self.xp
+        coded = self._take_coded()
+        if x.shape[0] > 1:
+            return rows.add_norm_matmul(self, x, r, norm, eps, w, then)
+        if not self._fusable(x, w):
+            return super().add_norm_matmul(x, r, norm, eps, w, then)
+        parts = w.parts if isinstance(w, GroupWeight) else [w]
+        c = None if coded is None else coded.then
+        same = c is not None and c.norm is norm and c.residual is x and c.eps == eps
+        if coded is not None and same and coded.out is r:
+            return coded.x_new, self._matmul_q8(coded.x8, parts, coded.ss, eps, then)  # the producer coded it
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        if r is not None:
+            r = cp.ascontiguousarray(r, dtype=cp.float32)
+        x_new = x if r is None else cp.empty_like(x)
+        x8 = self._q8_input(x, x.shape[1], r, norm, None if r is None else x_new, eps, _X_NORM)
+        return x_new, self._matmul_q8(x8, parts, then=then)
+
+    def gated_matmul(self, gate_up: Any, kind: str, w: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
+        cp = self.xp
+        coded = self._take_coded()
+        if gate_up.shape[0] > 1:
+            return rows.gated_matmul(self, gate_up, kind, w, then)
+        if not self._fusable(gate_up, w):
+            return super().gated_matmul(gate_up, kind, w, then)
+        parts = w.parts if isinstance(w, GroupWeight) else [w]
+        if coded is not None and coded.out is gate_up and coded.then is not None and coded.then.act == kind:
+            return self._matmul_q8(coded.x8, parts, then=then)  # act(gate) * up coded by the gate/up product
+        gate_up = cp.ascontiguousarray(gate_up, dtype=cp.float32)
+        cols = gate_up.shape[1] // 2
+        x8 = self._q8_input(gate_up, cols, mode=_X_GATED, act=ACTIVATIONS[kind])
+        return self._matmul_q8(x8, parts, then=then)

@@ -1,0 +1,146 @@
+"""A step's inputs staged on the device, and steps captured as CUDA graphs and replayed: the token ids,
+positions and per-segment rows live in buffers the graphs read, replaced (and `buffer_version` bumped) only
+when they must grow; every capture allocates from one pool no eager code is handed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...batch import Batch
+from .core import CupyCore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Captured:
+    """A decode step captured as a CUDA graph: replaying it recomputes `out` in place."""
+
+    graph: Any  # its intermediates live in CupyBackend._capture_pool, never handed to eager code
+    out: Any
+    version: int  # the backend's buffer version it was captured against
+
+
+class CupySteps(CupyCore):
+    # -- steps and CUDA graphs ---------------------------------------------------------------------------
+    def rope_table(self, base: float, scale: float, rope_dim: int, n_pos: int) -> Any:
+        """The cos/sin tables [>= n_pos, rope_dim / 2] on the device (replacing one bumps `buffer_version`)."""
+        return self._rope_table(base, scale, rope_dim, n_pos)
+
+    def staged_inputs(self) -> tuple[Any, Any]:
+        """The device buffers stage_inputs fills: token ids (int64) and the first position (int32)."""
+        return self._ids, self._pos
+
+    @property
+    def buffer_version(self) -> int:
+        """Bumped whenever a buffer that captured steps point to is replaced."""
+        return self._version
+
+    def stage_batch(self, batch: Batch) -> Any:
+        ids = super().stage_batch(batch)
+        if self._capturing:
+            return ids
+        n, k = len(batch.segments), len(batch.logit_rows)
+        if n > 1:  # each segment's position, in one copy: stage_segment points at them
+            self._segment_pos = self._staged(self._segment_pos, np.array([s.pos0 for s in batch.segments], np.int32))
+            # the one-token segments' rows, slots and positions, for decode_attention
+            dec = [(batch.rows(j).start, s.slot, s.pos0) for j, s in enumerate(batch.segments) if s.n == 1]
+            if dec:
+                self._dec = self._staged(self._dec, np.array(dec, np.int32).T.reshape(-1))
+        if k:
+            self._logit_rows = self._staged(self._logit_rows, batch.logit_rows.astype(np.int64))
+        return ids
+
+    def _staged(self, buffer: Any, values: np.ndarray) -> Any:
+        """`values` copied into the front of `buffer` (grown when short: captured steps read the old one)."""
+        if buffer.size < values.size:
+            buffer = self.xp.zeros(max(values.size, 2 * buffer.size), dtype=buffer.dtype)
+            self._version += 1
+        buffer[: values.size].set(values)
+        return buffer
+
+    def take_rows(self, x: Any, rows: np.ndarray) -> Any:
+        return x[self._logit_rows[: len(rows)]]
+
+    def stage_segment(self, i: int | None) -> None:
+        self._pos = self._step_pos if i is None else self._segment_pos[i : i + 1]
+
+    def stage_inputs(self, ids: np.ndarray, pos0: int) -> Any:
+        cp = self.xp
+        n = len(ids)
+        if not self._capturing:  # while capturing, the graph reads whatever the buffers hold at replay
+            if self._ids.shape[0] < n:
+                self._ids = cp.zeros(max(n, 2 * self._ids.shape[0]), dtype=cp.int64)
+                self._version += 1  # captured steps read the old buffer
+            self._ids[:n].set(np.ascontiguousarray(ids, dtype=np.int64))
+            self._pos.set(np.array([pos0], dtype=np.int32))
+        return self._ids[:n]
+
+    def forward_step(
+        self,
+        steps: dict[Hashable, Any],
+        key: Hashable,
+        run: Callable[[], Any],
+        batch: Batch,
+        capturable: bool,
+    ) -> Any:
+        cp = self.xp
+        prefill = any(s.n > 1 for s in batch.segments)
+        if not (self.tuning.use_graphs and capturable) or (prefill and not self.tuning.capture_prefill):
+            return run()
+        if max(s.pos0 + s.n for s in batch.segments) > self._rope_limit():
+            return run()
+        captured = steps.get(key)
+        if captured is False:  # its capture failed once: eager from now on
+            return run()
+        if captured is None or captured.version != self._version:
+            out = run()  # eagerly once: compiles kernels, builds tables, computes this step
+            try:
+                steps[key] = self._capture(run)
+            except (cp.cuda.runtime.CUDARuntimeError, NotImplementedError, RuntimeError, MemoryError) as e:
+                # a pass that syncs with the host or calls a library that refuses capture, or no memory left
+                # for the graph's own: it stays eager (the eager pass above has computed this step)
+                log.warning("event=capture_failed key=%s: %s; running it eagerly", key, e)
+                steps[key] = False
+            return out
+        self.stage_batch(batch)
+        captured.graph.launch(stream=cp.cuda.get_current_stream())
+        return captured.out
+
+    def _capture(self, run: Callable[[], Any]) -> _Captured:
+        cp = self.xp
+        pool, stream = self._capture_pool, self._capture_stream
+        self._capturing = True
+        try:
+            with cp.cuda.using_allocator(pool.malloc), stream:
+                from cupy_backends.cuda.libs import cublas
+
+                # the prefill GEMMs' stream, set while CuPy still allows it (capture_gemm.py)
+                cublas.setStream(cp.cuda.device.get_cublas_handle(), stream.ptr)
+                stream.begin_capture(mode=cp.cuda.runtime.streamCaptureModeRelaxed)
+                try:
+                    out = run()
+                finally:
+                    graph = stream.end_capture()
+        finally:
+            self._capturing = False
+            self._coded = None  # no eager product may take a code the graph writes
+        return _Captured(graph, out, self._version)
+
+    def _rope_limit(self) -> int:
+        """Positions every RoPE table covers: a replay past it must run eagerly (and grow the tables)."""
+        return min((t.cos.shape[0] for t in self._rope_tables.values()), default=0)
+
+    def _rope_table(
+        self, base: float, scale: float, rope_dim: int, n_pos: int, freq_factors: tuple[float, ...] | None = None
+    ) -> Any:
+        before = self._rope_tables.get((base, scale, rope_dim, freq_factors))  # the key NumpyBackend files it under
+        table = super()._rope_table(base, scale, rope_dim, n_pos, freq_factors)
+        if before is not None and table is not before:
+            self._version += 1  # captured steps read the replaced table
+        return table

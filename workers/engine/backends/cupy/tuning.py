@@ -1,0 +1,58 @@
+"""The CuPy backend's tuning: one frozen object given at construction (CupyBackend(tuning)); a benchmark
+comparing variants in one process asks for another with CupyBackend.retune, which recompiles the kernel
+modules whose build-time sizes changed. The defaults are what bench/NOTES.md measured best on the H200."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
+
+# the knobs compiled into a module (-DNAME=value): module, define, its default in the source
+DEFINES = {
+    "octet_units": ("quant", "OCTET_UNITS", 2),
+    "mma_stages": ("quant", "MMA_STAGES", 3),
+    "pf_warps": ("ops", "PF_WARPS", 4),
+    "dec_max_warps": ("ops", "DEC_MAX_WARPS", 16),
+}
+
+
+@dataclass(frozen=True)
+class CupyTuning:
+    use_graphs: bool = True  # decode steps and prompt chunks replayed as CUDA graphs
+    capture_prefill: bool = True  # full prefill chunks as graphs too (the engine says which shapes repeat)
+    use_pdl: bool = True  # programmatic dependent launch in captured steps (pdl.py; compute capability 9.0)
+    # the one-token GEMVs' rows per warp: as many as keep gemv_blocks_per_sm blocks per SM, at most gemv_max_rows
+    gemv_blocks_per_sm: int = 2
+    gemv_max_rows: int = GEMV1_ROWS
+    gemv_split_warps: int = 32  # rows split over warps below this many warps per SM (0: never split)
+    use_clusters: bool = True  # one-token attention as attention_dec, a cluster a KV head (9.0)
+    use_decode_rows: bool = True  # a step's one-token segments' attention in one launch (attention_decn)
+    use_epilogues: bool = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
+    # one-token Q4_K/Q6_K products on the tensor cores, weights streamed by bulk copies (gemv1m, 9.0)
+    use_mma: bool = True
+    mma_threads: int = 256
+    mma_blocks_per_sm: int = 2
+    gemvn_groups: int = 2  # groups of four tokens a block of the n-token product (1, 2 or 4: gemvn{1,2,4}_*)
+    # compiled in (DEFINES)
+    octet_units: int = 2  # blocks a lane of the dp4a GEMV loads before using any (OCTET_UNITS)
+    mma_stages: int = 3  # gemv1m's ring of stages (MMA_STAGES)
+    pf_warps: int = 4  # the prefill attention's warps a block, 16 query rows each (PF_WARPS)
+    dec_max_warps: int = 16  # attention_dec's warps a block at most (DEC_MAX_WARPS)
+
+    def __post_init__(self) -> None:
+        if self.gemvn_groups not in (1, 2, 4):
+            raise ValueError(f"gemvn_groups must be 1, 2 or 4, not {self.gemvn_groups}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, bool) and value < 0:
+                raise ValueError(f"{f.name} must not be negative, not {value}")
+
+    def options(self, module: str) -> tuple[str, ...]:
+        """The -D options `module` ("quant" or "ops") is compiled with: only the sizes that differ from the
+        source's own (an unchanged module keeps its place in CuPy's disk cache)."""
+        return tuple(
+            f"-D{define}={getattr(self, name)}"
+            for name, (mod, define, default) in DEFINES.items()
+            if mod == module and getattr(self, name) != default
+        )
