@@ -2,7 +2,7 @@
 
 Timing does not depend on weight values, so these stand in for Qwen3-0.6B and Qwen3-4B on speed
 (../shared/ANCHORS.md measured llama.cpp on files of the same shapes), and for Gemma 4 E2B (shapes of
-docs/gemma4.md §1.1: 35 layers, sliding head dim 256 and global 512, the last 20 layers sharing K/V with
+bench/NOTES-gemma4.md §1.1: 35 layers, sliding head dim 256 and global 512, the last 20 layers sharing K/V with
 double-width FFNs, per-layer embeddings of 256; no llama.cpp numbers for it yet). Block data is valid:
 random quants with small positive float16 scales. The vocabulary is a dummy SentencePiece one of the
 right size.

@@ -1,25 +1,24 @@
 """The daemon's one typed config: defaults, then the TOML file, then GENIE_* variables, then flags.
 
-Environment variables are read here and nowhere else, but for XDG_RUNTIME_DIR: the default socket
-directory is protocol/endpoints.py's, which clients given no endpoint share; and the default models
-directory is genie_common/models/local.py's (GENIE_MODELS_DIR, XDG_DATA_HOME), which `genie` shares.
+Environment variables are read in genie_common/env.py (GENIE_<OPTION> through env.option), but for
+XDG_RUNTIME_DIR: the default socket directory is protocol/endpoints.py's, which clients given no endpoint
+share.
 """
 
 from __future__ import annotations
 
-import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from genie_common import env
 from genie_common.models.paths import default_models_dir
 from protocol.endpoints import client_endpoint, default_socket_dir
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME")
-    return (Path(base) if base else Path.home() / ".cache") / "genie" / "kv"
+    return env.cache_home() / "genie" / "kv"
 
 
 # the KV store's defaults, which its own command line (kvstore/__main__.py) and StoreConfig take from here
@@ -131,8 +130,7 @@ class DaemonConfig:
 
 
 def default_config_path() -> Path:
-    xdg = os.environ.get("XDG_CONFIG_HOME")
-    user = Path(xdg) / "genie/genie.toml" if xdg else Path.home() / ".config/genie/genie.toml"
+    user = env.config_home() / "genie" / "genie.toml"
     return user if user.exists() else Path("/etc/genie/genie.toml")
 
 
@@ -149,7 +147,7 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
             raise ValueError(f"{path}: unknown option(s) {', '.join(sorted(unknown))}")
         values.update({name: _typed(value, str(types[name]), f"{path}: {name}") for name, value in data.items()})
     for name, kind in types.items():
-        raw = os.environ.get(f"GENIE_{name.upper()}")
+        raw = env.option(name)
         if raw is not None:
             values[name] = _parse(raw, str(kind), f"GENIE_{name.upper()}")
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})

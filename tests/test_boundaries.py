@@ -57,3 +57,22 @@ def test_the_architecture_names_are_the_engines():
     from workers.engine.arch import ARCHITECTURES
 
     assert tuple(ARCHITECTURES) == architecture_names()
+
+
+ENV_READERS = {"genie_common/env.py", "protocol/endpoints.py"}  # protocol's: the client library's socket default
+
+
+def test_environment_variables_are_read_in_one_module():
+    """os.environ and os.getenv appear only in genie_common/env.py (and the client library's endpoints.py):
+    a variable's name, default and parsing are stated once."""
+    import ast
+
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+                if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb"):
+                    if isinstance(node.value, ast.Name) and node.value.id == "os" and rel not in ENV_READERS:
+                        found.append(f"{rel}:{node.lineno}")
+    assert not found, f"environment read outside genie_common/env.py: {found}"

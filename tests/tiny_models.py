@@ -140,7 +140,7 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, **overrides: An
     return hp
 
 
-# A tiny Gemma 4 (docs/gemma4.md §3): 8 layers, sliding except 3 and 7 (window 4), sliding head dim 32 and
+# A tiny Gemma 4 (bench/NOTES-gemma4.md §3): 8 layers, sliding except 3 and 7 (window 4), sliding head dim 32 and
 # global 64, the last 4 layers sharing K/V (layer 3's for global, 2's for sliding: llama.cpp's and
 # transformers' rule agree), FFN 128 and twice that in the shared layers, per-layer embeddings of width 16,
 # global RoPE over a quarter of its dims (rope_freqs), a distinct scale per layer, softcap 30, tied output.

@@ -1,7 +1,7 @@
 """The worker's link to the KV-store process, used from the engine thread: at turn start a lookup (waits
 at most `timeout_s`, then the turn goes on cold), at turn end a save (sent, never waited for).
 
-KV travels on this socket only — worker and store, never through the daemon (../shared/DESIGN.md).
+KV travels on this socket only — worker and store, never through the daemon (docs/architecture.md).
 """
 
 from __future__ import annotations

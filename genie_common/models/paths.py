@@ -3,14 +3,11 @@ genie-ctl, which loads that config, must not pay for the GGUF reader to learn a 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from genie_common import env
 
 
 def default_models_dir() -> Path:
     """`GENIE_MODELS_DIR`, else `$XDG_DATA_HOME/genie/models`, else `~/.local/share/genie/models`."""
-    override = os.environ.get("GENIE_MODELS_DIR")
-    if override:
-        return Path(override).expanduser()
-    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data_home) / "genie" / "models"
+    return env.models_dir_override() or env.data_home() / "genie" / "models"

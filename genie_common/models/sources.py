@@ -7,10 +7,10 @@ resumable `.part` in the models directory serves every kind of source.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from urllib.parse import quote, unquote, urlsplit
 
+from .. import env
 from ..errors import PullError
 from .catalogue import CATALOGUE
 from .local import name_for_file
@@ -21,7 +21,7 @@ HF_REVISION = "main"
 
 
 def hf_endpoint() -> str:
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT).rstrip("/")
+    return (env.hf_endpoint() or DEFAULT_HF_ENDPOINT).rstrip("/")
 
 
 @dataclass(frozen=True)

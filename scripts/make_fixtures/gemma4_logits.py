@@ -38,7 +38,7 @@ from tiny_models import BOS_ID, EOS_ID, gemma4_tensors, write_tiny_gemma4  # noq
 
 OUT = ROOT / "tests" / "fixtures" / "tiny" / "gemma4.npz"
 
-# GGUF tensor name -> transformers' Gemma4ForCausalLM parameter (docs/gemma4.md §2.2)
+# GGUF tensor name -> transformers' Gemma4ForCausalLM parameter (bench/NOTES-gemma4.md §2.2)
 GLOBALS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",

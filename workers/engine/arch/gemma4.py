@@ -1,4 +1,4 @@
-"""`gemma4` (Gemma 4 text, E2B and its kind), as llama.cpp's converter writes it (docs/gemma4.md).
+"""`gemma4` (Gemma 4 text, E2B and its kind), as llama.cpp's converter writes it (bench/NOTES-gemma4.md).
 
 Per layer, from the metadata: sliding or global (`sliding_window_pattern`), head dims (`key_length` for
 global layers, `key_length_swa` for sliding ones), KV heads and FFN width (a value or an array), RoPE

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from genie_common import env
 from genie_common.atomic_file import atomic_path
 
 from .block_weight import BlockWeight
@@ -50,8 +51,7 @@ _ptr = ctypes.c_void_p
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "genie" / "kernels"
+    return env.cache_home() / "genie" / "kernels"
 
 
 def _compiler_id(cc: str) -> str:
@@ -77,7 +77,7 @@ def _build(cc: str, source: Path, target: Path, flags: list[str]) -> None:
 
 def _compile() -> ctypes.CDLL:
     """The loaded library, compiled into the cache if it is not there yet; raises on any failure."""
-    cc = os.environ.get("CC", "cc")
+    cc = env.c_compiler()
     ident = _compiler_id(cc) + _cpu_id()
     with resources.as_file(resources.files(__package__) / "kernels" / SOURCE) as source:
         text = source.read_bytes()
@@ -100,9 +100,9 @@ _loaded: dict[str, ctypes.CDLL | None] = {}
 
 
 def default_threads() -> int:
-    env = os.environ.get("GENIE_CPU_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
+    threads = env.cpu_threads()
+    if threads:
+        return threads
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
@@ -111,10 +111,10 @@ def load() -> ctypes.CDLL | None:
     with _lock:
         if "lib" not in _loaded:
             lib = None
-            if os.environ.get("GENIE_CPU_KERNELS", "1") == "0":
+            if not env.cpu_kernels_enabled():
                 log.info("CPU kernels disabled (GENIE_CPU_KERNELS=0): float32 weights")
             else:
-                os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when libgomp starts
+                env.prefer_passive_openmp()
                 try:
                     lib = _compile()
                     _declare(lib)

@@ -4,12 +4,12 @@ products.py, attention.py, layer_ops.py, steps.py) are classes on this one, comp
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from gguf import GGMLQuantizationType
 
+from genie_common import env
 from genie_common.gguf_file import TensorInfo
 
 from ...model_config import ModelConfig
@@ -99,7 +99,7 @@ class CupyCore(NumpyBackend):
         # Compute capability 9.0 and later: programmatic dependent launch in captured steps (pdl.py), thread-block
         # clusters (one-token attention as attention_dec), and one-token Q4_K/Q6_K products on the tensor cores
         # with the weights streamed by bulk copies (gemv1m; gemv1q, dp4a, elsewhere)
-        self.capability = compat_capability((int(props["major"]), int(props["minor"])), os.environ.get(COMPAT_ENV))
+        self.capability = compat_capability((int(props["major"]), int(props["minor"])), env.cuda_compat())
         hopper = self.capability >= (9, 0)
         self._pdl = dependent_launcher() if hopper else None
         self._clusters = hopper
@@ -110,7 +110,7 @@ class CupyCore(NumpyBackend):
 
     @property
     def device_name(self) -> str:
-        forced = f", {COMPAT_ENV}={self.capability[0]}.{self.capability[1]}" if os.environ.get(COMPAT_ENV) else ""
+        forced = f", {COMPAT_ENV}={self.capability[0]}.{self.capability[1]}" if env.cuda_compat() else ""
         return f"cupy ({self._device_name}{forced})"
 
     def _kernel(self, op: str, qtype: GGMLQuantizationType) -> Kernel:
