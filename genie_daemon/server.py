@@ -10,7 +10,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Hashable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Hashable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -311,16 +311,24 @@ class Daemon:
                 log.exception("event=worker_message_failed type=%s", type(msg).__name__)
 
     async def on_worker(self, msg: Message) -> None:
-        if isinstance(msg, Ready):
-            self.worker.on_ready(msg.body())
-            if not self._model_info.digest:  # first start: the worker has just assembled the file
-                self._refresh_model_info()
-            await self.dispatch()
-        elif isinstance(msg, Heartbeat):
-            self.worker.thermal = msg.thermal
-        elif isinstance(msg, Dead):
-            log.error("event=worker_dead reason=%r", msg.reason)
-        elif isinstance(msg, (Delta, Done, Error)) and msg.request_id in self.scheduler.running:
+        handler = WORKER_HANDLERS.get(type(msg))
+        if handler is not None:
+            await handler(self, msg)
+
+    async def _on_ready(self, msg: Ready) -> None:
+        self.worker.on_ready(msg.body())
+        if not self._model_info.digest:  # first start: the worker has just assembled the file
+            self._refresh_model_info()
+        await self.dispatch()
+
+    async def _on_heartbeat(self, msg: Heartbeat) -> None:
+        self.worker.thermal = msg.thermal
+
+    async def _on_dead(self, msg: Dead) -> None:
+        log.error("event=worker_dead reason=%r", msg.reason)
+
+    async def _on_answer(self, msg: Delta | Done | Error) -> None:
+        if msg.request_id in self.scheduler.running:  # else a request already ended here (cancelled, dropped)
             await self.relay(msg.request_id, msg)
 
     async def relay(self, internal_id: str, msg: Delta | Done | Error) -> None:
@@ -472,3 +480,14 @@ class Daemon:
                 await asyncio.sleep(0.02)
             # the worker did not answer a cancel: the client still gets an end
             await self._drop_in_flight("shutting_down", "genie stopped during this request")
+
+
+# what each message from a worker is handled by (HELLO is checked as it arrives: worker_loop)
+WORKER_HANDLERS: dict[type[Message], Callable[[Daemon, Any], Awaitable[None]]] = {
+    Ready: Daemon._on_ready,
+    Heartbeat: Daemon._on_heartbeat,
+    Dead: Daemon._on_dead,
+    Delta: Daemon._on_answer,
+    Done: Daemon._on_answer,
+    Error: Daemon._on_answer,
+}

@@ -5,8 +5,9 @@ with ERROR, and hands the rest to the daemon (server.py), which owns the sockets
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
 
@@ -44,6 +45,24 @@ class ZmqFronts:
         self.daemon = daemon
         self.clients = clients
         self.admin = admin
+        # what each message type is answered by, per socket (anything else: ERROR unsupported)
+        self._client_handlers: dict[type[Message], Callable[[bytes, Any], Awaitable[None]]] = {
+            Generate: self._submit,
+            Prewarm: self._submit,
+            Cancel: self._cancel,
+            Status: self._client_status,
+            Health: self._client_status,
+        }
+        self._admin_handlers: dict[type[Message], Callable[[Any], Awaitable[Message]]] = {
+            Health: self._health,
+            Status: self._status,
+            Metrics: self._status,
+            KvList: self._kv,
+            KvEvict: self._kv,
+            KvClear: self._kv,
+            Load: self._load,
+            Unload: self._unload,
+        }
 
     # -- clients ------------------------------------------------------------------------------------------
     async def to_client(self, client: bytes, msg: Message) -> None:
@@ -61,15 +80,20 @@ class ZmqFronts:
             await self.on_client(identity, msg)
 
     async def on_client(self, client: bytes, msg: Message) -> None:
-        d = self.daemon
-        if isinstance(msg, (Generate, Prewarm)):
-            await d.submit(client, partial(self.to_client, client), msg)
-        elif isinstance(msg, Cancel):
-            await d.cancel(client, msg.request_id)
-        elif isinstance(msg, (Status, Health)):
-            await self.to_client(client, Reply(request_id=msg.request_id, data=d.status()))
-        else:
+        handler = self._client_handlers.get(type(msg))
+        if handler is None:
             await self.to_client(client, _unsupported(msg))
+        else:
+            await handler(client, msg)
+
+    async def _submit(self, client: bytes, msg: Generate | Prewarm) -> None:
+        await self.daemon.submit(client, partial(self.to_client, client), msg)
+
+    async def _cancel(self, client: bytes, msg: Cancel) -> None:
+        await self.daemon.cancel(client, msg.request_id)
+
+    async def _client_status(self, client: bytes, msg: Status | Health) -> None:
+        await self.to_client(client, Reply(request_id=msg.request_id, data=self.daemon.status()))
 
     # -- genie-ctl ----------------------------------------------------------------------------------------
     async def to_admin(self, peer: bytes, msg: Message) -> None:
@@ -90,22 +114,28 @@ class ZmqFronts:
             await self.to_admin(peer.bytes, reply)
 
     async def on_admin(self, msg: Message) -> Message:
+        handler = self._admin_handlers.get(type(msg))
+        return _unsupported(msg) if handler is None else await handler(msg)
+
+    async def _health(self, msg: Health) -> Message:
+        return Reply(request_id=msg.request_id, data=self.daemon.status())
+
+    async def _status(self, msg: Status | Metrics) -> Message:
         d = self.daemon
-        if isinstance(msg, Health):
-            return Reply(request_id=msg.request_id, data=d.status())
-        if isinstance(msg, (Status, Metrics)):
-            state = {**d.status(), "kv": await d.kv_metrics()}
-            data = d.metrics.counters(state) if isinstance(msg, Metrics) else state  # METRICS: /metrics' figures
-            return Reply(request_id=msg.request_id, data=data)
-        if isinstance(msg, (KvList, KvEvict, KvClear)):
-            if d.kv is None:
-                message = "the KV store is off (kv_store = false)"
-                return Error(request_id=msg.request_id, code="kv_disabled", message=message)
-            return await d.kv.call(msg)
-        if isinstance(msg, Load):  # answered at once; `genie-ctl load` then watches STATUS until ready
-            d.load(msg.model)
-            return Reply(request_id=msg.request_id, data={"loading": msg.model})
-        if isinstance(msg, Unload):
-            await d.unload()
-            return Reply(request_id=msg.request_id, data={"unloading": d.config.model})
-        return _unsupported(msg)
+        state = {**d.status(), "kv": await d.kv_metrics()}
+        data = d.metrics.counters(state) if isinstance(msg, Metrics) else state  # METRICS: /metrics' figures
+        return Reply(request_id=msg.request_id, data=data)
+
+    async def _kv(self, msg: KvList | KvEvict | KvClear) -> Message:
+        if self.daemon.kv is None:
+            message = "the KV store is off (kv_store = false)"
+            return Error(request_id=msg.request_id, code="kv_disabled", message=message)
+        return await self.daemon.kv.call(msg)
+
+    async def _load(self, msg: Load) -> Message:  # answered at once; `genie-ctl load` then watches STATUS
+        self.daemon.load(msg.model)
+        return Reply(request_id=msg.request_id, data={"loading": msg.model})
+
+    async def _unload(self, msg: Unload) -> Message:
+        await self.daemon.unload()
+        return Reply(request_id=msg.request_id, data={"unloading": self.daemon.config.model})

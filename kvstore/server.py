@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -51,6 +53,16 @@ class KVStoreServer:
         self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
         self.sock.bind(config.endpoint)
         self.stopping = False
+        # what each request type is answered by (anything else: ERROR unsupported)
+        self._handlers: dict[type[Message], Callable[[Any, list], tuple[Message, list[memoryview]]]] = {
+            KvSave: self._save,
+            KvLookup: self._lookup,
+            KvList: self._list,
+            KvEvict: self._evict,
+            KvClear: self._clear,
+            Metrics: self._metrics,
+            Status: self._metrics,
+        }
 
     def _store(self, fingerprint_hex: str, layout: KVLayout) -> KVStore:
         key = (bytes.fromhex(fingerprint_hex), layout)
@@ -96,33 +108,41 @@ class KVStoreServer:
             return Error(request_id=rid, code="kv_io", message=f"{type(e).__name__}: {e}"), []
 
     def _dispatch(self, msg: Message, side: list) -> tuple[Message, list[memoryview]]:
-        if isinstance(msg, KvSave):
-            layout = layout_from_body(msg.layout)
-            snapshot = snapshot_from_frames(layout, msg.token_ids, side)
-            saved = self._store(msg.fingerprint, layout).save(snapshot, msg.conv_id or "")
-            if saved is None:
-                cap = self.config.store.max_bytes
-                return Error(request_id=msg.request_id, code="kv_too_large", message=f"larger than the cap {cap}"), []
-            return KvSaved(request_id=msg.request_id, bytes=saved.bytes), []
-        if isinstance(msg, KvLookup):
-            layout = layout_from_body(msg.layout)
-            store = self._store(msg.fingerprint, layout)
-            snap = store.hydrate(msg.token_ids, msg.conv_id or "", longer_than=msg.longer_than)
-            if snap is None:
-                return KvData(request_id=msg.request_id, n_tokens=0), []
-            return KvData(request_id=msg.request_id, n_tokens=snap.n_tokens), snapshot_frames(snap)
-        if isinstance(msg, KvList):
-            return Reply(request_id=msg.request_id, data={"entries": self.files.list_entries()}), []
-        if isinstance(msg, KvEvict):
-            return Reply(request_id=msg.request_id, data={"evicted": self.files.evict(msg.entry_id)}), []
-        if isinstance(msg, KvClear):
-            return Reply(request_id=msg.request_id, data={"cleared": self.files.clear()}), []
-        if isinstance(msg, (Metrics, Status)):
-            return Reply(request_id=msg.request_id, data=self.metrics()), []
-        name = type(msg).__name__.upper()
-        return Error(
-            request_id=getattr(msg, "request_id", None), code="unsupported", message=f"{name} is not for the KV store"
-        ), []
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            name = type(msg).__name__.upper()
+            rid = getattr(msg, "request_id", None)
+            return Error(request_id=rid, code="unsupported", message=f"{name} is not for the KV store"), []
+        return handler(msg, side)
+
+    def _save(self, msg: KvSave, side: list) -> tuple[Message, list[memoryview]]:
+        layout = layout_from_body(msg.layout)
+        snapshot = snapshot_from_frames(layout, msg.token_ids, side)
+        saved = self._store(msg.fingerprint, layout).save(snapshot, msg.conv_id or "")
+        if saved is None:
+            cap = self.config.store.max_bytes
+            return Error(request_id=msg.request_id, code="kv_too_large", message=f"larger than the cap {cap}"), []
+        return KvSaved(request_id=msg.request_id, bytes=saved.bytes), []
+
+    def _lookup(self, msg: KvLookup, side: list) -> tuple[Message, list[memoryview]]:
+        layout = layout_from_body(msg.layout)
+        store = self._store(msg.fingerprint, layout)
+        snap = store.hydrate(msg.token_ids, msg.conv_id or "", longer_than=msg.longer_than)
+        if snap is None:
+            return KvData(request_id=msg.request_id, n_tokens=0), []
+        return KvData(request_id=msg.request_id, n_tokens=snap.n_tokens), snapshot_frames(snap)
+
+    def _list(self, msg: KvList, side: list) -> tuple[Message, list[memoryview]]:
+        return Reply(request_id=msg.request_id, data={"entries": self.files.list_entries()}), []
+
+    def _evict(self, msg: KvEvict, side: list) -> tuple[Message, list[memoryview]]:
+        return Reply(request_id=msg.request_id, data={"evicted": self.files.evict(msg.entry_id)}), []
+
+    def _clear(self, msg: KvClear, side: list) -> tuple[Message, list[memoryview]]:
+        return Reply(request_id=msg.request_id, data={"cleared": self.files.clear()}), []
+
+    def _metrics(self, msg: Metrics | Status, side: list) -> tuple[Message, list[memoryview]]:
+        return Reply(request_id=msg.request_id, data=self.metrics()), []
 
     def metrics(self) -> dict[str, int]:
         total = StoreMetrics()

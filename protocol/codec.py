@@ -9,12 +9,24 @@ from typing import Any
 
 import msgpack
 
+from . import kv_messages as kv
+from . import messages as m
 from .errors import BAD_FRAME, BAD_MESSAGE, ProtocolError
-from .kv_messages import KvData, KvLookup, KvSave, KvSaved
-from .messages import MESSAGE_TYPES, Message
+from .messages import Message
 from .schema import check
 
-MESSAGE_TYPES.update({cls.TYPE: cls for cls in (KvSave, KvLookup, KvData, KvSaved)})
+# every message type by its byte, the one table (SPEC.md's): client and admin, daemon <-> worker, worker <-> KV store
+MESSAGE_TYPES: dict[int, type[Message]] = {}
+for _cls in (
+    *(m.Generate, m.Delta, m.Done, m.Error, m.Cancel, m.Prewarm),
+    *(m.Status, m.Health, m.Load, m.Unload, m.Metrics, m.KvList, m.KvEvict, m.KvClear, m.Pull, m.Reply),
+    *(m.Hello, m.Ready, m.Heartbeat, m.Dead),
+    *(kv.KvSave, kv.KvLookup, kv.KvData, kv.KvSaved),
+):
+    if _cls.TYPE in MESSAGE_TYPES:
+        raise TypeError(f"{_cls.__name__} and {MESSAGE_TYPES[_cls.TYPE].__name__} share type 0x{_cls.TYPE:02x}")
+    _cls.rules()  # every field declared with wire(): a TypeError at import, not at the first message
+    MESSAGE_TYPES[_cls.TYPE] = _cls
 
 MAX_BODY_BYTES = 4 << 20  # a GENERATE with a long conversation fits; anything larger is refused unread
 # Side frames a message may carry are its type's own bound (Message.MAX_SIDE_FRAMES: 4 per KV pool for the

@@ -8,7 +8,7 @@ from typing import Any
 
 from .errors import BAD_MESSAGE, ProtocolError
 from .messages import Message
-from .schema import Field, validate
+from .schema import Field, validate, wire
 
 # The KV layout a save or lookup is for; the store checks it against every file it serves.
 # Per pool (a layer that writes K/V): KV heads, K and V head dims, sliding window; each list n_layers long.
@@ -29,18 +29,11 @@ KV_MAX_SIDE_FRAMES = 4 * LAYOUT["n_layers"].limit
 class _KvRequest(Message):
     """A save or lookup: names the model (fingerprint, 64 hex digits), the KV layout and the tokens."""
 
-    FIELDS = {
-        "request_id": Field("id", required=True),
-        "fingerprint": Field("str", required=True, limit=64),
-        "layout": Field("dict", required=True),
-        "token_ids": Field("token_ids", required=True),
-        "conv_id": Field("conv_id"),
-    }
-    request_id: str
-    fingerprint: str
-    layout: dict[str, Any]
-    token_ids: list[int]
-    conv_id: str | None = None
+    request_id: str = wire("id")
+    fingerprint: str = wire("str", limit=64)
+    layout: dict[str, Any] = wire("dict")
+    token_ids: list[int] = wire("token_ids")
+    conv_id: str | None = wire("conv_id", default=None)
 
     @classmethod
     def from_body(cls, body: Any) -> Message:
@@ -78,8 +71,7 @@ class KvLookup(_KvRequest):
     (what the worker already holds); answered by KV_DATA."""
 
     TYPE = 0x31
-    FIELDS = {**_KvRequest.FIELDS, "longer_than": Field("int", limit=1 << 31)}
-    longer_than: int = 0
+    longer_than: int = wire("int", limit=1 << 31, default=0)
 
 
 @dataclass
@@ -88,9 +80,8 @@ class KvData(Message):
 
     TYPE = 0x32
     MAX_SIDE_FRAMES = KV_MAX_SIDE_FRAMES
-    FIELDS = {"request_id": Field("id", required=True), "n_tokens": Field("int", required=True, limit=1 << 31)}
-    request_id: str
-    n_tokens: int
+    request_id: str = wire("id")
+    n_tokens: int = wire("int", limit=1 << 31)
 
 
 @dataclass
@@ -98,6 +89,5 @@ class KvSaved(Message):
     """Store -> worker: the save is durable on disk."""
 
     TYPE = 0x33
-    FIELDS = {"request_id": Field("id", required=True), "bytes": Field("int", required=True)}
-    request_id: str
-    bytes: int
+    request_id: str = wire("id")
+    bytes: int = wire("int")

@@ -5,11 +5,11 @@ answered by progress REPLYs, then a last REPLY or ERROR."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from .errors import BAD_MESSAGE, ProtocolError
-from .schema import Field, validate
+from .schema import Field, rules_of, validate, wire
 
 # Sampling parameters a GENERATE may carry (all optional; the engine's defaults apply, but the daemon sets
 # max_tokens when it is absent: SPEC.md).
@@ -31,7 +31,6 @@ PARAMS = {
 @dataclass
 class Message:
     TYPE: ClassVar[int]
-    FIELDS: ClassVar[dict[str, Field]]
     MAX_SIDE_FRAMES: ClassVar[int] = 64  # raw frames after the body (codec.py); the KV messages carry more
 
     def body(self) -> dict[str, Any]:
@@ -47,41 +46,40 @@ class Message:
         return names
 
     @classmethod
+    def rules(cls) -> dict[str, Field]:
+        """Its fields' wire rules, derived once from their declarations (schema.wire)."""
+        rules = cls.__dict__.get("_rules")
+        if rules is None:
+            rules = rules_of(cls)
+            cls._rules = rules  # type: ignore[attr-defined]
+        return rules
+
+    @classmethod
     def from_body(cls, body: Any) -> Message:
-        return cls(**validate(cls.__name__, body, cls.FIELDS))
+        return cls(**validate(cls.__name__, body, cls.rules()))
 
 
 @dataclass
 class Generate(Message):
     TYPE = 0x01
-    FIELDS = {
-        "request_id": Field("id", required=True),
-        "messages": Field("messages"),
-        "prompt": Field("str"),
-        "token_ids": Field("token_ids"),
-        "params": Field("dict"),
-        "conv_id": Field("conv_id"),
-        "stream": Field("bool"),
-        "priority": Field("enum:voice|background"),
-        "think": Field("bool"),
-        "tools": Field("tools"),
-        "format": Field("format"),
-        "ctx": Field("int"),
-    }
-    request_id: str
-    messages: list[dict[str, Any]] | None = None
-    prompt: str | None = None
-    token_ids: list[int] | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    conv_id: str | None = None
-    stream: bool = True
-    priority: str = "voice"
-    think: bool = False
-    tools: list[dict[str, Any]] | None = None  # tool definitions the chat template renders (messages only)
-    format: str | dict[str, Any] | None = None  # "json" or a JSON schema: the output is constrained to it
+    request_id: str = wire("id")
+    messages: list[dict[str, Any]] | None = wire("messages", default=None)
+    prompt: str | None = wire("str", default=None)
+    token_ids: list[int] | None = wire("token_ids", default=None)
+    params: dict[str, Any] = wire("dict", default_factory=dict)
+    conv_id: str | None = wire("conv_id", default=None)
+    stream: bool = wire("bool", default=True)
+    priority: str = wire("enum:voice|background", default="voice")
+    think: bool = wire("bool", default=False)
+    tools: list[dict[str, Any]] | None = wire(
+        "tools", default=None
+    )  # tool definitions the chat template renders (messages only)
+    format: str | dict[str, Any] | None = wire(
+        "format", default=None
+    )  # "json" or a JSON schema: the output is constrained to it
     # the context the request asks for (Ollama's num_ctx): its prompt and answer fit in this many tokens, at
     # most the worker's (DONE's usage.ctx says which was used); None: the worker's
-    ctx: int | None = None
+    ctx: int | None = wire("int", default=None)
 
     @classmethod
     def from_body(cls, body: Any) -> Message:
@@ -104,74 +102,51 @@ class Generate(Message):
 @dataclass
 class Delta(Message):
     TYPE = 0x02
-    FIELDS = {
-        "request_id": Field("id", required=True),
-        "text": Field("str", required=True),
-        "token_ids": Field("token_ids"),
-        "sentence_end": Field("bool"),
-    }
-    request_id: str
-    text: str
-    token_ids: list[int] = field(default_factory=list)
-    sentence_end: bool = False
+    request_id: str = wire("id")
+    text: str = wire("str")
+    token_ids: list[int] = wire("token_ids", default_factory=list)
+    sentence_end: bool = wire("bool", default=False)
 
 
 @dataclass
 class Done(Message):
     TYPE = 0x03
-    FIELDS = {
-        "request_id": Field("id", required=True),
-        "finish_reason": Field("enum:stop|length|cancelled|error", required=True),
-        "usage": Field("dict"),
-        "timings": Field("dict"),
-    }
-    request_id: str
-    finish_reason: str
-    usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, cached_tokens, completion_tokens
-    timings: dict[str, float] = field(default_factory=dict)  # ttft_ms, prefill_ms, decode_ms, prefill/decode_tok_s
+    request_id: str = wire("id")
+    finish_reason: str = wire("enum:stop|length|cancelled|error")
+    usage: dict[str, int] = wire("dict", default_factory=dict)  # prompt_tokens, cached_tokens, completion_tokens
+    timings: dict[str, float] = wire(
+        "dict", default_factory=dict
+    )  # ttft_ms, prefill_ms, decode_ms, prefill/decode_tok_s
 
 
 @dataclass
 class Error(Message):
     TYPE = 0x04
-    FIELDS = {
-        "request_id": Field("id"),
-        "code": Field("str", required=True, limit=64),
-        "message": Field("str", required=True, limit=4096),
-    }
-    code: str
-    message: str
-    request_id: str | None = None
+    code: str = wire("str", limit=64)
+    message: str = wire("str", limit=4096)
+    request_id: str | None = wire("id", default=None)
 
 
 @dataclass
 class Cancel(Message):
     TYPE = 0x05
-    FIELDS = {"request_id": Field("id", required=True)}
-    request_id: str
+    request_id: str = wire("id")
 
 
 @dataclass
 class Prewarm(Message):
     TYPE = 0x06
-    FIELDS = {
-        "request_id": Field("id", required=True),
-        "messages": Field("messages"),
-        "prompt": Field("str"),
-        "conv_id": Field("conv_id"),
-    }
-    request_id: str
-    messages: list[dict[str, Any]] | None = None
-    prompt: str | None = None
-    conv_id: str | None = None
+    request_id: str = wire("id")
+    messages: list[dict[str, Any]] | None = wire("messages", default=None)
+    prompt: str | None = wire("str", default=None)
+    conv_id: str | None = wire("conv_id", default=None)
 
 
 @dataclass
 class AdminCall(Message):
     """Admin calls carry a request id (and at most one argument); each is answered by REPLY or ERROR."""
 
-    FIELDS = {"request_id": Field("id", required=True)}
-    request_id: str
+    request_id: str = wire("id")
 
 
 @dataclass
@@ -187,8 +162,7 @@ class Health(AdminCall):
 @dataclass
 class Load(AdminCall):
     TYPE = 0x12
-    FIELDS = {**AdminCall.FIELDS, "model": Field("str", required=True, limit=4096)}
-    model: str = ""
+    model: str = wire("str", limit=4096)
 
 
 @dataclass
@@ -209,8 +183,7 @@ class KvList(AdminCall):
 @dataclass
 class KvEvict(AdminCall):
     TYPE = 0x16
-    FIELDS = {**AdminCall.FIELDS, "entry_id": Field("id", required=True)}
-    entry_id: str = ""  # as KV_LIST names it: c-<conv id>.<tag> or t-<hash>.<tag>
+    entry_id: str = wire("id")  # as KV_LIST names it: c-<conv id>.<tag> or t-<hash>.<tag>
 
 
 @dataclass
@@ -224,16 +197,14 @@ class Pull(AdminCall):
     a CANCEL of its request id on the admin socket stops it."""
 
     TYPE = 0x18
-    FIELDS = {**AdminCall.FIELDS, "model": Field("str", required=True, limit=4096)}
-    model: str = ""  # a catalogue name, hf://OWNER/REPO/FILE.gguf or an http(s) URL of a GGUF file
+    model: str = wire("str", limit=4096)  # a catalogue name, hf://OWNER/REPO/FILE.gguf or an http(s) URL of a GGUF file
 
 
 @dataclass
 class Reply(Message):
     TYPE = 0x1F
-    FIELDS = {"request_id": Field("id", required=True), "data": Field("dict", required=True)}
-    request_id: str
-    data: dict[str, Any]
+    request_id: str = wire("id")
+    data: dict[str, Any] = wire("dict")
 
 
 # -- daemon <-> worker control ------------------------------------------------------------------------
@@ -249,9 +220,8 @@ class Hello(Message):
     """Worker -> daemon, first: who is starting."""
 
     TYPE = 0x20
-    FIELDS = {"protocol_version": Field("int", required=True), "pid": Field("int", required=True)}
-    protocol_version: int
-    pid: int
+    protocol_version: int = wire("int")
+    pid: int = wire("int")
 
 
 @dataclass
@@ -259,23 +229,14 @@ class Ready(Message):
     """Worker -> daemon: the model is loaded and requests may come."""
 
     TYPE = 0x21
-    FIELDS = {
-        "model": Field("str", required=True, limit=4096),
-        "n_ctx": Field("int", required=True),
-        "kv_capacity": Field("int", required=True),
-        "backend": Field("str", required=True, limit=256),
-        "device": Field("str", required=True, limit=256),
-        "load_ms": Field("float", required=True),
-        "memory": Field("dict"),
-    }
-    model: str
-    n_ctx: int
-    kv_capacity: int  # sequences the KV pool holds
-    backend: str
-    device: str
-    load_ms: float
+    model: str = wire("str", limit=4096)
+    n_ctx: int = wire("int")
+    kv_capacity: int = wire("int")  # sequences the KV pool holds
+    backend: str = wire("str", limit=256)
+    device: str = wire("str", limit=256)
+    load_ms: float = wire("float")
     # the worker's memory plan: weights_mb, kv_mb, scratch_mb, total_mb, budget_mb, ctx, slots
-    memory: dict | None = None
+    memory: dict | None = wire("dict", default=None)
 
 
 @dataclass
@@ -283,10 +244,11 @@ class Heartbeat(Message):
     """Worker -> daemon every second; the daemon counts a worker dead after three missed."""
 
     TYPE = 0x22
-    FIELDS = {"seq": Field("int", required=True), "busy": Field("bool"), "thermal": Field("dict")}
-    seq: int
-    busy: bool = False
-    thermal: dict | None = None  # {temp_c: float or None, throttled: bool, paused_steps: int} (workers/thermal.py)
+    seq: int = wire("int")
+    busy: bool = wire("bool", default=False)
+    thermal: dict | None = wire(
+        "dict", default=None
+    )  # {temp_c: float or None, throttled: bool, paused_steps: int} (workers/thermal.py)
 
 
 @dataclass
@@ -294,32 +256,4 @@ class Dead(Message):
     """Worker -> daemon, last: a fatal error; the worker exits and the daemon restarts it."""
 
     TYPE = 0x23
-    FIELDS = {"reason": Field("str", required=True, limit=4096)}
-    reason: str
-
-
-MESSAGE_TYPES: dict[int, type[Message]] = {
-    cls.TYPE: cls
-    for cls in (
-        Generate,
-        Delta,
-        Done,
-        Error,
-        Cancel,
-        Prewarm,
-        Status,
-        Health,
-        Load,
-        Unload,
-        Metrics,
-        KvList,
-        KvEvict,
-        KvClear,
-        Pull,
-        Reply,
-        Hello,
-        Ready,
-        Heartbeat,
-        Dead,
-    )
-}
+    reason: str = wire("str", limit=4096)

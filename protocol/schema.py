@@ -1,11 +1,14 @@
 """Field rules for message bodies: declared as data, checked by one function.
 
 A rule is (kind, required, limit): kind is one of the keys of `_CHECKS`; limit bounds a string's length,
-a list's length, or a number's magnitude. Nothing from the wire reaches genie without passing here.
+a list's length, or a number's magnitude. A message declares each field once, as a dataclass attribute
+whose value is `wire(kind, ...)`: its rule is derived from it (required: the attribute has no default).
+Nothing from the wire reaches genie without passing here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -27,6 +30,33 @@ class Field:
     kind: str  # str | int | float | bool | token_ids | messages | str_list | dict | tools | format | enum:<a>|<b>
     required: bool = False
     limit: int = 0  # 0: the kind's default
+
+
+WIRE = "genie_wire"  # the dataclass field metadata key wire() sets
+
+
+def wire(
+    kind: str, *, limit: int = 0, default: Any = dataclasses.MISSING, default_factory: Any = dataclasses.MISSING
+) -> Any:
+    """A message attribute carried on the wire as `kind` (limit as in Field); without a default it is
+    required there too."""
+    meta = {WIRE: (kind, limit)}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def rules_of(cls: type) -> dict[str, Field]:
+    """The rules of a message dataclass's attributes, from their wire() declarations; an attribute declared
+    without one is a programming error, reported here."""
+    rules = {}
+    for f in dataclasses.fields(cls):
+        if WIRE not in f.metadata:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with wire()")
+        kind, limit = f.metadata[WIRE]
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        rules[f.name] = Field(kind, required, limit)
+    return rules
 
 
 def _is_int(v: Any) -> bool:

@@ -9,11 +9,10 @@ import random
 import msgpack
 import pytest
 
-from protocol.codec import MAX_BODY_BYTES, decode, encode
+from protocol.codec import MAX_BODY_BYTES, MESSAGE_TYPES, decode, encode
 from protocol.errors import BAD_FRAME, BAD_MESSAGE, ProtocolError
 from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
 from protocol.messages import (
-    MESSAGE_TYPES,
     Cancel,
     Dead,
     Delta,
