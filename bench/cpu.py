@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-TEXT = ROOT / "tests/fixtures/text/apache-2.0.txt"
+TEXT = ROOT / "testkit/fixtures/text/apache-2.0.txt"
 REPEATS = 3
 
 

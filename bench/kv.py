@@ -27,7 +27,7 @@ from workers.engine.engine import Completion, Engine, EngineConfig  # noqa: E402
 from workers.engine.sampling import SamplingParams  # noqa: E402
 from workers.kv_engine import engine_layout  # noqa: E402
 
-TEXT = ROOT / "tests/fixtures/text/apache-2.0.txt"
+TEXT = ROOT / "testkit/fixtures/text/apache-2.0.txt"
 REPEATS = 5
 FIRST_TOKEN = SamplingParams(temperature=0, max_tokens=1)
 

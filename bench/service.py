@@ -88,7 +88,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="genie-bench-"))
     model = args.model
     if model is None:
-        from tests.tiny_models import write_tiny_model
+        from testkit.tiny_models import write_tiny_model
 
         model = str(tmp / "tiny.gguf")
         write_tiny_model("llama", model)

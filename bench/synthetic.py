@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.tiny_models import add_gemma4_keys  # noqa: E402  (the converter's Gemma 4 keys, shared with tests)
+from testkit.tiny_models import add_gemma4_keys  # noqa: E402  (the converter's Gemma 4 keys, shared with tests)
 
 Q = GGMLQuantizationType
 SCALE_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # byte offsets of each block's float16 scales

@@ -1,4 +1,4 @@
-"""Golden logits for the tiny Gemma 4 of tests/tiny_models.py from two independent implementations on the
+"""Golden logits for the tiny Gemma 4 of testkit/tiny_models.py from two independent implementations on the
 same weights: transformers' `gemma4` (float32, eager attention) and llama.cpp (llama-cpp-python, CPU, F32
 KV cache, no flash attention), the latter twice: as released, and built with its FP16 GELU table off.
 
@@ -12,7 +12,7 @@ summation order. That second build:
   pip install --no-deps --target /tmp/llama_exact ./llama_cpp_python-0.3.36
 
 Dev-only: needs torch, transformers (with gemma4) and llama-cpp-python; never run in CI. Writes
-tests/fixtures/tiny/gemma4.npz: `ids` [n] int32 (a prompt longer than the sliding window of 4),
+testkit/fixtures/tiny/gemma4.npz: `ids` [n] int32 (a prompt longer than the sliding window of 4),
 `hf_logits`, `llama_logits` and `llama_exact_logits` [n, vocab] float32 (every position). The model itself
 is not stored: tests rebuild it byte for byte from the seed (write_tiny_gemma4(seed=0)).
 
@@ -30,13 +30,14 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "make_fixtures"))
 
 from tiny_logits import IDS, llama_cpp_logits  # noqa: E402
-from tiny_models import BOS_ID, EOS_ID, gemma4_tensors, write_tiny_gemma4  # noqa: E402
 
-OUT = ROOT / "tests" / "fixtures" / "tiny" / "gemma4.npz"
+from testkit.tiny_models import BOS_ID, EOS_ID, gemma4_tensors, write_tiny_gemma4  # noqa: E402
+
+OUT = ROOT / "testkit" / "fixtures" / "tiny" / "gemma4.npz"
 
 # GGUF tensor name -> transformers' Gemma4ForCausalLM parameter (bench/NOTES-gemma4.md §2.2)
 GLOBALS = {

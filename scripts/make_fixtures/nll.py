@@ -4,7 +4,7 @@ Dev-only: needs llama-cpp-python (`pip install llama-cpp-python`, ~5 min build);
 Windows follow `genie perplexity`: with BOS, [BOS] + tokens[i : i + ctx - 1] with step ctx - 1;
 without, tokens[i : i + ctx] with step ctx. F16 KV (type 1), so genie's --fp16-kv is comparable.
 
-    python scripts/make_fixtures/nll.py            # writes tests/fixtures/nll/<model>.json
+    python scripts/make_fixtures/nll.py            # writes testkit/fixtures/nll/<model>.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from genie_common.registry import resolve_model  # noqa: E402
 
-TEXT = ROOT / "tests/fixtures/text/apache-2.0.txt"
+TEXT = ROOT / "testkit/fixtures/text/apache-2.0.txt"
 CTX = 512
 GGML_TYPE_F16 = 1
 
@@ -69,7 +69,7 @@ def main() -> None:
             "ppl": math.exp(sum(nll) / len(nll)),
             "nll": [round(x, 6) for x in nll],
         }
-        path = ROOT / f"tests/fixtures/nll/{name}.json"
+        path = ROOT / f"testkit/fixtures/nll/{name}.json"
         path.write_text(json.dumps(out) + "\n")
         print(f"{name}: {len(tokens)} tokens, {len(nll)} scored, ppl {out['ppl']:.4f} -> {path}")
         del llm

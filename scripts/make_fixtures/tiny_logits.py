@@ -1,7 +1,7 @@
-"""Golden logits from llama.cpp for the tiny random models of tests/tiny_models.py.
+"""Golden logits from llama.cpp for the tiny random models of testkit/tiny_models.py.
 
 Dev-only: needs llama-cpp-python (`pip install llama-cpp-python`, a long CPU build); never run in CI.
-CI only reads what this writes, into tests/fixtures/tiny/:
+CI only reads what this writes, into testkit/fixtures/tiny/:
 
   {arch}.npz            for llama, qwen2, qwen3, gemma3: `ids` [n] int32 and `logits` [n, vocab] float32
                         (every position), llama.cpp on the F32 model from write_tiny_model(arch, seed=0)
@@ -24,12 +24,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
 import llama_cpp  # noqa: E402
-from tiny_models import ARCH_PARAMS, QUANT_SOURCE, write_tiny_model  # noqa: E402
 
-OUT = ROOT / "tests" / "fixtures" / "tiny"
+from testkit.tiny_models import ARCH_PARAMS, QUANT_SOURCE, write_tiny_model  # noqa: E402
+
+OUT = ROOT / "testkit" / "fixtures" / "tiny"
 # BOS, then 29 ids spread over byte and normal tokens: 30 > the gemma3 sliding window of 8.
 IDS = np.array([1] + [(i * 37 + 11) % 381 + 3 for i in range(29)], dtype=np.int32)
 GGML_TYPE_F32 = 0

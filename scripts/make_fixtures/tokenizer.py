@@ -1,4 +1,4 @@
-"""Make the tokenizer golden fixtures in tests/fixtures/tokenizer/ from llama.cpp.
+"""Make the tokenizer golden fixtures in testkit/fixtures/tokenizer/ from llama.cpp.
 
 Dev-only: this script needs llama-cpp-python (`pip install llama-cpp-python`) and is never run in CI.
 CI only reads the JSON it writes (tests/workers/engine/tokenizer/test_tokenizer.py compares genie's tokenizer with it).
@@ -20,7 +20,7 @@ from pathlib import Path
 import llama_cpp
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT_DIR = ROOT / "tests" / "fixtures" / "tokenizer"
+OUT_DIR = ROOT / "testkit" / "fixtures" / "tokenizer"
 
 LONG_PARAGRAPH = (
     "The quick brown fox jumps over the lazy dog. Meanwhile, in a galaxy far, far away, a small robot "
@@ -123,7 +123,7 @@ MODEL_TEXTS: dict[str, list[str]] = {
         "before<|endoftext|>after",
         "<repo_name>genie<file_sep>main.py",
     ],
-    # llama.cpp's Gemma 4 vocab-only GGUF (tests/fixtures/vocab/, from the llama-cpp-python sdist)
+    # llama.cpp's Gemma 4 vocab-only GGUF (testkit/fixtures/vocab/, from the llama-cpp-python sdist)
     "gemma-4": [
         "<|turn>user\nhi<turn|>",
         "<|turn>system\nBe brief.<turn|>\n<|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n",
@@ -138,7 +138,7 @@ MODEL_TEXTS: dict[str, list[str]] = {
 
 
 def model_paths() -> dict[str, Path]:
-    from tests.vocab_files import vocab_gguf
+    from testkit.vocab_files import vocab_gguf
 
     paths = {"gemma-4": vocab_gguf("gemma-4")}
     try:

@@ -15,7 +15,7 @@ from genie_common.errors import PullError
 from genie_common.families import ChatMarkup, Family
 from genie_common.models.local import _describe
 from genie_daemon.output_parser import OutputParser, Piece, ToolCall
-from tests.tiny_models import write_tiny_model
+from testkit.tiny_models import write_tiny_model
 from workers.engine.arch import ARCHITECTURES, llama
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.sampling import SamplingParams

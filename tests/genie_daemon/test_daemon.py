@@ -17,8 +17,8 @@ from genie_daemon.server import Daemon
 from protocol.client import GenieClient
 from protocol.codec import decode
 from protocol.messages import Delta, Done, Error, Generate, Prewarm, Reply
+from testkit.tiny_models import write_tiny_model
 from tests.child_env import child_env
-from tests.tiny_models import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = {"token_ids": [1] + [3 + i % 300 for i in range(200)], "params": {"max_tokens": 250, "ignore_eos": True}}

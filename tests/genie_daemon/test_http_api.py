@@ -27,7 +27,7 @@ from genie_daemon.http_server import HttpFront
 from genie_daemon.metrics import DaemonMetrics
 from genie_daemon.model_info import ModelInfo, describe
 from protocol.messages import Delta, Done, Error, Generate
-from tests.tiny_models import write_tiny_model
+from testkit.tiny_models import write_tiny_model
 
 QWEN_CALLS = [
     "<think>\nThe user wants the kitchen light on.\n</think>\n\n<tool",

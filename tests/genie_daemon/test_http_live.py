@@ -21,8 +21,8 @@ import openai
 import pytest
 
 from genie_common.config import DaemonConfig
+from testkit.tiny_models import write_tiny_model
 from tests.child_env import child_env
-from tests.tiny_models import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

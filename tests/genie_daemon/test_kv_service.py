@@ -156,7 +156,7 @@ def test_killed_kv_store_is_restarted_and_turns_go_on(tmp_path):
 def test_many_layers_are_saved_and_hydrated_through_the_daemon(tmp_path, n_layers, kv):
     """INT8 KV of more than 16 layers once exceeded the codec's side-frame limit: no model of real depth
     saved or hydrated anything, silently (issue 21 item 1)."""
-    from tests.tiny_models import write_tiny_model
+    from testkit.tiny_models import write_tiny_model
 
     model = tmp_path / f"deep-{n_layers}.gguf"
     write_tiny_model("qwen3", model, n_layers=n_layers)

@@ -30,10 +30,10 @@ import ollama
 import openai
 import pytest
 
+from testkit.tiny_models import write_tiny_model
 from tests.child_env import ROOT, child_env
 from tests.genie_common.models.file_server import FileServer, serving
 from tests.genie_daemon.test_http_live import free_port, get_json
-from tests.tiny_models import write_tiny_model
 
 START_TIMEOUT_S = 60
 HI = [{"role": "user", "content": "hi"}]

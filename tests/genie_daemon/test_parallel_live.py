@@ -14,9 +14,9 @@ import pytest
 
 from protocol.client import GenieClient
 from protocol.messages import Delta, Done
+from testkit.tiny_models import write_tiny_model
 from tests.genie_daemon.test_daemon import start_daemon, status
 from tests.genie_daemon.test_http_live import free_port
-from tests.tiny_models import write_tiny_model
 
 PARALLEL_LONG = {
     "token_ids": [1] + [3 + i % 300 for i in range(40)],

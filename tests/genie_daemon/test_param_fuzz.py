@@ -20,10 +20,10 @@ import pytest
 from protocol.client import GenieClient
 from protocol.errors import ProtocolError
 from protocol.messages import Delta, Done, Error
+from testkit.tiny_models import write_tiny_model
 from tests.child_env import child_env
 from tests.genie_daemon.test_daemon import ctl
 from tests.genie_daemon.test_http_live import free_port
-from tests.tiny_models import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTREMES = [0, -1, 1, 0.5, -0.0, 1e-300, -1e-300, 1e300, -1e300, float("inf"), float("-inf"), float("nan")]

@@ -14,7 +14,7 @@ import pytest
 
 from genie_common.gguf_file import GGUFFile
 from genie_common.registry import resolve_model
-from tests.tiny_models import write_tiny_model
+from testkit.tiny_models import write_tiny_model
 from workers.engine.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

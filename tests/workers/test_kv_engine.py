@@ -62,7 +62,7 @@ def test_saved_hydrated_conversation_continues_exactly(tmp_path, kv_dtype):
 def test_gemma4_pools_of_two_shapes_continue_exactly(tmp_path, kv_dtype):
     """The same with a tiny Gemma 4 (issue 7): 4 pools (three of head dim 32, one of 64) for 8 layers, the
     last 4 of which read earlier layers' K/V; format v4 keeps each pool's shape."""
-    from tests.tiny_models import write_tiny_gemma4
+    from testkit.tiny_models import write_tiny_gemma4
     from workers.engine.backends.numpy_backend import NumpyBackend
     from workers.engine.model import Model
 

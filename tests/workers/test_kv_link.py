@@ -14,7 +14,7 @@ import zmq
 
 from kvstore.server import KVStoreServer, ServerConfig
 from kvstore.store import StoreConfig
-from tests.tiny_models import write_tiny_model
+from testkit.tiny_models import write_tiny_model
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.sampling import SamplingParams
 from workers.kv_link import STARTUP_WAIT_S, KvLink

@@ -25,8 +25,8 @@ from protocol.messages import (
     Status,
     worker_identities,
 )
+from testkit.tiny_models import write_tiny_model
 from tests.child_env import child_env
-from tests.tiny_models import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

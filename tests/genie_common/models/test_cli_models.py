@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.tiny_models import write_tiny_model
 from tests.child_env import ROOT, child_env
 from tests.genie_common.models.file_server import COMMIT, FileServer, serving
-from tests.tiny_models import write_tiny_model
 
 TIMEOUT_S = 120
 

@@ -14,7 +14,7 @@ import pytest
 
 from genie_common.errors import GenieError, PullError
 from genie_common.models.local import ModelsDir, default_models_dir, name_for_file
-from tests.tiny_models import write_tiny_model
+from testkit.tiny_models import write_tiny_model
 
 
 @pytest.fixture

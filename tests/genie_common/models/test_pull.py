@@ -14,8 +14,8 @@ from genie_common.models import catalogue
 from genie_common.models.catalogue import CatalogueEntry
 from genie_common.models.local import ModelsDir
 from genie_common.models.pull import PullProgress, part_path, pull
+from testkit.tiny_models import write_tiny_model
 from tests.genie_common.models.file_server import FileServer, serving
-from tests.tiny_models import write_tiny_model
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import pytest
 from genie_common.errors import ModelNotFoundError
 from genie_common.models.local import ModelsDir
 from genie_common.registry import installed_path, resolve_model
-from tests.tiny_models import write_tiny_model
+from testkit.tiny_models import write_tiny_model
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tiny_models import ARCH_PARAMS, write_tiny_gemma4, write_tiny_model
+from testkit.tiny_models import ARCH_PARAMS, write_tiny_gemma4, write_tiny_model
 from workers.engine.backends.cupy import cupy_available
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.sampling import SamplingParams
@@ -26,7 +26,7 @@ BACKENDS = ["numpy", pytest.param("cupy", marks=pytest.mark.skipif(not cupy_avai
 
 def model_path(tmp_path: Path, arch: str) -> Path:
     if arch == "llama-q4_k_m":  # int8 blocks: decode rows of several streams share one C kernel call
-        return ROOT / "tests/fixtures/tiny/llama-q4_k_m.gguf"
+        return ROOT / "testkit/fixtures/tiny/llama-q4_k_m.gguf"
     path = tmp_path / f"{arch}.gguf"
     if arch == "gemma4":  # PLE width 32: the GPU kernels read rows in 32-value sub-blocks
         write_tiny_gemma4(path, seed=3, ple_dim=32)

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from genie_common.errors import RequestError
+from testkit.tiny_models import write_tiny_model
 from tests.json_schema_check import violations
-from tests.tiny_models import write_tiny_model
 from workers.engine.constraint import ANY_OBJECT
 from workers.engine.engine import Completion, Engine, EngineConfig
 from workers.engine.sampling import SamplingParams

@@ -1,4 +1,4 @@
-"""Gemma 4's chat template as its GGUF carries it (llama.cpp's gemma-4 vocab GGUF, tests/fixtures/vocab/),
+"""Gemma 4's chat template as its GGUF carries it (llama.cpp's gemma-4 vocab GGUF, testkit/fixtures/vocab/),
 rendered and tokenized by genie: turns, reasoning stripped from earlier model turns, thinking on, tool
 declarations, and tool results folded into the calling turn as llama.cpp does for this template. The
 expected strings are what transformers' `render_jinja_template` renders for the same (folded) messages."""
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from genie_common.gguf_file import GGUFFile
-from tests.vocab_files import vocab_gguf
+from testkit.vocab_files import vocab_gguf
 from workers.engine.chat_template import chat_prompt_ids, fold_tool_results, folds_tool_results, render_chat
 from workers.engine.tokenizer import Tokenizer
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from testkit.tiny_models import write_tiny_gemma4, write_tiny_model
 from tests.child_env import child_env
-from tests.tiny_models import write_tiny_gemma4, write_tiny_model
 from tests.workers.test_cli import assert_one_line_error
 from workers.engine.backends.block_weight import BlockWeight
 from workers.engine.backends.numpy_backend import NumpyBackend
@@ -21,7 +21,7 @@ from workers.engine.memory_plan import CTX_STEP, GIB, MIB, BudgetError, plan_mem
 from workers.engine.model import Model
 
 ROOT = Path(__file__).parents[3]
-Q4_K_M = ROOT / "tests/fixtures/tiny/llama-q4_k_m.gguf"
+Q4_K_M = ROOT / "testkit/fixtures/tiny/llama-q4_k_m.gguf"
 
 
 def held_bytes(weights) -> int:  # type: ignore[no-untyped-def]

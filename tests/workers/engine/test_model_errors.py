@@ -1,6 +1,6 @@
 """Every bad model file is a typed `ModelFileError` naming the file and the problem, never a raw
 IndexError, ValueError, UnicodeError, MemoryError... The bad files are corrupted copies of a valid tiny
-llama model (tests/tiny_models.py) or files written with small edits to its metadata and tensors."""
+llama model (testkit/tiny_models.py) or files written with small edits to its metadata and tensors."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from genie_common.errors import ModelFileError
 from genie_common.gguf_file import GGUFFile
-from tests.tiny_models import write_tiny_model
+from testkit.tiny_models import write_tiny_model
 from workers.engine.backends.numpy_backend import NumpyBackend
 from workers.engine.model import Model
 

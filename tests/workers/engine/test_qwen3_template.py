@@ -5,16 +5,14 @@ apply_chat_template renders)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testkit import FIXTURES
 from workers.engine.chat_template import render_chat
 
-TEMPLATE = (Path(__file__).resolve().parents[2] / "fixtures" / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(
-    encoding="utf-8"
-)
+TEMPLATE = (FIXTURES / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
 
 TOOLS = [
     {

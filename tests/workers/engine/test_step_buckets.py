@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tiny_models import write_tiny_model
+from testkit.tiny_models import write_tiny_model
 from workers.engine.backends.cupy import cupy_available
 from workers.engine.backends.numpy_backend import NumpyBackend
 from workers.engine.engine import Engine, EngineConfig
@@ -73,7 +73,7 @@ def test_no_padding_past_the_context(engines: tuple[Engine, Engine]) -> None:
 def test_cupy_replays_one_captured_step_for_every_short_prompt() -> None:
     """Prompts of 9, 13 and 16 tokens all run as the captured 16-token step (one capture, then replays with
     other ids, positions and logit rows), each within TF32's error of the NumPy backend's logits."""
-    path = ROOT / "tests/fixtures/tiny/llama-q4_k_m.gguf"
+    path = ROOT / "testkit/fixtures/tiny/llama-q4_k_m.gguf"
     engines = [Engine(EngineConfig(model=str(path), backend=b, n_ctx=128, prefill_chunk=64)) for b in ("cupy", "numpy")]
     gpu, cpu = engines
     for n in (9, 13, 16):

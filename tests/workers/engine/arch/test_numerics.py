@@ -6,14 +6,13 @@ so the two differ by ~0.07 nat per token; an exact fp32 reference gets about the
 """
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from testkit import FIXTURES
 from workers.engine.perplexity import perplexity
 
-FIXTURES = Path(__file__).parents[3] / "fixtures"
 TEXT = (FIXTURES / "text/apache-2.0.txt").read_text(encoding="utf-8")
 MODELS = ("gemma3-270m", "smollm2-135m")
 pytestmark = pytest.mark.slow  # ~2 minutes: runs in CI, skip locally with -m "not slow"

@@ -1,6 +1,6 @@
 """genie's logits on tiny random models of each architecture against llama.cpp's (golden files).
 
-The models are rebuilt from a seed by tests/tiny_models.py (byte-identical to the ones the goldens
+The models are rebuilt from a seed by testkit/tiny_models.py (byte-identical to the ones the goldens
 were computed on); the goldens come from scripts/make_fixtures/tiny_logits.py (llama-cpp-python, CPU,
 F32 KV cache). Only the Q4_K_M model is committed as a file.
 """
@@ -8,7 +8,6 @@ F32 KV cache). Only the Q4_K_M model is committed as a file.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -19,19 +18,14 @@ ROOT = Path(__file__).resolve().parents[4]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from testkit.tiny_models import write_tiny_gemma4, write_tiny_model  # noqa: E402
 from workers.engine.arch.layers import forward  # noqa: E402
 from workers.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
 from workers.engine.engine import kv_cache_config  # noqa: E402
 from workers.engine.kv_cache import KVCache  # noqa: E402
 from workers.engine.model import Model  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("tiny_models", ROOT / "tests" / "tiny_models.py")
-tiny_models = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tiny_models)  # type: ignore[union-attr]
-write_tiny_model = tiny_models.write_tiny_model
-write_tiny_gemma4 = tiny_models.write_tiny_gemma4
-
-FIXTURES = ROOT / "tests" / "fixtures" / "tiny"
+FIXTURES = ROOT / "testkit" / "fixtures" / "tiny"
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 # F32 everywhere: only summation order differs, except gemma3, whose GELU llama.cpp's CPU backend
 # evaluates through an fp16 lookup table (GGML_GELU_FP16).
@@ -122,7 +116,7 @@ def test_tiny_model_writer_is_deterministic(arch: str, tmp_path: Path) -> None:
 # exact-GELU build), genie differs by summation order alone (measured max |d| 1.4e-5). The stock build
 # evaluates GELU through that table (GGML_GELU_FP16), 16 times a token here (FFN and per-layer input of 8
 # layers): genie and transformers alike are 4.8e-3 from it (3.9e-2 with q/k norm weights of 1, whose
-# peaky attention amplified the table's steps: tests/tiny_models.py).
+# peaky attention amplified the table's steps: testkit/tiny_models.py).
 GEMMA4_TOLERANCE = 5e-3  # the acceptance bound of issue 7
 
 

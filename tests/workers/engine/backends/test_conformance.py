@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from genie_common.gguf_file import TensorInfo
-from tests.quant_blocks import product_err, random_blocks, rel_err
+from testkit.quant_blocks import product_err, random_blocks, rel_err
 from workers.engine.backends import Backend
 from workers.engine.backends.cupy import cupy_available
 from workers.engine.backends.numpy_backend import NumpyBackend

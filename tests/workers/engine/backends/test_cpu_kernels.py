@@ -17,8 +17,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from genie_common.gguf_file import TensorInfo
+from testkit.quant_blocks import F16_FIELDS, Q, product_err, random_blocks, rel_err
 from tests.child_env import child_env
-from tests.quant_blocks import F16_FIELDS, Q, product_err, random_blocks, rel_err
 from workers.engine.arch.layers import forward
 from workers.engine.backends import cpu_kernels
 from workers.engine.backends.block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
@@ -129,7 +129,7 @@ def test_non_finite_block_scale_is_an_error_naming_the_tensor():
 def test_quantized_model_same_logits_with_and_without_kernels():
     """The Q4_K_M tiny model: int8 blocks (decode steps through the C GEMV, prefill through dequantized
     chunks and BLAS) against float32 weights, position by position."""
-    path = ROOT / "tests/fixtures/tiny/llama-q4_k_m.gguf"
+    path = ROOT / "testkit/fixtures/tiny/llama-q4_k_m.gguf"
     ids = np.random.default_rng().integers(3, 200, 24)
     logits = []
     for kernels_on in (True, False):

@@ -10,8 +10,9 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from tests.quant_blocks import random_blocks, rel_err
-from tests.tiny_models import write_tiny_gemma4, write_tiny_model
+from testkit import FIXTURES
+from testkit.quant_blocks import random_blocks, rel_err
+from testkit.tiny_models import write_tiny_gemma4, write_tiny_model
 from workers.engine.backends.cupy import CupyBackend, QuantWeight, cupy_available
 from workers.engine.backends.cupy.attention import PREFILL_ATTENTION_MIN_TOKENS
 from workers.engine.backends.cupy.kernels import KERNEL_TYPES
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.skipif(not cupy_available(), reason="needs CuPy and an 
 Q = GGMLQuantizationType
 # Gemma q, Gemma down, Qwen3-4B down, ragged rows; tall ragged rows (several rows per warp in the one-token kernel)
 SHAPES = [(1024, 640), (640, 2048), (2560, 9728), (1001, 2048), (9001, 256)]
-FIXTURE_Q4_K_M = "fixtures/tiny/llama-q4_k_m.gguf"  # under tests/: a Q4_K_M model (Q4_K and Q6_K)
+FIXTURE_Q4_K_M = FIXTURES / "tiny/llama-q4_k_m.gguf"  # a Q4_K_M model (Q4_K and Q6_K)
 
 
 def q8_activations(x: np.ndarray) -> np.ndarray:
@@ -250,7 +251,7 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
 
     path = tmp_path / "gemma4.gguf"
     # PLE width 32: the GPU kernels read rows in 32-value sub-blocks (the CPU fixture's model has 16); q/k
-    # norm weights of 0.35 (tests/tiny_models.py says why: with weights of 1 TF32 alone moved NLL by 0.05)
+    # norm weights of 0.35 (testkit/tiny_models.py says why: with weights of 1 TF32 alone moved NLL by 0.05)
     write_tiny_gemma4(path, seed=3, ple_dim=32, head_dim=head_dims[0], global_head_dim=head_dims[1])
     ids = [2, *np.random.default_rng().integers(3, 300, 48).tolist()]
     nll = {}
@@ -282,13 +283,12 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
 def test_q4_k_m_tiny_model_nll_matches_numpy(gpu, kv_dtype):
     """The committed Q4_K_M model: the decode path's int8-activation GEMVs and GQA attention (1 token a pass)
     and the tensor-core prefill (5 and 32) against NumPy."""
-    from pathlib import Path
 
     from workers.engine.backends.numpy_backend import NumpyBackend
     from workers.engine.engine import Engine, EngineConfig
     from workers.engine.model import Model
 
-    path = Path(__file__).resolve().parents[3] / FIXTURE_Q4_K_M
+    path = FIXTURE_Q4_K_M
     ids = list(np.random.default_rng().integers(3, 300, 48))
     nll = {}
     for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
@@ -425,7 +425,6 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
     grid_dep_wait before it touches an earlier kernel's output; the dp4a GEMVs load weights before) give
     exactly the logits of captured steps launched plainly, replay after replay: a kernel that read or wrote
     before its wait would race and differ."""
-    from pathlib import Path
 
     import cupy as cp
 
@@ -435,7 +434,7 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
     if gpu.capability < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 (GENIE_CUDA_COMPAT may force older)")
     assert gpu._pdl is not None, "sm_90 and later launch captured steps with PDL"
-    path = Path(__file__).resolve().parents[3] / FIXTURE_Q4_K_M
+    path = FIXTURE_Q4_K_M
     model = Model.load(path, gpu)
     rng = np.random.default_rng()
     prompt, steps = rng.integers(3, 300, 17).tolist(), rng.integers(3, 300, 12).tolist()
@@ -460,7 +459,6 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
     """Full prefill chunks are captured once and replayed at later positions (their cuBLAS GEMMs through
     capture_gemm.py): the logits after a prompt of 3 full chunks and a remainder, the greedy tokens after
     it, and the NLL of passes of a chunk's length with every row's logits equal the eager ones."""
-    from pathlib import Path
 
     import cupy as cp
 
@@ -468,7 +466,7 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
     from workers.engine.model import Model
     from workers.engine.sampling import SamplingParams
 
-    path = Path(__file__).resolve().parents[3] / FIXTURE_Q4_K_M
+    path = FIXTURE_Q4_K_M
     model = Model.load(path, gpu)
     prompt = [1, *np.random.default_rng().integers(3, 300, 3 * 24 + 6).tolist()]  # chunks of 24: cuBLAS
     logits, tokens, nll = {}, {}, {}
@@ -799,12 +797,11 @@ def test_the_older_paths_can_be_forced_on_a_newer_gpu(monkeypatch):
     """GENIE_CUDA_COMPAT=sm87 on an H200: no 9.0 path runs (no gemv1m or gemvn, no clusters, no PDL), and a
     Q4_K_M model's first greedy tokens are those of the 9.0 paths (dp4a and the tensor cores round apart,
     ~1e-7; the whole GPU suite run with the variable set is the test of the paths themselves)."""
-    from pathlib import Path
 
     from workers.engine.engine import Engine, EngineConfig
     from workers.engine.sampling import SamplingParams
 
-    path = Path(__file__).resolve().parents[3] / FIXTURE_Q4_K_M
+    path = FIXTURE_Q4_K_M
     config = EngineConfig(model=str(path), backend="cupy", n_ctx=96, kv_dtype="int8", n_slots=1)
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompts = [[3, 17, 99, 4, 250], [8, 41, 300, 2, 7, 7, 90, 12, 33], [5]]

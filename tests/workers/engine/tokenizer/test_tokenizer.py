@@ -1,6 +1,6 @@
-"""genie's tokenizer against golden ids from llama.cpp (tests/fixtures/tokenizer/, made by
+"""genie's tokenizer against golden ids from llama.cpp (testkit/fixtures/tokenizer/, made by
 scripts/make_fixtures/tokenizer.py with llama-cpp-python, which CI does not need): the two real models'
-vocabularies and Gemma 4's (llama.cpp's vocab-only GGUF in tests/fixtures/vocab/)."""
+vocabularies and Gemma 4's (llama.cpp's vocab-only GGUF in testkit/fixtures/vocab/)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from genie_common.gguf_file import GGUFFile
-from tests.vocab_files import vocab_gguf
+from testkit import FIXTURES
+from testkit.vocab_files import vocab_gguf
 from workers.engine.tokenizer import Tokenizer, TokenType
 
-FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "tokenizer"
+TOKENIZER_FIXTURES = FIXTURES / "tokenizer"
 MODELS = ("gemma3-270m", "smollm2-135m", "gemma-4")
 BOS = {"gemma3-270m": [2], "smollm2-135m": [], "gemma-4": [2]}  # what encode(add_bos=None) puts first
 
@@ -41,7 +42,7 @@ def model_path(name: str) -> Path:
 def load_cases() -> list:
     params = []
     for name in MODELS:
-        data = json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+        data = json.loads((TOKENIZER_FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
         assert data["model"] == name
         for k, case in enumerate(data["cases"]):
             tag = "special" if case["special"] else "plain"

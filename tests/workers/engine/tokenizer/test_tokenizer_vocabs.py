@@ -1,7 +1,7 @@
 """genie's BPE against llama.cpp's own tokenizer test vectors: byte-level BPE with the `qwen2` and
 `llama-bpe` pre-tokenizers, and Gemma 4's BPE over raw UTF-8.
 
-tests/fixtures/vocab/ holds llama.cpp's vocab-only GGUFs (models/ggml-vocab-*.gguf in llama.cpp, taken
+testkit/fixtures/vocab/ holds llama.cpp's vocab-only GGUFs (models/ggml-vocab-*.gguf in llama.cpp, taken
 from the llama-cpp-python 0.3.36 sdist; Gemma 4's xz-compressed) with their `.inp`/`.out` files.
 llama.cpp's tests/test-tokenizer-0 splits `.inp` on "\\n__ggml_vocab_test__\\n" and reads one line of
 space-separated ids per case from `.out`; it tokenizes with add_special=false and parse_special=false, so no
@@ -16,7 +16,7 @@ import pytest
 
 from genie_common.errors import ModelFileError
 from genie_common.gguf_file import GGUFFile
-from tests.vocab_files import vector_file, vocab_gguf
+from testkit.vocab_files import vector_file, vocab_gguf
 from workers.engine.tokenizer import Tokenizer
 from workers.engine.tokenizer.vocab import TokenType, vocab_from_metadata
 

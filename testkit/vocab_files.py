@@ -1,4 +1,4 @@
-"""llama.cpp's vocab-only GGUFs in tests/fixtures/vocab/, some committed xz-compressed.
+"""llama.cpp's vocab-only GGUFs in testkit/fixtures/vocab/, some committed xz-compressed.
 
 `vocab_gguf(name)` is the path of ggml-vocab-<name>.gguf, unpacked once per machine from its `.xz` into the
 temp directory (named by a hash of the compressed bytes, written to a temporary name and renamed, so

@@ -2,7 +2,7 @@
 
 `write_tiny_model(arch, path, seed)` writes an F32 model with random weights and a small SentencePiece
 (`llama`) vocabulary that llama.cpp loads. The bytes depend only on (arch, seed, overrides): the
-golden logits in tests/fixtures/tiny/ were made from these files by
+golden logits in testkit/fixtures/tiny/ were made from these files by
 scripts/make_fixtures/tiny_logits.py, so changing anything here invalidates them (rerun the script).
 
 Every arch uses GQA; qwen3 and gemma3 have head_dim != d_model / n_heads; gemma3 has 7 layers
