@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from genie_common import env
+from genie_common.child_config import StorePart, WorkerPart, to_arg
 from genie_common.models.paths import default_models_dir
 from protocol.endpoints import client_endpoint, default_socket_dir
 
@@ -91,42 +92,34 @@ class DaemonConfig:
         if not self.kv_endpoint:
             object.__setattr__(self, "kv_endpoint", f"ipc://{self.socket_dir}/kv.sock")
 
+    def worker_part(self) -> WorkerPart:
+        return WorkerPart(
+            endpoint=self.worker_endpoint,
+            model=self.model,
+            models_dir=self.models_dir,
+            backend=self.backend,
+            ctx=self.ctx,
+            mem_budget_mb=self.mem_budget_mb,
+            fp16_kv=self.fp16_kv,
+            parallel=self.parallel,
+            prefill_chunk=self.prefill_chunk,
+            stream_interval_ms=self.stream_interval_ms,
+            kv_endpoint=self.kv_endpoint if self.kv_store else "",
+            thermal_sensor=self.thermal_sensor,
+            thermal_throttle_c=self.thermal_throttle_c,
+            thermal_resume_c=self.thermal_resume_c,
+        )
+
+    def store_part(self) -> StorePart:
+        return StorePart(self.kv_endpoint, self.kv_cache_dir, self.kv_cache_max_mb, self.kv_cache_stale_tmp_s)
+
     def worker_args(self) -> list[str]:
-        args = [
-            "--endpoint",
-            self.worker_endpoint,
-            "-m",
-            self.model,
-            "--models-dir",
-            self.models_dir,
-            "--backend",
-            self.backend,
-            "--ctx",
-            str(self.ctx or "auto"),
-            "--mem-budget-mb",
-            str(self.mem_budget_mb),
-            "--prefill-chunk",
-            str(self.prefill_chunk),
-            "--stream-interval-ms",
-            str(self.stream_interval_ms),
-        ]
-        args += ["--kv-endpoint", self.kv_endpoint] if self.kv_store else []
-        args += ["--parallel", str(self.parallel)] if self.parallel else []  # 0: the worker's own default stands
-        args += ["--thermal-sensor", self.thermal_sensor] if self.thermal_sensor else []
-        args += ["--thermal-throttle-c", str(self.thermal_throttle_c), "--thermal-resume-c", str(self.thermal_resume_c)]
-        return args + (["--fp16-kv"] if self.fp16_kv else [])
+        """`python -m workers.worker`'s arguments: its part, serialized (child_config.py)."""
+        return ["--part", to_arg(self.worker_part())]
 
     def kv_store_args(self) -> list[str]:
-        return [
-            "--endpoint",
-            self.kv_endpoint,
-            "--dir",
-            self.kv_cache_dir,
-            "--max-mb",
-            str(self.kv_cache_max_mb),
-            "--stale-tmp-s",
-            str(self.kv_cache_stale_tmp_s),
-        ]
+        """`python -m kvstore`'s arguments: its part, serialized (child_config.py)."""
+        return ["--part", to_arg(self.store_part())]
 
 
 def default_config_path() -> Path:

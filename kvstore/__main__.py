@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from genie_common.config import KV_CACHE_MAX_MB, KV_CACHE_STALE_TMP_S
+from genie_common.child_config import StorePart, from_arg
 from genie_common.lifetime import exit_with_parent
 
 from .server import KVStoreServer, ServerConfig
@@ -17,28 +17,19 @@ from .store import StoreConfig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="genie-kvstore", description="genie's KV-store process")
-    p.add_argument("--endpoint", required=True, help="the socket to bind, e.g. ipc:///run/genie/kv.sock")
-    p.add_argument("--dir", required=True, type=Path, help="the cache directory")
-    p.add_argument(
-        "--max-mb",
-        type=int,
-        default=KV_CACHE_MAX_MB,
-        help="size cap of the entries, MB; 0 = none (default: %(default)s)",
-    )
-    p.add_argument(
-        "--stale-tmp-s",
-        type=float,
-        default=KV_CACHE_STALE_TMP_S,
-        help="temp files older than this are removed (default: %(default)s)",
-    )
+    p = argparse.ArgumentParser(prog="genie-kvstore", description="genie's KV-store process, started by the daemon")
+    p.add_argument("--part", required=True, help="its part of the daemon's configuration, JSON (child_config.py)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     exit_with_parent()
-    if args.max_mb < 0 or args.stale_tmp_s < 0:
-        print("genie-kvstore: error: --max-mb and --stale-tmp-s must be >= 0", file=sys.stderr)
+    try:
+        part = from_arg(StorePart, args.part)
+        if part.max_mb < 0 or part.stale_tmp_s < 0:
+            raise ValueError("max_mb and stale_tmp_s must be >= 0")
+    except ValueError as e:
+        print(f"genie-kvstore: error: {e}", file=sys.stderr)
         return 2
-    config = ServerConfig(args.endpoint, StoreConfig(args.dir, args.max_mb << 20, args.stale_tmp_s))
+    config = ServerConfig(part.endpoint, StoreConfig(Path(part.directory), part.max_mb << 20, part.stale_tmp_s))
     try:
         server = KVStoreServer(config)
     except Exception as e:  # a directory that cannot be made, a socket that cannot be bound

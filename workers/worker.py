@@ -4,12 +4,12 @@ Socket input stays out of the compute loop (as vLLM's engine core does): an I/O 
 socket, decodes what arrives (acting on CANCEL at once, queueing everything else) and beats the heartbeat;
 the main thread runs the engine and sends its answers on a second DEALER socket of its own — handing every
 token to the I/O thread cost ~100 µs a token in GIL hand-offs on a 2-core machine. With a KV store
-(`--kv-endpoint`), a third socket (kv_link.py) looks up a saved prefix before a turn and saves after it.
+(its part's `kv_endpoint`), a third socket (kv_link.py) looks up a saved prefix before a turn and saves after it.
 A bad request, or one that fails (out of memory among it), gets an ERROR reply and the others go on; a
 fatal error sends DEAD and the process exits, for the daemon to restart it. A failing KV store is never
 fatal: the turn runs cold, the save is lost.
 
-    python -m workers.worker --endpoint ipc:///run/genie/worker.sock [-m MODEL] [engine options]
+    python -m workers.worker --part '{...}'    (the daemon starts it: DaemonConfig.worker_args)
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import zmq
 
+from genie_common.child_config import WorkerPart, from_arg
 from genie_common.errors import GenieError
 from genie_common.lifetime import exit_with_parent
 from genie_common.models.local import ModelsDir
-from genie_common.registry import DEFAULT_MODEL
 from protocol import PROTOCOL_VERSION
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
@@ -50,9 +50,7 @@ from protocol.messages import (
 )
 
 from .delta_stream import DeltaStream
-from .engine.backends import BACKEND_CHOICES
 from .engine.engine import Engine, EngineConfig
-from .engine.memory_plan import parse_ctx
 from .engine.sampling import SamplingParams
 from .engine.sequence import Delta, Event, Failed
 from .engine.sequence import Sequence as EngineSequence
@@ -366,78 +364,36 @@ def _sampling(params: dict) -> SamplingParams:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="genie-worker", description="genie's GPU worker process")
-    p.add_argument("--endpoint", required=True, help="the daemon's worker socket, e.g. ipc:///run/genie/worker.sock")
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL, help="GGUF path or installed model (default: %(default)s)")
-    p.add_argument(
-        "--models-dir",
-        type=Path,
-        default=None,
-        help="the daemon's models directory, where -m NAME finds a pulled model (default: genie's own)",
-    )
-    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="compute backend (default: %(default)s)")
-    p.add_argument(
-        "--ctx", type=parse_ctx, default=0, help="context length in tokens, or auto (default: auto, memory_plan.py)"
-    )
-    p.add_argument(
-        "--mem-budget-mb", type=int, default=0, help="memory the model may take (default: 0: what is free, less 10%%)"
-    )
-    p.add_argument("--fp16-kv", action="store_true", help="FP16 KV cache instead of INT8 (default: INT8)")
-    p.add_argument(
-        "--parallel",
-        type=int,
-        default=0,
-        help="requests served at once, each in its own KV slot (default: 0, the backend's: numpy 4, cupy 1)",
-    )
-    p.add_argument(
-        "--stream-interval-ms",
-        type=float,
-        default=WorkerConfig.stream_interval_s * 1000,
-        help="send a request's text at most this often, first token and sentence ends at once (default: %(default)s)",
-    )
-    p.add_argument("--kv-endpoint", default="", help="the KV-store process's socket (default: none, no saved KV)")
-    p.add_argument("--thermal-sensor", default="", help="a file of millidegrees C (default: NVML, else thermal zones)")
-    p.add_argument("--thermal-throttle-c", type=float, default=WorkerConfig.thermal_throttle_c, help="slow down above")
-    p.add_argument("--thermal-resume-c", type=float, default=WorkerConfig.thermal_resume_c, help="full speed again at")
-    p.add_argument(
-        "--prefill-chunk",
-        type=int,
-        default=EngineConfig.prefill_chunk,
-        help="prompt tokens per forward pass; cancel is checked between chunks (default: %(default)s)",
-    )
+    p = argparse.ArgumentParser(prog="genie-worker", description="genie's GPU worker process, started by the daemon")
+    p.add_argument("--part", required=True, help="its part of the daemon's configuration, JSON (child_config.py)")
     args = p.parse_args(argv)
     # its events (the memory plan, the heat sensor) go to the daemon's log, in the daemon's format
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     exit_with_parent()
     try:
+        part = from_arg(WorkerPart, args.part)
         # the daemon's models directory, not this process's default: a pulled name wins, as in the registry
-        pulled = ModelsDir(args.models_dir).get(args.model) if args.models_dir else None
+        pulled = ModelsDir(Path(part.models_dir)).get(part.model) if part.models_dir else None
         engine_config = EngineConfig(
-            model=str(pulled.path) if pulled else args.model,
-            backend=args.backend,
-            n_ctx=args.ctx,
-            kv_dtype="f16" if args.fp16_kv else "int8",
-            prefill_chunk=args.prefill_chunk,
-            n_slots=args.parallel,
-            mem_budget_mb=args.mem_budget_mb,
+            model=str(pulled.path) if pulled else part.model,
+            backend=part.backend,
+            n_ctx=part.ctx,
+            kv_dtype="f16" if part.fp16_kv else "int8",
+            prefill_chunk=part.prefill_chunk,
+            n_slots=part.parallel,
+            mem_budget_mb=part.mem_budget_mb,
         )
-        if args.parallel < 0:
-            raise GenieError("--parallel must be >= 1 (or 0: the backend's default)")
-        if args.stream_interval_ms < 0:
-            raise GenieError("--stream-interval-ms must be >= 0")
         config = WorkerConfig(
-            endpoint=args.endpoint,
+            endpoint=part.endpoint,
             engine=engine_config,
-            stream_interval_s=args.stream_interval_ms / 1000,
-            kv_endpoint=args.kv_endpoint,
-            thermal_sensor=args.thermal_sensor,
-            thermal_throttle_c=args.thermal_throttle_c,
-            thermal_resume_c=args.thermal_resume_c,
+            stream_interval_s=part.stream_interval_ms / 1000,
+            kv_endpoint=part.kv_endpoint,
+            thermal_sensor=part.thermal_sensor,
+            thermal_throttle_c=part.thermal_throttle_c,
+            thermal_resume_c=part.thermal_resume_c,
         )
-        if not config.thermal_resume_c < config.thermal_throttle_c:
-            raise GenieError("--thermal-resume-c must be below --thermal-throttle-c")
         worker = Worker(config, Engine(engine_config))
-    except GenieError as e:
+    except (GenieError, ValueError) as e:
         print(f"genie-worker: error: {e}", file=sys.stderr)
         return 2
 

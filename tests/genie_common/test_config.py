@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from genie_common.child_config import WorkerPart, from_arg
 from genie_common.config import DaemonConfig, load_config
 
 
@@ -13,8 +14,9 @@ def test_precedence_and_worker_args(tmp_path, monkeypatch):
     monkeypatch.setenv("GENIE_CTX", "2048")
     c = load_config(toml, {"model": "from-flag", "max_queue": None})
     assert (c.model, c.ctx, c.stream_interval_ms, c.max_queue) == ("from-flag", 2048, 2.5, DaemonConfig.max_queue)
-    args = c.worker_args()
-    assert args[args.index("--stream-interval-ms") + 1] == "2.5" and args[args.index("--ctx") + 1] == "2048"
+    part = c.worker_part()
+    assert (part.stream_interval_ms, part.ctx) == (2.5, 2048)
+    assert from_arg(WorkerPart, c.worker_args()[1]) == part  # what the worker gets is exactly this
 
 
 @pytest.mark.parametrize(
@@ -72,33 +74,31 @@ def test_models_dir_is_an_option_passed_to_the_worker(tmp_path, monkeypatch):
     toml = tmp_path / "genie.toml"
     toml.write_text(f'models_dir = "{tmp_path / "toml"}"\n')
     c = load_config(toml)
-    args = c.worker_args()
-    assert c.models_dir == str(tmp_path / "toml") and args[args.index("--models-dir") + 1] == c.models_dir
+    assert c.models_dir == str(tmp_path / "toml") and c.worker_part().models_dir == c.models_dir
 
 
 def test_parallel_from_toml_env_and_flag_reaches_the_worker_only_when_set(tmp_path, monkeypatch):
-    """`parallel` (issue 17): requests the worker runs at once. 0, the default, passes nothing, so the
-    worker's own default stands; any other value is the worker's --parallel."""
+    """`parallel` (issue 17): requests the worker runs at once. 0, the default, leaves the backend's own
+    default; any other value is the worker's."""
     c = DaemonConfig()
-    assert c.parallel == 0 and "--parallel" not in c.worker_args()
+    assert c.parallel == 0 and c.worker_part().parallel == 0
     toml = tmp_path / "genie.toml"
     toml.write_text("parallel = 3\n")
-    args = load_config(toml).worker_args()
-    assert args[args.index("--parallel") + 1] == "3" and args.count("--parallel") == 1
+    assert load_config(toml).worker_part().parallel == 3
     monkeypatch.setenv("GENIE_PARALLEL", "2")
     assert load_config(toml).parallel == 2
     assert load_config(toml, {"parallel": 5}).parallel == 5
-    assert "--parallel" not in load_config(toml, {"parallel": 0}).worker_args()
+    assert load_config(toml, {"parallel": 0}).worker_part().parallel == 0
 
 
 def test_ctx_and_mem_budget_reach_the_worker(tmp_path, monkeypatch):
-    """`ctx` 0 (the default) is the worker's --ctx auto; `mem_budget_mb` (issue 18) its --mem-budget-mb."""
-    args = DaemonConfig().worker_args()
-    assert args[args.index("--ctx") + 1] == "auto" and args[args.index("--mem-budget-mb") + 1] == "0"
+    """`ctx` 0 (the default) is the worker's auto; `mem_budget_mb` (issue 18) its budget."""
+    part = DaemonConfig().worker_part()
+    assert (part.ctx, part.mem_budget_mb) == (0, 0)
     toml = tmp_path / "genie.toml"
     toml.write_text("ctx = 8192\nmem_budget_mb = 3500\n")
-    args = load_config(toml).worker_args()
-    assert args[args.index("--ctx") + 1] == "8192" and args[args.index("--mem-budget-mb") + 1] == "3500"
+    part = load_config(toml).worker_part()
+    assert (part.ctx, part.mem_budget_mb) == (8192, 3500)
     monkeypatch.setenv("GENIE_MEM_BUDGET_MB", "900")
     assert load_config(toml).mem_budget_mb == 900
     with pytest.raises(ValueError, match="mem_budget_mb must be >= 0"):

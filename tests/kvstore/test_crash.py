@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
+from genie_common.child_config import StorePart, to_arg
 from kvstore.format import read_entry, read_header
 from kvstore.store import KVStore, StoreConfig
 from kvstore.wire import layout_body, snapshot_frames
@@ -40,7 +41,7 @@ def save_message(i: int) -> list:
 
 def start_store(directory: Path, endpoint: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "kvstore", "--endpoint", endpoint, "--dir", str(directory), "--max-mb", "0"],
+        [sys.executable, "-m", "kvstore", "--part", to_arg(StorePart(endpoint, str(directory), 0, 60.0))],
         cwd=ROOT,
         stderr=subprocess.DEVNULL,
     )

@@ -7,10 +7,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
 
+from genie_common.config import DaemonConfig
 from protocol.codec import decode, encode
 from protocol.messages import (
     Cancel,
@@ -32,13 +34,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeDaemon:
-    def __init__(self, tmp: Path, model: Path, *extra: str) -> None:
+    def __init__(self, tmp: Path, model: Path, **options: Any) -> None:
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         endpoint = f"ipc://{tmp}/worker.sock"
         self.router.bind(endpoint)
-        cmd = [sys.executable, "-m", "workers.worker", "--endpoint", endpoint, "-m", str(model), "--ctx", "512", *extra]
+        # the worker's part as the daemon hands it over (DaemonConfig.worker_args), no KV store
+        config = DaemonConfig(model=str(model), worker_endpoint=endpoint, ctx=512, kv_store=False, **options)
+        cmd = [sys.executable, "-m", "workers.worker", *config.worker_args()]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, env=child_env())
         self.identity = worker_identities(self.proc.pid)[0]  # requests go to the worker's inbound socket
         self.last_from = b""  # the identity the last message came from
@@ -87,7 +91,7 @@ def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("worker")
     model = tmp / "tiny.gguf"
     write_tiny_model("llama", model)
-    d = FakeDaemon(tmp, model, "--prefill-chunk", "8", "--parallel", "4")
+    d = FakeDaemon(tmp, model, prefill_chunk=8, parallel=4)
     hello = d.recv()
     assert isinstance(hello, Hello) and hello.pid == d.proc.pid
     ready = d.recv()
