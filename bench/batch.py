@@ -2,13 +2,16 @@
 first token for short prompts, in-process, beside llama.cpp's batched numbers.
 
     python bench/batch.py [--models qwen3-4b qwen3-0.6b gemma4-e2b] [--kv int8 f16] [--streams 1 2 4 8 16]
-                          [--prompt 128] [--gen 128] [--ttft 8 33 128 512] [--backend auto] [--out DIR]
+                          [--prompt 128] [--gen 128] [--ttft 8 33 128 512] [--backend auto] [--whole] [--out DIR]
 
 GPU models are the synthetic files of the exact shapes (bench/synthetic.py, written into --out); on a CPU
 pass the real ones (`--models smollm2-135m gemma3-270m`). Each stream gets its own random prompt of
 --prompt tokens, all are submitted together, prefilled, and then --gen greedy tokens each are decoded
-together: the table gives the decode phase's aggregate tokens/s (what llama.cpp's `llama-batched-bench`
-reports as S_TG), its ratio to genie's one stream, and llama.cpp's figure with the ratio to it: the numbers
+together: the table gives the aggregate tokens/s of the steps in which all of them decode (from the step
+after every prompt has given its first token to the one in which the first stream ends: the prompts are
+admitted over several steps, so the first ones end first, and the steps after that run fewer streams; what
+llama.cpp's `llama-batched-bench` reports as S_TG, where every stream decodes in every step), its ratio to
+genie's one stream, and llama.cpp's figure with the ratio to it: the numbers
 in ../shared/ANCHORS.md measured on the same H200 (none for E2B yet, none on a CPU). TTFT: median of 7 of
 submit -> first token sampled, on an idle engine holding nothing of the prompt.
 """
@@ -61,8 +64,12 @@ def sync(engine) -> None:  # type: ignore[no-untyped-def]
         cp.cuda.get_current_stream().synchronize()
 
 
-def aggregate(engine, n: int, n_prompt: int, n_gen: int, rng: np.random.Generator) -> float:  # type: ignore[no-untyped-def]
-    """Decode tok/s of n streams together, from the step after every prompt has given its first token."""
+def aggregate(  # type: ignore[no-untyped-def]
+    engine, n: int, n_prompt: int, n_gen: int, rng: np.random.Generator, whole: bool = False
+) -> float:
+    """Decode tok/s of n streams together: the steps from the one after every prompt has given its first
+    token until one stream ends (all n decode in each); `whole`: until the last ends (the measure before
+    2026-12-02, which counts the tail of fewer streams too)."""
     from workers.engine.sampling import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=n_gen, ignore_eos=True)
@@ -77,10 +84,13 @@ def aggregate(engine, n: int, n_prompt: int, n_gen: int, rng: np.random.Generato
         sched.step()
     sync(engine)
     t0, before = time.perf_counter(), sum(len(s.generated) for s in seqs)
-    while not sched.idle:
+    while all(len(s.generated) < n_gen for s in seqs) or (whole and not sched.idle):
         sched.step()
     sync(engine)
-    return (sum(len(s.generated) for s in seqs) - before) / (time.perf_counter() - t0)
+    rate = (sum(len(s.generated) for s in seqs) - before) / (time.perf_counter() - t0)
+    while not sched.idle:
+        sched.step()
+    return rate
 
 
 def ttft_ms(engine, n_prompt: int, rng: np.random.Generator) -> float:  # type: ignore[no-untyped-def]
@@ -111,6 +121,7 @@ def main() -> None:
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--ttft", nargs="*", type=int, default=[8, 33, 128, 512])
     p.add_argument("--backend", default="auto")
+    p.add_argument("--whole", action="store_true", help="time until the last stream ends, the tail included")
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -125,7 +136,7 @@ def main() -> None:
             aggregate(engine, 1, args.prompt, 8, rng)  # compiles and captures the one-stream steps
             one = None
             for n in args.streams:
-                tok_s = aggregate(engine, n, args.prompt, args.gen, rng)
+                tok_s = aggregate(engine, n, args.prompt, args.gen, rng, args.whole)
                 one = one or (tok_s if n == 1 else None)
                 ref = ANCHORS.get(model, {}).get(n)
                 ratio = f"{tok_s / one:.2f}" if one else "-"

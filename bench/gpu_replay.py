@@ -32,6 +32,9 @@ class Skipped:
     def __call__(self, *args, **kwargs) -> None:
         pass
 
+    def allow_smem(self, smem: int) -> None:
+        pass
+
 
 def skip(backend, family: str | None) -> None:
     """Kernels whose name starts with `family` become no-ops on this backend (None: none do)."""

@@ -96,6 +96,7 @@ class Engine:
         banned = np.asarray(self.tokenizer.vocab.media_ids, dtype=np.int64)
         self._banned = (banned, self.backend.xp.asarray(banned)) if banned.size else None
         self._steps: dict[Any, Any] = {}  # decode steps the backend captured for this engine's KV cache
+        self._by_count: bool | None = None  # whether decode steps of several streams are keyed by their count
         self.scheduler = Scheduler(self)  # what runs in each step (scheduler.py)
 
     def _plan_before_weights(self, header: ModelHeader) -> None:
@@ -249,9 +250,13 @@ class Engine:
         def run() -> Any:
             return forward_batch(m.config, m.weights, self.backend, self.kv, batch, interrupt)
 
-        # decode steps of the same slots repeat: one captured step for each set of slots
+        # decode steps repeat: one captured step for each count of streams where the backend reads their slots
+        # from a staged buffer, else one for each set of slots (a capture per set: streams that join and leave
+        # made a new one almost every time the set changed)
         decode_only = all(seg.n == 1 for seg in segments)
-        key = ("decode", tuple(seg.slot for seg in segments))
+        if self._by_count is None:
+            self._by_count = self.backend.decode_steps_by_count(m.config, self.kv)
+        key = ("decode", len(segments)) if self._by_count else ("decode", tuple(seg.slot for seg in segments))
         capturable = decode_only and self.kv.config.dtype != "f32"
         out = self.backend.forward_step(self._steps, key, run, batch, capturable=capturable)
         for seg in segments:
@@ -266,10 +271,13 @@ class Engine:
             logits[..., self._banned[1]] = NEVER
         host = None
         out: list[tuple[Sequence, int | Exception]] = []
+        # the greedy rows' tokens in one go (a device backend: one launch, one copy back)
+        greedy = [row for seq, row in rows if seq.on_device]
+        on_device = dict(zip(greedy, self.backend.greedy_tokens(logits, greedy), strict=True)) if greedy else {}
         for seq, row in rows:
             try:
                 if seq.on_device:
-                    token = self.backend.greedy_token(logits if logits.shape[0] == 1 else logits[row : row + 1])
+                    token = on_device[row]
                 else:
                     if host is None:
                         host = self.backend.to_host(logits)

@@ -258,3 +258,31 @@ def test_a_slot_freed_by_a_cancel_is_not_given_again_in_the_same_step(tmp_path: 
     while not sched.idle:
         sched.step()
     assert second.done
+
+
+@pytest.mark.skipif(not cupy_available(), reason="needs a GPU")
+def test_a_decode_step_captured_for_some_slots_replays_for_others(tmp_path: Path) -> None:
+    """Where the backend reads a step's slots from a staged buffer (decode_steps_by_count), the decode step of
+    two streams is captured once, for slots 0 and 1, and replayed for slots 2 and 3 holding the same
+    conversations: the same logits, bit for bit (streams that join and leave used to cost a capture for
+    every new set of slots)."""
+    from workers.engine.batch import Segment
+
+    engine = make(model_path(tmp_path, "llama-q4_k_m"), "int8", backend="cupy")
+    if not engine.backend.decode_steps_by_count(engine.model.config, engine.kv):
+        pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 9.0)")
+    a, b = prompt(1, 9), prompt(2, 9)
+    for slot, ids in ((0, a), (1, b), (2, a), (3, b)):
+        engine._run(slot, ids, 0, None)
+
+    def step(slots: tuple[int, int], pos: int, tokens: tuple[int, int]) -> np.ndarray:
+        segments = [Segment(s, pos, (t,), True) for s, t in zip(slots, tokens, strict=True)]
+        return np.array(engine.backend.to_host(engine.run_step(segments, None)), copy=True)
+
+    first = step((0, 1), 9, (5, 6))  # eager, then captured
+    second = step((0, 1), 10, (7, 8))  # replayed
+    moved = step((2, 3), 9, (5, 6))  # replayed for the other slots
+    again = step((2, 3), 10, (7, 8))
+    assert [k for k in engine._steps if k[0] == "decode"] == [("decode", 2)]
+    np.testing.assert_array_equal(moved, first)
+    np.testing.assert_array_equal(again, second)

@@ -18,7 +18,7 @@ import numpy as np
 from genie_common.gguf_file import TensorInfo
 
 from ..batch import Batch
-from ..kv_cache import LayerKV
+from ..kv_cache import KVCache, LayerKV
 from ..memory_plan import available_ram
 from ..model_config import LayerConfig, ModelConfig, RopeMode
 
@@ -104,6 +104,12 @@ class Backend(ABC):
         """In a step of several segments, the per-segment operations that follow (prepare_qkv, kv_write,
         attention, self_attention) are segment i's: a backend whose kernels read the position from a staged
         buffer points them at segment i's (None: back to the step's own)."""
+
+    def decode_steps_by_count(self, cfg: ModelConfig, kv: KVCache) -> bool:
+        """Whether a step of several one-token segments computes the same whatever their slots are, reading
+        rows, slots and positions from what stage_batch staged: then one captured step serves every set of
+        that many streams (the engine keys it by the count), instead of one capture per set of slots."""
+        return False
 
     def decode_attention(
         self, qkv: Array, cfg: ModelConfig, lc: LayerConfig, qk_norm: Array | None, kv: LayerKV, batch: Batch
@@ -265,6 +271,11 @@ class Backend(ABC):
         value of that row is not finite. A device backend computes it there and copies back one int."""
         row = self.to_host(logits)[-1]
         return int(np.argmax(row)) if np.isfinite(row).all() else -1
+
+    def greedy_tokens(self, logits: Array, rows: list[int]) -> list[int]:
+        """greedy_token of each of these rows of `logits` (a device backend: in one launch and one copy)."""
+        host = self.to_host(logits)
+        return [int(np.argmax(host[r])) if np.isfinite(host[r]).all() else -1 for r in rows]
 
     def take_rows(self, x: Array, rows: np.ndarray) -> Array:
         """x[rows] for the rows of the step staged by `stage_batch` whose logits it returns (a backend that

@@ -212,6 +212,13 @@ def test_softcap_greedy_token_and_rows(backend):
     assert backend.greedy_token(xp.asarray(logits)) == 17
     logits[-1, 5] = np.nan
     assert backend.greedy_token(xp.asarray(logits)) == -1
+    many = rng.standard_normal((4, 3000), dtype=np.float32)
+    many[1, 7] = many[1, 2900] = 50.0  # a tie: the first
+    many[2, 11] = np.inf  # a row with a value that is not finite: -1, the others unaffected
+    first, last = int(np.argmax(many[0])), int(np.argmax(many[3]))
+    assert backend.greedy_tokens(xp.asarray(many), [0, 1, 2, 3]) == [first, 7, -1, last]
+    assert backend.greedy_tokens(xp.asarray(many), [1, 2]) == [7, -1]
+    assert backend.greedy_tokens(xp.asarray(many), [3, 0, 1]) == [last, first, 7]  # any rows, in any order
     parts = [rng.standard_normal((k, 8), dtype=np.float32) for k in (1, 3, 2)]
     stacked = host(backend, backend.stack_rows([xp.asarray(p) for p in parts]))
     np.testing.assert_array_equal(stacked, np.concatenate(parts))

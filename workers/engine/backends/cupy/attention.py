@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ...batch import Batch
-from ...kv_cache import LayerKV
+from ...kv_cache import KVCache, LayerKV
 from ...model_config import LayerConfig, ModelConfig
 from .core import Coded, CupyCore
 from .kernels import threads_for
@@ -217,6 +217,14 @@ class CupyAttention(CupyCore):
             and (H // Hkv, hd // 32) in DEC_KERNELS
             and not cfg.v_norm
             and (cfg.rope_mode != "neox" or lc.rope_dim // 2 & (lc.rope_dim // 2 - 1) == 0)
+        )
+
+    def decode_steps_by_count(self, cfg: ModelConfig, kv: KVCache) -> bool:
+        """Every layer's one-token attention of a step of several streams is attention_decn (decode_attention),
+        which reads each stream's slot from the staged buffer: nothing in such a step names a slot."""
+        return self.tuning.use_decode_rows and all(
+            lc.kv_source == i and self._dec_kernel_takes(cfg, lc, kv.layers[cfg.kv_pools[i]])
+            for i, lc in enumerate(cfg.layers)
         )
 
     def decode_attention(

@@ -12,7 +12,8 @@ from .core import CupyCore
 from .kernels import THREADS, threads_for
 from .quant_consts import ACTIVATIONS
 
-ARGMAX_BLOCKS, ARGMAX_THREADS = 64, 1024  # argmax_row's grid: the last block reduces one partial per thread
+# argmax_rows's grid, a row of blocks a row: the last block of a row reduces one partial per thread
+ARGMAX_BLOCKS, ARGMAX_THREADS = 64, 1024
 
 
 class CupyLayerOps(CupyCore):
@@ -100,18 +101,30 @@ class CupyLayerOps(CupyCore):
         return self.xp.asnumpy(x)
 
     def greedy_token(self, logits: Any) -> int:
+        return self.greedy_tokens(logits, [logits.shape[0] - 1])[0]
+
+    def greedy_tokens(self, logits: Any, rows: list[int]) -> list[int]:
+        """Every row's argmax in one launch (argmax_rows: a row a grid row) and one copy back."""
         cp = self.xp
-        row = cp.ascontiguousarray(logits[-1], dtype=cp.float32)
-        if self._argmax_buf is None:  # per-block partials, the last-block counter (zero between launches), the result
+        x = cp.ascontiguousarray(logits, dtype=cp.float32)
+        if rows != list(range(rows[0], rows[0] + len(rows))):
+            x, rows = x[cp.asarray(rows)], list(range(len(rows)))  # scattered rows: gathered first
+        k = len(rows)
+        if self._argmax_buf is None or self._argmax_buf[3].size < k:
+            # per-block partials, each row's last-block counter (zero between launches), the results
             self._argmax_buf = (
-                cp.empty(ARGMAX_BLOCKS, dtype=cp.float32),
-                cp.empty(ARGMAX_BLOCKS, dtype=cp.int32),
-                cp.empty(ARGMAX_BLOCKS, dtype=cp.int32),
-                cp.zeros(1, dtype=cp.int32),
-                cp.empty(1, dtype=cp.int32),
+                cp.empty(ARGMAX_BLOCKS * k, dtype=cp.float32),
+                cp.empty(ARGMAX_BLOCKS * k, dtype=cp.int32),
+                cp.empty(ARGMAX_BLOCKS * k, dtype=cp.int32),
+                cp.zeros(k, dtype=cp.int32),
+                cp.empty(k, dtype=cp.int32),
             )
         part_v, part_i, part_bad, done, out = self._argmax_buf
-        self._op("argmax_row")(
-            (ARGMAX_BLOCKS,), (ARGMAX_THREADS,), (row, np.int32(row.size), part_v, part_i, part_bad, done, out)
+        n = x.shape[-1]
+        first = x.reshape(-1, n)[rows[0] :]
+        self._op("argmax_rows")(
+            (ARGMAX_BLOCKS, k),
+            (ARGMAX_THREADS,),
+            (first, np.int64(n), np.int32(n), part_v, part_i, part_bad, done, out),
         )
-        return int(cp.asnumpy(out)[0])
+        return [int(t) for t in cp.asnumpy(out[:k])]

@@ -61,7 +61,7 @@ __device__ __forceinline__ float gated(float g, float u, int kind) {
 }
 
 // The index of the largest value (the first on ties, as numpy.argmax) and whether any value was not finite:
-// argmax_row (ops.cu) and the fused decode step's output layer (decode.cu).
+// argmax_rows (ops.cu).
 __device__ __forceinline__ bool argmax_better(float v, int i, float best, int idx) {
     return v > best || (v == best && i < idx);  // larger value wins, then the smaller index
 }

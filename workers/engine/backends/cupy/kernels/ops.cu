@@ -894,8 +894,13 @@ PF_INSTANTIATE(256)
 // numpy.argmax), or -1 when any value is not finite, so only that int crosses to the host. Each block
 // reduces a strided share into part_v / part_i (part_bad: a non-finite value seen); the last block to
 // finish (counted in done[0], zero between launches) reduces those, one per thread (gridDim.x <= blockDim.x).
-extern "C" __global__ void argmax_row(const float* x, int n, float* part_v, int* part_i, int* part_bad, int* done, int* out) {
+// a row of x each blockIdx.y (rows `stride` floats apart); each row's partials, counter and result its own
+extern "C" __global__ void argmax_rows(const float* x, long long stride, int n, float* part_v, int* part_i, int* part_bad,
+                                       int* done, int* out) {
     GRID_DEP_START();
+    x += blockIdx.y * stride;
+    part_v += blockIdx.y * gridDim.x, part_i += blockIdx.y * gridDim.x, part_bad += blockIdx.y * gridDim.x;
+    done += blockIdx.y, out += blockIdx.y;
     __shared__ bool last;
     float best = NEG_INF;
     int idx = 0x7fffffff, bad = 0;

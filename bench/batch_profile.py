@@ -1,0 +1,136 @@
+"""Where a step of several streams goes (issue 17): for each stream count, the wall time of a scheduler step
+(what bench/batch.py's aggregate divides by), the GPU time of the replayed captured step, the sampling's
+time, the rest of the host's, and what each kernel family costs inside the replayed step (the step captured
+again with that family not launched: bench/gpu_replay.py's method; those graphs compute garbage, only their
+time is read).
+
+    python bench/batch_profile.py [--model qwen3-4b] [--kv int8] [--streams 1 4 8 16] [--steps 40]
+
+Streams get 128-token prompts and decode together; the steps timed are decode-only steps of all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from batch import load, random_prompt, sync  # noqa: E402
+from gpu_replay import skip  # noqa: E402
+
+FAMILIES = ("gemvn", "gemv1m", "q8_input", "attention_dec", "add_rms_norm", "rms_norm", "dequant", "qkv_post")
+WARM_STEPS = 3
+
+
+def replay_ms(step, replays: int = 50) -> float:  # type: ignore[no-untyped-def]
+    import cupy as cp
+
+    stream = cp.cuda.get_current_stream()
+    for _ in range(5):
+        step.graph.launch(stream=stream)
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record()
+    for _ in range(replays):
+        step.graph.launch(stream=stream)
+    b.record()
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) / replays
+
+
+def captured_step(engine, slots: list[int]):  # type: ignore[no-untyped-def]
+    """One decode step of these slots run directly (eager, then captured), its K/V rows taken back; the
+    captured step."""
+    from workers.engine.batch import Segment
+
+    engine._steps.clear()
+    for _ in range(2):
+        if len(slots) == 1:
+            pos = len(engine.kv.resident[slots[0]])
+            engine._run(slots[0], [1000], pos, slice(-1, None))
+        else:
+            segs = [Segment(s, len(engine.kv.resident[s]), (1000,), True) for s in slots]
+            engine.run_step(segs, None)
+        for s in slots:
+            del engine.kv.resident[s][-1:]
+    (step,) = [v for v in engine._steps.values() if v is not False]
+    return step
+
+
+def profile(engine, n: int, n_steps: int, rng: np.random.Generator) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    from workers.engine.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=WARM_STEPS + n_steps + 1, ignore_eos=True)
+    for resident in engine.kv.resident:
+        resident.clear()
+    vocab = engine.model.config.n_vocab
+    seqs = [engine.sequence(random_prompt(rng, vocab, 128), params) for _ in range(n)]
+    sched = engine.scheduler
+    for seq in seqs:
+        sched.submit(seq)
+    while any(not s.generated for s in seqs):
+        sched.step()
+    for _ in range(WARM_STEPS):
+        sched.step()
+    sync(engine)
+    sampling = [0.0]
+    real = engine.sample_rows
+
+    def timed(logits, rows):  # type: ignore[no-untyped-def]
+        sync(engine)  # the step's GPU work done: what follows is the sampling's own
+        t = time.perf_counter()
+        out = real(logits, rows)
+        sampling[0] += time.perf_counter() - t
+        return out
+
+    engine.sample_rows = timed
+    slots = [s.slot for s in seqs]
+    t0 = time.perf_counter()
+    for _ in range(n_steps):
+        sched.step()
+    sync(engine)
+    wall = (time.perf_counter() - t0) / n_steps * 1000
+    del engine.sample_rows
+    while not sched.idle:
+        sched.step()
+    gpu = replay_ms(captured_step(engine, slots))
+    row = {"wall": wall, "gpu": gpu, "sample": sampling[0] / n_steps * 1000}
+    for family in FAMILIES:
+        skip(engine.backend, family)
+        try:
+            row[family] = gpu - replay_ms(captured_step(engine, slots))
+        finally:
+            skip(engine.backend, None)
+    engine._steps.clear()
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen3-4b")
+    p.add_argument("--kv", default="int8")
+    p.add_argument("--streams", nargs="+", type=int, default=[1, 4, 8, 16])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
+    args = p.parse_args()
+    engine = load(args.model, args.kv, max(args.streams), "cupy", args.out, n_ctx=1024)
+    rng = np.random.default_rng(0)
+    head = ["streams", "tok/s", "wall ms a step", "GPU (replay)", "sampling", "other host", *FAMILIES]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head), flush=True)
+    for n in args.streams:
+        r = profile(engine, n, args.steps, rng)
+        other = r["wall"] - r["gpu"] - r["sample"]
+        cells = [str(n), f"{n / r['wall'] * 1000:.0f}", f"{r['wall']:.2f}", f"{r['gpu']:.2f}", f"{r['sample']:.2f}"]
+        cells += [f"{other:.2f}", *(f"{r[f]:.2f}" for f in FAMILIES)]
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
