@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from genie_common.config import DaemonConfig
+from genie_common.events import Event, Piece, ToolCall
 from genie_common.models.local import LocalModel
 from genie_common.models.pull import PullProgress
 from protocol.codec import encode
@@ -22,7 +23,6 @@ from protocol.messages import Delta, Done, Error, Generate, Message
 
 from .metrics import DaemonMetrics
 from .model_info import ModelInfo
-from .output_parser import Event, OutputParser, ToolCall
 
 
 class Service(Protocol):
@@ -209,17 +209,15 @@ class Turn:
                 yield ev
 
     async def parsed(self) -> AsyncIterator[Event | Done | Error]:
-        """The stream with the text split into content, reasoning and tool calls (output_parser): calls
-        only when tools were offered (and then only to those tools); reasoning held apart when asked for."""
-        tools = [t["function"]["name"] for t in self.msg.tools or []]
-        parser = OutputParser(tools, think=self.msg.think)
+        """The stream as content, reasoning and tool calls: the worker read the model's markup and sent them
+        typed (DELTA's kind and tool_calls), so nothing here knows a model family."""
         async for ev in self.stream():
             if isinstance(ev, Delta):
-                for piece in parser.feed(ev.text):
-                    yield piece
+                if ev.text:
+                    yield Piece(ev.kind, ev.text)
+                for call in ev.tool_calls or ():
+                    yield ToolCall(call["name"], call["arguments"])
             else:
-                for piece in parser.finish():
-                    yield piece
                 yield ev
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from genie_common.errors import PullError
+from genie_common.events import Piece, ToolCall
 from genie_common.models.local import LocalModel
 from genie_common.models.pull import PullProgress
 from genie_common.models.sources import parse_source
@@ -45,7 +46,6 @@ from .http_turn import (
 )
 from .load_report import LoadReport
 from .model_info import ModelInfo, iso_time
-from .output_parser import Piece, ToolCall
 
 VERSION = "0.12.0"  # the Ollama API version whose endpoints and fields genie implements
 NS = 1_000_000  # ms -> ns

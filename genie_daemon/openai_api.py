@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from genie_common.events import Piece, ToolCall
 from protocol.messages import Done, Error
 
 from .http_turn import (
@@ -36,7 +37,6 @@ from .http_turn import (
     tool_call_in,
 )
 from .model_info import ModelInfo
-from .output_parser import Piece, ToolCall
 
 
 def add_routes(app: web.Application) -> None:

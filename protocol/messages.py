@@ -106,6 +106,10 @@ class Delta(Message):
     text: str = wire("str")
     token_ids: list[int] = wire("token_ids", default_factory=list)
     sentence_end: bool = wire("bool", default=False)
+    # what `text` is: the answer, or reasoning (the model's markup is read by the worker, never sent)
+    kind: str = wire("enum:content|thinking", default="content")
+    # tool calls the model made, complete, each {name, arguments}: a DELTA of its own, after the text before them
+    tool_calls: list[dict[str, Any]] | None = wire("tool_calls", default=None)
 
 
 @dataclass

@@ -27,7 +27,8 @@ MAX_TOOLS = 128
 
 @dataclass(frozen=True)
 class Field:
-    kind: str  # str | int | float | bool | token_ids | messages | str_list | dict | tools | format | enum:<a>|<b>
+    # str | int | float | bool | token_ids | messages | str_list | dict | tools | tool_calls | format | enum:<a>|<b>
+    kind: str
     required: bool = False
     limit: int = 0  # 0: the kind's default
 
@@ -127,6 +128,17 @@ def check(kind: str, value: Any, limit: int) -> str | None:
     if kind == "format":
         ok = value == "json" or (isinstance(value, dict) and all(isinstance(k, str) for k in value))
         return None if ok else 'must be "json" or a JSON schema (a map)'
+    if kind == "tool_calls":
+        ok = isinstance(value, list) and 0 < len(value) <= MAX_TOOLS
+        ok = ok and all(
+            isinstance(c, dict)
+            and isinstance(c.get("name"), str)
+            and 0 < len(c["name"]) <= MAX_ID_LEN
+            and isinstance(c.get("arguments"), dict)
+            and all(isinstance(k, str) for k in c["arguments"])
+            for c in value
+        )
+        return None if ok else f"must be a list of 1 to {MAX_TOOLS} maps {{name, arguments}}"
     if kind == "tools":
         ok = isinstance(value, list) and len(value) <= MAX_TOOLS and all(isinstance(t, dict) for t in value)
         return None if ok else f"must be a list of at most {MAX_TOOLS} maps (tool definitions)"

@@ -7,7 +7,8 @@ tiny model on a CPU every few hundred microseconds: sending each token on its ow
 ~200 µs a token on a 2-core machine. Coalescing the tokens of a few milliseconds into one DELTA (vLLM's
 `stream_interval` does the same by token count) keeps the first token and every sentence boundary
 immediate — what a voice pipeline waits on — and delays any other text by at most one interval plus one
-decode step.
+decode step. The text comes typed (output_parser.py has read the model's markup): a DELTA holds one kind,
+content or reasoning, and a tool call goes in a DELTA of its own, after the text before it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 import time
 from collections.abc import Callable
 
+from genie_common.events import Event, Piece, ToolCall
 from protocol.messages import Delta
 
 # a piece of text that ends a sentence (for TTS): terminal punctuation, closing quotes/brackets, or a newline
@@ -35,26 +37,54 @@ class DeltaStream:
         self.interval_s = interval_s
         self.clock = clock
         self.text = ""
+        self.kind = "content"  # what the pending text is
         self.token_ids: list[int] = []
         self.last_sent: float | None = None  # None: nothing sent yet, the next piece goes at once
 
-    def add(self, text: str, token_ids: list[int]) -> None:
+    def add(self, text: str, token_ids: list[int], kind: str = "content") -> None:
+        if text and kind != self.kind:
+            if self.text:  # a DELTA holds one kind: what is pending of the other goes first
+                self.flush()
+            self.kind = kind
         self.text += text
         self.token_ids.extend(token_ids)
         if not self.text and not self.token_ids:
             return
-        end = bool(SENTENCE_END.search(self.text))
+        end = self.kind == "content" and bool(SENTENCE_END.search(self.text))
         if end or self.last_sent is None or self.clock() - self.last_sent >= self.interval_s:
             self._send(end)
+
+    def events(self, events: list[Event], token_ids: list[int]) -> None:
+        """The parser's events for a piece of the answer (the tokens it came from ride with the text)."""
+        for ev in events:
+            if isinstance(ev, Piece):
+                self.add(ev.text, token_ids, ev.kind)
+                token_ids = []
+            else:
+                self.call(ev)
+        if token_ids:
+            self.add("", token_ids)
+
+    def call(self, call: ToolCall) -> None:
+        """A complete tool call: the text before it first, then a DELTA of its own, at once."""
+        self.flush()
+        tool_calls = [{"name": call.name, "arguments": call.arguments}]
+        self.send(Delta(request_id=self.request_id, text="", tool_calls=tool_calls))
+        self.last_sent = self.clock()
 
     def flush(self) -> None:
         """Sends what is pending (before DONE or ERROR)."""
         if self.text or self.token_ids:
-            self._send(bool(SENTENCE_END.search(self.text)))
+            self._send(self.kind == "content" and bool(SENTENCE_END.search(self.text)))
 
     def _send(self, sentence_end: bool) -> None:
-        self.send(
-            Delta(request_id=self.request_id, text=self.text, token_ids=self.token_ids, sentence_end=sentence_end)
+        delta = Delta(
+            request_id=self.request_id,
+            text=self.text,
+            token_ids=self.token_ids,
+            sentence_end=sentence_end,
+            kind=self.kind,
         )
+        self.send(delta)
         self.text, self.token_ids = "", []
         self.last_sent = self.clock()

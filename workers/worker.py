@@ -55,6 +55,7 @@ from .engine.sampling import SamplingParams
 from .engine.sequence import Delta, Event, Failed
 from .engine.sequence import Sequence as EngineSequence
 from .kv_link import KvLink
+from .output_parser import OutputParser
 from .thermal import ThermalGovernor, find_sensor
 
 log = logging.getLogger("genie.worker")
@@ -81,6 +82,7 @@ class _Turn:
     msg: Generate | Prewarm
     stream: DeltaStream
     dropped: int  # the oldest messages left out to fit the context
+    parser: OutputParser  # reads the model's markup: the answer goes out as content, reasoning and tool calls
 
 
 class _IoThread(threading.Thread):
@@ -267,7 +269,8 @@ class Worker:
             self.cancelled.pop(rid, None)
             self._failed(rid, e)
             return
-        self.turns[seq] = _Turn(msg, stream, dropped)
+        parser = OutputParser(_tool_names(msg), think=msg.think) if isinstance(msg, Generate) else OutputParser()
+        self.turns[seq] = _Turn(msg, stream, dropped, parser)
         self.engine.scheduler.submit(seq)
 
     def _prepare(self, seq: EngineSequence) -> None:
@@ -284,10 +287,12 @@ class Worker:
         rid = turn.msg.request_id
         if isinstance(ev, Delta):
             if isinstance(turn.msg, Generate):
-                turn.stream.add(ev.text, ev.token_ids)
+                turn.stream.events(turn.parser.feed(ev.text), ev.token_ids)
             return
         del self.turns[seq]
         self.cancelled.pop(rid, None)
+        if isinstance(turn.msg, Generate) and not isinstance(ev, Failed):
+            turn.stream.events(turn.parser.finish(), [])  # what it held back to decide
         turn.stream.flush()
         if isinstance(ev, Failed):
             self._failed(rid, ev.error)
@@ -354,6 +359,12 @@ def _device_state_unknown(e: Exception) -> bool:
     """An error after which the device (GPU memory, a CUDA context) cannot be trusted: CuPy's and CUDA's own
     errors other than a failed allocation."""
     return type(e).__module__.split(".")[0] in ("cupy", "cupy_backends", "cuda")
+
+
+def _tool_names(msg: Generate) -> list[str]:
+    """The names of the tools a request offers ({"function": {"name": ...}} each; others name none)."""
+    fns = [t.get("function") for t in msg.tools or [] if isinstance(t, dict)]
+    return [f["name"] for f in fns if isinstance(f, dict) and isinstance(f.get("name"), str)]
 
 
 def _sampling(params: dict) -> SamplingParams:

@@ -28,6 +28,8 @@ from genie_daemon.metrics import DaemonMetrics
 from genie_daemon.model_info import ModelInfo, describe
 from protocol.messages import Delta, Done, Error, Generate
 from testkit.tiny_models import write_tiny_model
+from workers.delta_stream import DeltaStream
+from workers.output_parser import OutputParser
 
 QWEN_CALLS = [
     "<think>\nThe user wants the kitchen light on.\n</think>\n\n<tool",
@@ -92,11 +94,22 @@ class ScriptedService:
         if self.error:
             await reply(Error(request_id=rid, code=self.error.code, message=self.error.message))
             return
-        for text in self.script:
+        # the script is the model's text; like the worker, it goes out typed (workers/output_parser.py read
+        # the markup), a DELTA for each piece the stream sends
+        parser = OutputParser([t["function"]["name"] for t in msg.tools or []], think=msg.think)
+        out: list[Delta] = []
+        stream = DeltaStream(rid, out.append, 0.0)
+        for i, text in enumerate(self.script):
             if rid in self.cancelled:
                 await reply(Done(request_id=rid, finish_reason="cancelled"))
                 return
-            await reply(Delta(request_id=rid, text=text))
+            stream.events(parser.feed(text), [])
+            if i == len(self.script) - 1:
+                stream.events(parser.finish(), [])
+            stream.flush()
+            for delta in out:
+                await reply(delta)
+            out.clear()
             await asyncio.sleep(self.delay_s)
         done = Done(request_id=rid, finish_reason=self.finish, usage=USAGE, timings=TIMINGS)
         self.metrics.observe_done(done.finish_reason, done.usage, done.timings)

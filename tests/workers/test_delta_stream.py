@@ -72,3 +72,29 @@ def test_interval_zero_sends_every_piece():
     for i, piece in enumerate(["a", "b", "c"]):
         s.add(piece, [i])
     assert [d.text for d in sent] == ["a", "b", "c"]
+
+
+def test_the_answer_goes_out_typed_one_kind_a_delta_and_a_call_on_its_own():
+    """The parser's events (output_parser.py): reasoning and content never share a DELTA, a sentence end
+    counts only in content (a voice pipeline speaks that), and a tool call goes at once in a DELTA of its own
+    after the text before it; the tokens ride with the first text of their piece."""
+    from genie_common.events import Piece, ToolCall
+    from protocol.codec import decode, encode
+
+    s, sent, clock = make()
+    s.events([Piece("thinking", "The user wants light.")], [1, 2])
+    assert [(d.kind, d.text, d.sentence_end) for d in sent] == [("thinking", "The user wants light.", False)]
+    clock.t += 0.001
+    s.events([Piece("thinking", " Kitchen"), Piece("content", "Turning it on")], [3])
+    s.events([ToolCall("HassTurnOn", {"name": "Kitchen Light"})], [4, 5])
+    s.events([Piece("content", " now.")], [])
+    s.flush()
+    got = [(d.kind, d.text, d.token_ids, d.tool_calls, d.sentence_end) for d in sent[1:]]
+    assert got == [
+        ("thinking", " Kitchen", [3], None, False),
+        ("content", "Turning it on", [], None, False),
+        ("content", "", [], [{"name": "HassTurnOn", "arguments": {"name": "Kitchen Light"}}], False),
+        ("content", " now.", [4, 5], None, True),
+    ]
+    for d in sent:  # each is a valid DELTA on the wire
+        assert decode(encode(d))[0] == d

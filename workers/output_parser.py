@@ -1,4 +1,5 @@
-"""A model's streamed text split into what the HTTP APIs send apart: reasoning, content and tool calls.
+"""A model's streamed text split into what clients get apart: reasoning, content and tool calls (the worker
+runs it on each answer and sends the pieces typed: genie_common/events.py).
 
 Qwen-family models (and others trained on its format) write reasoning as `<think>...</think>` and each
 tool call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`. Gemma 4 writes reasoning as
@@ -20,25 +21,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from genie_common.events import Event, Piece, ToolCall
 from genie_common.families import ChatMarkup, markups, partial_suffix
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Piece:
-    kind: str  # "content" | "thinking"
-    text: str
-
-
-Event = Piece | ToolCall
 
 
 def parse_call(text: str, tools: frozenset[str] | None = None) -> ToolCall | None:
