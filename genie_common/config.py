@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from genie_common import env
+from genie_common import defaults, env
 from genie_common.child_config import StorePart, WorkerPart, to_arg
 from genie_common.models.paths import default_models_dir
 from protocol.endpoints import client_endpoint, default_socket_dir
@@ -29,7 +29,7 @@ KV_CACHE_STALE_TMP_S = 60.0  # a temp file older than this is a crashed writer's
 
 @dataclass(frozen=True)
 class DaemonConfig:
-    model: str = "gemma3-270m"  # GGUF path, installed model name or a model of models_dir
+    model: str = defaults.MODEL  # GGUF path, installed model name or a model of models_dir
     models_dir: str = field(default_factory=lambda: str(default_models_dir()))  # pulled models (genie-ctl pull)
     auto_pull: bool = False  # at start, pull `model` into models_dir when it is not there (the add-on sets it)
     backend: str = "auto"  # auto | numpy | cupy
@@ -39,7 +39,7 @@ class DaemonConfig:
     thermal_throttle_c: float = 80.0  # above this the worker slows down (a pause between steps, one stream) ...
     thermal_resume_c: float = 70.0  # ... until the sensor reads this or less
     fp16_kv: bool = False  # FP16 KV cache instead of INT8
-    prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
+    prefill_chunk: int = defaults.PREFILL_CHUNK  # prompt tokens per forward pass; cancel is checked between chunks
     parallel: int = 0  # requests the worker runs at once, each in a KV slot of its own; 0 = the worker's default
     max_tokens_default: int = 1024  # an answer's token cap when a request sets none (a voice answer is far shorter)
     stream_interval_ms: float = 5.0  # a request's DELTAs at most this often (first token, sentence ends at once)

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import defaults
 from .atomic_file import atomic_path
 from .errors import ModelNotFoundError
 
-DEFAULT_MODEL = "gemma3-270m"
+DEFAULT_MODEL = defaults.MODEL
 
 
 @dataclass(frozen=True)

@@ -67,12 +67,13 @@ STALE_CANCEL_S = 60.0  # a CANCEL whose request is not running after this long c
 class WorkerConfig:
     endpoint: str  # the daemon's worker-facing ROUTER socket
     engine: EngineConfig
-    heartbeat_s: float = 1.0  # the daemon counts the worker dead after three missed beats
-    stream_interval_s: float = 0.005  # DELTAs of one request at most this often (delta_stream.py); 0: every token
-    kv_endpoint: str = ""  # the KV-store process (kv_link.py); empty: no persistent KV
-    thermal_sensor: str = ""  # a file of millidegrees to watch (thermal.py); empty: NVML, else the thermal zones
-    thermal_throttle_c: float = 80.0  # above this the worker slows down ...
-    thermal_resume_c: float = 70.0  # ... until it is at or below this again
+    # the rest is the daemon's configuration (its part: child_config.WorkerPart), whose defaults are DaemonConfig's
+    stream_interval_s: float  # DELTAs of one request at most this often (delta_stream.py); 0: every token
+    kv_endpoint: str  # the KV-store process (kv_link.py); empty: no persistent KV
+    thermal_sensor: str  # a file of millidegrees to watch (thermal.py); empty: NVML, else the thermal zones
+    thermal_throttle_c: float  # above this the worker slows down ...
+    thermal_resume_c: float  # ... until it is at or below this again
+    heartbeat_s: float = 1.0  # the worker's own beat: the daemon counts it dead after heartbeat_timeout_s
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from genie_common import defaults
 from genie_common.errors import BackendUnsupportedError, ModelError, RequestError
 from genie_common.registry import DEFAULT_MODEL, resolve_model
 
@@ -46,7 +47,7 @@ class EngineConfig:
     n_ctx: int = 0  # context length in tokens; 0 = auto: the training context if the budget holds it, else the most
     kv_dtype: KVDtype = "int8"  # int8 (per-position, per-head scales) | f16 | f32
     mem_budget_mb: int = 0  # memory the model may take (memory_plan.py); 0 = what is free now, less a reserve
-    prefill_chunk: int = 256  # prompt tokens per forward pass; cancel is checked between chunks
+    prefill_chunk: int = defaults.PREFILL_CHUNK  # prompt tokens per forward pass; cancel is checked between chunks
     n_slots: int = 1  # sequences the KV pool holds: requests run at once (the daemon's `parallel`); 0: the backend's
 
     def __post_init__(self) -> None:
