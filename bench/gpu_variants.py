@@ -9,7 +9,7 @@ in flight).
 A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyTuning fields (use_pdl, capture_prefill,
 gemv_max_rows, gemv_blocks_per_sm, gemv_split_warps, use_mma, mma_threads, mma_blocks_per_sm), `units`
 (OCTET_UNITS of quant.cu), `mma_stages` (MMA_STAGES: gemv1m's ring) and `pf_warps`
-(PF_WARPS of ops.cu: warps a block of the prefill attention) and `dec_warps` (DEC_MAX_WARPS: the most warps
+(PF_WARPS of attention.cu: warps a block of the prefill attention) and `dec_warps` (DEC_MAX_WARPS: the most warps
 a block of the one-token attention), which recompile their module. Prints pp512
 and tg128 tok/s per variant and depth beside llama.cpp's numbers (bench/gpu.py's anchors), and each
 variant's logits over 8 replayed steps after a 512-token prompt against the first variant's (max |d|: 0

@@ -1,7 +1,7 @@
 """Attention on the device: the K/V write, prefill attention on the tensor cores, decode attention split over
 the keys (a block a KV head and split, or on compute capability 9.0 a cluster of blocks a KV head that also
 does the q/k norm, RoPE and the K/V store: attention_dec, and attention_decn for every one-token segment of a
-step in one launch). Kernels in kernels/ops.cu and attend.cuh."""
+step in one launch). Kernels in kernels/attention.cu and attend.cuh."""
 
 from __future__ import annotations
 
@@ -16,36 +16,36 @@ from .core import Coded, CupyCore
 from .kernels import threads_for
 from .quant_consts import Q8_MAX_COLS
 
-ATTENTION_WARPS = 8  # ATT_WARPS in ops.cu
+ATTENTION_WARPS = 8  # ATT_WARPS in attention.cu
 
-ATTENTION_MAX_HEAD_DIM = 512  # MAX_HD in ops.cu
+ATTENTION_MAX_HEAD_DIM = 512  # MAX_HD in attention.cu
 
 ATTENTION_MAX_SPLITS = 32
 
-ATTENTION_CLUSTER = 8  # ATT_CL in ops.cu: blocks a KV head of attention_dec
+ATTENTION_CLUSTER = 8  # ATT_CL in attention.cu: blocks a KV head of attention_dec
 
-# the GQA decode kernels (attention_gqa_G_DPL in ops.cu): (query heads per KV head, head dim / 32)
+# the GQA decode kernels (attention_gqa_G_DPL in attention.cu): (query heads per KV head, head dim / 32)
 GQA_KERNELS = frozenset({(g, d) for g in (1, 2, 4, 8) for d in (2, 4, 8)} - {(8, 8)})
 
 DEC_KERNELS = GQA_KERNELS - {(8, 4)}  # attention_dec's (group, head dim / 32): a warp a query head, the key, the value
 
-# the tensor-core prefill kernel (attention_prefill in ops.cu): from this many tokens a pass
+# the tensor-core prefill kernel (attention_prefill in attention.cu): from this many tokens a pass
 PREFILL_ATTENTION_MIN_TOKENS = 16
 
-PF_WARPS, PF_KEYS = 4, 64  # as in ops.cu (PF_WARPS: its default; ops.cu takes -DPF_WARPS)
+PF_WARPS, PF_KEYS = 4, 64  # as in attention.cu (PF_WARPS: its default; attention.cu takes -DPF_WARPS)
 
 PF_HEAD_DIMS = frozenset({16, 32, 64, 128, 256})  # its instantiations (K and V head dims equal)
 
-GQA_MAX_TOKENS = 8  # attention_gqa's queries a launch (ops.cu)
+GQA_MAX_TOKENS = 8  # attention_gqa's queries a launch (attention.cu)
 
 
 def _dec_warps(group: int, dpl: int, most: int = 16) -> int:
-    """Warps a block of attention_dec_{group}_{dpl}: DEC_WARPS in ops.cu (most: DEC_MAX_WARPS)."""
+    """Warps a block of attention_dec_{group}_{dpl}: DEC_WARPS in attention.cu (most: DEC_MAX_WARPS)."""
     return 16 if group * dpl <= 16 and dpl <= 4 and (most >= 16 or group + 2 > 8) else 8
 
 
 def _head_dims_problem(hd: int, hdv: int) -> str | None:
-    """Why the attention kernels (ops.cu) cannot take these K/V head dims, or None."""
+    """Why the attention kernels (attention.cu) cannot take these K/V head dims, or None."""
     if max(hd, hdv) > ATTENTION_MAX_HEAD_DIM or hd % 16 or hdv % 4:
         return (
             f"head dims {hd}/{hdv} (the GPU attention kernels take K head dims that are multiples of 16 and"
@@ -63,7 +63,7 @@ class CupyAttention(CupyCore):
     def _attention_gqa(
         self, q: Any, kv: LayerKV, slot: int, window: int, scale: float, softcap: float, out: Any, group: int, dpl: int
     ) -> Any:
-        """Decode attention, a block per (token, KV head) and split: attention_gqa_{group}_{dpl} in ops.cu."""
+        """Decode attention, a block per (token, KV head) and split: attention_gqa_{group}_{dpl} in attention.cu."""
         cp = self.xp
         n, heads, hd = q.shape
         n_kv = heads // group
@@ -162,7 +162,7 @@ class CupyAttention(CupyCore):
         pos0: int,
     ) -> Any:
         """One token on Hopper and later: q/k norm, RoPE, the K/V store and attention in one launch of
-        attention_dec (ops.cu: a cluster of blocks per KV head, merged in distributed shared memory), which also
+        attention_dec (attention.cu: a cluster of blocks per KV head, merged in distributed shared memory), which also
         codes its output as the dp4a products' input: `matmul` of this very array uses that code (so the array
         must not be changed in place before it; layers.forward only multiplies it)."""
         cp = self.xp

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 THREADS = 256
 # each module's source: kernels/ files in order (shared headers first; CuPy's disk cache keys on the text)
 QUANT_SOURCES = ("common.cuh", "blocks.cuh", "quant.cu")
-OPS_SOURCES = ("common.cuh", "kv_rows.cuh", "attend.cuh", "ops.cu")
+OPS_SOURCES = ("common.cuh", "kv_rows.cuh", "attend.cuh", "layer_ops.cu", "attention.cu")
 COMPAT_ENV = "GENIE_CUDA_COMPAT"
 
 # GGML type -> kernel name suffix in quant.cu
@@ -60,9 +60,9 @@ def cupy_available() -> bool:
 
 
 class Kernel:
-    """A kernel of quant.cu or ops.cu, called as CuPy's RawKernel; while the backend captures a step it is
-    launched with programmatic dependent launch (pdl.py), which every kernel of those files allows for by
-    calling grid_dep_wait() before it touches what an earlier kernel wrote."""
+    """A kernel of quant.cu, layer_ops.cu or attention.cu, called as CuPy's RawKernel; while the backend
+    captures a step it is launched with programmatic dependent launch (pdl.py), which every kernel of those
+    files allows for by calling grid_dep_wait() before it touches what an earlier kernel wrote."""
 
     def __init__(self, raw: Any, backend: CupyCore) -> None:
         self.raw = raw

@@ -1,4 +1,4 @@
-"""The rest of a layer on the device, one fused kernel each (kernels/ops.cu): RMSNorm (with the residual add),
+"""The rest of a layer on the device, one fused kernel each (kernels/layer_ops.cu): RMSNorm (with the residual add),
 RoPE, the gated activation; and the step's ends: rows stacked, the greedy token."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ ARGMAX_BLOCKS, ARGMAX_THREADS = 64, 1024
 
 
 class CupyLayerOps(CupyCore):
-    # -- fused layer operations (kernels/ops.cu) ----------------------------------------------------------
+    # -- fused layer operations (kernels/layer_ops.cu) ----------------------------------------------------------
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         cp = self.xp
         x = cp.ascontiguousarray(x, dtype=cp.float32)

@@ -3,7 +3,7 @@
 A decode step is some 380 dependent kernels (Qwen3-4B), most of them a few microseconds long: in a plain CUDA
 graph each one starts only after its predecessor has finished and the launch has been processed. Launched
 with the programmatic-stream-serialization attribute, a kernel may start while its predecessor still runs:
-every kernel in kernels/quant.cu and kernels/ops.cu calls grid_dep_wait() (common.cuh) before it reads what
+every kernel in kernels/quant.cu, layer_ops.cu and attention.cu calls grid_dep_wait() (common.cuh) before it reads what
 an earlier kernel wrote or writes anything, so the early start only overlaps the launch, and, for the
 one-token products, the first loads of weights, which no kernel writes. Stream capture keeps the attribute
 as a programmatic edge of the graph.

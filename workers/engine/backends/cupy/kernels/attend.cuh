@@ -1,5 +1,5 @@
 // Decode attention (one query token) of the G query heads that share a KV head (GQA), over one slot's
-// K/V pools: the body of ops.cu's attention_gqa kernels and of the fused decode step (decode.cu).
+// K/V pools: the body of attention.cu's attention_gqa kernels.
 // common.cuh and kv_rows.cuh come first in the module.
 #define TILE 32
 #define KV_ANY 0  // gqa_attend's KV template argument: the pools' type read at run time (k_scale set: INT8)
@@ -354,7 +354,7 @@ __device__ void gqa_merge(float (&acc)[G][DPL], float (&m)[G], float (&l)[G], fl
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x) out[i] = qs[i];
 }
 
-// The whole of it, a key a lane (ops.cu's attention_gqa kernels).
+// The whole of it, a key a lane (attention.cu's attention_gqa kernels).
 template <int G, int DPL, int WARPS, int KV = KV_ANY>
 __device__ void gqa_attend(float* qs, const void* k_pool, const void* v_pool, const float* k_scale,
                            const float* v_scale, int n_kv, int kvh, int j0, int j1, float scale, float softcap,

@@ -1,5 +1,5 @@
-// Quantized weights in GGUF block layout, read by the GEMV kernels (quant.cu) and the fused decode step
-// (decode.cu): layouts, dequantization and dot products.
+// Quantized weights in GGUF block layout, read by the product kernels (quant.cu): layouts,
+// dequantization and dot products.
 //
 // Every supported type is read as sub-blocks of 32 consecutive values of a row (a whole block for the
 // 32-value types, one eighth of a super-block for the K-quants), so one loop serves all of them:

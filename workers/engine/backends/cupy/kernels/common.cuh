@@ -1,11 +1,11 @@
-// Helpers shared by every module (quant.cu, ops.cu, decode.cu). The backend joins each module's files
+// Helpers shared by every module (quant.cu; layer_ops.cu + attention.cu). The backend joins each module's files
 // into one source (so CuPy's on-disk kernel cache, keyed by the source text, sees a change here), hence
 // no #include of it or of the other .cuh files.
 #include <cuda_fp16.h>
 
 // Programmatic dependent launch (sm_90 and later; pdl.py launches the kernels of a step being captured with
 // it). grid_dep_wait() returns once the kernel before this one in the stream has finished and its writes are
-// visible: every kernel of quant.cu and ops.cu calls it before it reads what an earlier kernel wrote or
+// visible: every kernel of quant.cu, layer_ops.cu and attention.cu calls it before it reads what an earlier kernel wrote or
 // writes anything (only constant weights may be loaded before). grid_dep_launch() lets the next kernel start
 // (its blocks then run up to their own wait). Both are no-ops on a plain launch and before sm_90.
 __device__ __forceinline__ void grid_dep_wait() {
@@ -61,7 +61,7 @@ __device__ __forceinline__ float gated(float g, float u, int kind) {
 }
 
 // The index of the largest value (the first on ties, as numpy.argmax) and whether any value was not finite:
-// argmax_rows (ops.cu).
+// argmax_rows (layer_ops.cu).
 __device__ __forceinline__ bool argmax_better(float v, int i, float best, int idx) {
     return v > best || (v == best && i < idx);  // larger value wins, then the smaller index
 }
@@ -90,8 +90,7 @@ __device__ void argmax_block(float& best, int& idx, int& bad) {
 // x ~ d * (q + q2 / 254): q as llama.cpp's q8_1, q2 the rounding error of q requantized (|x - d q| <= d / 2),
 // so a product is two dp4a chains and the activations carry ~15 bits instead of 8 (with q alone a tiny
 // Q4_K_M model's decode NLL moved 0.04-0.06 nat from NumPy's). q8_input (quant.cu) computes it once per
-// product in global memory, the decode attention (ops.cu) for the o product as it writes its output, the fused
-// decode step (decode.cu) in each block's shared memory.
+// product in global memory, the decode attention (attention.cu) for the o product as it writes its output.
 // Layout of an x8 buffer for `cols` values: xq [cols] int8, xr [cols] int8 (q2), xd [cols / 32] float
 // scales, xs [cols / 32] float sums of the values as coded; a row of an n-token buffer (X8_ROW_BYTES) then
 // has gs [cols / 16] int2: the 16-value sums of xq and of xr.

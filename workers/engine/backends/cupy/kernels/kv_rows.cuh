@@ -1,4 +1,4 @@
-// Rows of the KV pool and of attention heads, shared by ops.cu and the fused decode step (decode.cu): the
+// Rows of the KV pool and of attention heads, shared by layer_ops.cu and attention.cu: the
 // Walsh-Hadamard rotation of INT8 K/V (docs/kv-cache.md), storing a row, and a head's q/k norm and RoPE.
 // common.cuh comes first in the module.
 
