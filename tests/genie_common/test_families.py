@@ -48,7 +48,9 @@ def test_the_worker_hides_its_reasoning(toyfam: Path) -> None:
     assert "".join(f.feed(p) for p in pieces) + f.flush() == "SureIt is on."
 
 
-def test_the_daemon_reports_its_reasoning_and_calls(toyfam: Path) -> None:
+def test_the_worker_sends_its_reasoning_and_calls_typed(toyfam: Path) -> None:
+    """The worker's parser (workers/output_parser.py) reads its markup; the daemon gets content, reasoning
+    and calls typed and knows no family."""
     p = OutputParser(tools=["light_on"], think=True)
     text = '<reason>the user wants light</reason>\n\n<call>{"name": "light_on", "arguments": {"room": "hall"}}</call>'
     events = [e for chunk in (text[:9], text[9:40], text[40:]) for e in p.feed(chunk)] + p.finish()
