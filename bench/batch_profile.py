@@ -23,25 +23,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from batch import load, random_prompt, sync  # noqa: E402
-from gpu_replay import skip  # noqa: E402
+from gpu_replay import graph_ms, skip  # noqa: E402
 
 FAMILIES = ("gemvn", "gemv1m", "q8_input", "attention_dec", "add_rms_norm", "rms_norm", "dequant", "qkv_post")
 WARM_STEPS = 3
 
 
-def replay_ms(step, replays: int = 50) -> float:  # type: ignore[no-untyped-def]
-    import cupy as cp
-
-    stream = cp.cuda.get_current_stream()
-    for _ in range(5):
-        step.graph.launch(stream=stream)
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    a.record()
-    for _ in range(replays):
-        step.graph.launch(stream=stream)
-    b.record()
-    b.synchronize()
-    return cp.cuda.get_elapsed_time(a, b) / replays
+def replay_ms(step) -> float:  # type: ignore[no-untyped-def]
+    return graph_ms(step, 50, warm=5)
 
 
 def captured_step(engine, slots: list[int]):  # type: ignore[no-untyped-def]

@@ -53,15 +53,20 @@ def skip(backend, family: str | None) -> None:
 
 def replay_us(engine, pos: int, replays: int) -> float:
     """µs a replay of the captured one-token step at `pos` (captured now, then replayed `replays` times)."""
-    import cupy as cp
-
     engine._steps.clear()
     for _ in range(2):  # eager + capture, then one replay
         engine._run(0, [1000], pos, slice(-1, None))
         del engine.kv.resident[0][-1:]
     (step,) = [v for k, v in engine._steps.items() if k[1] == 1]
+    return graph_ms(step, replays) * 1e3
+
+
+def graph_ms(step, replays: int, warm: int = 10) -> float:  # type: ignore[no-untyped-def]
+    """ms a replay of a captured step (bench/batch_profile.py times its steps with it too)."""
+    import cupy as cp
+
     stream = cp.cuda.get_current_stream()
-    for _ in range(10):
+    for _ in range(warm):
         step.graph.launch(stream=stream)
     a, b = cp.cuda.Event(), cp.cuda.Event()
     a.record()
@@ -69,7 +74,7 @@ def replay_us(engine, pos: int, replays: int) -> float:
         step.graph.launch(stream=stream)
     b.record()
     b.synchronize()
-    return cp.cuda.get_elapsed_time(a, b) * 1e3 / replays
+    return cp.cuda.get_elapsed_time(a, b) / replays
 
 
 def main() -> None:
