@@ -97,7 +97,6 @@ class Engine:
         banned = np.asarray(self.tokenizer.vocab.media_ids, dtype=np.int64)
         self._banned = (banned, self.backend.xp.asarray(banned)) if banned.size else None
         self._steps: dict[Any, Any] = {}  # decode steps the backend captured for this engine's KV cache
-        self._by_count: bool | None = None  # whether decode steps of several streams are keyed by their count
         self.scheduler = Scheduler(self)  # what runs in each step (scheduler.py)
 
     def _plan_before_weights(self, header: ModelHeader) -> None:
@@ -255,9 +254,10 @@ class Engine:
         # from a staged buffer, else one for each set of slots (a capture per set: streams that join and leave
         # made a new one almost every time the set changed)
         decode_only = all(seg.n == 1 for seg in segments)
-        if self._by_count is None:
-            self._by_count = self.backend.decode_steps_by_count(m.config, self.kv)
-        key = ("decode", len(segments)) if self._by_count else ("decode", tuple(seg.slot for seg in segments))
+        # asked every step (tens of µs): a retuned backend may answer otherwise, and a step keyed by its count
+        # whose attention took the slots as arguments would replay them for another set of slots
+        by_count = self.backend.decode_steps_by_count(m.config, self.kv)
+        key = ("decode", len(segments)) if by_count else ("decode", tuple(seg.slot for seg in segments))
         capturable = decode_only and self.kv.config.dtype != "f32"
         out = self.backend.forward_step(self._steps, key, run, batch, capturable=capturable)
         for seg in segments:
