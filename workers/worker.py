@@ -83,7 +83,9 @@ class _Turn:
     msg: Generate | Prewarm
     stream: DeltaStream
     dropped: int  # the oldest messages left out to fit the context
-    parser: OutputParser  # reads the model's markup: the answer goes out as content, reasoning and tool calls
+    # reads the model's markup: the answer goes out as content, reasoning and tool calls (None: it failed on
+    # this answer, whose rest goes out as plain content)
+    parser: OutputParser | None
 
 
 class _IoThread(threading.Thread):
@@ -288,12 +290,12 @@ class Worker:
         rid = turn.msg.request_id
         if isinstance(ev, Delta):
             if isinstance(turn.msg, Generate):
-                turn.stream.events(turn.parser.feed(ev.text), ev.token_ids)
+                self._typed(turn, ev.text, ev.token_ids)
             return
         del self.turns[seq]
         self.cancelled.pop(rid, None)
         if isinstance(turn.msg, Generate) and not isinstance(ev, Failed):
-            turn.stream.events(turn.parser.finish(), [])  # what it held back to decide
+            self._typed(turn, None, [])  # what the parser held back to decide
         turn.stream.flush()
         if isinstance(ev, Failed):
             self._failed(rid, ev.error)
@@ -318,6 +320,21 @@ class Worker:
         self.send(Done(request_id=rid, finish_reason=ev.finish_reason, usage=usage, timings=timings))
         if self.kv:  # after DONE went out: the client never waits for the save (the slot is not reused before)
             self.kv.save(turn.msg.conv_id, seq.slot)
+
+    def _typed(self, turn: _Turn, text: str | None, token_ids: list[int]) -> None:
+        """A piece of the answer (None: its end) out as content, reasoning and tool calls. A parser that fails
+        on it costs this answer its typing, never the worker: the rest goes out as plain content."""
+        if turn.parser is not None:
+            try:
+                events = turn.parser.feed(text) if text is not None else turn.parser.finish()
+            except Exception:
+                log.exception("event=output_parser_failed request=%s", turn.msg.request_id)
+                text, turn.parser = turn.parser.buf, None  # what it held, this piece included
+            else:
+                turn.stream.events(events, token_ids)
+                return
+        if text or token_ids:
+            turn.stream.add(text or "", token_ids)
 
     def _failed(self, rid: str, e: Exception) -> None:
         """One request's failure as its ERROR: the others go on, unless the device can no longer be trusted."""

@@ -262,3 +262,32 @@ def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worke
     worker._submit(Generate(request_id="r2", prompt="hi", params={"max_tokens": 4}))
     drive()
     assert isinstance(sent[-1], Done) and sent[-1].request_id == "r2"
+
+
+def test_an_output_parser_that_fails_costs_its_answer_the_typing_not_the_worker(monkeypatch):
+    """The worker reads the model's markup (output_parser.py) on each answer; should that raise, the answer's
+    rest, with what the parser held, goes out as plain content and the worker goes on (a step of the worker
+    loop that raised would end the process)."""
+    from workers.delta_stream import DeltaStream
+    from workers.output_parser import OutputParser
+    from workers.worker import Worker, _Turn
+
+    sent: list = []
+    parser = OutputParser(["light_on"])
+    turn = _Turn(Generate(request_id="r", prompt="x"), DeltaStream("r", sent.append, 0.0), 0, parser)
+    worker = Worker.__new__(Worker)
+    worker._typed(turn, "Sure. <tool", [1, 2])  # "<tool" is held: it may open a call
+    assert [d.text for d in sent] == ["Sure. "]
+
+    def broken(text):
+        parser.buf += text
+        raise RuntimeError("a parser bug")
+
+    monkeypatch.setattr(parser, "feed", broken)
+    worker._typed(turn, "_call>{", [3])
+    worker._typed(turn, " and more", [4])
+    worker._typed(turn, None, [])
+    turn.stream.flush()
+    assert turn.parser is None
+    assert "".join(d.text for d in sent) == "Sure. <tool_call>{ and more"
+    assert [t for d in sent for t in d.token_ids] == [1, 2, 3, 4]
