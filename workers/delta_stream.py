@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 from genie_common.events import Event, Piece, ToolCall
 from protocol.messages import Delta
@@ -68,7 +69,7 @@ class DeltaStream:
     def call(self, call: ToolCall) -> None:
         """A complete tool call: the text before it first, then a DELTA of its own, at once."""
         self.flush()
-        tool_calls = [{"name": call.name, "arguments": call.arguments}]
+        tool_calls = [{"name": call.name, "arguments": _carried(call.arguments)}]
         self.send(Delta(request_id=self.request_id, text="", tool_calls=tool_calls))
         self.last_sent = self.clock()
 
@@ -88,3 +89,17 @@ class DeltaStream:
         self.send(delta)
         self.text, self.token_ids = "", []
         self.last_sent = self.clock()
+
+
+def _carried(value: Any) -> Any:
+    """A tool call's arguments as msgpack can carry them: an integer past 64 bits (JSON has no limit, and a
+    model may write one) becomes the float JSON readers make of it, instead of a DELTA that cannot be sent."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < (1 << 64) else float(value)
+    if isinstance(value, dict):
+        return {k: _carried(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_carried(v) for v in value]
+    return value

@@ -98,3 +98,18 @@ def test_the_answer_goes_out_typed_one_kind_a_delta_and_a_call_on_its_own():
     ]
     for d in sent:  # each is a valid DELTA on the wire
         assert decode(encode(d))[0] == d
+
+
+def test_a_call_with_an_integer_past_64_bits_still_goes_out():
+    """JSON has no integer limit and a model may write one; msgpack carries 64 bits. The call goes out with
+    the float a JSON reader makes of it (an unsendable DELTA would have ended the worker)."""
+    from genie_common.events import ToolCall
+    from protocol.codec import decode, encode
+
+    s, sent, _ = make()
+    s.call(ToolCall("set", {"level": 10**30, "n": [2**70, 5], "on": True, "ok": 2**63 - 1}))
+    (delta,) = sent
+    assert delta.tool_calls == [
+        {"name": "set", "arguments": {"level": 1e30, "n": [2.0**70, 5], "on": True, "ok": 2**63 - 1}}
+    ]
+    assert decode(encode(delta))[0] == delta
