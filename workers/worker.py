@@ -177,9 +177,18 @@ class Worker:
 
     def send(self, msg: Message) -> None:
         """Never blocks: a daemon that takes nothing (gone, or stuck for a thousand messages) stops this
-        worker, which ends its turn as cancelled and exits (a child never outlives its daemon)."""
+        worker, which ends its turn as cancelled and exits (a child never outlives its daemon). A message that
+        cannot be encoded (what a model wrote that msgpack cannot carry) ends its request with ERROR instead of
+        ending the worker."""
         try:
-            self.out.send_multipart(encode(msg), flags=zmq.NOBLOCK)
+            frames = encode(msg)
+        except ProtocolError as e:
+            rid = getattr(msg, "request_id", None)
+            log.error("event=unsendable type=%s request=%s error=%r", type(msg).__name__, rid, e.message)
+            reason = f"the answer could not be sent: {e.message}"
+            frames = encode(Error(request_id=rid, code="internal", message=reason))
+        try:
+            self.out.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:
             if not self.stopping:
                 log.error("event=daemon_unreachable: stopping")

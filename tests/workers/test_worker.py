@@ -291,3 +291,20 @@ def test_an_output_parser_that_fails_costs_its_answer_the_typing_not_the_worker(
     assert turn.parser is None
     assert "".join(d.text for d in sent) == "Sure. <tool_call>{ and more"
     assert [t for d in sent for t in d.token_ids] == [1, 2, 3, 4]
+
+
+def test_a_message_that_cannot_be_encoded_ends_its_request_not_the_worker():
+    """Text msgpack cannot carry (a lone surrogate) in a DELTA: the request gets ERROR(internal) naming why,
+    and the worker goes on (an exception from send would have ended it)."""
+    from workers.worker import Worker
+
+    frames: list = []
+    worker = Worker.__new__(Worker)
+    worker.out = type("Sock", (), {"send_multipart": lambda self, f, flags=0: frames.append(f)})()
+    worker.stopping = False
+    worker.send(Delta(request_id="r", text="bad \udc80 text"))
+    worker.send(Delta(request_id="r2", text="fine"))
+    first, second = (decode(f)[0] for f in frames)
+    assert isinstance(first, Error) and first.request_id == "r" and first.code == "internal"
+    assert "could not be sent" in first.message
+    assert isinstance(second, Delta) and second.text == "fine"
