@@ -3,7 +3,7 @@ the Q4_K and Q6_K matrix shapes of Qwen3-4B: microseconds a product and the weig
 2 / 4 / 8 / 16 tokens (gemvn), each captured as a graph of one product a copy of the matrix (> 4x the L2, so
 every launch reads its weights from HBM, as a decode step does) and replayed.
 
-    python bench/gpu_rows.py [--tokens 1 2 4 8 16 32] [--groups 1|2|4]
+    python bench/gpu_rows.py [--tokens 1 2 4 8 16 32] [--groups 1|2|4] [--only gate_up]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--groups", type=int, default=0, help="gemvn_groups (0: the backend's)")
+    p.add_argument("--only", default="", help="only the matrices whose label contains this (e.g. gate_up)")
     args = p.parse_args()
 
     import cupy as cp
@@ -57,6 +58,8 @@ def main() -> None:
     print("| matrix | type | MB | " + " | ".join(f"{n} tok" for n in args.tokens) + " |")
     print("|" + "---|" * (3 + len(args.tokens)), flush=True)
     for label, qtype, rows, cols in SHAPES:
+        if args.only not in label:
+            continue
         block = _blocks(qtype, rows, cols, rng).reshape(-1)
         nbytes = block.nbytes
         n_copies = max(2, (4 * 50 * 2**20) // nbytes + 1)

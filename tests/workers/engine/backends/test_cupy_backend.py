@@ -751,6 +751,51 @@ def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
                     np.testing.assert_array_equal(o, cp.asnumpy(gpu.matmul(out.copy(), wo)))
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("heads,n_kv,hd", [(32, 8, 128), (16, 8, 128), (4, 1, 256), (8, 1, 64)])
+def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, kv_dtype, heads, n_kv, hd):
+    """attention_decn (one launch for the one-token rows of a step of several streams, each in its own slot at
+    its own depth; blocks of fewer warps than attention_dec's, each running several of its warps' shares of
+    the keys) gives every row, bit for bit, what attention_dec gives it alone: at depths that leave those
+    shares empty, one task each, and several, with and without a window and a logit softcap."""
+    import cupy as cp
+
+    from workers.engine.batch import Batch, Segment
+    from workers.engine.kv_cache import KVCache, KVCacheConfig
+    from workers.engine.model_config import LayerConfig, ModelConfig
+
+    if not gpu._clusters:
+        pytest.skip("thread-block clusters need compute capability 9.0")
+    rng = np.random.default_rng(7)
+    n_ctx, depths = 2700, (0, 7, 100, 1029, 2600)
+    for window, softcap in ((0, 0.0), (64, 0.0), (0, 30.0)):
+        lc = LayerConfig(rope_base=1e6, rope_scale=1.0, sliding_window=window)
+        cfg = ModelConfig(
+            "qwen3", 1, 1024, heads, n_kv, hd, hd, 3072, 1000, n_ctx, 1e-6, "neox", hd, "silu", hd**-0.5, 1.0, 0.0,
+            softcap, (lc,),
+        )  # fmt: skip
+        lc = cfg.layers[0]
+        kv = KVCache(KVCacheConfig(1, n_kv, hd, hd, n_ctx, n_slots=len(depths), dtype=kv_dtype), cp).layers[0]
+        if kv_dtype == "int8":
+            kv.k[...] = cp.asarray(rng.integers(-127, 128, kv.k.shape, dtype=np.int8))
+            kv.v[...] = cp.asarray(rng.integers(-127, 128, kv.v.shape, dtype=np.int8))
+            kv.k_scale[...] = cp.asarray(rng.uniform(0.001, 0.05, kv.k_scale.shape).astype(np.float32))
+            kv.v_scale[...] = cp.asarray(rng.uniform(0.001, 0.05, kv.v_scale.shape).astype(np.float32))
+        else:
+            kv.k[...] = cp.asarray(rng.standard_normal(kv.k.shape, dtype=np.float32).astype(np.float16))
+            kv.v[...] = cp.asarray(rng.standard_normal(kv.v.shape, dtype=np.float32).astype(np.float16))
+        qkv = cp.asarray(rng.standard_normal((len(depths), (heads + 2 * n_kv) * hd), dtype=np.float32))
+        norm = cp.asarray(rng.standard_normal((heads + n_kv, hd), dtype=np.float32))
+        batch = Batch.of([Segment(slot, pos, (1,), True) for slot, pos in enumerate(depths)])
+        gpu.stage_batch(batch)
+        together = cp.asnumpy(gpu.decode_attention(qkv, cfg, lc, norm, kv, batch))
+        assert together is not None
+        for slot, pos in enumerate(depths):
+            gpu.stage_inputs(np.zeros(1, np.int64), pos)
+            one = gpu.self_attention(qkv[slot : slot + 1], cfg, lc, norm, np.array([pos]), kv, slot, pos)
+            np.testing.assert_array_equal(together[slot], cp.asnumpy(one)[0], err_msg=f"{pos} {window} {softcap}")
+
+
 def test_greedy_token_on_the_device(gpu):
     """argmax_row: numpy.argmax of the last row (the first of equal maxima), -1 for any non-finite value."""
     import cupy as cp

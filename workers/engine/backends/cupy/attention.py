@@ -5,7 +5,7 @@ step in one launch). Kernels in kernels/attention.cu and attend.cuh."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from ...model_config import LayerConfig, ModelConfig
 from .core import Coded, CupyCore
 from .kernels import threads_for
 from .quant_consts import Q8_MAX_COLS
+
+if TYPE_CHECKING:
+    from .tuning import CupyTuning
 
 ATTENTION_WARPS = 8  # ATT_WARPS in attention.cu
 
@@ -42,6 +45,11 @@ GQA_MAX_TOKENS = 8  # attention_gqa's queries a launch (attention.cu)
 def _dec_warps(group: int, dpl: int, most: int = 16) -> int:
     """Warps a block of attention_dec_{group}_{dpl}: DEC_WARPS in attention.cu (most: DEC_MAX_WARPS)."""
     return 16 if group * dpl <= 16 and dpl <= 4 and (most >= 16 or group + 2 > 8) else 8
+
+
+def _decn_warps(group: int, dpl: int, tuning: CupyTuning) -> int:
+    """Warps a block of attention_decn_{group}_{dpl}: DECN_P in attention.cu."""
+    return min(tuning.decn_warps, _dec_warps(group, dpl, tuning.dec_max_warps))
 
 
 def _head_dims_problem(hd: int, hdv: int) -> str | None:
@@ -245,7 +253,7 @@ class CupyAttention(CupyCore):
         null = np.uint64(0)
         self._op(f"attention_decn_{group}_{hd // 32}")(
             (Hkv * ATTENTION_CLUSTER, n_dec),
-            (32 * _dec_warps(group, hd // 32, self.tuning.dec_max_warps),),
+            (32 * _decn_warps(group, hd // 32, self.tuning),),
             (
                 qkv,
                 kv.k,

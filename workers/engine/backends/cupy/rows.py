@@ -144,12 +144,15 @@ def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any
 
 def gemvn(gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float) -> None:
     """out[k, :w.rows] = w @ x_k for the n coded rows of x8 (times row k's RMS factor from ss[k]): one gemvn
-    launch with gemv1m's warps for w, gemvn_groups groups of four tokens a block."""
-    tpb = gpu._mma_tiles(w, x8, None)
-    _, threads, _ = gpu._mma_shape(w)
+    launch with gemv1m's warps for w, gemvn_groups groups of four tokens a block, and as many tiles a block as
+    make the blocks of all the sets one wave (the sets of more than gemvn_groups groups multiply the blocks:
+    with gemv1m's tiles a block, 16 tokens ran as a wave and a half, the half costing nearly a wave)."""
+    blocks, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
     ng = min(gpu.tuning.gemvn_groups, 1 << (groups - 1).bit_length())  # 1, 2 or 4 groups a block
     sets = -(-groups // ng)
+    tiles = -(-w.rows // 16)
+    tpb = -(-tiles * sets // (gpu.n_sm * blocks))  # a tile's numbers do not depend on the block that takes it
     smem = gpu.tuning.mma_stages * 16 * MMA_ROW_BYTES[w.qtype] + 2 * (threads // 32) * 16 * 4 * ng * 4
     kernel = gpu._kernel(f"gemvn{ng}", w.qtype)
     kernel.allow_smem(smem)

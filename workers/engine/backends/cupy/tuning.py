@@ -14,6 +14,7 @@ DEFINES = {
     "mma_stages": ("quant", "MMA_STAGES", 3),
     "pf_warps": ("ops", "PF_WARPS", 4),
     "dec_max_warps": ("ops", "DEC_MAX_WARPS", 16),
+    "decn_warps": ("ops", "DECN_WARPS", 4),
 }
 
 
@@ -39,8 +40,11 @@ class CupyTuning:
     mma_stages: int = 3  # gemv1m's ring of stages (MMA_STAGES)
     pf_warps: int = 4  # the prefill attention's warps a block, 16 query rows each (PF_WARPS)
     dec_max_warps: int = 16  # attention_dec's warps a block at most (DEC_MAX_WARPS)
+    decn_warps: int = 4  # attention_decn's warps a block (DECN_WARPS: 4, 8 or 16; at most attention_dec's)
 
     def __post_init__(self) -> None:
+        if self.decn_warps not in (4, 8, 16):
+            raise ValueError(f"decn_warps must be 4, 8 or 16, not {self.decn_warps}")
         if self.gemvn_groups not in (1, 2, 4):
             raise ValueError(f"gemvn_groups must be 1, 2 or 4, not {self.gemvn_groups}")
         for f in fields(self):

@@ -369,13 +369,18 @@ __device__ __forceinline__ void dec_task(const DecTask<DPL>& t, const float* qs,
     for (int k = 0; k < 8; ++k) accumulate_v<G, DPL>(acc, p, t.v[k], 4 * k, int8);  // p is 0 for a dead key
 }
 
-template <int G, int DPL, int WARPS>
+// P warps run the WARPS warps whose shares of the keys and merge order the arithmetic is defined by (virtual
+// warps; physical warp p runs p, p + P, ...): P == WARPS for one stream, fewer for a step of many streams, whose
+// blocks are then small enough for several an SM. A virtual warp's tasks, online softmax, and its place in the
+// merges are the same for every P, so a stream's numbers do not depend on it.
+template <int G, int DPL, int WARPS, int P = WARPS>
 __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out,
                               signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t,
                               const float* sin_t, int rope_dim, int neox, const int* pos0p, int window, float scale,
                               float softcap) {
     constexpr int HD = 32 * DPL;
     static_assert(WARPS >= G + 2, "a warp for each query head, the key and the value");
+    static_assert(P <= WARPS && WARPS % P == 0, "physical warps run whole sets of virtual ones");
     __shared__ __align__(16) float qs[G * DEC_HDP(DPL)];  // the queries, quarters DEC_QP apart
     __shared__ __align__(16) float kvb[HD];                // the merged head (x8 coding)
     __shared__ float accs[WARPS][G * HD];  // the warps' accumulators; row 0 then the block's, read by peers
@@ -388,7 +393,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     // Before the wait for the QKV product, what does not depend on it: this block's share of the keys [lo, qpos]
     // in tasks of 8 and this warp's first task's loads (every key before qpos was stored by an earlier step; the
     // position was staged before the graph started), and the norm weights and RoPE table values of the row this
-    // warp will norm (warp g < G: query head g; in the last block warp G the key head, warp G + 1 the value)
+    // warp will norm first (role r < G: query head r; in the last block role G the key head, G + 1 the value)
     const int qpos = *pos0p;
     const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
     const int n_tasks = (qpos - lo + 8) / 8;
@@ -398,60 +403,90 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     int base = j0 + 8 * warp;
     if (base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
     const bool last = rank == ATT_CL - 1;
-    const int row = warp < G ? kvh * G + warp : warp == G && last ? n_heads + kvh : warp == G + 1 && last ? -1 : -2;
     float w[DPL], c[DPL], sn[DPL], v[DPL];
-    if (row >= 0) {
-        rope_pairs<DPL>(c, sn, cos_t, sin_t, rope_dim, neox, qpos);
+    constexpr int ROLES = P == WARPS ? 1 : (G + 2 + P - 1) / P;  // roles a warp takes at most
 #pragma unroll
-        for (int e = 0; e < DPL; ++e) w[e] = qk_norm ? qk_norm[(long long)row * HD + lane * DPL + e] : 1.f;
-    }
-    GRID_DEP_START();
-    if (row != -2) {
-        const long long src = row >= 0 ? (long long)row * HD : (long long)(n_heads + n_kv + kvh) * HD;
+    for (int i = 0; i < ROLES; ++i) {
+        const int role = warp + i * P;
+        const int row = role < G ? kvh * G + role : role == G && last ? n_heads + kvh : role == G + 1 && last ? -1 : -2;
+        if (row >= 0) {
+            rope_pairs<DPL>(c, sn, cos_t, sin_t, rope_dim, neox, qpos);
 #pragma unroll
-        for (int e = 0; e < DPL; ++e) v[e] = qkv[src + lane * DPL + e];
-    }
-    if (row >= 0) norm_rope_regs<DPL>(v, w, qk_norm != nullptr, eps, c, sn, rope_dim, neox);
-    if (warp < G) {  // a query head: rotated (INT8) into shared memory
-        if (int8) fwht_regs<DPL>(v);
-        float* q = qs + warp * DEC_HDP(DPL) + (lane >> 3) * DEC_QP(DPL) + (lane & 7) * DPL;
+            for (int e = 0; e < DPL; ++e) w[e] = qk_norm ? qk_norm[(long long)row * HD + lane * DPL + e] : 1.f;
+        }
+        if (i == 0) GRID_DEP_START();
+        if (row != -2) {
+            const long long src = row >= 0 ? (long long)row * HD : (long long)(n_heads + n_kv + kvh) * HD;
 #pragma unroll
-        for (int e = 0; e < DPL; ++e) q[e] = v[e];
-    } else if (row != -2) {  // the token's key or value row into the pools
-        const long long dst = (long long)qpos * n_kv + kvh;
-        if (row >= 0) store_row_regs<DPL>(v, k_pool, k_scale, dst);
-        else store_row_regs<DPL>(v, v_pool, v_scale, dst);
+            for (int e = 0; e < DPL; ++e) v[e] = qkv[src + lane * DPL + e];
+        }
+        if (row >= 0) norm_rope_regs<DPL>(v, w, qk_norm != nullptr, eps, c, sn, rope_dim, neox);
+        if (role < G) {  // a query head: rotated (INT8) into shared memory
+            if (int8) fwht_regs<DPL>(v);
+            float* q = qs + role * DEC_HDP(DPL) + (lane >> 3) * DEC_QP(DPL) + (lane & 7) * DPL;
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) q[e] = v[e];
+        } else if (row != -2) {  // the token's key or value row into the pools
+            const long long dst = (long long)qpos * n_kv + kvh;
+            if (row >= 0) store_row_regs<DPL>(v, k_pool, k_scale, dst);
+            else store_row_regs<DPL>(v, v_pool, v_scale, dst);
+        }
     }
     __syncthreads();  // queries ready; the new K/V rows visible to this block's loads
     if (base <= j1 && base + 7 >= qpos)  // the task holding the new key read its rows before they were stored
         dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
     float acc[G][DPL], m[G], l[G];
-    gqa_init(acc, m, l);
-    while (base <= j1) {
-        const int next = base + 8 * WARPS;
-        if constexpr (WARPS == 8) {  // the next task's loads go out before this one's arithmetic
-            DecTask<DPL> nt;
-            if (next <= j1) dec_load<DPL>(nt, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
-            dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
-            task = nt;
-        } else {  // 16 warps: two tasks' loads would not fit their 128 registers (the first went out early)
-            dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
-            if (next <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
+#pragma unroll 1
+    for (int i = 0; i < WARPS / P; ++i) {  // virtual warp vw: tasks from j0 + 8 vw, 8 WARPS keys apart
+        const int vw = warp + i * P;
+        base = j0 + 8 * vw;
+        if (P < WARPS && vw != warp && base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
+        gqa_init(acc, m, l);
+        while (base <= j1) {
+            const int next = base + 8 * WARPS;
+            if constexpr (WARPS == 8) {  // the next task's loads go out before this one's arithmetic
+                DecTask<DPL> nt;
+                if (next <= j1) dec_load<DPL>(nt, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
+                dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
+                task = nt;
+            } else {  // 16 warps: two tasks' loads would not fit their 128 registers (the first went out early)
+                dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
+                if (next <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
+            }
+            base = next;
         }
-        base = next;
+        if constexpr (P < WARPS) {  // its state as it ends, scaled to the block's max below (P == WARPS: one
+                                    // virtual warp a warp, its state stays in registers)
+            if (lane == 0)
+#pragma unroll
+                for (int g = 0; g < G; ++g) ms[vw][g] = m[g], ls[vw][g] = l[g];
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+#pragma unroll
+                for (int e = 0; e < DPL; ++e) accs[vw][g * HD + lane * DPL + e] = acc[g][e];
+        }
     }
     // the warps merged: the block's max, sum and accumulator per head
-    if (lane == 0)
+    if constexpr (P == WARPS)
+        if (lane == 0)
 #pragma unroll
-        for (int g = 0; g < G; ++g) ms[warp][g] = m[g], ls[warp][g] = l[g];
+            for (int g = 0; g < G; ++g) ms[warp][g] = m[g], ls[warp][g] = l[g];
     __syncthreads();
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         float mb = NEG_INF;
         for (int w = 0; w < WARPS; ++w) mb = fmaxf(mb, ms[w][g]);
-        const float f = m[g] == NEG_INF ? 0.f : __expf(m[g] - mb);
+        if constexpr (P == WARPS) {
+            const float f = m[g] == NEG_INF ? 0.f : __expf(m[g] - mb);
 #pragma unroll
-        for (int e = 0; e < DPL; ++e) accs[warp][g * HD + lane * DPL + e] = acc[g][e] * f;
+            for (int e = 0; e < DPL; ++e) accs[warp][g * HD + lane * DPL + e] = acc[g][e] * f;
+        } else {
+            for (int vw = warp; vw < WARPS; vw += P) {
+                const float mv = ms[vw][g], f = mv == NEG_INF ? 0.f : __expf(mv - mb);
+#pragma unroll
+                for (int e = 0; e < DPL; ++e) accs[vw][g * HD + lane * DPL + e] *= f;
+            }
+        }
         if (threadIdx.x == 0) {
             float lb = 0.f;
             for (int w = 0; w < WARPS; ++w)
@@ -517,6 +552,13 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
 #define DEC_MAX_WARPS 16
 #endif
 #define DEC_WARPS(G, DPL) ((G) * (DPL) <= 16 && (DPL) <= 4 && (DEC_MAX_WARPS >= 16 || (G) + 2 > 8) ? 16 : 8)
+// attention_decn's physical warps a block (DECN_WARPS, at most DEC_WARPS): 4 by default, so that four blocks of a
+// step's many streams share an SM (sixteen warps a block made one an SM, and most of them idle at short depths)
+#ifndef DECN_WARPS
+#define DECN_WARPS 4
+#endif
+#define DECN_P(G, DPL) (DECN_WARPS < DEC_WARPS(G, DPL) ? DECN_WARPS : DEC_WARPS(G, DPL))
+// as many blocks an SM as leave a thread attention_dec's registers (128 for DPL <= 4 at 16 warps, else 255 at 8)
 #define DEC_INSTANTIATE(G, DPL)                                                                                       \
     extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1) __launch_bounds__(32 * DEC_WARPS(G, DPL), 1)           \
         attention_dec_##G##_##DPL(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale,      \
@@ -527,7 +569,8 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
                                                  qk_norm, eps, cos_t, sin_t, rope_dim, neox, pos0p, window, scale,     \
                                                  softcap);                                                             \
     }                                                                                                                 \
-    extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1) __launch_bounds__(32 * DEC_WARPS(G, DPL), 1)           \
+    extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1)                                                       \
+        __launch_bounds__(32 * DECN_P(G, DPL), ((DPL) <= 4 ? 16 : 8) / DECN_P(G, DPL))                                  \
         attention_decn_##G##_##DPL(const float* qkv, char* k_pools, char* v_pools, float* k_scales, float* v_scales,  \
                                    float* out, int n_heads, int n_kv, const float* qk_norm, float eps,                \
                                    const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* dec,    \
@@ -536,7 +579,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         const int* d = dec + blockIdx.y;                                                                              \
         const long long row = d[0], slot = d[n_dec];                                                                  \
         const long long qkv_cols = (long long)(n_heads + 2 * n_kv) * 32 * DPL;                                       \
-        attention_dec<G, DPL, DEC_WARPS(G, DPL)>(                                                                     \
+        attention_dec<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL)>(                                                     \
             qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                             \
             k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr, \
             out + row * n_heads * 32 * DPL, nullptr, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox,       \
