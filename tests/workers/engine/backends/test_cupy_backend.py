@@ -757,9 +757,11 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
     """attention_decn (one launch for the one-token rows of a step of several streams, each in its own slot at
     its own depth; blocks of fewer warps than attention_dec's, each running several of its warps' shares of
     the keys) gives every row, bit for bit, what attention_dec gives it alone: at depths that leave those
-    shares empty, one task each, and several, with and without a window and a logit softcap."""
+    shares empty, one task each, and several, with and without a window and a logit softcap; and codes the
+    rows as q8_input codes them for the o product."""
     import cupy as cp
 
+    from workers.engine.backends.cupy.rows import RowsInput, q8_rows
     from workers.engine.batch import Batch, Segment
     from workers.engine.kv_cache import KVCache, KVCacheConfig
     from workers.engine.model_config import LayerConfig, ModelConfig
@@ -788,8 +790,12 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
         norm = cp.asarray(rng.standard_normal((heads + n_kv, hd), dtype=np.float32))
         batch = Batch.of([Segment(slot, pos, (1,), True) for slot, pos in enumerate(depths)])
         gpu.stage_batch(batch)
-        together = cp.asnumpy(gpu.decode_attention(qkv, cfg, lc, norm, kv, batch))
-        assert together is not None
+        out = gpu.decode_attention(qkv, cfg, lc, norm, kv, batch)
+        coded = gpu._take_coded()  # every row a one-token segment's: the kernel coded them for the o product
+        assert coded is not None and coded.out is out
+        want, _ = q8_rows(gpu, RowsInput(out), 0, len(depths))
+        np.testing.assert_array_equal(cp.asnumpy(coded.x8), cp.asnumpy(want))
+        together = cp.asnumpy(out)
         for slot, pos in enumerate(depths):
             gpu.stage_inputs(np.zeros(1, np.int64), pos)
             one = gpu.self_attention(qkv[slot : slot + 1], cfg, lc, norm, np.array([pos]), kv, slot, pos)

@@ -42,16 +42,19 @@ def x8_row_bytes(cols: int) -> int:
 @dataclass(frozen=True)
 class RowsInput:
     """What a rows product multiplies, as its producer left it: x itself (X_PLAIN), act(gate) * up of
-    x = [gate | up] (X_GATED, act), or rms_norm(x) * norm (x: the residual sum already added; X_NORM, or
-    X_NORM_LATE: coded without the RMS factor, which gemvn applies)."""
+    x = [gate | up] (X_GATED, act), or rms_norm(x + r) * norm (X_NORM, or X_NORM_LATE: coded without the RMS
+    factor, which gemvn applies; r may be None), x + r written into `added` by the coding (q8_input) or by
+    add_rms_norm (rows of the float path), as a row alone adds them. x8: the rows already coded by their
+    producer (attention_decn), in q8_rows's layout."""
 
     x: Any
     mode: int = X_PLAIN
     act: int = 0
     norm: Any = None
     eps: float = 0.0
-    x0: Any = None  # norm: x = x0 + r, the terms rows of the float path add themselves (add_rms_norm, as alone)
     r: Any = None
+    added: Any = None
+    x8: Any = None
 
     @property
     def cols(self) -> int:
@@ -106,14 +109,18 @@ def _float_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> Any:
     if inp.mode in (X_NORM, X_NORM_LATE):
         if inp.r is None:
             return gpu.rms_norm(inp.x[a:b], inp.norm, inp.eps)
-        return gpu.add_rms_norm(inp.x0[a:b].copy(), inp.r[a:b], inp.norm, inp.eps)[1]
+        added, normed = gpu.add_rms_norm(inp.x[a:b].copy(), inp.r[a:b], inp.norm, inp.eps)
+        inp.added[a:b] = added
+        return normed
     return inp.x[a:b]
 
 
 def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any]:
-    """Rows a..b of inp coded for the products (q8_input, a block a row): the x8 rows, and (late norm) the
-    rows' group sums of squares."""
+    """Rows a..b of inp coded for the products (q8_input, a block a row, which also writes the rows' x + r):
+    the x8 rows, and (late norm) the rows' group sums of squares."""
     cp = gpu.xp
+    if inp.x8 is not None:
+        return inp.x8[a:b], None
     cols, n = inp.cols, b - a
     stride = x8_row_bytes(cols)
     x8 = cp.empty(n * stride, dtype=cp.int8)
@@ -126,9 +133,9 @@ def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any
         (Q8_THREADS,),
         (
             x,
-            null,
+            null if inp.r is None else inp.r[a:b],
             null if inp.norm is None else inp.norm,
-            null,
+            null if inp.r is None else inp.added[a:b],
             np.float32(inp.eps),
             np.int32(inp.mode),
             np.int32(inp.act),
@@ -182,7 +189,9 @@ def gemvn(gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any,
 # -- CupyProducts's compositions for n >= 2 rows ------------------------------------------------------------
 def matmul(gpu: CupyProducts, x: Any, weight: Any, then: NextInput | None) -> Any:
     cp = gpu.xp
-    return _product(gpu, RowsInput(cp.ascontiguousarray(x, dtype=cp.float32)), weight, then)
+    coded = gpu._take_coded()
+    x8 = coded.x8 if coded is not None and coded.out is x and coded.then is None else None
+    return _product(gpu, RowsInput(cp.ascontiguousarray(x, dtype=cp.float32), x8=x8), weight, then)
 
 
 def add_norm_matmul(
@@ -192,11 +201,12 @@ def add_norm_matmul(
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     late = r is not None and gpu._late_out is r
     gpu._late_out = None
+    added = x
     if r is not None:
         r = cp.ascontiguousarray(r, dtype=cp.float32)
-    added = x if r is None else x + r
+        added = cp.empty_like(x)  # x + r: written row by row by the coding or the float path
     mode = X_NORM_LATE if late else X_NORM
-    inp = RowsInput(added, mode, norm=cp.ascontiguousarray(norm), eps=eps, x0=x, r=r)
+    inp = RowsInput(x, mode, norm=cp.ascontiguousarray(norm), eps=eps, r=r, added=None if r is None else added)
     return added, _product(gpu, inp, w, then)
 
 
