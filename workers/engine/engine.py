@@ -211,13 +211,14 @@ class Engine:
             def run_padded() -> Any:
                 return forward_batch(m.config, m.weights, self.backend, self.kv, padded, interrupt)
 
-            padded_key = (slot, bucket, "padded", wants)
+            padded_key = ("step", bucket, "padded", wants)
             out = self.backend.forward_step(self._steps, padded_key, run_padded, padded, capturable=True)
         if out is None:
-            # one captured step per slot and shape (the GPU backend replays it as a CUDA graph): decode steps and
-            # full prefill chunks, the shapes that repeat
+            # one captured step per shape, whatever the slot (the GPU backend replays it as a CUDA graph, its
+            # kernels reading the slot where stage_batch staged it): decode steps and full prefill chunks, the
+            # shapes that repeat
             rows = None if logit_rows is None else (logit_rows.start, logit_rows.stop, logit_rows.step)
-            key = (slot, len(arr), rows)
+            key = ("step", len(arr), rows)
             repeats = len(arr) in (1, self.config.prefill_chunk, *self.backend.step_buckets)
             capturable = repeats and self.kv.config.dtype != "f32"
             batch = Batch((Segment(slot, pos0, tuple(int(t) for t in arr), logit_rows is not None),))

@@ -81,4 +81,4 @@ def test_cupy_replays_one_captured_step_for_every_short_prompt() -> None:
         got, want = logits_of(gpu, ids), logits_of(cpu, ids)
         assert np.abs(got - want).max() <= 5e-3 * np.abs(want).max()
     padded = [key for key in gpu._steps if isinstance(key, tuple) and "padded" in key]
-    assert padded == [(0, 16, "padded", True)] and gpu._steps[padded[0]] is not False
+    assert padded == [("step", 16, "padded", True)] and gpu._steps[padded[0]] is not False

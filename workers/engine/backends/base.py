@@ -88,9 +88,9 @@ class Backend(ABC):
         return acts + 2 * n_slots * cfg.n_vocab * 4, 0
 
     # -- steps ------------------------------------------------------------------------------------
-    def stage_inputs(self, ids: np.ndarray, pos0: int) -> Array:
-        """Called by the forward pass first: the token ids (and the first position) where the backend's
-        kernels read them; returns the ids for `embed`."""
+    def stage_inputs(self, ids: np.ndarray, pos0: int, slot: int = 0) -> Array:
+        """Called by the forward pass first: the token ids (and the first position and the K/V slot) where
+        the backend's kernels read them; returns the ids for `embed`."""
         return ids
 
     def stage_batch(self, batch: Batch) -> Array:
@@ -98,7 +98,7 @@ class Backend(ABC):
         positions as `stage_inputs` does (the first segment's position; `stage_segment` points at another's)
         and the rows' groups (`stage_rows`); returns the ids for `embed`."""
         self.stage_rows(batch.row_groups)
-        return self.stage_inputs(batch.ids, batch.segments[0].pos0)
+        return self.stage_inputs(batch.ids, batch.segments[0].pos0, batch.segments[0].slot)
 
     def stage_segment(self, i: int | None) -> None:  # noqa: B027 (a hook: most backends need nothing)
         """In a step of several segments, the per-segment operations that follow (prepare_qkv, kv_write,

@@ -190,7 +190,7 @@ def test_kv_write_then_causal_attention(backend, kv_dtype, window, softcap):
     pos0 = 0
     for n in (20, 1, 5):
         q = rng.standard_normal((n, heads, hd), dtype=np.float32)
-        backend.stage_inputs(np.zeros(n, dtype=np.int64), pos0)
+        backend.stage_inputs(np.zeros(n, dtype=np.int64), pos0, slot)
         xp = backend.xp
         backend.kv_write(kv, slot, pos0, xp.asarray(keys[pos0 : pos0 + n]), xp.asarray(values[pos0 : pos0 + n]))
         out = host(backend, backend.attention(xp.asarray(q), kv, slot, pos0, window, float(scale), softcap))

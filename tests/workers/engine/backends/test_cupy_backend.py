@@ -389,7 +389,7 @@ def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd, hdv):
         k[:, :, 3] *= 20  # an outlier channel, as real K has
         v = rng.standard_normal((n, n_kv, hdv), dtype=np.float32)
         cpu.kv_write(host.layers[0], 1, pos, k, v)
-        gpu.stage_inputs(np.zeros(n, np.int64), pos)
+        gpu.stage_inputs(np.zeros(n, np.int64), pos, slot=1)
         gpu.kv_write(dev.layers[0], 1, pos, cp.asarray(k), cp.asarray(v))
         pos += n
     for name in ("k", "v", "k_scale", "v_scale"):
@@ -413,7 +413,7 @@ def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd, hdv):
         q = rng.standard_normal((n, heads, hd), dtype=np.float32)
         for window, softcap in ((0, 0.0), (64, 0.0), (0, 30.0)):
             ref = cpu.attention(q, host.layers[0], 1, pos0, window, 1 / np.sqrt(hd), softcap)
-            gpu.stage_inputs(np.zeros(n, np.int64), pos0)
+            gpu.stage_inputs(np.zeros(n, np.int64), pos0, slot=1)
             out = cp.asnumpy(gpu.attention(cp.asarray(q), dev.layers[0], 1, pos0, window, 1 / np.sqrt(hd), softcap))
             # from PREFILL_ATTENTION_MIN_TOKENS tokens the tensor-core kernel takes FP16 Q (and P): ~5e-4
             bound = 2e-3 if n >= PREFILL_ATTENTION_MIN_TOKENS else 1e-4 if kv_dtype == "int8" else 1e-5
@@ -447,7 +447,7 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
             engine._run(0, [1, *prompt], 0, None)
             rows = [cp.asnumpy(engine._run(0, [t], 18 + i, slice(-1, None))) for i, t in enumerate(steps)]
             # the first decode step ran eagerly and was captured; the others replayed it (the prompt is a padded step)
-            assert [key for key in engine._steps if key[1] == 1] == [(0, 1, (-1, None, None))]
+            assert [key for key in engine._steps if key[1] == 1] == [("step", 1, (-1, None, None))]
             logits[use_pdl] = np.concatenate(rows)
     finally:
         gpu.retune(use_pdl=True)
@@ -479,7 +479,7 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
                 assert engine._run(0, prompt[pos : pos + 24], pos, None) is None
             logits[use_graphs] = cp.asnumpy(engine._run(0, prompt[72:], 72, slice(-1, None)))
             if use_graphs:  # the first chunk ran eagerly and was captured, the next two replayed it
-                assert engine._steps.get((0, 24, None)) not in (None, False)
+                assert engine._steps.get(("step", 24, None)) not in (None, False)
             engine.kv.resident[0] = []
             done = list(engine.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)))[-1]
             assert isinstance(done, Completion)
@@ -495,7 +495,9 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
-    """Greedy generation with captured decode steps equals eager generation, across positions and slots."""
+    """Greedy generation with captured decode steps equals eager generation, across positions and slots: the
+    decode step and the padded prompt step captured in slot 0 replay in slot 1 (the kernels read the slot
+    where it was staged)."""
     from workers.engine.engine import Completion, Engine, EngineConfig
     from workers.engine.model import Model
     from workers.engine.sampling import SamplingParams
@@ -517,7 +519,8 @@ def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
             assert isinstance(done, Completion)
             tokens[use_graphs, slot] = done.token_ids
         decode_steps = [key for key in engine._steps if key[1] == 1]
-        assert len(decode_steps) == (2 if use_graphs else 0)  # one captured decode step per slot
+        assert len(decode_steps) == (1 if use_graphs else 0)  # one captured decode step for both slots
+        assert len([key for key in engine._steps if "padded" in key]) == (1 if use_graphs else 0)  # one prompt step
     gpu.retune(use_graphs=True)
     assert tokens[True, 0] == tokens[False, 0] and tokens[True, 1] == tokens[False, 1]
 
@@ -611,7 +614,7 @@ def test_prepare_qkv_is_the_unfused_sequence(gpu, cpu, kv_dtype, qk_norm, n, gem
     pos0 = 37
     positions = np.arange(pos0, pos0 + n)
     q_ref = cpu.prepare_qkv(qkv.copy(), cfg, lc, norm, positions, host.layers[0], 1, pos0)
-    gpu.stage_inputs(np.zeros(n, np.int64), pos0)
+    gpu.stage_inputs(np.zeros(n, np.int64), pos0, slot=1)
     q = gpu.prepare_qkv(
         cp.asarray(qkv), cfg, lc, None if norm is None else cp.asarray(norm), positions, dev.layers[0], 1, pos0
     )
@@ -727,7 +730,7 @@ def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
             qkv = rng.standard_normal((1, (heads + 2 * n_kv) * hd), dtype=np.float32)
             for qk_norm in (None, rng.standard_normal((heads + n_kv, hd), dtype=np.float32)):
                 positions = np.array([pos0])
-                gpu.stage_inputs(np.zeros(1, np.int64), pos0)
+                gpu.stage_inputs(np.zeros(1, np.int64), pos0, slot=1)
                 norm = None if qk_norm is None else cp.asarray(qk_norm)
                 out = gpu.self_attention(cp.asarray(qkv), cfg, lc, norm, positions, dev.layers[0], 1, pos0)
                 q_ref = cpu.prepare_qkv(qkv.copy(), cfg, lc, qk_norm, positions, host.layers[0], 1, pos0)
@@ -797,7 +800,7 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
         np.testing.assert_array_equal(cp.asnumpy(coded.x8), cp.asnumpy(want))
         together = cp.asnumpy(out)
         for slot, pos in enumerate(depths):
-            gpu.stage_inputs(np.zeros(1, np.int64), pos)
+            gpu.stage_inputs(np.zeros(1, np.int64), pos, slot=slot)
             one = gpu.self_attention(qkv[slot : slot + 1], cfg, lc, norm, np.array([pos]), kv, slot, pos)
             np.testing.assert_array_equal(together[slot], cp.asnumpy(one)[0], err_msg=f"{pos} {window} {softcap}")
 

@@ -53,6 +53,12 @@ def _decn_warps(group: int, dpl: int, tuning: CupyTuning) -> int:
     return min(tuning.decn_warps, _dec_warps(group, dpl, tuning.dec_max_warps))
 
 
+def _slot_bytes(kv: LayerKV) -> tuple[np.int64, np.int64, np.int64]:
+    """The bytes a slot spans in the layer's K, V and scale pools (the kernels' AT_SLOT, common.cuh)."""
+    scale = 0 if kv.k_scale is None else kv.k_scale.strides[0]
+    return np.int64(kv.k.strides[0]), np.int64(kv.v.strides[0]), np.int64(scale)
+
+
 def _head_dims_problem(hd: int, hdv: int) -> str | None:
     """Why the attention kernels (attention.cu) cannot take these K/V head dims, or None."""
     if max(hd, hdv) > ATTENTION_MAX_HEAD_DIM or hd % 16 or hdv % 4:
@@ -69,6 +75,19 @@ def _prefill_attention_smem(hd: int, rows: int) -> int:
 
 
 class CupyAttention(CupyCore):
+    def _slot_pools(self, kv: LayerKV, slot: int) -> tuple[Any, Any, Any, Any]:
+        """The layer's whole K, V (and scale) pools, for a kernel that adds the staged slot's offset itself
+        (AT_SLOT), so that a captured step replays for any slot; `slot` must be the one staged (steps.py)."""
+        if slot != self._slot:
+            raise AssertionError(f"slot {slot} is not the staged one ({self._slot}): stage_inputs or stage_segment")
+        null = np.uint64(0)
+        return (
+            kv.k,
+            kv.v,
+            null if kv.k_scale is None else kv.k_scale,
+            null if kv.v_scale is None else kv.v_scale,
+        )
+
     def _attention_gqa(
         self, q: Any, kv: LayerKV, slot: int, window: int, scale: float, softcap: float, out: Any, group: int, dpl: int
     ) -> Any:
@@ -92,10 +111,7 @@ class CupyAttention(CupyCore):
             (32 * ATTENTION_WARPS,),
             (
                 q,
-                kv.k[slot],
-                kv.v[slot],
-                null if kv.k_scale is None else kv.k_scale[slot],
-                null if kv.v_scale is None else kv.v_scale[slot],
+                *self._slot_pools(kv, slot),
                 out,
                 part_m,
                 part_l,
@@ -108,6 +124,7 @@ class CupyAttention(CupyCore):
                 np.int32(window),
                 np.float32(scale),
                 np.float32(softcap),
+                *_slot_bytes(kv),
             ),
         )
         return out
@@ -148,12 +165,10 @@ class CupyAttention(CupyCore):
                 np.int32(lc.rope_dim),
                 np.int32(cfg.rope_mode == "neox"),
                 self._pos,
-                kv.k[slot],
-                kv.v[slot],
-                null if kv.k_scale is None else kv.k_scale[slot],
-                null if kv.v_scale is None else kv.v_scale[slot],
+                *self._slot_pools(kv, slot),
                 np.int32(hd & -hd),
                 np.int32(hdv & -hdv),
+                *_slot_bytes(kv),
             ),
             shared_mem=max(hd, hdv) * 4,
         )
@@ -192,10 +207,7 @@ class CupyAttention(CupyCore):
             (32 * _dec_warps(group, hd // 32, self.tuning.dec_max_warps),),
             (
                 qkv,
-                kv.k[slot],
-                kv.v[slot],
-                null if kv.k_scale is None else kv.k_scale[slot],
-                null if kv.v_scale is None else kv.v_scale[slot],
+                *self._slot_pools(kv, slot),
                 out,
                 null if x8 is None else x8,
                 np.int32(H),
@@ -210,6 +222,7 @@ class CupyAttention(CupyCore):
                 np.int32(lc.sliding_window),
                 np.float32(cfg.attn_scale),
                 np.float32(cfg.attn_logit_softcap),
+                *_slot_bytes(kv),
             ),
         )
         return out
@@ -295,23 +308,20 @@ class CupyAttention(CupyCore):
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         n, heads, hd = k.shape
         hdv = v.shape[2]
-        null = np.uint64(0)
         self._op("kv_write")(
             (n * heads, 2),  # y: K, then V
             (threads_for(max(hd, hdv)),),
             (
                 k,
                 v,
-                kv.k[slot],
-                kv.v[slot],
-                kv.k_scale[slot] if kv.k_scale is not None else null,
-                kv.v_scale[slot] if kv.v_scale is not None else null,
+                *self._slot_pools(kv, slot),
                 np.int32(heads),
                 np.int32(hd),
                 np.int32(hdv),
                 np.int32(hd & -hd),
                 np.int32(hdv & -hdv),
                 self._pos,
+                *_slot_bytes(kv),
             ),
             shared_mem=max(hd, hdv) * 4,
         )
@@ -328,8 +338,7 @@ class CupyAttention(CupyCore):
             raise ValueError(problem)
         out = cp.empty((n, heads * hdv), dtype=cp.float32)
         null = np.uint64(0)
-        k_scale = null if kv.k_scale is None else kv.k_scale[slot]
-        v_scale = null if kv.v_scale is None else kv.v_scale[slot]
+        pools = self._slot_pools(kv, slot)
         group = heads // n_kv
         pf_rows = 16 * self.tuning.pf_warps
         if n >= PREFILL_ATTENTION_MIN_TOKENS and hd == hdv and hd in PF_HEAD_DIMS and pf_rows % group == 0:
@@ -341,10 +350,7 @@ class CupyAttention(CupyCore):
                 (32 * self.tuning.pf_warps,),
                 (
                     q,
-                    kv.k[slot],
-                    kv.v[slot],
-                    k_scale,
-                    v_scale,
+                    *pools,
                     out,
                     np.int32(n),
                     np.int32(heads),
@@ -354,6 +360,7 @@ class CupyAttention(CupyCore):
                     np.int32(window),
                     np.float32(scale),
                     np.float32(softcap),
+                    *_slot_bytes(kv),
                 ),
                 shared_mem=smem,
             )
@@ -378,10 +385,7 @@ class CupyAttention(CupyCore):
             (32 * ATTENTION_WARPS,),
             (
                 q,
-                kv.k[slot],
-                kv.v[slot],
-                k_scale,
-                v_scale,
+                *pools,
                 out,
                 part_m,
                 part_l,
@@ -397,6 +401,7 @@ class CupyAttention(CupyCore):
                 np.int32(window),
                 np.float32(scale),
                 np.float32(softcap),
+                *_slot_bytes(kv),
             ),
         )
         return out

@@ -71,9 +71,13 @@ class CupyCore(NumpyBackend):
             module.compile()  # now, not mid-generation: a compile failure is a start-up error
         self._kernels: dict[str, Kernel] = {}
         self._ids = cupy.zeros(1, dtype=cupy.int64)  # staged token ids of the current step
-        self._pos = cupy.zeros(1, dtype=cupy.int32)  # staged first position (the kernels read it here)
+        # the staged first position and K/V slot (the kernels read them here: AT_SLOT in common.cuh)
+        self._pos = cupy.zeros(2, dtype=cupy.int32)
         self._step_pos = self._pos  # the one stage_inputs fills (and captured steps read)
-        self._segment_pos = cupy.zeros(1, dtype=cupy.int32)  # a step of several segments: each one's first position
+        self._segment_pos = cupy.zeros(2, dtype=cupy.int32)  # a step of several segments: each one's (pos, slot)
+        self._slot = 0  # the slot staged where _pos points, as the host knows it (attention.py checks it)
+        self._step_slot = 0
+        self._segment_slots: tuple[int, ...] = ()
         self._logit_rows = cupy.zeros(1, dtype=cupy.int64)  # the rows whose logits a step returns (take_rows)
         self._dec = cupy.zeros(3, dtype=cupy.int32)  # a step's one-token segments: rows, slots, positions
         self._done = cupy.zeros(1024, dtype=cupy.int32)  # split-K attention's per-row merge counters

@@ -33,7 +33,8 @@ class CupySteps(CupyCore):
         return self._rope_table(base, scale, rope_dim, n_pos)
 
     def staged_inputs(self) -> tuple[Any, Any]:
-        """The device buffers stage_inputs fills: token ids (int64) and the first position (int32)."""
+        """The device buffers stage_inputs fills: token ids (int64), and the first position and the K/V slot
+        (int32)."""
         return self._ids, self._pos
 
     @property
@@ -43,11 +44,13 @@ class CupySteps(CupyCore):
 
     def stage_batch(self, batch: Batch) -> Any:
         ids = super().stage_batch(batch)
+        self._segment_slots = tuple(s.slot for s in batch.segments)
         if self._capturing:
             return ids
         n, k = len(batch.segments), len(batch.logit_rows)
-        if n > 1:  # each segment's position, in one copy: stage_segment points at them
-            self._segment_pos = self._staged(self._segment_pos, np.array([s.pos0 for s in batch.segments], np.int32))
+        if n > 1:  # each segment's position and slot, in one copy: stage_segment points at them
+            pairs = np.array([(s.pos0, s.slot) for s in batch.segments], np.int32).reshape(-1)
+            self._segment_pos = self._staged(self._segment_pos, pairs)
             # the one-token segments' rows, slots and positions, for decode_attention
             dec = [(batch.rows(j).start, s.slot, s.pos0) for j, s in enumerate(batch.segments) if s.n == 1]
             if dec:
@@ -68,17 +71,19 @@ class CupySteps(CupyCore):
         return x[self._logit_rows[: len(rows)]]
 
     def stage_segment(self, i: int | None) -> None:
-        self._pos = self._step_pos if i is None else self._segment_pos[i : i + 1]
+        self._pos = self._step_pos if i is None else self._segment_pos[2 * i : 2 * i + 2]
+        self._slot = self._step_slot if i is None else self._segment_slots[i]
 
-    def stage_inputs(self, ids: np.ndarray, pos0: int) -> Any:
+    def stage_inputs(self, ids: np.ndarray, pos0: int, slot: int = 0) -> Any:
         cp = self.xp
         n = len(ids)
+        self._step_slot = self._slot = slot
         if not self._capturing:  # while capturing, the graph reads whatever the buffers hold at replay
             if self._ids.shape[0] < n:
                 self._ids = cp.zeros(max(n, 2 * self._ids.shape[0]), dtype=cp.int64)
                 self._version += 1  # captured steps read the old buffer
             self._ids[:n].set(np.ascontiguousarray(ids, dtype=np.int64))
-            self._pos.set(np.array([pos0], dtype=np.int32))
+            self._pos.set(np.array([pos0, slot], dtype=np.int32))
         return self._ids[:n]
 
     def forward_step(

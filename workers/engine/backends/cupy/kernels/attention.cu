@@ -4,7 +4,7 @@
 // and layer_ops.cu come first in this module (backends/cupy/kernels.py: OPS_SOURCES).
 
 // Causal attention of q [n_tok, n_heads, hd] (positions pos0 + t) over the slot's keys [lo, pos0 + t],
-// lo = pos0 + t - window + 1 when window > 0. K/V pools [n_ctx, n_kv, hd(v)], INT8 with scales (rotated:
+// lo = pos0 + t - window + 1 when window > 0. K/V pools [n_ctx, n_kv, hd(v)] (the staged slot's: AT_SLOT), INT8 with scales (rotated:
 // q is rotated alike and the output rotated back) or FP16. Grid (n_tok * n_heads, n_splits): each block
 // takes one contiguous share of its query's keys (split-K, "flash decoding"); its 8 warps take tiles of
 // 32 keys in turn. In a tile every lane scores one key (its whole K row in 16-byte loads against q in
@@ -20,7 +20,8 @@
 extern "C" __global__ void attention(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
                                      const float* v_scale, float* out, float* part_m, float* part_l, float* part_acc,
                                      int* done, int n_heads, int n_kv, int hd, int hdv, int blk, int blk_v, const int* pos0p, int window,
-                                     float scale, float softcap) {
+                                     float scale, float softcap, long long k_slot, long long v_slot, long long s_slot) {
+    AT_SLOT(pos0p, k_pool, v_pool, k_scale, v_scale, k_slot, v_slot, s_slot);
     GRID_DEP_START();
     __shared__ __align__(16) float qs[MAX_HD];
     __shared__ float accs[ATT_WARPS][MAX_HD];
@@ -207,7 +208,9 @@ __device__ void attention_gqa(const float* q, const void* k_pool, const void* v_
     extern "C" __global__ void attention_gqa_##G##_##DPL(                                                     \
         const float* q, const void* k_pool, const void* v_pool, const float* k_scale, const float* v_scale,    \
         float* out, float* part_m, float* part_l, float* part_acc, int* done, int n_heads, int n_kv, int blk,  \
-        const int* pos0p, int window, float scale, float softcap) {                                            \
+        const int* pos0p, int window, float scale, float softcap, long long k_slot, long long v_slot,           \
+        long long s_slot) {                                                                                    \
+        AT_SLOT(pos0p, k_pool, v_pool, k_scale, v_scale, k_slot, v_slot, s_slot);                             \
         GRID_DEP_START();                                                                                      \
         attention_gqa<G, DPL>(q, k_pool, v_pool, k_scale, v_scale, out, part_m, part_l, part_acc, done,     \
                               n_heads, n_kv, blk, pos0p, window, scale, softcap);                              \
@@ -436,7 +439,6 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     if (base <= j1 && base + 7 >= qpos)  // the task holding the new key read its rows before they were stored
         dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
     float acc[G][DPL], m[G], l[G];
-#pragma unroll 1
     for (int i = 0; i < WARPS / P; ++i) {  // virtual warp vw: tasks from j0 + 8 vw, 8 WARPS keys apart
         const int vw = warp + i * P;
         base = j0 + 8 * vw;
@@ -567,7 +569,9 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         attention_dec_##G##_##DPL(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale,      \
                                   float* out, signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps, \
                                   const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* pos0p,     \
-                                  int window, float scale, float softcap) {                                             \
+                                  int window, float scale, float softcap, long long k_slot, long long v_slot,           \
+                                  long long s_slot) {                                                                   \
+        AT_SLOT(pos0p, k_pool, v_pool, k_scale, v_scale, k_slot, v_slot, s_slot);                                     \
         attention_dec<G, DPL, DEC_WARPS(G, DPL)>(qkv, k_pool, v_pool, k_scale, v_scale, out, x8, n_heads, n_kv,       \
                                                  qk_norm, eps, cos_t, sin_t, rope_dim, neox, pos0p, window, scale,     \
                                                  softcap);                                                             \
@@ -809,7 +813,8 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
     extern "C" __global__ void __launch_bounds__(32 * PF_WARPS) attention_prefill_##HD(                      \
         const float* q, const void* k_pool, const void* v_pool, const float* k_scale, const float* v_scale,  \
         float* out, int n_tok, int n_heads, int n_kv, int blk, const int* pos0p, int window, float scale,    \
-        float softcap) {                                                                                     \
+        float softcap, long long k_slot, long long v_slot, long long s_slot) {                              \
+        AT_SLOT(pos0p, k_pool, v_pool, k_scale, v_scale, k_slot, v_slot, s_slot);                           \
         GRID_DEP_START();                                                                                    \
         attention_prefill<HD>(q, k_pool, v_pool, k_scale, v_scale, out, n_tok, n_heads, n_kv, blk, pos0p,  \
                               window, scale, softcap);                                                       \

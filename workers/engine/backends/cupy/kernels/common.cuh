@@ -25,6 +25,21 @@ __device__ __forceinline__ void grid_dep_launch() {
         grid_dep_launch(); \
     } while (0)
 
+// A step's K/V slot is staged beside its first position (pos0p[1]): the kernels that read or write a slot's K/V
+// take the whole pools and the bytes a slot spans in each (AT_SLOT), so a captured step replays for any slot.
+template <class T>
+__device__ __forceinline__ T* slot_at(T* pool, long long slot, long long bytes) {
+    return pool == nullptr ? pool : (T*)((const char*)pool + slot * bytes);
+}
+#define AT_SLOT(pos0p, k, v, ks, vs, k_slot, v_slot, s_slot) \
+    do {                                                    \
+        const long long slot_ = (pos0p)[1];                 \
+        k = slot_at(k, slot_, k_slot);                      \
+        v = slot_at(v, slot_, v_slot);                      \
+        ks = slot_at(ks, slot_, s_slot);                    \
+        vs = slot_at(vs, slot_, s_slot);                    \
+    } while (0)
+
 // a shared-memory address as the 32-bit form PTX's shared-state instructions take
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 

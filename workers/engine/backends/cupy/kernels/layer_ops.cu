@@ -67,10 +67,12 @@ extern "C" __global__ void gated_act(const float* gu, float* out, int n_tok, int
 
 
 // Store K rows [n_tok, n_heads, hd] and V rows [n_tok, n_heads, hdv] at positions pos0 + t of one slot's
-// pools [n_ctx, n_heads, hd(v)]: blockIdx.y 0 writes K, 1 writes V (one launch for both). One block per
+// pools [n_ctx, n_heads, hd(v)] (the staged slot's: AT_SLOT): blockIdx.y 0 writes K, 1 writes V (one launch for both). One block per
 // (token, head), blockDim.x >= 32; dynamic shared memory max(hd, hdv) floats.
 extern "C" __global__ void kv_write(const float* k_src, const float* v_src, void* k_dst, void* v_dst, float* k_scales,
-                                    float* v_scales, int n_heads, int hd, int hdv, int blk, int blk_v, const int* pos0p) {
+                                    float* v_scales, int n_heads, int hd, int hdv, int blk, int blk_v, const int* pos0p,
+                                    long long k_slot, long long v_slot, long long s_slot) {
+    AT_SLOT(pos0p, k_dst, v_dst, k_scales, v_scales, k_slot, v_slot, s_slot);
     GRID_DEP_START();
     extern __shared__ float buf[];
     __shared__ float red[32];
@@ -91,7 +93,8 @@ extern "C" __global__ void kv_write(const float* k_src, const float* v_src, void
 extern "C" __global__ void qkv_post(float* qkv, int n_heads, int n_kv, int hd, int hdv, const float* qk_norm, float eps,
                                     int v_norm, const float* cos_t, const float* sin_t, int rope_dim, int neox,
                                     const int* pos0p, void* k_dst, void* v_dst, float* k_scales, float* v_scales, int blk,
-                                    int blk_v) {
+                                    int blk_v, long long k_slot, long long v_slot, long long s_slot) {
+    AT_SLOT(pos0p, k_dst, v_dst, k_scales, v_scales, k_slot, v_slot, s_slot);
     GRID_DEP_START();
     extern __shared__ float buf[];
     __shared__ float red[32];
