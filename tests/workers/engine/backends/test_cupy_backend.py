@@ -194,6 +194,45 @@ def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, 
                 np.testing.assert_array_equal(cp.asnumpy(y[k]), cp.asnumpy(one), err_msg=f"n={n} token {k} mode {mode}")
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("rows,cols", [(2560, 9728), (19456, 2560), (2560, 4096), (1024, 512)])
+def test_the_n_token_product_codes_its_consumers_input_as_q8_input_does(gpu, qtype, rows, cols):
+    """gemvn's epilogue (one launch for every row of a step, cupy/rows.py) codes each token's consumer input as
+    q8_input codes the product's output, bit for bit: a norm of output + residual without its RMS factor (the
+    sums x_new, the group sums of squares), and act(gate) * up; for token counts of one and of several sets,
+    with the counters left at zero for the next launch (run twice)."""
+    import cupy as cp
+
+    from workers.engine.backends.base import NextInput
+    from workers.engine.backends.cupy.quant_consts import Q8_MAX_COLS
+    from workers.engine.backends.cupy.rows import X_GATED, X_NORM_LATE, RowsInput, gemvn, q8_rows
+
+    if not gpu._mma:
+        pytest.skip("the tensor-core products need compute capability 9.0")
+    rng = np.random.default_rng(9)
+    w = QuantWeight(cp.asarray(random_blocks(qtype, rows, cols, rng).reshape(-1)), qtype, rows, cols)
+    norm = cp.asarray(rng.uniform(0.5, 1.5, rows).astype(np.float32))
+    for n in (2, 7, 16, 23):
+        x8, _ = q8_rows(gpu, RowsInput(cp.asarray(rng.standard_normal((n, cols), dtype=np.float32))), 0, n)
+        residual = cp.asarray(rng.standard_normal((n, rows), dtype=np.float32))
+        nexts = [NextInput(act="silu")]  # a norm's consumer takes at most Q8_MAX_COLS values (as q8_input)
+        nexts += [NextInput(residual=residual, norm=norm, eps=1e-6)] if rows <= Q8_MAX_COLS else []
+        for then in nexts:
+            for _ in range(2):
+                y = cp.full((n, rows), cp.nan, dtype=cp.float32)
+                coded = gemvn(gpu, w, x8, n, y, None, 0.0, then)
+                assert coded is not None
+                if then.act is None:
+                    want_x8, want_ss = q8_rows(gpu, RowsInput(y, X_NORM_LATE, norm=norm, r=residual,
+                                                              added=cp.empty_like(y), eps=1e-6), 0, n)  # fmt: skip
+                    np.testing.assert_array_equal(cp.asnumpy(coded.x_new), cp.asnumpy(y + residual))
+                    np.testing.assert_array_equal(cp.asnumpy(coded.ss), cp.asnumpy(want_ss))
+                else:
+                    want_x8, _ = q8_rows(gpu, RowsInput(y, X_GATED, act=0), 0, n)
+                np.testing.assert_array_equal(cp.asnumpy(coded.x8), cp.asnumpy(want_x8), err_msg=f"n={n} {then}")
+            assert not cp.asnumpy(gpu._ep_cnt).any()
+
+
 def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
     import cupy as cp
 

@@ -330,7 +330,7 @@ class CupyProducts(CupyWeights):
         cp = self.xp
         coded = self._take_coded()
         if x.shape[0] > 1:
-            return rows.add_norm_matmul(self, x, r, norm, eps, w, then)
+            return rows.add_norm_matmul(self, x, r, norm, eps, w, then, coded)
         if not self._fusable(x, w):
             return super().add_norm_matmul(x, r, norm, eps, w, then)
         parts = w.parts if isinstance(w, GroupWeight) else [w]
@@ -349,7 +349,7 @@ class CupyProducts(CupyWeights):
         cp = self.xp
         coded = self._take_coded()
         if gate_up.shape[0] > 1:
-            return rows.gated_matmul(self, gate_up, kind, w, then)
+            return rows.gated_matmul(self, gate_up, kind, w, then, coded)
         if not self._fusable(gate_up, w):
             return super().gated_matmul(gate_up, kind, w, then)
         parts = w.parts if isinstance(w, GroupWeight) else [w]

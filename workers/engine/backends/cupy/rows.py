@@ -1,14 +1,16 @@
 """Products of several rows on the GPU: the decode rows of a step of several streams, and short prompts.
 
 A row gets here the numbers it gets alone, bit for bit. Rows whose weights go through gemv1m alone (Q4_K and
-Q6_K on compute capability 9.0) are coded by q8_input (a launch for all of them, a block a row) exactly as
-the one-token path codes them, and multiplied by gemvn (quant.cu): gemv1m's weight stream and arithmetic
-with the tokens in the tensor cores' columns, in one launch whose blocks read the weights from HBM once
-(groups of four tokens a block, the other groups' blocks beside them read them from L2). A row whose
-input the one-token path would have had coded by the producing product's epilogue without its RMS factor
-(a norm after a product given `then`) is coded the same way here (X_NORM_LATE), and the factor applied by
-gemvn. Other rows run as they would alone: a row of another weight type through the one-token kernels, a
-prompt chunk of more than ROWS_MAX tokens through the prefill GEMM.
+Q6_K on compute capability 9.0) are coded exactly as the one-token path codes them, and multiplied by gemvn
+(quant.cu): gemv1m's weight stream and arithmetic with the tokens in the tensor cores' columns, in one launch
+whose blocks read the weights from HBM once (groups of four tokens a block, the other groups' blocks beside
+them read them from L2). The coding is the producer's where the one-token path's is: gemvn's epilogue codes
+its consumer's input as gemv1m's does (a norm of the output plus the residual without its RMS factor, which
+the consumer's gemvn applies, or act(gate) * up) when one launch takes every row, and attention_decn codes
+the o product's input; else q8_input (a launch for all rows, a block a row) codes them the same way
+(X_NORM_LATE for a norm the one-token product's epilogue would have coded). Other rows run as they would
+alone: a row of another weight type through the one-token kernels, a prompt chunk of more than ROWS_MAX
+tokens through the prefill GEMM.
 
 The functions take the backend (its products part, products.py) first and use its one-token machinery: _mma_tiles,
 _mma_shape, _epilogue_for, _gemv1q, _one_matmul, and `row_groups` as stage_rows set it.
@@ -23,7 +25,8 @@ import numpy as np
 
 from ..base import NextInput
 from ..numpy_backend import row_calls
-from .quant_consts import ACTIVATIONS, MMA_ROW_BYTES, Q8_THREADS
+from .core import Coded
+from .quant_consts import _EP_GATED, _EP_NONE, _EP_NORM, ACTIVATIONS, EP_MAX_ROWS, MMA_ROW_BYTES, Q8_THREADS
 
 if TYPE_CHECKING:
     from .products import CupyProducts
@@ -45,7 +48,7 @@ class RowsInput:
     x = [gate | up] (X_GATED, act), or rms_norm(x + r) * norm (X_NORM, or X_NORM_LATE: coded without the RMS
     factor, which gemvn applies; r may be None), x + r written into `added` by the coding (q8_input) or by
     add_rms_norm (rows of the float path), as a row alone adds them. x8: the rows already coded by their
-    producer (attention_decn), in q8_rows's layout."""
+    producer (attention_decn, or gemvn's epilogue), in q8_rows's layout."""
 
     x: Any
     mode: int = X_PLAIN
@@ -55,6 +58,7 @@ class RowsInput:
     r: Any = None
     added: Any = None
     x8: Any = None
+    ss: Any = None  # with x8 coded late by the producer: its rows' group sums of squares
 
     @property
     def cols(self) -> int:
@@ -76,8 +80,10 @@ def _late(gpu: CupyProducts, parts: list[QuantWeight], then: NextInput | None) -
 
 
 def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeight, then: NextInput | None) -> Any:
-    """inp's rows (n >= 2, in the groups stage_rows gave) times weight.T -> [n, rows of weight]; records
-    whether the consumer of the output codes it late (as `then` would have had the one-row product do)."""
+    """inp's rows (n >= 2, in the groups stage_rows gave) times weight.T -> [n, rows of weight]. Where one row
+    alone would have had its consumer's input coded by this product's epilogue (`then`) and one gemvn launch
+    takes every row, that launch's epilogue codes them (gpu._coded); else records whether the consumer codes
+    the output late, as the one-row product's epilogue would have."""
     cp = gpu.xp
     parts = weight.parts if hasattr(weight, "parts") else [weight]
     n = inp.x.shape[0]
@@ -86,7 +92,9 @@ def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeigh
     one_row = gpu._fusable_parts(parts)  # a lone row through the one-token kernels, coded by q8_input
     groups = gpu._row_groups if sum(gpu._row_groups) == n else (n,)
     out = cp.empty((n, sum(p.rows for p in parts)), dtype=cp.float32)
-    for a, b in row_calls(groups, ROWS_MAX if fit else 1):
+    calls = row_calls(groups, ROWS_MAX if fit else 1)
+    coded = None
+    for a, b in calls:
         if (b - a == 1 and one_row) or (1 < b - a <= ROWS_MAX and fit):
             x8, ss = q8_rows(gpu, inp, a, b)
             col0 = 0
@@ -94,11 +102,15 @@ def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeigh
                 if b - a == 1:
                     gpu._gemv1q(part, x8[0], out[a, col0:], None if ss is None else ss[0], inp.eps, alone=alone)
                 else:
-                    gemvn(gpu, part, x8, b - a, out[a:b, col0:], ss, inp.eps)
+                    ep = alone if calls == [(0, n)] else None
+                    coded = gemvn(gpu, part, x8, b - a, out[a:b, col0:], ss, inp.eps, ep)
                 col0 += part.rows
         else:
             out[a:b] = gpu._one_matmul(_float_rows(gpu, inp, a, b), weight)
-    gpu._late_out = out if _late(gpu, parts, then) else None
+    if coded is not None:
+        coded.out = out  # the consumer is handed `out` itself
+    gpu._coded = coded
+    gpu._late_out = out if coded is None and _late(gpu, parts, then) else None
     return out
 
 
@@ -120,7 +132,7 @@ def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any
     the x8 rows, and (late norm) the rows' group sums of squares."""
     cp = gpu.xp
     if inp.x8 is not None:
-        return inp.x8[a:b], None
+        return inp.x8[a:b], None if inp.ss is None else inp.ss[a:b]
     cols, n = inp.cols, b - a
     stride = x8_row_bytes(cols)
     x8 = cp.empty(n * stride, dtype=cp.int8)
@@ -149,21 +161,40 @@ def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any
     return x8.reshape(n, stride), ss
 
 
-def gemvn(gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float) -> None:
+def gemvn(
+    gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float, then: NextInput | None = None
+) -> Coded | None:
     """out[k, :w.rows] = w @ x_k for the n coded rows of x8 (times row k's RMS factor from ss[k]): one gemvn
     launch with gemv1m's warps for w, gemvn_groups groups of four tokens a block, and as many tiles a block as
     make the blocks of all the sets one wave (the sets of more than gemvn_groups groups multiply the blocks:
-    with gemv1m's tiles a block, 16 tokens ran as a wave and a half, the half costing nearly a wave)."""
+    with gemv1m's tiles a block, 16 tokens ran as a wave and a half, the half costing nearly a wave). With
+    `then` (an epilogue one row alone would have), the kernel also codes each row's consumer input as that
+    epilogue codes it, into rows of q8_rows's layout, which it returns (Coded, rows of `then.residual`)."""
+    cp = gpu.xp
     blocks, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
     ng = min(gpu.tuning.gemvn_groups, 1 << (groups - 1).bit_length())  # 1, 2 or 4 groups a block
     sets = -(-groups // ng)
     tiles = -(-w.rows // 16)
     tpb = -(-tiles * sets // (gpu.n_sm * blocks))  # a tile's numbers do not depend on the block that takes it
+    null = np.uint64(0)
+    coded, mode, act = None, _EP_NONE, 0
+    if then is not None:
+        tpb = min(tpb, EP_MAX_ROWS // 16)  # the groups a block completes fit the epilogue's table
+        width = w.rows // 2 if then.act is not None else w.rows  # the consumer's values
+        coded = Coded(out, cp.empty((n, x8_row_bytes(width)), dtype=cp.int8), then)
+        if then.act is not None:
+            mode, act = _EP_GATED, ACTIVATIONS[then.act]
+        else:
+            mode = _EP_NORM
+            coded.x_new = cp.empty((n, width), dtype=cp.float32)
+            coded.ss = cp.empty((n, width // 32), dtype=cp.float32)
+        if gpu._ep_cnt.size < sets * width // 32:  # a set's counters each, zero between launches
+            gpu._ep_cnt = cp.zeros(sets * width // 32, dtype=cp.int32)
+            gpu._version += 1  # captured steps hold the old counters
     smem = gpu.tuning.mma_stages * 16 * MMA_ROW_BYTES[w.qtype] + 2 * (threads // 32) * 16 * 4 * ng * 4
     kernel = gpu._kernel(f"gemvn{ng}", w.qtype)
     kernel.allow_smem(smem)
-    null = np.uint64(0)
     kernel(
         (-(-w.rows // (16 * tpb)) * sets,),
         (threads,),
@@ -181,9 +212,19 @@ def gemvn(gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any,
             null if ss is None else ss,
             np.int32(0 if ss is None else ss.shape[1]),
             np.float32(eps),
+            np.int32(mode),
+            np.int32(act),
+            null if coded is None else coded.x8,
+            np.int64(0 if coded is None else coded.x8.shape[1]),
+            gpu._ep_cnt,
+            null if then is None or then.residual is None else then.residual,
+            null if mode != _EP_NORM else then.norm,  # type: ignore[union-attr]
+            null if coded is None or coded.x_new is None else coded.x_new,
+            null if coded is None or coded.ss is None else coded.ss,
         ),
         shared_mem=smem,
     )
+    return coded
 
 
 # -- CupyProducts's compositions for n >= 2 rows ------------------------------------------------------------
@@ -195,9 +236,17 @@ def matmul(gpu: CupyProducts, x: Any, weight: Any, then: NextInput | None) -> An
 
 
 def add_norm_matmul(
-    gpu: CupyProducts, x: Any, r: Any, norm: Any, eps: float, w: Any, then: NextInput | None
+    gpu: CupyProducts, x: Any, r: Any, norm: Any, eps: float, w: Any, then: NextInput | None, coded: Coded | None
 ) -> tuple[Any, Any]:
+    """`coded`: what the producer of r coded for this consumer (gemvn's epilogue), taken when it is for
+    this very norm of x + r."""
     cp = gpu.xp
+    c = None if coded is None else coded.then
+    if coded is not None and c is not None and c.act is None and coded.out is r and c.residual is x:
+        if c.norm is norm and c.eps == eps:
+            gpu._late_out = None
+            inp = RowsInput(x, X_NORM_LATE, norm=norm, eps=eps, r=r, added=coded.x_new, x8=coded.x8, ss=coded.ss)
+            return coded.x_new, _product(gpu, inp, w, then)
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     late = r is not None and gpu._late_out is r
     gpu._late_out = None
@@ -210,10 +259,15 @@ def add_norm_matmul(
     return added, _product(gpu, inp, w, then)
 
 
-def gated_matmul(gpu: CupyProducts, gate_up: Any, kind: str, w: Any, then: NextInput | None) -> Any:
+def gated_matmul(
+    gpu: CupyProducts, gate_up: Any, kind: str, w: Any, then: NextInput | None, coded: Coded | None
+) -> Any:
+    """`coded`: act(gate) * up as the producer of gate_up coded it (gemvn's epilogue), taken when it is."""
     cp = gpu.xp
     gpu._late_out = None
-    inp = RowsInput(cp.ascontiguousarray(gate_up, dtype=cp.float32), X_GATED, act=ACTIVATIONS[kind])
+    c = None if coded is None else coded.then
+    x8 = coded.x8 if coded is not None and c is not None and c.act == kind and coded.out is gate_up else None
+    inp = RowsInput(cp.ascontiguousarray(gate_up, dtype=cp.float32), X_GATED, act=ACTIVATIONS[kind], x8=x8)
     return _product(gpu, inp, w, then)
 
 

@@ -163,11 +163,12 @@ __device__ __forceinline__ int count_acq_rel(int* p) {  // atomicAdd(p, 1), rele
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
     return old;
 }
-__device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue& ep) {
-    __shared__ int groups[EP_MAX_GROUPS], codes[EP_MAX_GROUPS];
+// The groups of the consumer's input that block blk's rows (rpb a block) complete: groups[k] for k < the count
+// returned, codes[k] set where this block is the last to hold one of group k's rows (counted in ep.cnt)
+__device__ int ep_groups(int rows, int rpb, int blk, const Epilogue& ep, int* groups, int* codes) {
     const bool is_gated = ep.mode == EP_GATED;
     const int len = is_gated ? rows / 2 : rows;  // values the consumer multiplies
-    const int rb0 = blockIdx.x * rpb, rb1 = min(rows, rb0 + rpb) - 1;  // this block's rows [rb0, rb1]
+    const int rb0 = blk * rpb, rb1 = min(rows, rb0 + rpb) - 1;  // this block's rows [rb0, rb1]
     // the groups they touch: [a0, a1] (rows, or gate rows), then [b0, b1] (up rows), each a contiguous run
     int a0 = 0, a1 = -1, b0 = 0, b1 = -1;
     if (rb0 < len) a0 = rb0 / 32, a1 = min(rb1, len - 1) / 32;
@@ -182,24 +183,57 @@ __device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue&
         groups[threadIdx.x] = g, codes[threadIdx.x] = c;
     }
     __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float* xd = reinterpret_cast<float*>(ep.x8 + 2 * len);
+    return n;
+}
+// Group g of one token's consumer input coded by a warp: y the token's product output (rows values), x8 its
+// coded row (len = the consumer's values; gs: its 16-value sums of codes, or NULL), res / xnew / ss its rows
+__device__ __forceinline__ void ep_code(const float* y, int len, int g, const Epilogue& ep, signed char* x8,
+                                        const float* res, float* xnew, float* ss, int2* gs) {
+    const int lane = threadIdx.x & 31, i = 32 * g + lane;
+    float v;
+    if (ep.mode == EP_GATED) {
+        v = gated(__ldcg(y + i), __ldcg(y + len + i), ep.act);
+    } else {
+        v = __ldcg(y + i);
+        if (res) v += res[i];
+        xnew[i] = v;
+        const float sq = warp_sum(__fmul_rn(v, v));  // as q8_input's X_NORM_LATE
+        if (lane == 0) ss[g] = sq;
+        v *= ep.w[i];
+    }
+    float* xd = reinterpret_cast<float*>(x8 + 2 * len);
+    q8_code(v, g, lane, x8, x8 + len, xd, xd + len / 32, gs);
+}
+__device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue& ep) {
+    __shared__ int groups[EP_MAX_GROUPS], codes[EP_MAX_GROUPS];
+    const int len = ep.mode == EP_GATED ? rows / 2 : rows;
+    const int n = ep_groups(rows, rpb, blockIdx.x, ep, groups, codes);
+    const int warp = threadIdx.x >> 5;
     for (int k = warp; k < n; k += blockDim.x >> 5) {
         if (!codes[k]) continue;
         __threadfence();  // the other blocks' rows (their counts were acquired by this block's thread k)
-        const int g = groups[k], i = 32 * g + lane;
-        float v;
-        if (is_gated) {
-            v = gated(__ldcg(y + i), __ldcg(y + len + i), ep.act);
-        } else {
-            v = __ldcg(y + i);
-            if (ep.res) v += ep.res[i];
-            ep.xnew[i] = v;
-            const float sq = warp_sum(__fmul_rn(v, v));  // as q8_input's X_NORM_LATE
-            if (lane == 0) ep.ss[g] = sq;
-            v *= ep.w[i];
-        }
-        q8_code(v, g, lane, ep.x8, ep.x8 + len, xd, xd + len / 32);
+        ep_code(y, len, groups[k], ep, ep.x8, ep.res, ep.xnew, ep.ss, nullptr);
+    }
+}
+// The n-token product's epilogue: gemv_epilogue for each of the n_tok tokens of the block's set (their rows are
+// the same, so a group is counted once for all of them: ep.cnt is the set's). Token k: y row k (y_stride), its
+// coded row at ep.x8 + k x8_stride (q8_input's rows: the 16-value sums of codes too), its res / xnew rows len
+// floats apart, its ss row len / 32.
+__device__ void gemvn_epilogue(const float* y, long long y_stride, int n_tok, int rows, int rpb, int blk,
+                               long long x8_stride, const Epilogue& ep) {
+    __shared__ int groups[EP_MAX_GROUPS], codes[EP_MAX_GROUPS];
+    const int len = ep.mode == EP_GATED ? rows / 2 : rows;
+    const int n = ep_groups(rows, rpb, blk, ep, groups, codes);
+    const int warp = threadIdx.x >> 5;
+    for (int it = warp; it < n * n_tok; it += blockDim.x >> 5) {
+        const int k = it / n_tok, t = it % n_tok;
+        if (!codes[k]) continue;
+        __threadfence();
+        signed char* x8 = ep.x8 + t * x8_stride;
+        const long long r = (long long)t * len;
+        ep_code(y + t * y_stride, len, groups[k], ep, x8, ep.res ? ep.res + r : nullptr,
+                ep.xnew ? ep.xnew + r : nullptr, ep.ss ? ep.ss + r / 32 : nullptr,
+                reinterpret_cast<int2*>(x8 + 2 * len + len / 4));
     }
 }
 
@@ -733,9 +767,12 @@ __device__ __forceinline__ void mma_item_n(const u8* r0, const u8* r1, int q, in
 // dynamic shared memory: the ring, then the tiles' sums [2][n_warps][16][4 NG] floats
 // Block b takes tokens [4 NG s, 4 NG s + 4 NG) for s = b % sets of the tiles of b / sets: the sets of one
 // stretch of tiles run side by side, so the weights come from HBM once and from L2 for the other sets.
+// ep (mode EP_NONE: none): each token's consumer input coded as the one-token product's epilogue codes it
+// (gemvn_epilogue), into rows of q8_input's layout ep_x8_stride bytes apart; ep.cnt: a set's counters each.
 template <int T, int NG>
 __device__ void gemvn_mma(const u8* W, const signed char* x8, long long xst, int n_tok, float* y, long long y_stride, int rows,
-                          int cols, int tpb, int sets, const float* nss, int n_ss, float eps) {
+                          int cols, int tpb, int sets, const float* nss, int n_ss, float eps, Epilogue ep,
+                          long long ep_x8_stride) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int NT = 4 * NG;
     extern __shared__ __align__(16) u8 smem[];
@@ -745,6 +782,14 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, long long xst, int
     x8 += set * NT * xst;
     y += set * NT * y_stride;
     if (nss != nullptr) nss += set * NT * n_ss;
+    if (ep.mode != EP_NONE) {  // this set's tokens' rows, and its counters
+        const long long len = ep.mode == EP_GATED ? rows / 2 : rows, t0 = (long long)set * NT;
+        ep.x8 += t0 * ep_x8_stride;
+        ep.cnt += set * (len / 32);
+        if (ep.res) ep.res += t0 * len;
+        if (ep.xnew) ep.xnew += t0 * len;
+        if (ep.ss) ep.ss += t0 * len / 32;
+    }
     n_tok = min(NT, n_tok - set * NT);
     if (n_tok <= 0) return;
     MmaStream<T> st(W, smem, full, rows, cols, tpb, blockIdx.x / sets);
@@ -804,6 +849,7 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, long long xst, int
             }
         }
     }
+    if (ep.mode != EP_NONE) gemvn_epilogue(y, y_stride, n_tok, rows, 16 * tpb, blockIdx.x / sets, ep_x8_stride, ep);
 #endif
 }
 #define INSTANTIATE_M(T, NAME)                                                                                   \
@@ -817,8 +863,12 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, long long xst, int
 #define INSTANTIATE_N(T, NG, NAME)                                                                                \
     extern "C" __global__ void __launch_bounds__(512) gemvn##NG##_##NAME(                                         \
         const u8* W, const signed char* x8, long long x8_stride, int n_tok, float* y, long long y_stride, int rows, \
-        int cols, int tpb, int sets, const float* nss, int n_ss, float eps) {                                     \
-        gemvn_mma<T, NG>(W, x8, x8_stride, n_tok, y, y_stride, rows, cols, tpb, sets, nss, n_ss, eps);            \
+        int cols, int tpb, int sets, const float* nss, int n_ss, float eps, int ep_mode, int ep_act,             \
+        signed char* ep_x8, long long ep_x8_stride, int* ep_cnt, const float* ep_res, const float* ep_w,          \
+        float* ep_xnew, float* ep_ss) {                                                                           \
+        const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                          \
+        gemvn_mma<T, NG>(W, x8, x8_stride, n_tok, y, y_stride, rows, cols, tpb, sets, nss, n_ss, eps, ep,         \
+                         ep_x8_stride);                                                                           \
     }
 INSTANTIATE_M(12, q4_k)
 INSTANTIATE_M(14, q6_k)
