@@ -2,7 +2,8 @@
 first token for short prompts, in-process, beside llama.cpp's batched numbers.
 
     python bench/batch.py [--models qwen3-4b qwen3-0.6b gemma4-e2b] [--kv int8 f16] [--streams 1 2 4 8 16]
-                          [--prompt 128] [--gen 128] [--ttft 8 33 128 512] [--backend auto] [--whole] [--out DIR]
+                          [--prompt 128] [--gen 128] [--ttft 8 33 128 512] [--voice 7] [--backend auto] [--whole]
+                          [--out DIR]
 
 GPU models are the synthetic files of the exact shapes (bench/synthetic.py, written into --out); on a CPU
 pass the real ones (`--models smollm2-135m gemma3-270m`). Each stream gets its own random prompt of
@@ -13,7 +14,9 @@ admitted over several steps, so the first ones end first, and the steps after th
 llama.cpp's `llama-batched-bench` reports as S_TG, where every stream decodes in every step), its ratio to
 genie's one stream, and llama.cpp's figure with the ratio to it: the numbers
 in ../shared/ANCHORS.md measured on the same H200 (none for E2B yet, none on a CPU). TTFT: median of 7 of
-submit -> first token sampled, on an idle engine holding nothing of the prompt.
+submit -> first token sampled, on an idle engine holding nothing of the prompt. --voice N: a voice request
+(33-token prompt, 16 tokens) while N background streams decode: its TTFT (median of 5) against the same on an
+idle engine, and the background streams' tok/s together while it runs against before it came.
 """
 
 from __future__ import annotations
@@ -112,6 +115,68 @@ def ttft_ms(engine, n_prompt: int, rng: np.random.Generator) -> float:  # type: 
     return statistics.median(times[1:])
 
 
+def voice_under_load(engine, n_bg: int, rng: np.random.Generator, n_prompt: int = 33) -> None:  # type: ignore[no-untyped-def]
+    """Prints the voice request's TTFT idle and under n_bg background streams, and their rate before and
+    while it runs (issue 17's acceptance 4: at most 2x, at least 50 %)."""
+    from workers.engine.engine import Completion
+    from workers.engine.sampling import SamplingParams
+
+    sched, vocab = engine.scheduler, engine.model.config.n_vocab
+    voice = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+    def step() -> list:  # type: ignore[type-arg]
+        return [(seq, ev) for seq, ev in sched.step() if isinstance(ev, Completion)]
+
+    def ask() -> tuple[float, float]:
+        """A voice request to its end: its TTFT in ms, and the seconds it took."""
+        seq = engine.sequence(random_prompt(rng, vocab, n_prompt), voice, priority="voice")
+        t0 = time.perf_counter()
+        sched.submit(seq)
+        while not any(s is seq for s, _ in step()):
+            pass
+        return (seq.t_first - seq.t_start) * 1000, time.perf_counter() - t0
+
+    for resident in engine.kv.resident:
+        resident.clear()
+    idle = statistics.median([ask()[0] for _ in range(6)][1:])  # the first compiles and captures
+    stop = False
+    long = SamplingParams(temperature=0, max_tokens=engine.n_ctx - 129, ignore_eos=True)
+    bg = [engine.sequence(random_prompt(rng, vocab, 128), long, cancel=lambda: stop) for _ in range(n_bg)]
+    for seq in bg:
+        sched.submit(seq)
+    while any(not s.generated for s in bg):
+        step()
+
+    def made() -> int:
+        return sum(len(s.generated) for s in bg)
+
+    sync(engine)
+    t0, before = time.perf_counter(), made()
+    for _ in range(32):
+        step()
+    sync(engine)
+    rate_before = (made() - before) / (time.perf_counter() - t0)
+    loaded, during, spent = [], 0, 0.0
+    for _ in range(5):
+        before = made()
+        ttft, seconds = ask()
+        loaded.append(ttft)
+        during, spent = during + made() - before, spent + seconds
+    rate_during = during / spent
+    stop = True
+    while not sched.idle:
+        step()
+    loaded_ms = statistics.median(loaded)
+    print(f"\n| {n_prompt}-token voice request | TTFT ms (median of 5) | {n_bg} background streams, tok/s together |")
+    print("|---|---|---|")
+    print(f"| idle | {idle:.1f} | - |")
+    print(
+        f"| while they decode | {loaded_ms:.1f} ({loaded_ms / idle:.2f}x idle) | {rate_during:,.0f} while it runs, "
+        f"{rate_before:,.0f} before ({rate_during / rate_before:.0%}) |",
+        flush=True,
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["qwen3-4b", "qwen3-0.6b"])
@@ -120,6 +185,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--ttft", nargs="*", type=int, default=[8, 33, 128, 512])
+    p.add_argument("--voice", type=int, default=0, help="background streams for the voice-under-load row (0: none)")
     p.add_argument("--backend", default="auto")
     p.add_argument("--whole", action="store_true", help="time until the last stream ends, the tail included")
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
@@ -128,8 +194,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for model in args.models:
         for kv in args.kv:
-            n_ctx = max(args.prompt + args.gen, max(args.ttft or [0]) + 8)
-            engine = load(model, kv, max(args.streams), args.backend, args.out, n_ctx)
+            n_ctx = max(args.prompt + args.gen, max(args.ttft or [0]) + 8, 1024 if args.voice else 0)
+            engine = load(model, kv, max(*args.streams, args.voice + 1), args.backend, args.out, n_ctx)
             print(f"\n## {model}, {kv} KV, {engine.backend.device_name}, {args.prompt}-token prompts + {args.gen} each")
             print("| streams | genie tok/s | x one stream | llama.cpp tok/s | genie / llama.cpp |")
             print("|---|---|---|---|---|")
@@ -148,6 +214,8 @@ def main() -> None:
                 for n_prompt in args.ttft:
                     ref = TTFT_ANCHOR_MS.get((model, n_prompt))
                     print(f"| {n_prompt} | {ttft_ms(engine, n_prompt, rng):.1f} | {ref or '-'} |", flush=True)
+            if args.voice:
+                voice_under_load(engine, args.voice, rng)
             del engine
 
 

@@ -1,7 +1,10 @@
 """Many streams through the daemon (issue 17, acceptance 5 and 6): N concurrent Ollama `/api/chat` streams
 against one, on a daemon started here with `--parallel N`, driven by the real `ollama` client.
 
-    python bench/daemon_streams.py [-m smollm2-135m] [--streams 1 4] [--tokens 64] [--backend auto]
+    python bench/daemon_streams.py [-m smollm2-135m|qwen3-4b|PATH] [--streams 1 4] [--tokens 64] [--backend auto]
+
+A model that is neither one of genie's nor a file is a synthetic GGUF of that shape (bench/synthetic.py, written
+into /tmp/genie-bench: the GPU machine has no real model), with a plain chat template.
 
 Each stream asks its own question (greedy, `num_predict` tokens, the end-of-generation token ignored so
 every answer is that long). The questions are first asked one at a time, then all together; the table
@@ -52,10 +55,9 @@ def start(model: str, parallel: int, backend: str, tmp: Path) -> tuple[subproces
     port = free_port()
     cmd = [sys.executable, "-m", "genie_daemon", "-m", model, "--backend", backend, "--parallel", str(parallel)]
     cmd += ["--socket-dir", str(tmp / "run"), "--kv-cache-dir", str(tmp / "kv"), "--http-port", str(port)]
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # and the caller's (wheels)
     log = open(tmp / "daemon.log", "w")  # noqa: SIM115 (the daemon's, closed with the process)
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": path})
     return proc, port
 
 
@@ -72,13 +74,14 @@ async def ask(client, model: str, question: str, tokens: int) -> tuple[str, int]
     return text, count
 
 
-async def run(port: int, model: str, n: int, tokens: int) -> list[str]:
+async def run(port: int, n: int, tokens: int) -> list[str]:
     import ollama
 
     client = ollama.AsyncClient(host=f"http://127.0.0.1:{port}", timeout=600)
     deadline = time.monotonic() + 180
     while True:  # the worker loads the model on start: the first request waits for it
         try:
+            model = (await client.list()).models[0].model or ""  # the name the daemon serves the model by
             await ask(client, model, "Hi", 1)
             break
         except Exception:
@@ -113,14 +116,27 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--backend", default="auto")
     args = p.parse_args()
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+    from genie_common.registry import MODELS
+
+    model = args.model
+    if model not in MODELS and not Path(model).exists():
+        from synthetic import synthetic_file
+
+        out = Path("/tmp/genie-bench")
+        out.mkdir(parents=True, exist_ok=True)
+        model = str(synthetic_file(model, out))
     print(f"## {args.model} through the daemon, {args.tokens} tokens an answer, /api/chat (ollama client)")
     print("| streams | one at a time tok/s | together tok/s | together / one at a time | same text as alone |")
     print("|---|---|---|---|---|")
     for n in args.streams:
         with tempfile.TemporaryDirectory() as d:
-            proc, port = start(args.model, n, args.backend, Path(d))
+            proc, port = start(model, n, args.backend, Path(d))
             try:
-                asyncio.run(run(port, args.model, n, args.tokens))
+                asyncio.run(run(port, n, args.tokens))
+            except BaseException:
+                print((Path(d) / "daemon.log").read_text()[-3000:], file=sys.stderr)  # why, before it goes
+                raise
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)

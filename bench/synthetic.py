@@ -81,6 +81,13 @@ def _blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> np.ndar
     return raw.reshape(rows, -1)
 
 
+# a plain chat template, so that the daemon serves `/api/chat` on these files (bench/daemon_streams.py)
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
 def _add_dummy_vocab(w: GGUFWriter, n_vocab: int) -> None:
     w.add_tokenizer_model("llama")
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
@@ -90,6 +97,7 @@ def _add_dummy_vocab(w: GGUFWriter, n_vocab: int) -> None:
     w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (n_vocab - 259))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    w.add_chat_template(CHAT_TEMPLATE)
 
 
 def _finish(w: GGUFWriter, path: Path) -> Path:
