@@ -161,7 +161,7 @@ class Scheduler:
             return None
         resident = self.engine.kv.resident
         # the longest prefix held; among equals an empty slot, else the one that ended longest ago (recent ones
-        # stay warm), else the lowest (a GPU captures its steps per slot: the fewer slots used, the fewer captures)
+        # stay warm), else the lowest
         return max(
             free, key=lambda s: (common_prefix_len(resident[s], seq.prompt), not resident[s], -self._last_used[s], -s)
         )
