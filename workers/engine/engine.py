@@ -255,14 +255,43 @@ class Engine:
         # from a staged buffer, else one for each set of slots (a capture per set: streams that join and leave
         # made a new one almost every time the set changed)
         decode_only = all(seg.n == 1 for seg in segments)
+        graphs = self.kv.config.dtype != "f32"
         # asked every step (tens of µs): a retuned backend may answer otherwise, and a step keyed by its count
         # whose attention took the slots as arguments would replay them for another set of slots
-        by_count = self.backend.decode_steps_by_count(m.config, self.kv)
-        key = ("decode", len(segments)) if by_count else ("decode", tuple(seg.slot for seg in segments))
-        capturable = decode_only and self.kv.config.dtype != "f32"
-        out = self.backend.forward_step(self._steps, key, run, batch, capturable=capturable)
+        if decode_only:
+            by_count = self.backend.decode_steps_by_count(m.config, self.kv)
+            key: tuple = ("decode", len(segments)) if by_count else ("decode", tuple(seg.slot for seg in segments))
+            out = self.backend.forward_step(self._steps, key, run, batch, capturable=graphs)
+        else:
+            # a step mixing prompt chunks with decode rows (a request's admission): captured by its shape, each
+            # chunk padded to a step bucket as _run pads a lone one, where the backend's steps compute the same
+            # whatever their slots and positions are; else eager
+            by_shape = graphs and self.backend.mixed_steps_by_shape(m.config, self.kv)
+            padded = self._padded(segments) if by_shape else None
+            if padded is None:
+                out = self.backend.forward_step(self._steps, ("mixed",), run, batch, capturable=False)
+            else:
+                padded_batch = Batch.of(padded)
+
+                def run_padded() -> Any:
+                    return forward_batch(m.config, m.weights, self.backend, self.kv, padded_batch, interrupt)
+
+                key = ("mixed", tuple((seg.n, seg.wants_logits) for seg in padded))
+                out = self.backend.forward_step(self._steps, key, run_padded, padded_batch, capturable=True)
         for seg in segments:
             self.kv.resident[seg.slot].extend(seg.ids)
+        return out
+
+    def _padded(self, segments: list[Segment]) -> list[Segment] | None:
+        """The segments with every prompt chunk padded to its step bucket (its last token repeated: the pad's
+        K/V lands past what the slot holds, its logits are never taken), or None where a chunk has none."""
+        out = []
+        for seg in segments:
+            size = self._bucket(seg.n, seg.pos0)
+            if seg.n > 1 and size not in self.backend.step_buckets:
+                return None
+            ids = (*seg.ids, *([seg.ids[-1]] * (size - seg.n)))
+            out.append(Segment(seg.slot, seg.pos0, ids, seg.wants_logits, logit_row=seg.n - 1))
         return out
 
     def sample_rows(self, logits: Any, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int | Exception]]:

@@ -13,6 +13,7 @@ import pytest
 
 from testkit.tiny_models import ARCH_PARAMS, write_tiny_gemma4, write_tiny_model
 from workers.engine.backends.cupy import cupy_available
+from workers.engine.backends.numpy_backend import NumpyBackend
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.sampling import SamplingParams
 from workers.engine.sequence import Completion, Delta, Failed, Sequence
@@ -130,6 +131,89 @@ def test_each_stream_gets_the_logits_it_gets_alone(tmp_path: Path, arch: str, kv
         assert len(seen[seq]) == len(solo_rows)
         for got, want in zip(seen[seq], solo_rows, strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+class PaddingNumpy(NumpyBackend):
+    """NumPy with a GPU's step buckets whose steps mixing prompt chunks with decode rows go by their shape: the
+    engine then pads each chunk of such a step to its bucket, as it does where it captures them; the keys
+    and whether the step was capturable are recorded."""
+
+    step_buckets = (16, 32, 48, 64)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: list[tuple[object, bool]] = []
+
+    def mixed_steps_by_shape(self, cfg: object, kv: object) -> bool:
+        return True
+
+    def forward_step(self, steps, key, run, batch, capturable):  # type: ignore[no-untyped-def]
+        self.keys.append((key, capturable))
+        return run()
+
+
+MIXED_SPECS = [(0, 5, 14), (2, 37, 10), (4, 13, 12), (5, 20, 6)]  # (joins at step, prompt tokens, tokens)
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-q4_k_m"])
+def test_steps_mixing_prompt_chunks_with_decode_rows_are_padded_to_their_buckets(tmp_path: Path, arch: str) -> None:
+    """Where a backend's mixed steps go by their shape, a step mixing prompt chunks with decode rows runs each
+    chunk padded to its step bucket and is keyed by its shape (the sizes in order); the pad's K/V reaches no
+    real row (NumPy's products of 16 rows are not those of 5 in the last bits, so within float rounding: the
+    GPU test below asks for every bit), every stream gets its tokens alone, and its slot holds its own tokens,
+    not the pad."""
+    from workers.engine.model import Model
+
+    path = model_path(tmp_path, arch)
+    backend = PaddingNumpy()
+    config = EngineConfig(model=str(path), n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=N_SLOTS)
+    engine = Engine(config, Model.load(str(path), backend))  # type: ignore[arg-type]
+    specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
+    plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
+    events, seen = run_batched(engine, plan)
+    mixed = [key for key, capturable in backend.keys if key[0] == "mixed" and capturable]
+    assert mixed, backend.keys
+    assert any(n not in (1, 16) for key in mixed for n, _ in key[1])  # a chunk padded past the first bucket
+    for key in mixed:
+        assert all(n == 1 or n in PaddingNumpy.step_buckets for n, _ in key[1]), key
+    plain = Engine(config)  # the same engine without the buckets: nothing padded
+    for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
+        done = completion(events[seq])
+        solo, solo_rows = alone(plain, ids, greedy(n))
+        assert done.token_ids == solo.token_ids
+        for got, want in zip(seen[seq], solo_rows, strict=True):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+        assert engine.kv.resident[seq.slot] == [*ids, *done.token_ids[:-1]]
+
+
+@pytest.mark.skipif(not cupy_available(), reason="needs a GPU")
+@pytest.mark.parametrize("arch", ["llama-q4_k_m", "qwen3", "gemma3"])
+def test_captured_steps_mixing_prompt_chunks_with_decode_rows_give_each_stream_its_numbers(
+    tmp_path: Path, arch: str
+) -> None:
+    """capture_mixed: steps mixing padded prompt chunks with decode rows captured by their shape and replayed
+    for other slots and positions; every logit of every stream equals, bit for bit, the one it gets alone."""
+    path = model_path(tmp_path, arch)
+    config = EngineConfig(model=str(path), backend="cupy", n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=4)
+    engine = Engine(config)  # type: ignore[arg-type]
+    gpu = engine.backend
+    if not gpu.decode_steps_by_count(engine.model.config, engine.kv):
+        pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 9.0)")
+    gpu.retune(capture_mixed=True)  # type: ignore[attr-defined]
+    try:
+        specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
+        specs += [(7, prompt(9, 13), 6)]  # the same shape again, other slots and positions: a replay
+        plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
+        events, seen = run_batched(engine, plan)
+        assert any(k[0] == "mixed" and v not in (None, False) for k, v in engine._steps.items()), engine._steps
+        for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
+            done = completion(events[seq])
+            solo, solo_rows = alone(engine, ids, greedy(n))
+            assert done.token_ids == solo.token_ids
+            for got, want in zip(seen[seq], solo_rows, strict=True):
+                np.testing.assert_array_equal(got, want)
+    finally:
+        gpu.retune(capture_mixed=False)  # type: ignore[attr-defined]
 
 
 def test_a_cancelled_and_a_failing_stream_leave_the_others_untouched(tmp_path: Path) -> None:

@@ -111,6 +111,12 @@ class Backend(ABC):
         that many streams (the engine keys it by the count), instead of one capture per set of slots."""
         return False
 
+    def mixed_steps_by_shape(self, cfg: ModelConfig, kv: KVCache) -> bool:
+        """Whether a step mixing prompt chunks (padded to step_buckets) with one-token segments computes the
+        same whatever its segments' slots and positions are: then the engine captures one step per shape
+        (the segments' sizes in order), as decode_steps_by_count lets it for decode steps."""
+        return False
+
     def decode_attention(
         self, qkv: Array, cfg: ModelConfig, lc: LayerConfig, qk_norm: Array | None, kv: LayerKV, batch: Batch
     ) -> Array | None:

@@ -249,6 +249,12 @@ class CupyAttention(CupyCore):
             for i, lc in enumerate(cfg.layers)
         )
 
+    def mixed_steps_by_shape(self, cfg: ModelConfig, kv: KVCache) -> bool:
+        """Every kernel of such a step reads its segments' slots and positions where stage_batch staged them
+        (the one-token rows through attention_decn, the chunks through stage_segment's pairs); measured on
+        the GPU before it is on by default (capture_mixed)."""
+        return self.tuning.capture_mixed and self.decode_steps_by_count(cfg, kv)
+
     def decode_attention(
         self, qkv: Any, cfg: ModelConfig, lc: LayerConfig, qk_norm: Any, kv: LayerKV, batch: Batch
     ) -> Any:

@@ -29,6 +29,7 @@ class CupyTuning:
     gemv_split_warps: int = 32  # rows split over warps below this many warps per SM (0: never split)
     use_clusters: bool = True  # one-token attention as attention_dec, a cluster a KV head (9.0)
     use_decode_rows: bool = True  # a step's one-token segments' attention in one launch (attention_decn)
+    capture_mixed: bool = False  # steps mixing prompt chunks with decode rows captured by shape (not yet measured)
     use_epilogues: bool = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
     # one-token Q4_K/Q6_K products on the tensor cores, weights streamed by bulk copies (gemv1m, 9.0)
     use_mma: bool = True
