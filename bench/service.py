@@ -1,4 +1,5 @@
-"""What the daemon costs: per-token overhead of the daemon hop, and idle CPU of all genie processes.
+"""What the daemon costs: per-token overhead of the daemon hop, the hop to the first token, and idle CPU of all
+genie processes.
 
     python bench/service.py [-m MODEL] [--tokens 200]
 
@@ -34,30 +35,36 @@ from workers.engine.sampling import SamplingParams  # noqa: E402
 PROMPT = [1, 5, 6, 7, 8]
 
 
-def in_process(engine: Engine, n: int) -> float:
+def in_process(engine: Engine, n: int) -> tuple[float, float]:
+    """Per token after the first, and the first token's time from the call (an empty slot)."""
     engine.kv.resident[0] = []
     t_first = None
+    t0 = time.perf_counter()
     for ev in engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)):
         if t_first is None:
             t_first = time.perf_counter()
         if isinstance(ev, Completion):
-            return (time.perf_counter() - t_first) / (ev.completion_tokens - 1)
+            return (time.perf_counter() - t_first) / (ev.completion_tokens - 1), t_first - t0
     raise AssertionError("no completion")
 
 
-async def through_daemon(endpoint: str, n: int) -> tuple[float, float, int]:
-    """Per token: the client's time, the worker engine's own decode time; and the DELTAs received."""
+async def through_daemon(endpoint: str, n: int) -> tuple[float, float, int, float, float]:
+    """Per token: the client's time, the worker engine's own decode time; the DELTAs received; the first
+    DELTA's time from the client's send (a connected client) and the worker's own time to the first token
+    (from its sequence's creation, the KV store's lookup included)."""
     async with GenieClient(endpoint) as client:
+        await client.status()  # connected before the clock starts
         t_first = None
         deltas = 0
         params = {"temperature": 0.0, "max_tokens": n, "ignore_eos": True}
+        t0 = time.perf_counter()
         async for ev in client.generate(token_ids=PROMPT, params=params):
             if isinstance(ev, Delta):
                 deltas += 1
                 t_first = t_first or time.perf_counter()
             elif isinstance(ev, Done) and t_first is not None:
                 wall = (time.perf_counter() - t_first) / (ev.usage["completion_tokens"] - 1)
-                return wall, 1 / ev.timings["decode_tok_s"], deltas
+                return wall, 1 / ev.timings["decode_tok_s"], deltas, t_first - t0, ev.timings["ttft_ms"] / 1e3
     raise AssertionError("no DONE from the daemon")
 
 
@@ -121,12 +128,17 @@ def main() -> None:
         info = asyncio.run(wait_ready(endpoint))
         # alternate the two, so drift in the machine's speed hits both alike; medians of the runs
         local_runs, remote_runs, worker_runs, delta_counts = [], [], [], []
+        first_local, first_remote, first_worker = [], [], []
         for _ in range(args.repeats):
-            local_runs.append(in_process(engine, args.tokens))
-            wall, worker_engine, deltas = asyncio.run(through_daemon(endpoint, args.tokens))
+            per_token, first = in_process(engine, args.tokens)
+            local_runs.append(per_token)
+            first_local.append(first)
+            wall, worker_engine, deltas, first, worker_first = asyncio.run(through_daemon(endpoint, args.tokens))
             remote_runs.append(wall)
             worker_runs.append(worker_engine)
             delta_counts.append(deltas)
+            first_remote.append(first)
+            first_worker.append(worker_first)
         local, remote = statistics.median(local_runs), statistics.median(remote_runs)
         worker = statistics.median(worker_runs)
         pids = [daemon.pid, info["worker_pid"]] + ([info["kv_store_pid"]] if info.get("kv_store_pid") else [])
@@ -145,6 +157,11 @@ def main() -> None:
     n_deltas = statistics.median(delta_counts)
     print(f"| DELTAs per request (stream interval {args.stream_interval_ms:g} ms) | {n_deltas:.0f} | |")
     print(f"| daemon hop per token (through the daemon − in process) | {(remote - local) * 1e6:.0f} µs | ≤ 100 µs |")
+    t_local, t_remote = statistics.median(first_local), statistics.median(first_remote)
+    print(f"| first token, in process (call → first event) | {t_local * 1e3:.2f} ms | |")
+    print(f"| first token, through the daemon (send → first DELTA) | {t_remote * 1e3:.2f} ms | |")
+    print(f"| … of which the worker's engine (its own timing) | {statistics.median(first_worker) * 1e3:.2f} ms | |")
+    print(f"| daemon hop to the first token | {(t_remote - t_local) * 1e3:.2f} ms | ≤ 1 ms |")
     who = "daemon + worker + KV store" if len(pids) == 3 else "daemon + worker"
     print(f"| idle CPU, {who}, {args.idle_s:.0f} s | {100 * used / args.idle_s:.2f} % of a core | ≤ 1 % |")
 
