@@ -166,7 +166,9 @@ def test_steps_mixing_prompt_chunks_with_decode_rows_are_padded_to_their_buckets
 
     path = model_path(tmp_path, arch)
     backend = PaddingNumpy()
-    config = EngineConfig(model=str(path), n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=N_SLOTS)
+    config = EngineConfig(
+        model=str(path), backend="numpy", n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=N_SLOTS
+    )
     engine = Engine(config, Model.load(str(path), backend))  # type: ignore[arg-type]
     specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
     plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
@@ -176,7 +178,7 @@ def test_steps_mixing_prompt_chunks_with_decode_rows_are_padded_to_their_buckets
     assert any(n not in (1, 16) for key in mixed for n, _ in key[1])  # a chunk padded past the first bucket
     for key in mixed:
         assert all(n == 1 or n in PaddingNumpy.step_buckets for n, _ in key[1]), key
-    plain = Engine(config)  # the same engine without the buckets: nothing padded
+    plain = Engine(config)  # the same engine (NumPy) without the buckets: nothing padded
     for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
         done = completion(events[seq])
         solo, solo_rows = alone(plain, ids, greedy(n))
@@ -199,21 +201,18 @@ def test_captured_steps_mixing_prompt_chunks_with_decode_rows_give_each_stream_i
     gpu = engine.backend
     if not gpu.decode_steps_by_count(engine.model.config, engine.kv):
         pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 9.0)")
-    gpu.retune(capture_mixed=True)  # type: ignore[attr-defined]
-    try:
-        specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
-        specs += [(7, prompt(9, 13), 6)]  # the same shape again, other slots and positions: a replay
-        plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
-        events, seen = run_batched(engine, plan)
-        assert any(k[0] == "mixed" and v not in (None, False) for k, v in engine._steps.items()), engine._steps
-        for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
-            done = completion(events[seq])
-            solo, solo_rows = alone(engine, ids, greedy(n))
-            assert done.token_ids == solo.token_ids
-            for got, want in zip(seen[seq], solo_rows, strict=True):
-                np.testing.assert_array_equal(got, want)
-    finally:
-        gpu.retune(capture_mixed=False)  # type: ignore[attr-defined]
+    assert gpu.tuning.capture_mixed  # type: ignore[attr-defined]  (on by default)
+    specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
+    specs += [(7, prompt(9, 13), 6)]  # the same shape again, other slots and positions: a replay
+    plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
+    events, seen = run_batched(engine, plan)
+    assert any(k[0] == "mixed" and v not in (None, False) for k, v in engine._steps.items()), engine._steps
+    for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
+        done = completion(events[seq])
+        solo, solo_rows = alone(engine, ids, greedy(n))
+        assert done.token_ids == solo.token_ids
+        for got, want in zip(seen[seq], solo_rows, strict=True):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_a_cancelled_and_a_failing_stream_leave_the_others_untouched(tmp_path: Path) -> None:

@@ -251,8 +251,8 @@ class CupyAttention(CupyCore):
 
     def mixed_steps_by_shape(self, cfg: ModelConfig, kv: KVCache) -> bool:
         """Every kernel of such a step reads its segments' slots and positions where stage_batch staged them
-        (the one-token rows through attention_decn, the chunks through stage_segment's pairs); measured on
-        the GPU before it is on by default (capture_mixed)."""
+        (the one-token rows through attention_decn, the chunks through stage_segment's pairs), and the
+        tuning asks for it (capture_mixed, on by default)."""
         return self.tuning.capture_mixed and self.decode_steps_by_count(cfg, kv)
 
     def decode_attention(

@@ -29,7 +29,9 @@ class CupyTuning:
     gemv_split_warps: int = 32  # rows split over warps below this many warps per SM (0: never split)
     use_clusters: bool = True  # one-token attention as attention_dec, a cluster a KV head (9.0)
     use_decode_rows: bool = True  # a step's one-token segments' attention in one launch (attention_decn)
-    capture_mixed: bool = False  # steps mixing prompt chunks with decode rows captured by shape (not yet measured)
+    # steps mixing prompt chunks with decode rows captured by shape: a 33-token voice prompt under 7 streams
+    # 33.3 -> 17.7 ms to its first token (bench/NOTES.md v16)
+    capture_mixed: bool = True
     use_epilogues: bool = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
     # one-token Q4_K/Q6_K products on the tensor cores, weights streamed by bulk copies (gemv1m, 9.0)
     use_mma: bool = True
