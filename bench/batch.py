@@ -3,7 +3,7 @@ first token for short prompts, in-process, beside llama.cpp's batched numbers.
 
     python bench/batch.py [--models qwen3-4b qwen3-0.6b gemma4-e2b] [--kv int8 f16] [--streams 1 2 4 8 16]
                           [--prompt 128] [--gen 128] [--ttft 8 33 128 512] [--voice 7] [--backend auto] [--whole]
-                          [--out DIR]
+                          [--tune KNOB:VALUE[,KNOB:VALUE...]] [--out DIR]
 
 GPU models are the synthetic files of the exact shapes (bench/synthetic.py, written into --out); on a CPU
 pass the real ones (`--models smollm2-135m gemma3-270m`). Each stream gets its own random prompt of
@@ -16,7 +16,8 @@ genie's one stream, and llama.cpp's figure with the ratio to it: the numbers
 in ../shared/ANCHORS.md measured on the same H200 (none for E2B yet, none on a CPU). TTFT: median of 7 of
 submit -> first token sampled, on an idle engine holding nothing of the prompt. --voice N: a voice request
 (33-token prompt, 16 tokens) while N background streams decode: its TTFT (median of 5) against the same on an
-idle engine, and the background streams' tok/s together while it runs against before it came.
+idle engine, and the background streams' tok/s together while it runs against before it came. --tune: the
+CuPy backend retuned to these CupyTuning fields (bench/gpu_variants.py's knobs, e.g. capture_mixed:1).
 """
 
 from __future__ import annotations
@@ -188,6 +189,7 @@ def main() -> None:
     p.add_argument("--voice", type=int, default=0, help="background streams for the voice-under-load row (0: none)")
     p.add_argument("--backend", default="auto")
     p.add_argument("--whole", action="store_true", help="time until the last stream ends, the tail included")
+    p.add_argument("--tune", default="", help="CupyTuning fields for the CuPy backend, e.g. capture_mixed:1")
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -196,6 +198,11 @@ def main() -> None:
         for kv in args.kv:
             n_ctx = max(args.prompt + args.gen, max(args.ttft or [0]) + 8, 1024 if args.voice else 0)
             engine = load(model, kv, max(*args.streams, args.voice + 1), args.backend, args.out, n_ctx)
+            if args.tune:
+                from gpu_variants import apply, parse_variant
+
+                apply(engine.backend, parse_variant(f"tuned={args.tune}")[1])
+                print(f"\ntuning: {engine.backend.tuning}")  # type: ignore[attr-defined]
             print(f"\n## {model}, {kv} KV, {engine.backend.device_name}, {args.prompt}-token prompts + {args.gen} each")
             print("| streams | genie tok/s | x one stream | llama.cpp tok/s | genie / llama.cpp |")
             print("|---|---|---|---|---|")

@@ -2,6 +2,7 @@
 against one, on a daemon started here with `--parallel N`, driven by the real `ollama` client.
 
     python bench/daemon_streams.py [-m smollm2-135m|qwen3-4b|PATH] [--streams 1 4] [--tokens 64] [--backend auto]
+                                   [--daemon-arg=--no-kv-store ...]
 
 A model that is neither one of genie's nor a file is a synthetic GGUF of that shape (bench/synthetic.py, written
 into /tmp/genie-bench: the GPU machine has no real model), with a plain chat template.
@@ -12,7 +13,7 @@ gives tokens/s together (all answers' tokens over the wall time from the first r
 prefill included) against one at a time, and whether each answer is the text it was alone. Then the same
 questions, rendered by the same template, run together in this process on an engine of as many slots
 (once alone each first, as the daemon's were), timed the same way: issue 17 asks the daemon for at least
-0.9x that.
+0.9x that. --daemon-arg: more of the daemon's options (e.g. --no-kv-store: no saves or lookups of KV).
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(model: str, parallel: int, backend: str, tmp: Path) -> tuple[subprocess.Popen, int]:
+def start(model: str, parallel: int, backend: str, tmp: Path, more: list[str]) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    cmd = [sys.executable, "-m", "genie_daemon", "-m", model, "--backend", backend, "--parallel", str(parallel)]
+    cmd = [sys.executable, "-m", "genie_daemon", "-m", model, "--backend", backend, "--parallel", str(parallel), *more]
     cmd += ["--socket-dir", str(tmp / "run"), "--kv-cache-dir", str(tmp / "kv"), "--http-port", str(port)]
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # and the caller's (wheels)
     log = open(tmp / "daemon.log", "w")  # noqa: SIM115 (the daemon's, closed with the process)
@@ -146,6 +147,7 @@ def main() -> None:
     p.add_argument("--streams", nargs="+", type=int, default=[4])
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--backend", default="auto")
+    p.add_argument("--daemon-arg", action="append", default=[], help="another option for the daemon (repeatable)")
     args = p.parse_args()
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from genie_common.registry import MODELS
@@ -157,7 +159,8 @@ def main() -> None:
         out = Path("/tmp/genie-bench")
         out.mkdir(parents=True, exist_ok=True)
         model = str(synthetic_file(model, out))
-    print(f"## {args.model} through the daemon, {args.tokens} tokens an answer, /api/chat (ollama client)")
+    more = " ".join(args.daemon_arg)
+    print(f"## {args.model} through the daemon {more}, {args.tokens} tokens an answer, /api/chat (ollama client)")
     print(
         "| streams | one at a time tok/s | together tok/s | together / one at a time | same text as alone |"
         " in process together tok/s | daemon / in process | same text as in process |"
@@ -165,7 +168,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for n in args.streams:
         with tempfile.TemporaryDirectory() as d:
-            proc, port = start(model, n, args.backend, Path(d))
+            proc, port = start(model, n, args.backend, Path(d), args.daemon_arg)
             try:
                 texts, rate = asyncio.run(run(port, n, args.tokens))
             except BaseException:
