@@ -166,7 +166,7 @@ def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, 
     groups of four and spill into a second launch; q8_input's rows code each token as its one-row launch does."""
     import cupy as cp
 
-    from workers.engine.backends.cupy.rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows
+    from workers.engine.backends.cupy.rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows, x8_token_rows
 
     if not gpu._mma:
         pytest.skip("the tensor-core products need compute capability 9.0")
@@ -183,13 +183,14 @@ def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, 
             x8, ss = q8_rows(gpu, inp, 0, n)
             y = cp.full((n, rows), cp.nan, dtype=cp.float32)
             gemvn(gpu, w, x8, n, y, ss, 1e-6)
+            tokens = x8_token_rows(cp.asnumpy(x8), n, cols)  # the n-token layout, read back as one-token rows
             for k in range(n):
                 one = cp.full(rows, cp.nan, dtype=cp.float32)
                 if mode == X_PLAIN:
                     x8_one = gpu._q8_input(x[k : k + 1], cols)
-                    np.testing.assert_array_equal(cp.asnumpy(x8_one), cp.asnumpy(x8[k, : x8_one.size]))
+                    np.testing.assert_array_equal(cp.asnumpy(x8_one), tokens[k, : x8_one.size])
                 else:
-                    x8_one = x8[k]
+                    x8_one = cp.asarray(tokens[k])
                 gpu._gemv1q(w, x8_one, one, None if ss is None else ss[k], 1e-6)
                 np.testing.assert_array_equal(cp.asnumpy(y[k]), cp.asnumpy(one), err_msg=f"n={n} token {k} mode {mode}")
 
@@ -205,7 +206,7 @@ def test_the_n_token_product_codes_its_consumers_input_as_q8_input_does(gpu, qty
 
     from workers.engine.backends.base import NextInput
     from workers.engine.backends.cupy.quant_consts import Q8_MAX_COLS
-    from workers.engine.backends.cupy.rows import X_GATED, X_NORM_LATE, RowsInput, gemvn, q8_rows
+    from workers.engine.backends.cupy.rows import X_GATED, X_NORM_LATE, RowsInput, gemvn, q8_rows, x8_token_rows
 
     if not gpu._mma:
         pytest.skip("the tensor-core products need compute capability 9.0")
@@ -229,7 +230,9 @@ def test_the_n_token_product_codes_its_consumers_input_as_q8_input_does(gpu, qty
                     np.testing.assert_array_equal(cp.asnumpy(coded.ss), cp.asnumpy(want_ss))
                 else:
                     want_x8, _ = q8_rows(gpu, RowsInput(y, X_GATED, act=0), 0, n)
-                np.testing.assert_array_equal(cp.asnumpy(coded.x8), cp.asnumpy(want_x8), err_msg=f"n={n} {then}")
+                width = rows // 2 if then.act is not None else rows
+                got, want = (x8_token_rows(cp.asnumpy(b), n, width) for b in (coded.x8, want_x8))
+                np.testing.assert_array_equal(got, want, err_msg=f"n={n} {then}")
             assert not cp.asnumpy(gpu._ep_cnt).any()
 
 
@@ -803,7 +806,7 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
     rows as q8_input codes them for the o product."""
     import cupy as cp
 
-    from workers.engine.backends.cupy.rows import RowsInput, q8_rows
+    from workers.engine.backends.cupy.rows import RowsInput, q8_rows, x8_token_rows
     from workers.engine.batch import Batch, Segment
     from workers.engine.kv_cache import KVCache, KVCacheConfig
     from workers.engine.model_config import LayerConfig, ModelConfig
@@ -836,7 +839,8 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
         coded = gpu._take_coded()  # every row a one-token segment's: the kernel coded them for the o product
         assert coded is not None and coded.out is out
         want, _ = q8_rows(gpu, RowsInput(out), 0, len(depths))
-        np.testing.assert_array_equal(cp.asnumpy(coded.x8), cp.asnumpy(want))
+        got, want = (x8_token_rows(cp.asnumpy(b), len(depths), heads * hd) for b in (coded.x8, want))
+        np.testing.assert_array_equal(got, want)
         together = cp.asnumpy(out)
         for slot, pos in enumerate(depths):
             gpu.stage_inputs(np.zeros(1, np.int64), pos, slot=slot)

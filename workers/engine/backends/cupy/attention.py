@@ -15,7 +15,7 @@ from ...model_config import LayerConfig, ModelConfig
 from .core import Coded, CupyCore
 from .kernels import threads_for
 from .quant_consts import Q8_MAX_COLS
-from .rows import x8_row_bytes
+from .rows import x8_quads
 
 if TYPE_CHECKING:
     from .tuning import CupyTuning
@@ -261,7 +261,8 @@ class CupyAttention(CupyCore):
         """Every one-token segment's attention_dec in one launch (attention_decn: a row of clusters a segment,
         its row, slot and position from the buffer stage_batch filled), written into its row of the output.
         When every row is a one-token segment's, the kernel also codes the output as the rows path's q8_input
-        would (rows.q8_rows), and the o product (rows.matmul of this very array) takes that code."""
+        would (rows.q8_rows: the n-token layout), and the o product (rows.matmul of this very array) takes that
+        code."""
         cp = self.xp
         if not (self.tuning.use_decode_rows and self._dec_kernel_takes(cfg, lc, kv)):
             return None
@@ -272,7 +273,7 @@ class CupyAttention(CupyCore):
         last = max(s.pos0 for s in batch.segments if s.n == 1)
         table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, last + 1, lc.rope_freq_factors)
         out = cp.empty((qkv.shape[0], H * hd), dtype=cp.float32)
-        x8 = cp.empty((n_dec, x8_row_bytes(H * hd)), dtype=cp.int8) if n_dec == qkv.shape[0] else None
+        x8 = x8_quads(cp, n_dec, H * hd) if n_dec == qkv.shape[0] > 1 and (H * hd) % 128 == 0 else None
         self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
         self._op(f"attention_decn_{group}_{hd // 32}")(
@@ -286,7 +287,6 @@ class CupyAttention(CupyCore):
                 null if kv.v_scale is None else kv.v_scale,
                 out,
                 null if x8 is None else x8,
-                np.int64(0 if x8 is None else x8.shape[1]),
                 np.int32(H),
                 np.int32(Hkv),
                 null if qk_norm is None else cp.ascontiguousarray(qk_norm),

@@ -96,7 +96,7 @@ class CupyProducts(CupyWeights):
                 np.int32(cols),
                 x8,
                 np.int64(0),
-                np.int64(0),
+                np.int32(0),  # one token
                 null,
             ),
         )

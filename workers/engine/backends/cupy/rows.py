@@ -37,9 +37,36 @@ X_PLAIN, X_GATED, X_NORM, X_NORM_LATE = 0, 1, 2, 3  # q8_input's modes (quant.cu
 
 
 def x8_row_bytes(cols: int) -> int:
-    """Bytes of a row of an n-token x8 buffer: two codes a value, scales and sums a 32-value group, then the
-    16-value sums of codes (int2) Q6_K's offset takes (common.cuh)."""
-    return 2 * cols + cols // 4 + cols // 2
+    """Bytes of a one-token x8 buffer: two codes a value, a scale and a sum a 32-value group (common.cuh)."""
+    return 2 * cols + cols // 4
+
+
+def x8_quads(xp: Any, n: int, cols: int) -> Any:
+    """An n-token x8 buffer (gemvn's input, common.cuh): the tokens in quads of four, 11 cols bytes a quad (four
+    tokens' codes, scales, sums and the 16-value sums of codes Q6_K's offset takes), a quad a row."""
+    if cols % 128:
+        raise ValueError(f"the n-token layout needs a multiple of 128 values, not {cols}")
+    return xp.empty((-(-n // 4), 11 * cols), dtype=xp.int8)
+
+
+def x8_token_rows(x8: np.ndarray, n: int, cols: int) -> np.ndarray:
+    """The n tokens of an n-token x8 buffer (on the host) as one-token rows, each followed by its 16-value sums
+    of codes: [n, x8_row_bytes(cols) + cols / 2] bytes (for tests, and to read the layout by)."""
+    quads = x8.reshape(-1, 11 * cols)
+    n_sb = cols // 32
+    out = np.empty((n, x8_row_bytes(cols) + cols // 2), dtype=np.int8)
+    for k in range(n):
+        quad, j = quads[k // 4], k % 4
+        codes = quad[: 8 * cols].reshape(n_sb, 4, 2, 32)[:, j]  # [sb][xq, xr][32]
+        out[k, :cols] = codes[:, 0].reshape(-1)
+        out[k, cols : 2 * cols] = codes[:, 1].reshape(-1)
+        for i in range(2):  # xd, then xs: [sb / 4][4 tokens][4 sub-blocks] floats each
+            at = 8 * cols + i * cols // 2
+            part = quad[at : at + cols // 2].view(np.float32).reshape(n_sb // 4, 4, 4)[:, j].reshape(-1)
+            out[k, 2 * cols + i * cols // 8 :][: cols // 8] = part.view(np.int8)
+        gs = quad[9 * cols :].view(np.int32).reshape(n_sb // 4, 4, 8, 2)[:, j].reshape(-1)  # [sb / 4][4 tok][4 sb][2]
+        out[k, x8_row_bytes(cols) :] = gs.view(np.int8)
+    return out
 
 
 @dataclass(frozen=True)
@@ -129,13 +156,13 @@ def _float_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> Any:
 
 def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any]:
     """Rows a..b of inp coded for the products (q8_input, a block a row, which also writes the rows' x + r):
-    the x8 rows, and (late norm) the rows' group sums of squares."""
+    an n-token x8 buffer (x8_quads; one row: a one-token buffer [1, x8_row_bytes]), and (late norm) the rows'
+    group sums of squares. Rows its producer coded are taken as they are where they start a quad."""
     cp = gpu.xp
-    if inp.x8 is not None:
-        return inp.x8[a:b], None if inp.ss is None else inp.ss[a:b]
     cols, n = inp.cols, b - a
-    stride = x8_row_bytes(cols)
-    x8 = cp.empty(n * stride, dtype=cp.int8)
+    if inp.x8 is not None and n > 1 and a % 4 == 0:
+        return inp.x8[a // 4 : -(-b // 4)], None if inp.ss is None else inp.ss[a:b]
+    x8 = x8_quads(cp, n, cols) if n > 1 else cp.empty((1, x8_row_bytes(cols)), dtype=cp.int8)
     late = inp.mode == X_NORM_LATE
     ss = cp.empty((n, cols // 32), dtype=cp.float32) if late else None
     null = np.uint64(0)
@@ -154,11 +181,11 @@ def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any
             np.int32(cols),
             x8,
             np.int64(x.shape[1]),
-            np.int64(stride),
+            np.int32(n > 1),
             null if ss is None else ss,
         ),
     )
-    return x8.reshape(n, stride), ss
+    return x8, ss
 
 
 def gemvn(
@@ -182,7 +209,7 @@ def gemvn(
     if then is not None:
         tpb = min(tpb, EP_MAX_ROWS // 16)  # the groups a block completes fit the epilogue's table
         width = w.rows // 2 if then.act is not None else w.rows  # the consumer's values
-        coded = Coded(out, cp.empty((n, x8_row_bytes(width)), dtype=cp.int8), then)
+        coded = Coded(out, x8_quads(cp, n, width), then)
         if then.act is not None:
             mode, act = _EP_GATED, ACTIVATIONS[then.act]
         else:
@@ -201,7 +228,6 @@ def gemvn(
         (
             w.data,
             x8,
-            np.int64(x8.shape[1]),
             np.int32(n),
             out,
             np.int64(out.strides[0] // 4),
@@ -215,7 +241,6 @@ def gemvn(
             np.int32(mode),
             np.int32(act),
             null if coded is None else coded.x8,
-            np.int64(0 if coded is None else coded.x8.shape[1]),
             gpu._ep_cnt,
             null if then is None or then.residual is None else then.residual,
             null if mode != _EP_NORM else then.norm,  # type: ignore[union-attr]

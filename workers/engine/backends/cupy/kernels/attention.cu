@@ -380,7 +380,7 @@ template <int G, int DPL, int WARPS, int P = WARPS>
 __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out,
                               signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t,
                               const float* sin_t, int rope_dim, int neox, const int* pos0p, int window, float scale,
-                              float softcap, bool x8_sums = false) {
+                              float softcap, long long x8_token = -1) {
     constexpr int HD = 32 * DPL;
     static_assert(WARPS >= G + 2, "a warp for each query head, the key and the value");
     static_assert(P <= WARPS && WARPS % P == 0, "physical warps run whole sets of virtual ones");
@@ -533,15 +533,13 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
             out[h * HD + lane * DPL + e] = v[e];
             o[lane * DPL + e] = v[e];
         }
-        if (x8 != nullptr) {  // the o product's input, coded as q8_input would (x8_sums: a rows-path row, its
-                              // 16-value sums of codes too)
+        if (x8 != nullptr) {  // the o product's input, coded as q8_input would (x8_token >= 0: that token of an
+                              // n-token product's input)
             __syncwarp();
             const int cols = n_heads * HD;
-            float* xd = reinterpret_cast<float*>(x8 + 2 * cols);
-            int2* gs = x8_sums ? reinterpret_cast<int2*>(x8 + 2 * cols + cols / 4) : nullptr;
+            const X8At xa = x8_token < 0 ? x8_row(x8, cols) : x8_quad(x8, x8_token, cols);
 #pragma unroll
-            for (int sb = 0; sb < HD / 32; ++sb)
-                q8_code(o[sb * 32 + lane], (int)(h * HD / 32) + sb, lane, x8, x8 + cols, xd, xd + cols / 32, gs);
+            for (int sb = 0; sb < HD / 32; ++sb) q8_code(o[sb * 32 + lane], (int)(h * HD / 32) + sb, lane, xa);
         }
     }
     cluster_sync();  // no block leaves while a peer may still read its shared memory
@@ -550,7 +548,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
 // attention_decn_*: the decode rows of a step of several streams in one launch, blockIdx.y the row: dec holds
 // n_dec rows of qkv and out, then their slots, then their positions; a slot's K and V pools start kv_stride bytes
 // (its scales scale_stride floats) after the slot before it. x8 (or NULL): row r of the output coded as the o
-// product's input, x8_stride bytes a row (q8_input's rows, with their 16-value sums of codes).
+// product's input, token r of the n-token layout (common.cuh).
 // 16 warps a block where their accumulators fit the static shared memory and a task's loads fit 128 registers,
 // else 8 (the backend's _dec_warps)
 #ifndef DEC_MAX_WARPS
@@ -579,7 +577,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1)                                                       \
         __launch_bounds__(32 * DECN_P(G, DPL), ((DPL) <= 4 ? 16 : 8) / DECN_P(G, DPL))                                  \
         attention_decn_##G##_##DPL(const float* qkv, char* k_pools, char* v_pools, float* k_scales, float* v_scales,  \
-                                   float* out, signed char* x8, long long x8_stride, int n_heads, int n_kv,           \
+                                   float* out, signed char* x8, int n_heads, int n_kv,                                \
                                    const float* qk_norm, float eps, const float* cos_t, const float* sin_t,           \
                                    int rope_dim, int neox, const int* dec,                                            \
                                    int n_dec, long long kv_stride, long long scale_stride, int window, float scale,   \
@@ -590,8 +588,8 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         attention_dec<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL)>(                                                     \
             qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                             \
             k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr, \
-            out + row * n_heads * 32 * DPL, x8 ? x8 + row * x8_stride : nullptr, n_heads, n_kv, qk_norm, eps, cos_t,   \
-            sin_t, rope_dim, neox, d + 2 * n_dec, window, scale, softcap, true);                                      \
+            out + row * n_heads * 32 * DPL, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox,            \
+            d + 2 * n_dec, window, scale, softcap, row);                                                              \
     }
 DEC_INSTANTIATE(1, 2)
 DEC_INSTANTIATE(1, 4)

@@ -106,29 +106,52 @@ __device__ void argmax_block(float& best, int& idx, int& bad) {
 // so a product is two dp4a chains and the activations carry ~15 bits instead of 8 (with q alone a tiny
 // Q4_K_M model's decode NLL moved 0.04-0.06 nat from NumPy's). q8_input (quant.cu) computes it once per
 // product in global memory, the decode attention (attention.cu) for the o product as it writes its output.
-// Layout of an x8 buffer for `cols` values: xq [cols] int8, xr [cols] int8 (q2), xd [cols / 32] float
-// scales, xs [cols / 32] float sums of the values as coded; a row of an n-token buffer (X8_ROW_BYTES) then
-// has gs [cols / 16] int2: the 16-value sums of xq and of xr.
+// Layout of an x8 buffer for `cols` values (the one-token products'): xq [cols] int8, xr [cols] int8 (q2),
+// xd [cols / 32] float scales, xs [cols / 32] float sums of the values as coded.
+// The n-token layout (gemvn's input, cols a multiple of 128): tokens in fours, a quad x8_quad_bytes(cols) = 11 cols
+// bytes (four one-token rows and their 16-value sums): codes [cols / 32][4 tokens][xq, xr][32 values], then xd
+// [cols / 128][4 tokens][4 sub-blocks], xs likewise, then gs [cols / 128][4 tokens][4 sub-blocks][2] int2, the
+// 16-value sums of xq and of xr. The eight lanes of an mma that load a sub-block's codes for four tokens read 256
+// consecutive bytes (the one-token rows of four tokens, 7.7 KB apart for 2 560 values, made gemvn L1-bound).
+struct X8At {  // where q8_code puts one token's sub-blocks
+    signed char* q;  // value 32 sb + i: q[sb * q_step + i]; its second code r_off bytes on
+    float* d;        // scale of sub-block sb: d[at(sb)]; its sum s_off floats on
+    int2* gs;        // the n-token layout's 16-value sums of codes: gs[gs_at(sb) + half]
+    int q_step, r_off, s_off;
+    bool quad;
+    __device__ __forceinline__ int at(int sb) const { return quad ? (sb >> 2) * 16 + (sb & 3) : sb; }
+    __device__ __forceinline__ int gs_at(int sb) const { return quad ? (sb >> 2) * 32 + 2 * (sb & 3) : 2 * sb; }
+};
+__device__ __forceinline__ long long x8_quad_bytes(int cols) { return 11LL * cols; }
+__device__ __forceinline__ X8At x8_row(signed char* x8, int cols) {  // a one-token buffer
+    return X8At{x8, reinterpret_cast<float*>(x8 + 2 * cols), nullptr, 32, cols, cols / 32, false};
+}
+__device__ __forceinline__ X8At x8_quad(signed char* x8, long long k, int cols) {  // token k of an n-token buffer
+    signed char* qd = x8 + (k >> 2) * x8_quad_bytes(cols);
+    const int j = (int)(k & 3);
+    return X8At{qd + 64 * j, reinterpret_cast<float*>(qd + 8 * cols) + 4 * j,
+                reinterpret_cast<int2*>(qd + 9 * cols) + 8 * j, 256, 32, cols / 8, true};
+}
 
 // One sub-block of an x8 buffer, coded by the 32 lanes of a warp (lane i holds value i, v): one integer
-// max reduction for the scale (|v| as bits orders like |v| itself), then both codes and the sub-block's sum.
-__device__ __forceinline__ void q8_code(float v, int sb, int lane, signed char* xq, signed char* xr, float* xd, float* xs,
-                                        int2* gs = nullptr) {
+// max reduction for the scale (|v| as bits orders like |v| itself), then both codes and the sub-block's sum
+// (and, in the n-token layout, its 16-value sums of codes, Q6_K's offset in gemvn).
+__device__ __forceinline__ void q8_code(float v, int sb, int lane, const X8At& x) {
     const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v))));
     const float d = amax / 127.f;
     // every rounding spelled out: the one-token and the n-token paths code a value to the same bytes
     const int q = amax > 0.f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
     const int q2 = amax > 0.f ? max(-127, min(127, __float2int_rn(__fdiv_rn(__fmul_rn(__fsub_rn(v, __fmul_rn((float)q, d)), 254.f), d)))) : 0;
-    xq[sb * 32 + lane] = (signed char)q;
-    xr[sb * 32 + lane] = (signed char)q2;
+    x.q[sb * x.q_step + lane] = (signed char)q;
+    x.q[sb * x.q_step + x.r_off + lane] = (signed char)q2;
     const int sum = __reduce_add_sync(0xffffffffu, q), sum2 = __reduce_add_sync(0xffffffffu, q2);
     if (lane == 0) {
-        xd[sb] = d;
-        xs[sb] = __fmul_rn(d, __fmaf_rn((float)sum2, 1.f / 254.f, (float)sum));
+        x.d[x.at(sb)] = d;
+        x.d[x.at(sb) + x.s_off] = __fmul_rn(d, __fmaf_rn((float)sum2, 1.f / 254.f, (float)sum));
     }
-    if (gs != nullptr) {  // the 16-value sums of both codes (Q6_K's offset in the n-token product): lanes 0 and 16
+    if (x.quad) {  // lanes 0 and 16: the sums of each half's codes
         int h = q, h2 = q2;
         for (int o = 8; o > 0; o >>= 1) h += __shfl_xor_sync(0xffffffffu, h, o), h2 += __shfl_xor_sync(0xffffffffu, h2, o);
-        if ((lane & 15) == 0) gs[2 * sb + (lane >> 4)] = make_int2(h, h2);
+        if ((lane & 15) == 0) x.gs[x.gs_at(sb) + (lane >> 4)] = make_int2(h, h2);
     }
 }

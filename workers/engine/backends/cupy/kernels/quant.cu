@@ -55,8 +55,8 @@ __device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols,
 // x + r to x_new when that is not NULL (the residual add and the next layer's input norm); X_NORM_LATE
 // (x + r) * w without the RMS factor, each 32-value group's sum of squares to ss, exactly as a product's
 // EP_NORM epilogue codes it (the product applies the factor: nss). A block a row: row b of x, r and x_new
-// starts x_stride floats after row b - 1, of x8 x8_stride bytes (0: one row); an x8 row of an n-token
-// product (x8_stride > 0) also gets its 16-value sums of codes. Blocks of up to 1024 threads.
+// starts x_stride floats after row b - 1; x8 is one row (n_token 0) or token b of an n-token product's input
+// (common.cuh: tokens in quads, with their 16-value sums of codes). Blocks of up to 1024 threads.
 #define X_PLAIN 0
 #define X_GATED 1
 #define X_NORM 2
@@ -64,7 +64,7 @@ __device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols,
 #define Q8_MAX 16  // values per thread: cols <= Q8_MAX * blockDim.x (the backend checks)
 extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ w,
                                     float* x_new, float eps, int mode, int act, int cols, signed char* x8,
-                                    long long x_stride, long long x8_stride, float* ss_out) {
+                                    long long x_stride, int n_token, float* ss_out) {
     // one block a row, a few microseconds: the product that reads x8 may start now and load its weights meanwhile
     grid_dep_launch();
     grid_dep_wait();
@@ -73,11 +73,7 @@ extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __
     if (r) r += blockIdx.x * x_stride;
     if (x_new) x_new += blockIdx.x * x_stride;
     if (ss_out) ss_out += blockIdx.x * (cols / 32);
-    x8 += blockIdx.x * x8_stride;
-    signed char* xq = x8;
-    signed char* xr = x8 + cols;
-    float* xd = reinterpret_cast<float*>(x8 + 2 * cols);
-    float* xs = xd + cols / 32;
+    const X8At x8at = n_token ? x8_quad(x8, blockIdx.x, cols) : x8_row(x8, cols);  // n_token: gemvn's layout
     // thread t holds values t + k * blockDim.x: sub-block (t >> 5) + k * n_warps, lane t & 31 of it, so a warp
     // quantizes whole sub-blocks; every load is issued before any is used
     const int lane = threadIdx.x & 31, n_warps = blockDim.x >> 5, n_sb = cols / 32;
@@ -106,7 +102,6 @@ extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __
 #pragma unroll
         for (int k = 0; k < Q8_MAX; ++k) v[k] = v[k] * inv * wv[k];
     }
-    int2* gs = x8_stride > 0 ? reinterpret_cast<int2*>(xs + n_sb) : nullptr;
 #pragma unroll
     for (int k = 0; k < Q8_MAX; ++k) {
         const int sb = (threadIdx.x >> 5) + k * n_warps;
@@ -116,7 +111,7 @@ extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __
             if (lane == 0) ss_out[sb] = sq;
             v[k] *= wv[k];
         }
-        q8_code(v[k], sb, lane, xq, xr, xd, xs, gs);
+        q8_code(v[k], sb, lane, x8at);
     }
 }
 
@@ -185,10 +180,10 @@ __device__ int ep_groups(int rows, int rpb, int blk, const Epilogue& ep, int* gr
     __syncthreads();
     return n;
 }
-// Group g of one token's consumer input coded by a warp: y the token's product output (rows values), x8 its
-// coded row (len = the consumer's values; gs: its 16-value sums of codes, or NULL), res / xnew / ss its rows
-__device__ __forceinline__ void ep_code(const float* y, int len, int g, const Epilogue& ep, signed char* x8,
-                                        const float* res, float* xnew, float* ss, int2* gs) {
+// Group g of one token's consumer input coded by a warp: y the token's product output (rows values), x8 where
+// its code goes (len = the consumer's values), res / xnew / ss its rows
+__device__ __forceinline__ void ep_code(const float* y, int len, int g, const Epilogue& ep, const X8At& x8,
+                                        const float* res, float* xnew, float* ss) {
     const int lane = threadIdx.x & 31, i = 32 * g + lane;
     float v;
     if (ep.mode == EP_GATED) {
@@ -201,8 +196,7 @@ __device__ __forceinline__ void ep_code(const float* y, int len, int g, const Ep
         if (lane == 0) ss[g] = sq;
         v *= ep.w[i];
     }
-    float* xd = reinterpret_cast<float*>(x8 + 2 * len);
-    q8_code(v, g, lane, x8, x8 + len, xd, xd + len / 32, gs);
+    q8_code(v, g, lane, x8);
 }
 __device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue& ep) {
     __shared__ int groups[EP_MAX_GROUPS], codes[EP_MAX_GROUPS];
@@ -212,15 +206,15 @@ __device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue&
     for (int k = warp; k < n; k += blockDim.x >> 5) {
         if (!codes[k]) continue;
         __threadfence();  // the other blocks' rows (their counts were acquired by this block's thread k)
-        ep_code(y, len, groups[k], ep, ep.x8, ep.res, ep.xnew, ep.ss, nullptr);
+        ep_code(y, len, groups[k], ep, x8_row(ep.x8, len), ep.res, ep.xnew, ep.ss);
     }
 }
 // The n-token product's epilogue: gemv_epilogue for each of the n_tok tokens of the block's set (their rows are
 // the same, so a group is counted once for all of them: ep.cnt is the set's). Token k: y row k (y_stride), its
-// coded row at ep.x8 + k x8_stride (q8_input's rows: the 16-value sums of codes too), its res / xnew rows len
+// code token k of ep.x8 (the n-token layout, whose quads the set's first token starts), its res / xnew rows len
 // floats apart, its ss row len / 32.
 __device__ void gemvn_epilogue(const float* y, long long y_stride, int n_tok, int rows, int rpb, int blk,
-                               long long x8_stride, const Epilogue& ep) {
+                               const Epilogue& ep) {
     __shared__ int groups[EP_MAX_GROUPS], codes[EP_MAX_GROUPS];
     const int len = ep.mode == EP_GATED ? rows / 2 : rows;
     const int n = ep_groups(rows, rpb, blk, ep, groups, codes);
@@ -229,11 +223,9 @@ __device__ void gemvn_epilogue(const float* y, long long y_stride, int n_tok, in
         const int k = it / n_tok, t = it % n_tok;
         if (!codes[k]) continue;
         __threadfence();
-        signed char* x8 = ep.x8 + t * x8_stride;
         const long long r = (long long)t * len;
-        ep_code(y + t * y_stride, len, groups[k], ep, x8, ep.res ? ep.res + r : nullptr,
-                ep.xnew ? ep.xnew + r : nullptr, ep.ss ? ep.ss + r / 32 : nullptr,
-                reinterpret_cast<int2*>(x8 + 2 * len + len / 4));
+        ep_code(y + t * y_stride, len, groups[k], ep, x8_quad(ep.x8, t, len), ep.res ? ep.res + r : nullptr,
+                ep.xnew ? ep.xnew + r : nullptr, ep.ss ? ep.ss + r / 32 : nullptr);
     }
 }
 
@@ -639,13 +631,14 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
 // partial sums apart (acc[.][j]: what gemv1m's lane t = j sums), added in its order: the items a warp takes,
 // (j0 + j1) + (j2 + j3), then the warps in order, times the token's norm factor. So a launch must have
 // gemv1m's warps for the matrix (the backend gives it that block size), and a token's x8 row is what q8_input
-// or the producer's epilogue would have coded for it alone. x8: n_tok rows x8_stride bytes apart (q8_input's
-// rows, with their 16-value sums of codes), read through L1; y: row k at y + k y_stride; nss: n_ss group sums
-// of squares a token (or NULL).
-// Q4_K: a lane's B for token 4 tg + g / 2 is 8 codes of sub-block j; C lane (g, t): token 4 tg + t, rows g, g + 8.
+// or the producer's epilogue would have coded for it alone. x8: n_tok tokens in the n-token layout (common.cuh:
+// quads of four tokens qst bytes apart), read through L1; y: row k at y + k y_stride; nss: n_ss group sums of
+// squares a token (or NULL).
+// Q4_K: a lane's B for token 4 tg + g / 2 is 8 codes of sub-block j; C lane (g, t): token 4 tg + t, rows g, g + 8;
+// the eight lanes (g, t) of a quad's codes of one sub-block read its 256 bytes in order (lane 4 g + t: 8 g + t..).
 template <int NG>
 __device__ __forceinline__ void mma_item_n12(const u8* r0, const u8* r1, int q, int g, int t, const signed char* x8,
-                                             long long xst, int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
+                                             long long qst, int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
     const uint2 w00 = *reinterpret_cast<const uint2*>(r0 + 16 + 64 * q + 8 * t);
     const uint2 w01 = *reinterpret_cast<const uint2*>(r1 + 16 + 64 * q + 8 * t);
     const uint2 w10 = *reinterpret_cast<const uint2*>(r0 + 48 + 64 * q + 8 * t);
@@ -678,12 +671,13 @@ __device__ __forceinline__ void mma_item_n12(const u8* r0, const u8* r1, int q, 
 #pragma unroll
     for (int tg = 0; tg < NG; ++tg) {
         const int tb = 4 * tg + (g >> 1), tc = min(4 * tg + t, n_tok - 1);  // B's token; C's (a pad repeats the last)
-        const signed char* xb = x8 + tb * xst + (g & 1) * cols + 32 * sbu + 8 * t;
-        const float* xd = reinterpret_cast<const float*>(x8 + tc * xst + 2 * cols) + sbu;  // 16-byte aligned: sbu % 4 == 0
+        const signed char* qb = x8 + tg * qst;  // the quad of tokens 4 tg .. 4 tg + 3
+        const signed char* xb = qb + 256LL * sbu + 8 * (4 * g + t);
+        const float* xd = reinterpret_cast<const float*>(qb + 8 * cols) + 4 * sbu + 4 * t;
         uint2 b[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) b[j] = tb < n_tok ? __ldg(reinterpret_cast<const uint2*>(xb + 32 * j)) : make_uint2(0u, 0u);
-        const float4 xd4 = __ldg(reinterpret_cast<const float4*>(xd)), xs4 = __ldg(reinterpret_cast<const float4*>(xd + cols / 32));
+        for (int j = 0; j < 4; ++j) b[j] = tb < n_tok ? __ldg(reinterpret_cast<const uint2*>(xb + 256 * j)) : make_uint2(0u, 0u);
+        const float4 xd4 = __ldg(reinterpret_cast<const float4*>(xd)), xs4 = __ldg(reinterpret_cast<const float4*>(xd + cols / 8));
         const float xdj[4] = {xd4.x, xd4.y, xd4.z, xd4.w}, xsj[4] = {xs4.x, xs4.y, xs4.z, xs4.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -699,7 +693,7 @@ __device__ __forceinline__ void mma_item_n12(const u8* r0, const u8* r1, int q, 
 // other half's k), term into acc[.][2 (ts & 1) + h] (gemv1m's lane t = 2 (ts & 1) + h of pair p = ts / 2)
 template <int NG>
 __device__ __forceinline__ void mma_item_n14(const u8* r0, const u8* r1, int q, int g, int t, const signed char* x8,
-                                             long long xst, int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
+                                             long long qst, int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
     uint2 a[2], b[2], h[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -733,12 +727,13 @@ __device__ __forceinline__ void mma_item_n14(const u8* r0, const u8* r1, int q, 
 #pragma unroll
     for (int tg = 0; tg < NG; ++tg) {
         const int tb = 4 * tg + (g >> 1), tc = min(4 * tg + t, n_tok - 1);
-        const signed char* xb = x8 + tb * xst + (g & 1) * cols + 32 * sbu + 8 * t;
-        const float* xd = reinterpret_cast<const float*>(x8 + tc * xst + 2 * cols) + sbu;
-        const int2* gs = reinterpret_cast<const int2*>(x8 + tc * xst + 2 * cols + cols / 4) + 2 * sbu;
+        const signed char* qb = x8 + tg * qst;  // the quad of tokens 4 tg .. 4 tg + 3
+        const signed char* xb = qb + 256LL * sbu + 8 * (4 * g + t);
+        const float* xd = reinterpret_cast<const float*>(qb + 8 * cols) + 4 * sbu + 4 * t;
+        const int2* gs = reinterpret_cast<const int2*>(qb + 9 * cols) + 8 * sbu + 8 * t;
         uint2 bv[4];
 #pragma unroll
-        for (int ts = 0; ts < 4; ++ts) bv[ts] = tb < n_tok ? __ldg(reinterpret_cast<const uint2*>(xb + 32 * ts)) : make_uint2(0u, 0u);
+        for (int ts = 0; ts < 4; ++ts) bv[ts] = tb < n_tok ? __ldg(reinterpret_cast<const uint2*>(xb + 256 * ts)) : make_uint2(0u, 0u);
         const float4 xd4 = __ldg(reinterpret_cast<const float4*>(xd));
         const float xdj[4] = {xd4.x, xd4.y, xd4.z, xd4.w};
 #pragma unroll
@@ -759,32 +754,32 @@ __device__ __forceinline__ void mma_item_n14(const u8* r0, const u8* r1, int q, 
     }
 }
 template <int T, int NG>
-__device__ __forceinline__ void mma_item_n(const u8* r0, const u8* r1, int q, int g, int t, const signed char* x8, long long xst,
+__device__ __forceinline__ void mma_item_n(const u8* r0, const u8* r1, int q, int g, int t, const signed char* x8, long long qst,
                                            int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
-    if constexpr (T == 12) mma_item_n12<NG>(r0, r1, q, g, t, x8, xst, n_tok, cols, sbu, acc);
-    else mma_item_n14<NG>(r0, r1, q, g, t, x8, xst, n_tok, cols, sbu, acc);
+    if constexpr (T == 12) mma_item_n12<NG>(r0, r1, q, g, t, x8, qst, n_tok, cols, sbu, acc);
+    else mma_item_n14<NG>(r0, r1, q, g, t, x8, qst, n_tok, cols, sbu, acc);
 }
 // dynamic shared memory: the ring, then the tiles' sums [2][n_warps][16][4 NG] floats
 // Block b takes tokens [4 NG s, 4 NG s + 4 NG) for s = b % sets of the tiles of b / sets: the sets of one
 // stretch of tiles run side by side, so the weights come from HBM once and from L2 for the other sets.
 // ep (mode EP_NONE: none): each token's consumer input coded as the one-token product's epilogue codes it
-// (gemvn_epilogue), into rows of q8_input's layout ep_x8_stride bytes apart; ep.cnt: a set's counters each.
+// (gemvn_epilogue), into ep.x8 in the n-token layout; ep.cnt: a set's counters each.
 template <int T, int NG>
-__device__ void gemvn_mma(const u8* W, const signed char* x8, long long xst, int n_tok, float* y, long long y_stride, int rows,
-                          int cols, int tpb, int sets, const float* nss, int n_ss, float eps, Epilogue ep,
-                          long long ep_x8_stride) {
+__device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* y, long long y_stride, int rows,
+                          int cols, int tpb, int sets, const float* nss, int n_ss, float eps, Epilogue ep) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int NT = 4 * NG;
     extern __shared__ __align__(16) u8 smem[];
     __shared__ unsigned long long full[MMA_STAGES];
     __shared__ float inv_s[NT];
     const int set = blockIdx.x % sets;
-    x8 += set * NT * xst;
+    const long long qst = x8_quad_bytes(cols);
+    x8 += set * NG * qst;  // the set's quads
     y += set * NT * y_stride;
     if (nss != nullptr) nss += set * NT * n_ss;
     if (ep.mode != EP_NONE) {  // this set's tokens' rows, and its counters
         const long long len = ep.mode == EP_GATED ? rows / 2 : rows, t0 = (long long)set * NT;
-        ep.x8 += t0 * ep_x8_stride;
+        ep.x8 += (t0 / 4) * x8_quad_bytes((int)len);
         ep.cnt += set * (len / 32);
         if (ep.res) ep.res += t0 * len;
         if (ep.xnew) ep.xnew += t0 * len;
@@ -822,7 +817,7 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, long long xst, int
         st.wait(s);
         for (int item = warp; item < 2 * nu; item += n_warps) {
             const int u = item >> 1, q = item & 1;
-            mma_item_n<T, NG>(g0 + u * MmaStream<T>::UB, g8 + u * MmaStream<T>::UB, q, g, t, x8, xst, n_tok, cols,
+            mma_item_n<T, NG>(g0 + u * MmaStream<T>::UB, g8 + u * MmaStream<T>::UB, q, g, t, x8, qst, n_tok, cols,
                               8 * (ub + u) + 4 * q, acc);
         }
         const bool last = cs == st.ncs - 1;
@@ -849,7 +844,7 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, long long xst, int
             }
         }
     }
-    if (ep.mode != EP_NONE) gemvn_epilogue(y, y_stride, n_tok, rows, 16 * tpb, blockIdx.x / sets, ep_x8_stride, ep);
+    if (ep.mode != EP_NONE) gemvn_epilogue(y, y_stride, n_tok, rows, 16 * tpb, blockIdx.x / sets, ep);
 #endif
 }
 #define INSTANTIATE_M(T, NAME)                                                                                   \
@@ -862,13 +857,11 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, long long xst, int
     }
 #define INSTANTIATE_N(T, NG, NAME)                                                                                \
     extern "C" __global__ void __launch_bounds__(512) gemvn##NG##_##NAME(                                         \
-        const u8* W, const signed char* x8, long long x8_stride, int n_tok, float* y, long long y_stride, int rows, \
-        int cols, int tpb, int sets, const float* nss, int n_ss, float eps, int ep_mode, int ep_act,             \
-        signed char* ep_x8, long long ep_x8_stride, int* ep_cnt, const float* ep_res, const float* ep_w,          \
-        float* ep_xnew, float* ep_ss) {                                                                           \
+        const u8* W, const signed char* x8, int n_tok, float* y, long long y_stride, int rows, int cols, int tpb,  \
+        int sets, const float* nss, int n_ss, float eps, int ep_mode, int ep_act, signed char* ep_x8, int* ep_cnt,  \
+        const float* ep_res, const float* ep_w, float* ep_xnew, float* ep_ss) {                                   \
         const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                          \
-        gemvn_mma<T, NG>(W, x8, x8_stride, n_tok, y, y_stride, rows, cols, tpb, sets, nss, n_ss, eps, ep,         \
-                         ep_x8_stride);                                                                           \
+        gemvn_mma<T, NG>(W, x8, n_tok, y, y_stride, rows, cols, tpb, sets, nss, n_ss, eps, ep);                   \
     }
 INSTANTIATE_M(12, q4_k)
 INSTANTIATE_M(14, q6_k)
