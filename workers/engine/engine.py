@@ -263,36 +263,34 @@ class Engine:
             key: tuple = ("decode", len(segments)) if by_count else ("decode", tuple(seg.slot for seg in segments))
             out = self.backend.forward_step(self._steps, key, run, batch, capturable=graphs)
         else:
-            # a step mixing prompt chunks with decode rows (a request's admission): captured by its shape, each
-            # chunk padded to a step bucket as _run pads a lone one, where the backend's steps compute the same
-            # whatever their slots and positions are; else eager
-            by_shape = graphs and self.backend.mixed_steps_by_shape(m.config, self.kv)
-            padded = self._padded(segments) if by_shape else None
-            if padded is None:
-                out = self.backend.forward_step(self._steps, ("mixed",), run, batch, capturable=False)
-            else:
-                padded_batch = Batch.of(padded)
+            # a step mixing prompt chunks with decode rows (a request's admission): each chunk padded to its step
+            # bucket as _run pads a lone one (a product of 8 rows is not one of 5 in the last bits), and captured
+            # by its shape where every chunk has a bucket and the backend's steps compute the same whatever their
+            # slots and positions are; else eager
+            padded, bucketed = self._padded(segments)
+            by_shape = bucketed and graphs and self.backend.mixed_steps_by_shape(m.config, self.kv)
+            padded_batch = Batch.of(padded)
 
-                def run_padded() -> Any:
-                    return forward_batch(m.config, m.weights, self.backend, self.kv, padded_batch, interrupt)
+            def run_padded() -> Any:
+                return forward_batch(m.config, m.weights, self.backend, self.kv, padded_batch, interrupt)
 
-                key = ("mixed", tuple((seg.n, seg.wants_logits) for seg in padded))
-                out = self.backend.forward_step(self._steps, key, run_padded, padded_batch, capturable=True)
+            key = ("mixed", tuple((seg.n, seg.wants_logits) for seg in padded)) if by_shape else ("mixed",)
+            out = self.backend.forward_step(self._steps, key, run_padded, padded_batch, capturable=by_shape)
         for seg in segments:
             self.kv.resident[seg.slot].extend(seg.ids)
         return out
 
-    def _padded(self, segments: list[Segment]) -> list[Segment] | None:
-        """The segments with every prompt chunk padded to its step bucket (its last token repeated: the pad's
-        K/V lands past what the slot holds, its logits are never taken), or None where a chunk has none."""
-        out = []
+    def _padded(self, segments: list[Segment]) -> tuple[list[Segment], bool]:
+        """The segments with every prompt chunk padded as _run pads it alone (to its step bucket, its last token
+        repeated: the pad's K/V lands past what the slot holds, its logits are never taken), and whether every
+        chunk had a bucket (a shape that repeats)."""
+        out, bucketed = [], True
         for seg in segments:
             size = self._bucket(seg.n, seg.pos0)
-            if seg.n > 1 and size not in self.backend.step_buckets:
-                return None
+            bucketed = bucketed and (seg.n == 1 or size in self.backend.step_buckets)
             ids = (*seg.ids, *([seg.ids[-1]] * (size - seg.n)))
             out.append(Segment(seg.slot, seg.pos0, ids, seg.wants_logits, logit_row=seg.n - 1))
-        return out
+        return out, bucketed
 
     def sample_rows(self, logits: Any, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int | Exception]]:
         """Each sequence's next token from its row of a step's logits (or the error that ends it)."""

@@ -188,6 +188,38 @@ def test_steps_mixing_prompt_chunks_with_decode_rows_are_padded_to_their_buckets
         assert engine.kv.resident[seq.slot] == [*ids, *done.token_ids[:-1]]
 
 
+class EagerPaddingNumpy(PaddingNumpy):
+    """The same buckets, but mixed steps that do not go by their shape (a GPU whose attention takes the slots as
+    arguments): they run eagerly."""
+
+    def mixed_steps_by_shape(self, cfg: object, kv: object) -> bool:
+        return False
+
+
+def test_eager_mixed_steps_pad_each_chunk_as_it_is_padded_alone(tmp_path: Path) -> None:
+    """A step mixing prompt chunks with decode rows that is not captured still pads each chunk to the bucket a
+    lone chunk is padded to (products of 16 rows are not those of 5 in the last bits, on NumPy as with cuBLAS):
+    every logit of every stream equals, bit for bit, the one it gets alone."""
+    from workers.engine.model import Model
+
+    path = model_path(tmp_path, "llama")
+    backend = EagerPaddingNumpy()
+    config = EngineConfig(
+        model=str(path), backend="numpy", n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=N_SLOTS
+    )
+    engine = Engine(config, Model.load(str(path), backend))  # type: ignore[arg-type]
+    specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
+    plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
+    events, seen = run_batched(engine, plan)
+    assert (("mixed",), False) in backend.keys  # eager mixed steps ran
+    for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
+        done = completion(events[seq])
+        solo, solo_rows = alone(engine, ids, greedy(n))
+        assert done.token_ids == solo.token_ids
+        for got, want in zip(seen[seq], solo_rows, strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.skipif(not cupy_available(), reason="needs a GPU")
 @pytest.mark.parametrize("arch", ["llama-q4_k_m", "qwen3", "gemma3"])
 def test_captured_steps_mixing_prompt_chunks_with_decode_rows_give_each_stream_its_numbers(

@@ -16,7 +16,7 @@ class CupyBackend(CupySteps, CupyAttention, CupyLayerOps, CupyProducts):
     default_parallel = 4
     # a prompt chunk shorter than the engine's prefill_chunk is padded to the next of these and replays that
     # size's captured step: eager, a 33-token prompt's first token took 45 ms on the 4B
-    step_buckets = (16, 32, 48, 64, 128, 256, 512)
+    step_buckets = (8, 16, 24, 32, 40, 48, 56, 64, 128, 256, 512)
 
     def unsupported(self, cfg: ModelConfig) -> str | None:
         for i, lc in enumerate(cfg.layers):
