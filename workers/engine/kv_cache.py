@@ -69,8 +69,13 @@ class KVCache:
             raise ValueError(f"slot {slot} holds {len(resident)} tokens, cannot export {n_tokens}")
         n = n_tokens
 
-        def copy(arrays: list[Any]) -> list[np.ndarray]:  # a copy: the pool changes under a view
-            return [np.array(to_host(a[slot, :n]), copy=True) for a in arrays]
+        def copy(arrays: list[Any]) -> list[np.ndarray]:
+            """The slot's rows of every layer's array, copied (the pool changes under a view) in one transfer:
+            a copy from the GPU a layer and array was 144 waits for the 4B's saves, ~4 ms on the engine thread."""
+            rows = [a[slot, :n] for a in arrays]
+            flat = np.asarray(to_host(self.xp.concatenate([r.reshape(-1) for r in rows])))
+            bounds = np.cumsum([0, *(r.size for r in rows)])
+            return [flat[a:b].reshape(r.shape) for a, b, r in zip(bounds[:-1], bounds[1:], rows, strict=True)]
 
         int8 = self.config.dtype == "int8"
         return KVSnapshot(
