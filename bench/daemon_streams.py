@@ -2,7 +2,7 @@
 against one, on a daemon started here with `--parallel N`, driven by the real `ollama` client.
 
     python bench/daemon_streams.py [-m smollm2-135m|qwen3-4b|PATH] [--streams 1 4] [--tokens 64] [--backend auto]
-                                   [--daemon-arg=--no-kv-store ...]
+                                   [--daemon-arg=--no-kv-store ...] [--detail]
 
 A model that is neither one of genie's nor a file is a synthetic GGUF of that shape (bench/synthetic.py, written
 into /tmp/genie-bench: the GPU machine has no real model), with a plain chat template.
@@ -15,6 +15,8 @@ prefill included) against one at a time, and whether each answer is the text it 
 questions, rendered by the same template, run together in this process on an engine of as many slots
 (once alone each first, as the daemon's were), timed the same way: issue 17 asks the daemon for at least
 0.9x that. --daemon-arg: more of the daemon's options (e.g. --no-kv-store: no saves or lookups of KV).
+--detail: each stream of the timed passes, from the pass's start: its first piece and its end, and the
+worker's prefill and decode times.
 """
 
 from __future__ import annotations
@@ -66,16 +68,29 @@ def start(model: str, parallel: int, backend: str, tmp: Path, more: list[str]) -
     return proc, port
 
 
-async def ask(client, model: str, question: str, tokens: int) -> tuple[str, int]:  # type: ignore[no-untyped-def]
-    text, count = "", 0
+TIMES: list[str] = []  # --detail: a line a stream of the timed pass
+
+
+async def ask(client, model: str, question: str, tokens: int, t0: float = 0.0) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+    """The answer and its token count; with t0 (the pass's start), a line for TIMES: when its first piece and
+    its end reached this client, and the worker's own prefill and decode times (DONE's timings)."""
+    text, count, first = "", 0, None
     options = {"temperature": 0, "num_predict": tokens, "ignore_eos": True}
     stream = await client.chat(
         model=model, messages=[{"role": "user", "content": question}], stream=True, options=options
     )
     async for part in stream:
+        first = first or time.perf_counter()
         text += part.message.content or ""
         if part.done:
             count = part.eval_count or 0
+            if t0:
+                prefill_ms, decode_ms = (part.prompt_eval_duration or 0) / 1e6, (part.eval_duration or 0) / 1e6
+                TIMES.append(
+                    f"first piece {(first - t0) * 1e3:6.1f} ms, done {(time.perf_counter() - t0) * 1e3:6.1f} ms; "
+                    f"worker: prefill {prefill_ms:5.1f} ms, decode {decode_ms:6.1f} ms "
+                    f"({count / max(1e-9, decode_ms / 1e3):.0f} tok/s)"
+                )
     return text, count
 
 
@@ -104,7 +119,7 @@ async def run(port: int, n: int, tokens: int) -> tuple[list[str], float]:
     # twice, the second timed: the first captures the steps that several streams make (their shapes are new)
     await asyncio.gather(*(ask(client, model, q, tokens) for q in questions))
     t0 = time.perf_counter()
-    together = await asyncio.gather(*(ask(client, model, q, tokens) for q in questions))
+    together = await asyncio.gather(*(ask(client, model, q, tokens, t0) for q in questions))
     t_together = time.perf_counter() - t0
     n_together = sum(c for _, c in together)
     same = sum(a == t for a, (t, _) in zip(alone, together, strict=True))
@@ -117,7 +132,7 @@ async def run(port: int, n: int, tokens: int) -> tuple[list[str], float]:
     return [t for t, _ in together], rate_together
 
 
-def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, list[str]]:
+def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, list[str], list[str]]:
     """The questions together on an engine in this process: tokens/s from the first submit to the last
     completion (the second time, as through the daemon), and the texts."""
     from workers.engine.engine import Completion, Engine, EngineConfig
@@ -129,6 +144,7 @@ def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, li
     for ids in prompts:  # once alone each: compiles and captures, as the daemon's one-at-a-time pass did
         list(engine.generate(ids, params))
     for _ in range(2):
+        lines: list[str] = []
         seqs = [engine.sequence(ids, params) for ids in prompts]
         texts = {seq: "" for seq in seqs}
         made = 0
@@ -140,9 +156,15 @@ def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, li
                 if isinstance(ev, Completion):  # its text is the whole answer
                     texts[seq] = ev.text
                     made += ev.completion_tokens
+                    t = ev.timings
+                    lines.append(
+                        f"first token {(seq.t_first - t0) * 1e3:6.1f} ms, done {(time.perf_counter() - t0) * 1e3:6.1f}"
+                        f" ms; prefill {t.prefill_ms:5.1f} ms, decode {t.decode_ms:6.1f} ms"
+                        f" ({t.decode_tok_s:.0f} tok/s)"
+                    )
         rate = made / (time.perf_counter() - t0)
     del engine
-    return rate, [texts[s] for s in seqs]
+    return rate, [texts[s] for s in seqs], lines
 
 
 def main() -> None:
@@ -152,6 +174,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--backend", default="auto")
     p.add_argument("--daemon-arg", action="append", default=[], help="another option for the daemon (repeatable)")
+    p.add_argument("--detail", action="store_true", help="each stream's times, through the daemon and in process")
     args = p.parse_args()
     sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from genie_common.registry import MODELS
@@ -181,9 +204,13 @@ def main() -> None:
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
-        local, local_texts = in_process(model, n, args.tokens, args.backend)
+        local, local_texts, local_lines = in_process(model, n, args.tokens, args.backend)
         same = sum(a == b for a, b in zip(texts, local_texts, strict=True))
         print(f" {local:.1f} | {rate / local:.2f} | {same} of {n} |", flush=True)
+        if args.detail:
+            print("\nthrough the daemon:\n" + "\n".join(sorted(TIMES)))
+            print("in process:\n" + "\n".join(sorted(local_lines)), flush=True)
+            TIMES.clear()
 
 
 if __name__ == "__main__":
