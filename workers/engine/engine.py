@@ -24,6 +24,7 @@ from .arch.layers import forward, forward_batch
 from .backends import BACKEND_CHOICES, select_backend
 from .backends.numpy_backend import NumpyBackend
 from .batch import Batch, Segment
+from .captured_steps import CapturedSteps
 from .chat_template import builtin_template, chat_prompt_ids
 from .constraint import JsonConstraint
 from .context_fit import Fitted, fit_messages
@@ -96,7 +97,7 @@ class Engine:
         # Gemma sampler forbids these tokens too (its FORBIDDEN_TOKENS)
         banned = np.asarray(self.tokenizer.vocab.media_ids, dtype=np.int64)
         self._banned = (banned, self.backend.xp.asarray(banned)) if banned.size else None
-        self._steps: dict[Any, Any] = {}  # decode steps the backend captured for this engine's KV cache
+        self._steps = CapturedSteps()  # the steps the backend captured for this engine's KV cache
         self.scheduler = Scheduler(self)  # what runs in each step (scheduler.py)
 
     def _plan_before_weights(self, header: ModelHeader) -> None:
