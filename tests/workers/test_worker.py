@@ -308,3 +308,39 @@ def test_a_message_that_cannot_be_encoded_ends_its_request_not_the_worker():
     assert isinstance(first, Error) and first.request_id == "r" and first.code == "internal"
     assert "could not be sent" in first.message
     assert isinstance(second, Delta) and second.text == "fine"
+
+
+def test_turns_that_end_together_get_every_done_before_any_save(tmp_path):
+    """Two streams ending in the same step: both DONEs go out, then both saves run (a save takes milliseconds
+    on a GPU, and the second client waited for the first one's), before the next step can reuse the slots."""
+    from workers.engine.engine import Engine, EngineConfig
+    from workers.worker import Worker
+
+    write_tiny_model("llama", tmp_path / "tiny.gguf")
+    engine = Engine(EngineConfig(model=str(tmp_path / "tiny.gguf"), backend="numpy", n_ctx=64, n_slots=2))
+    log: list = []
+
+    class Store:  # the KV link: saves and prefill timings, recorded
+        def save(self, conv_id, slot):
+            log.append(("save", conv_id, slot))
+
+        def observe_prefill(self, n_tokens, seconds):
+            pass
+
+        def hydrate(self, *args, **kwargs):
+            return 0
+
+    worker = Worker.__new__(Worker)  # no sockets: the order of what a step's ends send and save is under test
+    worker.engine, worker.kv, worker.cancelled, worker.stopping = engine, Store(), {}, False
+    worker.turns, worker.saves = {}, []
+    worker.config = type("C", (), {"stream_interval_s": 0.0})()
+    worker.send = log.append  # type: ignore[method-assign]
+    engine.scheduler.prepare = worker._prepare
+    for rid in ("a", "b"):
+        worker._submit(Generate(request_id=rid, prompt="hi", params={"max_tokens": 3}, conv_id=f"c-{rid}"))
+    while not engine.scheduler.idle:
+        for seq, ev in engine.scheduler.step():
+            worker._on_event(seq, ev)
+        worker._save_ended()
+    ends = [m.request_id if isinstance(m, Done) else m[1] for m in log if isinstance(m, (Done, tuple))]
+    assert ends == ["a", "b", "c-a", "c-b"]
