@@ -3,7 +3,7 @@ first token for short prompts, in-process, beside llama.cpp's batched numbers.
 
     python bench/batch.py [--models qwen3-4b qwen3-0.6b gemma4-e2b] [--kv int8 f16] [--streams 1 2 4 8 16]
                           [--prompt 128] [--gen 128] [--ttft 8 33 128 512] [--voice 7] [--backend auto] [--whole]
-                          [--tune KNOB:VALUE[,KNOB:VALUE...]] [--out DIR]
+                          [--tune KNOB:VALUE[,KNOB:VALUE...]] [--launch-ahead] [--out DIR]
 
 GPU models are the synthetic files of the exact shapes (bench/synthetic.py, written into --out); on a CPU
 pass the real ones (`--models smollm2-135m gemma3-270m`). Each stream gets its own random prompt of
@@ -44,7 +44,9 @@ TTFT_ANCHOR_MS = {("qwen3-4b", 33): 11.5}  # llama.cpp: pp33 (8.3 ms) + one deco
 REPEATS = 7
 
 
-def load(model: str, kv: str, n_slots: int, backend: str, out: Path, n_ctx: int):  # type: ignore[no-untyped-def]
+def load(  # type: ignore[no-untyped-def]
+    model: str, kv: str, n_slots: int, backend: str, out: Path, n_ctx: int, ahead: bool = False
+):
     from genie_common.registry import MODELS
     from workers.engine.engine import Engine, EngineConfig
 
@@ -53,7 +55,14 @@ def load(model: str, kv: str, n_slots: int, backend: str, out: Path, n_ctx: int)
         from synthetic import synthetic_file
 
         path = str(synthetic_file(model, out))
-    config = EngineConfig(model=path, backend=backend, n_ctx=n_ctx, kv_dtype=kv, n_slots=n_slots)  # type: ignore[arg-type]
+    config = EngineConfig(
+        model=path,
+        backend=backend,
+        n_ctx=n_ctx,
+        kv_dtype=kv,
+        n_slots=n_slots,
+        launch_ahead=ahead,  # type: ignore[arg-type]
+    )
     return Engine(config)
 
 
@@ -190,6 +199,7 @@ def main() -> None:
     p.add_argument("--backend", default="auto")
     p.add_argument("--whole", action="store_true", help="time until the last stream ends, the tail included")
     p.add_argument("--tune", default="", help="CupyTuning fields for the CuPy backend, e.g. capture_mixed:1")
+    p.add_argument("--launch-ahead", action="store_true", help="EngineConfig.launch_ahead (scheduler.py)")
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -197,7 +207,8 @@ def main() -> None:
     for model in args.models:
         for kv in args.kv:
             n_ctx = max(args.prompt + args.gen, max(args.ttft or [0]) + 8, 1024 if args.voice else 0)
-            engine = load(model, kv, max(*args.streams, args.voice + 1), args.backend, args.out, n_ctx)
+            n_slots = max(*args.streams, args.voice + 1)
+            engine = load(model, kv, n_slots, args.backend, args.out, n_ctx, args.launch_ahead)
             if args.tune:
                 from gpu_variants import apply, parse_variant
 

@@ -50,6 +50,9 @@ class EngineConfig:
     mem_budget_mb: int = 0  # memory the model may take (memory_plan.py); 0 = what is free now, less a reserve
     prefill_chunk: int = defaults.PREFILL_CHUNK  # prompt tokens per forward pass; cancel is checked between chunks
     n_slots: int = 1  # sequences the KV pool holds: requests run at once (the daemon's `parallel`); 0: the backend's
+    # each step launched before the tokens of the one before are read into text (scheduler.py): the host's work on
+    # them, and its caller's, overlaps the device's next step (not yet measured on the GPU: off)
+    launch_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKEND_CHOICES:

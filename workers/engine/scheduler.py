@@ -48,10 +48,16 @@ class Scheduler:
         self._last_used = [0] * self.n_slots  # the clock when each slot's sequence last ended
         self.limit: int | None = None  # streams admitted at most (a hot device runs fewer); None: every slot
         self._freed: set[int] = set()  # slots whose sequence ended in the current step
+        # launch_ahead: the pass launched and not yet sampled (its logits, the (sequence, row) pairs to sample)
+        self._inflight: tuple[object, list[tuple[Sequence, int]]] | None = None
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        """Nothing waits or runs (a pass launched ahead for sequences that have all ended since is dropped)."""
+        if not self.waiting and not self.running:
+            self._inflight = None
+            return True
+        return False
 
     def submit(self, seq: Sequence) -> None:
         if seq.pinned_slot is not None and not 0 <= seq.pinned_slot < self.n_slots:
@@ -67,18 +73,65 @@ class Scheduler:
 
     def step(self) -> list[tuple[Sequence, Event]]:
         """Ends what was cancelled, admits what fits, runs one forward pass; every event it made, in order.
-        A sequence whose own handling raises ends with Failed; the others go on."""
+        A sequence whose own handling raises ends with Failed; the others go on. With the engine's
+        `launch_ahead`, the pass is launched before the tokens of the one before it are read into text:
+        those come back from this call, and the device runs the new pass meanwhile (and while the caller
+        handles them)."""
+        if self.engine.config.launch_ahead:
+            return self._step_ahead()
         events: list[tuple[Sequence, Event]] = []
         self._freed = set()  # slots ended in this step: their KV is saved before they are given again
+        self._cancel(events)
+        launched = self._launch(events, set())
+        if launched is not None:
+            logits, rows = launched
+            self._accept(self.engine.sample_rows(logits, rows), {}, events, [])
+        return events
+
+    def _step_ahead(self) -> list[tuple[Sequence, Event]]:
+        """The pass in flight is sampled, the next one launched with those tokens as its input, and only then
+        are the tokens read into text. A token that surely ends its sequence (end of generation, its limit, a
+        full context) keeps it out of the next pass; one that ends it otherwise (a stop string, a complete JSON
+        value) leaves a row of the next pass unused, whose K/V, that token's, stays valid in the slot."""
+        events: list[tuple[Sequence, Event]] = []
+        self._freed = set()
+        sampled: list[tuple[Sequence, int | Exception]] = []
+        if self._inflight is not None:
+            logits, rows = self._inflight
+            self._inflight = None
+            rows = [(seq, row) for seq, row in rows if self.running.get(seq.slot) is seq]
+            sampled = self.engine.sample_rows(logits, rows) if rows else []
+        self._cancel(events)
+        sampled = [(seq, tok) for seq, tok in sampled if self.running.get(seq.slot) is seq]
+        n_ctx = self.engine.n_ctx
+        held, pos = set(), {}  # sequences whose token ends them or failed; where each stood when sampled
+        for seq, tok in sampled:
+            pos[seq] = seq.pos
+            if isinstance(tok, Exception) or seq.ends_with(tok, n_ctx):
+                held.add(seq)
+            else:
+                seq.last_token = tok  # the next pass's input (accept sets the same)
+        launched = self._launch(events, held)
+        self._inflight = launched
+        self._accept(sampled, pos, events, [] if launched is None else launched[1])
+        return events
+
+    def _cancel(self, events: list[tuple[Sequence, Event]]) -> None:
         for seq in [s for s in self.waiting if s.cancel()]:
             self.waiting.remove(seq)
             events += self._ending(seq, "cancelled")
         for seq in [s for s in self.running.values() if s.cancel()]:
             events += self._end(seq, "cancelled")
+
+    def _launch(
+        self, events: list[tuple[Sequence, Event]], held: set[Sequence]
+    ) -> tuple[object, list[tuple[Sequence, int]]] | None:
+        """Admits what fits and runs (launches, on a device) one pass of the running sequences but `held`:
+        its logits and the (sequence, row) pairs to sample from them, None when nothing ran."""
         self._admit(events)
-        segments, seqs = self._plan()
+        segments, seqs = self._plan(held)
         if not segments:
-            return events
+            return None
         prefill = any(s.prefilling for s in seqs)
         interrupt = (lambda: all(s.cancel() for s in seqs)) if prefill else None
         try:
@@ -86,7 +139,7 @@ class Scheduler:
         except Interrupted:  # every sequence of the step was cancelled
             for seq in seqs:
                 events += self._end(seq, "cancelled")
-            return events
+            return None
         except Exception as e:
             # the prompts of the step fail (the likeliest cause: a chunk too large for the memory left); the
             # streams that only decoded go on: their slots hold what they held, and the rows this step wrote
@@ -95,9 +148,9 @@ class Scheduler:
             for seq in failing:
                 self._release(seq)
                 events.append((seq, Failed(e)))
-            return events
+            return None
         row = 0
-        sampled: list[tuple[Sequence, int]] = []  # (sequence, its row of the step's logits)
+        rows: list[tuple[Sequence, int]] = []  # (sequence, its row of the step's logits)
         for seg, seq in zip(segments, seqs, strict=True):
             was_prefilling = seq.prefilling
             seq.pos += seg.n
@@ -110,24 +163,35 @@ class Scheduler:
                 if seq.params.max_tokens == 0:  # a prewarm: the prompt's K/V is all it wanted
                     events += self._end(seq, "length")
                     continue
-            sampled.append((seq, this_row))
-        for seq, token_or_error in self.engine.sample_rows(logits, sampled):
+            rows.append((seq, this_row))
+        return logits, rows
+
+    def _accept(
+        self,
+        sampled: list[tuple[Sequence, int | Exception]],
+        pos: dict[Sequence, int],
+        events: list[tuple[Sequence, Event]],
+        ahead: list[tuple[Sequence, int]],
+    ) -> None:
+        """Each sequence's sampled token read into text, or the error that ends it; a sequence that ends drops
+        its row of the pass launched `ahead`."""
+        for seq, token_or_error in sampled:
             if isinstance(token_or_error, Exception):
                 self._release(seq)
                 events.append((seq, Failed(token_or_error)))
-                continue
-            try:
-                said = seq.accept(token_or_error, self.engine.n_ctx)  # a grammar or the detokenizer may raise
-            except Exception as e:
-                self._release(seq)
-                events.append((seq, Failed(e)))
-                continue
-            events += [(seq, ev) for ev in said]
-            if seq.done:
-                events += self._end(seq, None)
-        return events
+            else:
+                try:  # a grammar or the detokenizer may raise
+                    said = seq.accept(token_or_error, self.engine.n_ctx, pos.get(seq))
+                except Exception as e:
+                    self._release(seq)
+                    events.append((seq, Failed(e)))
+                else:
+                    events += [(seq, ev) for ev in said]
+                    if seq.done:
+                        events += self._end(seq, None)
+            if self.running.get(seq.slot) is not seq:
+                ahead[:] = [(s, r) for s, r in ahead if s is not seq]
 
-    # -- admission and planning -------------------------------------------------------------------------
     def _admit(self, events: list[tuple[Sequence, Event]]) -> None:
         for seq in sorted(self.waiting, key=lambda s: s.order):
             slot = self._choose_slot(seq)
@@ -178,14 +242,15 @@ class Scheduler:
         if best is not None:
             self.engine.kv.copy_prefix(best, seq.slot, best_len)
 
-    def _plan(self) -> tuple[list[Segment], list[Sequence]]:
-        """Decode steps first, then prompt chunks in priority order under the step's budget."""
+    def _plan(self, held: set[Sequence]) -> tuple[list[Segment], list[Sequence]]:
+        """Decode steps first (of the running sequences but `held`), then prompt chunks in priority order
+        under the step's budget."""
         segments: list[Segment] = []
         seqs: list[Sequence] = []
         chunk = self.engine.config.prefill_chunk
         budget = chunk
         for seq in sorted(self.running.values(), key=lambda s: s.order):
-            if not seq.prefilling:
+            if not seq.prefilling and seq not in held:
                 segments.append(Segment(seq.slot, seq.pos, (seq.last_token,), True))
                 seqs.append(seq)
         for seq in sorted(self.running.values(), key=lambda s: s.order):

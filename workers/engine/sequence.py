@@ -119,8 +119,16 @@ class Sequence:
         """A token from finite logits [vocab] on the host (banned tokens already at the floor)."""
         return self.sampler.sample(self.constraint.mask(row) if self.constraint else row, self.history)
 
-    def accept(self, token: int, slot_ctx: int) -> list[Event]:
-        """A sampled token: its text, and whether the sequence ends with it (then `finish` is set)."""
+    def ends_with(self, token: int, slot_ctx: int) -> bool:
+        """Whether accepting `token` surely ends the sequence (end of generation, its token limit, a full
+        context); a stop string or a complete JSON value can end it too, which only `accept` finds."""
+        full = self.pos >= (self.n_ctx or slot_ctx)
+        return token in self.eog or full or len(self.generated) + 1 >= self.params.max_tokens
+
+    def accept(self, token: int, slot_ctx: int, pos: int | None = None) -> list[Event]:
+        """A sampled token: its text, and whether the sequence ends with it (then `finish` is set). `pos`: the
+        tokens its slot held when the token was sampled (a step launched ahead has moved `self.pos` on)."""
+        pos = self.pos if pos is None else pos
         if self.constraint:
             self.constraint.advance(token)
         if not self.generated:
@@ -141,7 +149,7 @@ class Sequence:
             self.finish, self._stop_hit = "stop", True
         elif self.constraint and self.constraint.finished:  # the JSON is complete: nothing may follow
             self.finish = "stop"
-        elif self.pos >= (self.n_ctx or slot_ctx) or len(self.generated) >= self.params.max_tokens:
+        elif pos >= (self.n_ctx or slot_ctx) or len(self.generated) >= self.params.max_tokens:
             self.finish = "length"  # no room for, or no need of, another forward pass
         else:
             self.last_token = token

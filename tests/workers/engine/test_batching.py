@@ -36,9 +36,15 @@ def model_path(tmp_path: Path, arch: str) -> Path:
     return path
 
 
-def make(path: Path, kv_dtype: str, n_slots: int = N_SLOTS, backend: str = "numpy") -> Engine:
+def make(path: Path, kv_dtype: str, n_slots: int = N_SLOTS, backend: str = "numpy", ahead: bool = False) -> Engine:
     config = EngineConfig(
-        model=str(path), backend=backend, n_ctx=160, kv_dtype=kv_dtype, prefill_chunk=CHUNK, n_slots=n_slots
+        model=str(path),
+        backend=backend,
+        n_ctx=160,
+        kv_dtype=kv_dtype,
+        prefill_chunk=CHUNK,
+        n_slots=n_slots,
+        launch_ahead=ahead,
     )
     return Engine(config)  # type: ignore[arg-type]
 
@@ -281,16 +287,23 @@ def test_a_cancelled_and_a_failing_stream_leave_the_others_untouched(tmp_path: P
 
 def test_a_voice_prompt_is_prefilled_first(tmp_path: Path) -> None:
     """A long background prompt and a short voice one arrive together: the voice stream's first token
-    comes from the first step, before the background prompt's first chunk has run."""
+    comes from the first step, which runs its prompt alone, before the background prompt's first chunk."""
     engine = make(model_path(tmp_path, "llama"), "f16")
     background = engine.sequence(prompt(21, 40), greedy(4))
     voice = engine.sequence(prompt(22, CHUNK), greedy(4), priority="voice")
+    steps: list[list[int]] = []  # the slots of each step's segments
+    run_step = engine.run_step
+
+    def recording(segments, interrupt):  # type: ignore[no-untyped-def]
+        steps.append([s.slot for s in segments])
+        return run_step(segments, interrupt)
+
+    engine.run_step = recording  # type: ignore[method-assign]
     engine.scheduler.submit(background)
     engine.scheduler.submit(voice)
-    engine.scheduler.step()
-    assert voice.generated and background.pos == 0
     while not engine.scheduler.idle:
         engine.scheduler.step()
+    assert steps[0] == [voice.slot] and len(voice.generated) == 4 and len(background.generated) == 4
 
 
 def test_a_prefix_another_slot_holds_is_copied_not_recomputed(tmp_path: Path) -> None:
@@ -331,10 +344,10 @@ def test_a_stream_whose_own_handling_raises_fails_alone(tmp_path: Path) -> None:
     chunk = engine.sequence(prompt(54, 20), greedy(10))
     accept = grammar.accept
 
-    def breaking(token: int, n_ctx: int):  # type: ignore[no-untyped-def]
+    def breaking(token: int, n_ctx: int, pos: int | None = None):  # type: ignore[no-untyped-def]
         if len(grammar.generated) == 3:
             raise RuntimeError("the grammar broke")
-        return accept(token, n_ctx)
+        return accept(token, n_ctx, pos)
 
     grammar.accept = breaking  # type: ignore[method-assign]
     run_step = engine.run_step
@@ -420,3 +433,62 @@ def test_a_slot_exported_and_loaded_into_another_continues_alike(tmp_path: Path,
             np.testing.assert_array_equal(a, b)
     nexts = [engine.backend.to_host(engine._run(slot, [7], len(ids), slice(-1, None))) for slot in (0, 1)]
     np.testing.assert_array_equal(nexts[0], nexts[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("arch", ["llama-q4_k_m", "qwen3", "gemma3"])
+def test_steps_launched_ahead_give_each_stream_what_it_gets_alone(
+    tmp_path: Path, arch: str, kv_dtype: str, backend: str
+) -> None:
+    """launch_ahead (each pass launched before the tokens of the one before are read into text): five streams
+    joining and leaving as in the test above get every logit and every event they get alone, step by step."""
+    engine = make(model_path(tmp_path, arch), kv_dtype, backend=backend, ahead=True)
+    specs = [(0, prompt(1, 5), 14), (0, prompt(2, 37), 10), (2, prompt(3, 13), 16), (9, prompt(4, 20), 6)]
+    specs.append((9, prompt(5, 9), 8))
+    plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
+    events, seen = run_batched(engine, plan)
+    plain = make(model_path(tmp_path, arch), kv_dtype, backend=backend)
+    last = {seq.slot: seq for _, seq in plan}  # each slot's last stream (the plan is in order of arrival)
+    for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
+        solo, solo_rows = alone(plain, ids, greedy(n))
+        done = completion(events[seq])
+        assert (done.token_ids, done.text, done.finish_reason) == (solo.token_ids, solo.text, solo.finish_reason)
+        assert [e.text for e in events[seq][:-1]] == [e.text for e in plain_events(plain, ids, greedy(n))[:-1]]
+        assert len(seen[seq]) == len(solo_rows)
+        for got, want in zip(seen[seq], solo_rows, strict=True):
+            np.testing.assert_array_equal(got, want)
+        if last[seq.slot] is seq:  # (the fifth stream took over a slot another had)
+            assert engine.kv.resident[seq.slot] == [*ids, *done.token_ids[:-1]]  # the last token ended it: not run
+
+
+def plain_events(engine: Engine, ids: list[int], params: SamplingParams) -> list:
+    for resident in engine.kv.resident:
+        resident.clear()
+    return list(engine.generate(ids, params))
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_stop_string_and_a_full_context_end_a_stream_where_they_do_without_launching_ahead(
+    tmp_path: Path, ahead: bool
+) -> None:
+    """A stop string (found only as the token is read into text: the pass launched ahead with it is left
+    unused) and a context that fills end a stream at the same token, with the same text, launched ahead or
+    not; the stream beside them answers as alone."""
+    path = model_path(tmp_path, "qwen3")
+    plain = make(path, "int8")
+    free = plain_events(plain, prompt(61, 12), greedy(24))[-1]
+    stop = free.text[len(free.text) // 2 :][:3]  # a piece of the middle of its answer
+    assert stop.strip()
+    engine = make(path, "int8", ahead=ahead)
+    stopped = engine.sequence(prompt(61, 12), SamplingParams(temperature=0, max_tokens=24, stop=[stop]))
+    full = engine.sequence(prompt(62, 150), greedy(40))  # n_ctx 160: room for 10 tokens
+    beside = engine.sequence(prompt(63, 20), greedy(16))
+    events, _ = run_batched(engine, [(0, stopped), (0, full), (1, beside)])
+    want = plain_events(plain, prompt(61, 12), SamplingParams(temperature=0, max_tokens=24, stop=[stop]))[-1]
+    got = completion(events[stopped])
+    assert (got.text, got.token_ids, got.finish_reason) == (want.text, want.token_ids, "stop")
+    assert stop not in got.text and len(got.token_ids) < len(free.token_ids)
+    want_full = plain_events(plain, prompt(62, 150), greedy(40))[-1]
+    assert completion(events[full]).token_ids == want_full.token_ids and want_full.finish_reason == "length"
+    assert completion(events[beside]).token_ids == plain_events(plain, prompt(63, 20), greedy(16))[-1].token_ids
