@@ -161,6 +161,34 @@ class PaddingNumpy(NumpyBackend):
 MIXED_SPECS = [(0, 5, 14), (2, 37, 10), (4, 13, 12), (5, 20, 6)]  # (joins at step, prompt tokens, tokens)
 
 
+def on_backend(path: Path, backend: NumpyBackend) -> Engine:
+    """An engine of 32-token chunks on this backend object (PaddingNumpy and its kin)."""
+    from workers.engine.model import Model
+
+    config = EngineConfig(
+        model=str(path), backend="numpy", n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=N_SLOTS
+    )
+    return Engine(config, Model.load(str(path), backend))  # type: ignore[arg-type]
+
+
+def each_as_alone(engine: Engine, specs: list, plan: list, events: dict, seen: dict) -> None:
+    """Every stream of a run_batched plan got the tokens, and every logit bit for bit, it gets alone."""
+    for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
+        done = completion(events[seq])
+        solo, solo_rows = alone(engine, ids, greedy(n))
+        assert done.token_ids == solo.token_ids
+        for got, want in zip(seen[seq], solo_rows, strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def run_mixed(engine: Engine) -> tuple[list, list, dict, dict]:
+    """MIXED_SPECS through the engine: the specs, the plan, and run_batched's events and logits."""
+    specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
+    plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
+    events, seen = run_batched(engine, plan)
+    return specs, plan, events, seen
+
+
 @pytest.mark.parametrize("arch", ["llama", "llama-q4_k_m"])
 def test_steps_mixing_prompt_chunks_with_decode_rows_are_padded_to_their_buckets(tmp_path: Path, arch: str) -> None:
     """Where a backend's mixed steps go by their shape, a step mixing prompt chunks with decode rows runs each
@@ -168,23 +196,15 @@ def test_steps_mixing_prompt_chunks_with_decode_rows_are_padded_to_their_buckets
     real row (NumPy's products of 16 rows are not those of 5 in the last bits, so within float rounding: the
     GPU test below asks for every bit), every stream gets its tokens alone, and its slot holds its own tokens,
     not the pad."""
-    from workers.engine.model import Model
-
-    path = model_path(tmp_path, arch)
     backend = PaddingNumpy()
-    config = EngineConfig(
-        model=str(path), backend="numpy", n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=N_SLOTS
-    )
-    engine = Engine(config, Model.load(str(path), backend))  # type: ignore[arg-type]
-    specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
-    plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
-    events, seen = run_batched(engine, plan)
+    engine = on_backend(model_path(tmp_path, arch), backend)
+    specs, plan, events, seen = run_mixed(engine)
     mixed = [key for key, capturable in backend.keys if key[0] == "mixed" and capturable]
     assert mixed, backend.keys
     assert any(n not in (1, 16) for key in mixed for n, _ in key[1])  # a chunk padded past the first bucket
     for key in mixed:
         assert all(n == 1 or n in PaddingNumpy.step_buckets for n, _ in key[1]), key
-    plain = Engine(config)  # the same engine (NumPy) without the buckets: nothing padded
+    plain = Engine(engine.config)  # the same engine (NumPy) without the buckets: nothing padded
     for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
         done = completion(events[seq])
         solo, solo_rows = alone(plain, ids, greedy(n))
@@ -206,24 +226,11 @@ def test_eager_mixed_steps_pad_each_chunk_as_it_is_padded_alone(tmp_path: Path) 
     """A step mixing prompt chunks with decode rows that is not captured still pads each chunk to the bucket a
     lone chunk is padded to (products of 16 rows are not those of 5 in the last bits, on NumPy as with cuBLAS):
     every logit of every stream equals, bit for bit, the one it gets alone."""
-    from workers.engine.model import Model
-
-    path = model_path(tmp_path, "llama")
     backend = EagerPaddingNumpy()
-    config = EngineConfig(
-        model=str(path), backend="numpy", n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=N_SLOTS
-    )
-    engine = Engine(config, Model.load(str(path), backend))  # type: ignore[arg-type]
-    specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
-    plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
-    events, seen = run_batched(engine, plan)
+    engine = on_backend(model_path(tmp_path, "llama"), backend)
+    specs, plan, events, seen = run_mixed(engine)
     assert (("mixed",), False) in backend.keys  # eager mixed steps ran
-    for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
-        done = completion(events[seq])
-        solo, solo_rows = alone(engine, ids, greedy(n))
-        assert done.token_ids == solo.token_ids
-        for got, want in zip(seen[seq], solo_rows, strict=True):
-            np.testing.assert_array_equal(got, want)
+    each_as_alone(engine, specs, plan, events, seen)
 
 
 @pytest.mark.skipif(not cupy_available(), reason="needs a GPU")
@@ -245,12 +252,7 @@ def test_captured_steps_mixing_prompt_chunks_with_decode_rows_give_each_stream_i
     plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
     events, seen = run_batched(engine, plan)
     assert any(k[0] == "mixed" and v not in (None, False) for k, v in engine._steps.items()), engine._steps
-    for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
-        done = completion(events[seq])
-        solo, solo_rows = alone(engine, ids, greedy(n))
-        assert done.token_ids == solo.token_ids
-        for got, want in zip(seen[seq], solo_rows, strict=True):
-            np.testing.assert_array_equal(got, want)
+    each_as_alone(engine, specs, plan, events, seen)
 
 
 def test_a_cancelled_and_a_failing_stream_leave_the_others_untouched(tmp_path: Path) -> None:

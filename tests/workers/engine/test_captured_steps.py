@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from workers.engine.captured_steps import CapturedSteps, shaped
-from workers.engine.engine import Engine, EngineConfig
 
-from .test_batching import MIXED_SPECS, N_SLOTS, PaddingNumpy, greedy, model_path, prompt, run_batched
+from .test_batching import PaddingNumpy, model_path, on_backend, run_mixed
 
 
 def mixed(i: int) -> tuple:
@@ -46,18 +45,11 @@ class CapturingNumpy(PaddingNumpy):
 
 
 def test_an_engine_keeps_at_most_its_bound_of_mixed_steps(tmp_path: Path) -> None:
-    from workers.engine.model import Model
-
-    path = model_path(tmp_path, "llama")
-    config = EngineConfig(
-        model=str(path), backend="numpy", n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=N_SLOTS
-    )
     backend = CapturingNumpy()
-    engine = Engine(config, Model.load(str(path), backend))  # type: ignore[arg-type]
+    engine = on_backend(model_path(tmp_path, "llama"), backend)
     assert isinstance(engine._steps, CapturedSteps)
     engine._steps.most_shaped = 2
-    specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
-    run_batched(engine, [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs])
+    run_mixed(engine)
     made = {key for key, capturable in backend.keys if capturable and shaped(key)}  # NumPy: decode steps by slots
     assert len(made) > 2 and any(key[0] == "mixed" for key in made)  # more shapes than the bound came
     assert len([k for k in engine._steps if shaped(k)]) == 2 and engine._steps.evicted >= len(made) - 2
