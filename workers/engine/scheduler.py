@@ -176,6 +176,8 @@ class Scheduler:
         """Each sequence's sampled token read into text, or the error that ends it; a sequence that ends drops
         its row of the pass launched `ahead`."""
         for seq, token_or_error in sampled:
+            if self.running.get(seq.slot) is not seq:  # it failed as the pass ahead of its token was launched
+                continue
             if isinstance(token_or_error, Exception):
                 self._release(seq)
                 events.append((seq, Failed(token_or_error)))
@@ -192,6 +194,7 @@ class Scheduler:
             if self.running.get(seq.slot) is not seq:
                 ahead[:] = [(s, r) for s, r in ahead if s is not seq]
 
+    # -- admission and planning -------------------------------------------------------------------------
     def _admit(self, events: list[tuple[Sequence, Event]]) -> None:
         for seq in sorted(self.waiting, key=lambda s: s.order):
             slot = self._choose_slot(seq)

@@ -494,3 +494,24 @@ def test_a_stop_string_and_a_full_context_end_a_stream_where_they_do_without_lau
     want_full = plain_events(plain, prompt(62, 150), greedy(40))[-1]
     assert completion(events[full]).token_ids == want_full.token_ids and want_full.finish_reason == "length"
     assert completion(events[beside]).token_ids == plain_events(plain, prompt(63, 20), greedy(16))[-1].token_ids
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_failing_decode_step_fails_its_streams_and_nothing_follows(tmp_path: Path, ahead: bool) -> None:
+    """A step of decode rows alone that raises fails every stream in it: Failed is each one's last event,
+    launched ahead or not (a token sampled before the failing pass was launched is not read into text after)."""
+    engine = make(model_path(tmp_path, "qwen3"), "int8", ahead=ahead)
+    seqs = [engine.sequence(prompt(71 + i, 6), greedy(12)) for i in range(2)]
+    run_step = engine.run_step
+
+    def failing(segments, interrupt):  # type: ignore[no-untyped-def]
+        if all(s.n == 1 for s in segments) and min(len(q.generated) for q in seqs) >= 3:
+            raise RuntimeError("the device lost a step")
+        return run_step(segments, interrupt)
+
+    engine.run_step = failing  # type: ignore[method-assign]
+    events, _ = run_batched(engine, [(0, seq) for seq in seqs])
+    for seq in seqs:
+        assert isinstance(events[seq][-1], Failed) and "lost a step" in str(events[seq][-1].error)
+        assert not any(isinstance(ev, Completion) for ev in events[seq])
+        assert 3 <= len(seq.generated) <= 4
