@@ -250,36 +250,31 @@ class Engine:
         if not self.backend.stops_between_layers:
             interrupt = None
         m = self.model
-        batch = Batch.of(segments)
+        # each prompt chunk padded to its step bucket as _run pads a lone one (a product of 8 rows is not one of
+        # 5 in the last bits); a decode row stays as it is
+        padded, bucketed = self._padded(segments)
+        batch = Batch.of(padded)
 
         def run() -> Any:
             return forward_batch(m.config, m.weights, self.backend, self.kv, batch, interrupt)
 
-        # decode steps repeat: one captured step for each count of streams where the backend reads their slots
-        # from a staged buffer, else one for each set of slots (a capture per set: streams that join and leave
-        # made a new one almost every time the set changed)
-        decode_only = all(seg.n == 1 for seg in segments)
         graphs = self.kv.config.dtype != "f32"
         # asked every step (tens of µs): a retuned backend may answer otherwise, and a step keyed by its count
         # whose attention took the slots as arguments would replay them for another set of slots
-        if decode_only:
+        if all(seg.n == 1 for seg in segments):
+            # decode steps repeat: one captured step for each count of streams where the backend reads their
+            # slots from a staged buffer, else one for each set of slots (a capture per set: streams that join
+            # and leave made a new one almost every time the set changed)
             by_count = self.backend.decode_steps_by_count(m.config, self.kv)
             key: tuple = ("decode", len(segments)) if by_count else ("decode", tuple(seg.slot for seg in segments))
             out = self.backend.forward_step(self._steps, key, run, batch, capturable=graphs)
         else:
-            # a step mixing prompt chunks with decode rows (a request's admission): each chunk padded to its step
-            # bucket as _run pads a lone one (a product of 8 rows is not one of 5 in the last bits), and captured
-            # by its shape where every chunk has a bucket and the backend's steps compute the same whatever their
-            # slots and positions are; else eager
-            padded, bucketed = self._padded(segments)
+            # a step mixing prompt chunks with decode rows (a request's admission): captured by its shape where
+            # every chunk has a bucket and the backend's steps compute the same whatever their slots and
+            # positions are; else eager
             by_shape = bucketed and graphs and self.backend.mixed_steps_by_shape(m.config, self.kv)
-            padded_batch = Batch.of(padded)
-
-            def run_padded() -> Any:
-                return forward_batch(m.config, m.weights, self.backend, self.kv, padded_batch, interrupt)
-
             key = ("mixed", tuple((seg.n, seg.wants_logits) for seg in padded)) if by_shape else ("mixed",)
-            out = self.backend.forward_step(self._steps, key, run_padded, padded_batch, capturable=by_shape)
+            out = self.backend.forward_step(self._steps, key, run, batch, capturable=by_shape)
         for seg in segments:
             self.kv.resident[seg.slot].extend(seg.ids)
         return out

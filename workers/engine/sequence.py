@@ -119,11 +119,14 @@ class Sequence:
         """A token from finite logits [vocab] on the host (banned tokens already at the floor)."""
         return self.sampler.sample(self.constraint.mask(row) if self.constraint else row, self.history)
 
+    def _at_length(self, pos: int, n_generated: int, slot_ctx: int) -> bool:
+        """No room for another forward pass (pos tokens in its slot), or no need of one."""
+        return pos >= (self.n_ctx or slot_ctx) or n_generated >= self.params.max_tokens
+
     def ends_with(self, token: int, slot_ctx: int) -> bool:
         """Whether accepting `token` surely ends the sequence (end of generation, its token limit, a full
         context); a stop string or a complete JSON value can end it too, which only `accept` finds."""
-        full = self.pos >= (self.n_ctx or slot_ctx)
-        return token in self.eog or full or len(self.generated) + 1 >= self.params.max_tokens
+        return token in self.eog or self._at_length(self.pos, len(self.generated) + 1, slot_ctx)
 
     def accept(self, token: int, slot_ctx: int, pos: int | None = None) -> list[Event]:
         """A sampled token: its text, and whether the sequence ends with it (then `finish` is set). `pos`: the
@@ -149,8 +152,8 @@ class Sequence:
             self.finish, self._stop_hit = "stop", True
         elif self.constraint and self.constraint.finished:  # the JSON is complete: nothing may follow
             self.finish = "stop"
-        elif pos >= (self.n_ctx or slot_ctx) or len(self.generated) >= self.params.max_tokens:
-            self.finish = "length"  # no room for, or no need of, another forward pass
+        elif self._at_length(pos, len(self.generated), slot_ctx):
+            self.finish = "length"
         else:
             self.last_token = token
         return events
