@@ -17,6 +17,7 @@ from workers.engine.backends.cupy import CupyBackend, QuantWeight, cupy_availabl
 from workers.engine.backends.cupy.attention import PREFILL_ATTENTION_MIN_TOKENS
 from workers.engine.backends.cupy.kernels import KERNEL_TYPES
 from workers.engine.backends.cupy.products import OCTET_TYPES
+from workers.engine.backends.cupy.rows import x8_row_bytes
 
 pytestmark = pytest.mark.skipif(not cupy_available(), reason="needs CuPy and an NVIDIA GPU")
 
@@ -81,6 +82,26 @@ def test_quantized_kernels_match_dequantize(gpu, qtype, shape):
 
 # 4B down, gate+up, a tall matrix of many stages a block, the longest row q8_input takes, o, ragged tiles
 MMA_SHAPES = [(2560, 9728), (19456, 2560), (40000, 2560), (1024, 16384), (2560, 4096), (1000, 512), (1001, 2048)]
+
+
+def x8_token_rows(x8: np.ndarray, n: int, cols: int) -> np.ndarray:
+    """The n tokens of an n-token x8 buffer (on the host) as one-token rows, each followed by its 16-value sums
+    of codes: [n, x8_row_bytes(cols) + cols / 2] bytes (common.cuh's layout, read back)."""
+    quads = x8.reshape(-1, 11 * cols)
+    n_sb = cols // 32
+    out = np.empty((n, x8_row_bytes(cols) + cols // 2), dtype=np.int8)
+    for k in range(n):
+        quad, j = quads[k // 4], k % 4
+        codes = quad[: 8 * cols].reshape(n_sb, 4, 2, 32)[:, j]  # [sb][xq, xr][32]
+        out[k, :cols] = codes[:, 0].reshape(-1)
+        out[k, cols : 2 * cols] = codes[:, 1].reshape(-1)
+        for i in range(2):  # xd, then xs: [sb / 4][4 tokens][4 sub-blocks] floats each
+            at = 8 * cols + i * cols // 2
+            part = quad[at : at + cols // 2].view(np.float32).reshape(n_sb // 4, 4, 4)[:, j].reshape(-1)
+            out[k, 2 * cols + i * cols // 8 :][: cols // 8] = part.view(np.int8)
+        gs = quad[9 * cols :].view(np.int32).reshape(n_sb // 4, 4, 8, 2)[:, j].reshape(-1)  # [sb / 4][4 tok][4 sb][2]
+        out[k, x8_row_bytes(cols) :] = gs.view(np.int8)
+    return out
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
@@ -166,7 +187,7 @@ def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, 
     groups of four and spill into a second launch; q8_input's rows code each token as its one-row launch does."""
     import cupy as cp
 
-    from workers.engine.backends.cupy.rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows, x8_token_rows
+    from workers.engine.backends.cupy.rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows
 
     if not gpu._mma:
         pytest.skip("the tensor-core products need compute capability 9.0")
@@ -206,7 +227,7 @@ def test_the_n_token_product_codes_its_consumers_input_as_q8_input_does(gpu, qty
 
     from workers.engine.backends.base import NextInput
     from workers.engine.backends.cupy.quant_consts import Q8_MAX_COLS
-    from workers.engine.backends.cupy.rows import X_GATED, X_NORM_LATE, RowsInput, gemvn, q8_rows, x8_token_rows
+    from workers.engine.backends.cupy.rows import X_GATED, X_NORM_LATE, RowsInput, gemvn, q8_rows
 
     if not gpu._mma:
         pytest.skip("the tensor-core products need compute capability 9.0")
@@ -806,7 +827,7 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
     rows as q8_input codes them for the o product."""
     import cupy as cp
 
-    from workers.engine.backends.cupy.rows import RowsInput, q8_rows, x8_token_rows
+    from workers.engine.backends.cupy.rows import RowsInput, q8_rows
     from workers.engine.batch import Batch, Segment
     from workers.engine.kv_cache import KVCache, KVCacheConfig
     from workers.engine.model_config import LayerConfig, ModelConfig

@@ -49,26 +49,6 @@ def x8_quads(xp: Any, n: int, cols: int) -> Any:
     return xp.empty((-(-n // 4), 11 * cols), dtype=xp.int8)
 
 
-def x8_token_rows(x8: np.ndarray, n: int, cols: int) -> np.ndarray:
-    """The n tokens of an n-token x8 buffer (on the host) as one-token rows, each followed by its 16-value sums
-    of codes: [n, x8_row_bytes(cols) + cols / 2] bytes (for tests, and to read the layout by)."""
-    quads = x8.reshape(-1, 11 * cols)
-    n_sb = cols // 32
-    out = np.empty((n, x8_row_bytes(cols) + cols // 2), dtype=np.int8)
-    for k in range(n):
-        quad, j = quads[k // 4], k % 4
-        codes = quad[: 8 * cols].reshape(n_sb, 4, 2, 32)[:, j]  # [sb][xq, xr][32]
-        out[k, :cols] = codes[:, 0].reshape(-1)
-        out[k, cols : 2 * cols] = codes[:, 1].reshape(-1)
-        for i in range(2):  # xd, then xs: [sb / 4][4 tokens][4 sub-blocks] floats each
-            at = 8 * cols + i * cols // 2
-            part = quad[at : at + cols // 2].view(np.float32).reshape(n_sb // 4, 4, 4)[:, j].reshape(-1)
-            out[k, 2 * cols + i * cols // 8 :][: cols // 8] = part.view(np.int8)
-        gs = quad[9 * cols :].view(np.int32).reshape(n_sb // 4, 4, 8, 2)[:, j].reshape(-1)  # [sb / 4][4 tok][4 sb][2]
-        out[k, x8_row_bytes(cols) :] = gs.view(np.int8)
-    return out
-
-
 @dataclass(frozen=True)
 class RowsInput:
     """What a rows product multiplies, as its producer left it: x itself (X_PLAIN), act(gate) * up of
