@@ -42,7 +42,9 @@ def replay_us(backend: Any, run: Any, n_launches: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
-    p.add_argument("--groups", type=int, default=0, help="gemvn_groups (0: the backend's)")
+    p.add_argument(
+        "--groups", type=int, default=0, help="gemvn_groups and gemvn_groups_staged, both (0: the backend's)"
+    )
     p.add_argument("--only", default="", help="only the matrices whose label contains this (e.g. gate_up)")
     args = p.parse_args()
 
@@ -51,8 +53,9 @@ def main() -> None:
     from workers.engine.backends.cupy import CupyBackend, CupyTuning, QuantWeight
     from workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q8_rows
 
-    backend = CupyBackend(CupyTuning(gemvn_groups=args.groups) if args.groups else None)
-    print(f"gemvn_groups {backend.tuning.gemvn_groups}")
+    tuning = CupyTuning(gemvn_groups=args.groups, gemvn_groups_staged=args.groups) if args.groups else None
+    backend = CupyBackend(tuning)
+    print(f"gemvn_groups {backend.tuning.gemvn_groups}, staged {backend.tuning.gemvn_groups_staged}")
     rng = np.random.default_rng(0)
     print("µs a product (GB/s of its weights); 1 token: gemv1m, more: gemvn")
     print("| matrix | type | MB | " + " | ".join(f"{n} tok" for n in args.tokens) + " |")

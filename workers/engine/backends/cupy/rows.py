@@ -22,11 +22,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from ..base import NextInput
 from ..numpy_backend import row_calls
 from .core import Coded
-from .quant_consts import _EP_GATED, _EP_NONE, _EP_NORM, ACTIVATIONS, EP_MAX_ROWS, MMA_ROW_BYTES, Q8_THREADS
+from .quant_consts import (
+    _EP_GATED,
+    _EP_NONE,
+    _EP_NORM,
+    ACTIVATIONS,
+    EP_MAX_ROWS,
+    MMA_ROW_BYTES,
+    MMA_UNITS,
+    Q8_THREADS,
+)
 
 if TYPE_CHECKING:
     from .products import CupyProducts
@@ -172,7 +182,8 @@ def gemvn(
     gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float, then: NextInput | None = None
 ) -> Coded | None:
     """out[k, :w.rows] = w @ x_k for the n coded rows of x8 (times row k's RMS factor from ss[k]): one gemvn
-    launch with gemv1m's warps for w, gemvn_groups groups of four tokens a block, and as many tiles a block as
+    launch with gemv1m's warps for w, gemvn_groups groups of four tokens a block (gemvn_groups_staged for a Q4_K
+    matrix of rows longer than a column stage), and as many tiles a block as
     make the blocks of all the sets one wave (the sets of more than gemvn_groups groups multiply the blocks:
     with gemv1m's tiles a block, 16 tokens ran as a wave and a half, the half costing nearly a wave). With
     `then` (an epilogue one row alone would have), the kernel also codes each row's consumer input as that
@@ -180,7 +191,9 @@ def gemvn(
     cp = gpu.xp
     blocks, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
-    ng = min(gpu.tuning.gemvn_groups, 1 << (groups - 1).bit_length())  # 1, 2 or 4 groups a block
+    staged = w.qtype == GGMLQuantizationType.Q4_K and w.cols > MMA_UNITS * 256  # rows of several column stages
+    most = gpu.tuning.gemvn_groups_staged if staged else gpu.tuning.gemvn_groups
+    ng = min(most, 1 << (groups - 1).bit_length())  # 1, 2 or 4 groups a block
     sets = -(-groups // ng)
     tiles = -(-w.rows // 16)
     tpb = -(-tiles * sets // (gpu.n_sm * blocks))  # a tile's numbers do not depend on the block that takes it

@@ -38,6 +38,10 @@ class CupyTuning:
     mma_threads: int = 256
     mma_blocks_per_sm: int = 2
     gemvn_groups: int = 2  # groups of four tokens a block of the n-token product (1, 2 or 4: gemvn{1,2,4}_*)
+    # ... and of a Q4_K matrix whose rows take several column stages (more than 2 560 values): bench/gpu_rows.py
+    # at 16 / 40 tokens, o (2 560 x 4 096) 12.0 -> 9.7 / 25.0 -> 19.8 µs, down (2 560 x 9 728) 28.1 -> 21.8 /
+    # 56.1 -> 44.3 µs; the other matrices were as fast or faster with 2 (bench/NOTES.md v17)
+    gemvn_groups_staged: int = 4
     # compiled in (DEFINES)
     octet_units: int = 2  # blocks a lane of the dp4a GEMV loads before using any (OCTET_UNITS)
     mma_stages: int = 3  # gemv1m's ring of stages (MMA_STAGES)
@@ -48,8 +52,9 @@ class CupyTuning:
     def __post_init__(self) -> None:
         if self.decn_warps not in (4, 8, 16):
             raise ValueError(f"decn_warps must be 4, 8 or 16, not {self.decn_warps}")
-        if self.gemvn_groups not in (1, 2, 4):
-            raise ValueError(f"gemvn_groups must be 1, 2 or 4, not {self.gemvn_groups}")
+        for name in ("gemvn_groups", "gemvn_groups_staged"):
+            if getattr(self, name) not in (1, 2, 4):
+                raise ValueError(f"{name} must be 1, 2 or 4, not {getattr(self, name)}")
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, bool) and value < 0:
