@@ -1,8 +1,10 @@
 """KV snapshots as message bodies and raw side frames (protocol/kv_messages.py), both directions.
 
 Frames, per pool in order: its K [n, n_kv_heads, head_dim] and V [n, n_kv_heads, v_head_dim]; then for INT8,
-per pool, its K and V scales [n, n_kv_heads] float32 (pools may differ in shape: Gemma 4). A receiver
-checks every frame's size against the layout and token count before it views the bytes as arrays.
+per pool, its K and V scales [n, n_kv_heads] float32 (pools may differ in shape: Gemma 4); or all of them in one
+frame, their bytes one after the other in that order (a worker's save: one frame of zero-copy sending costs
+about what 72 do, ~25 µs each on the engine's host). A receiver checks every frame's size against the layout
+and token count before it views the bytes as arrays.
 """
 
 from __future__ import annotations
@@ -56,6 +58,13 @@ def snapshot_from_frames(layout: KVLayout, token_ids: list[int] | np.ndarray, fr
         shapes += [((n, n_kv, hd), dt), ((n, n_kv, hdv), dt)]
     if lay.dtype == "int8":
         shapes += [((n, n_kv), np.dtype("<f4")) for n_kv in lay.n_kv_heads for _ in range(2)]
+    sizes = [int(np.prod(shape)) * dtype.itemsize for shape, dtype in shapes]
+    if len(frames) == 1 and len(shapes) > 1:  # every array's bytes in one frame, in the same order
+        whole = memoryview(frames[0]).cast("B")
+        if len(whole) != sum(sizes):
+            raise ValueError(f"the KV frame has {len(whole)} bytes, the layout needs {sum(sizes)}")
+        bounds = np.cumsum([0, *sizes])
+        frames = [whole[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     if len(frames) != len(shapes):
         raise ValueError(f"{len(frames)} KV frames, the layout needs {len(shapes)}")
     arrays = []

@@ -334,9 +334,9 @@ class Worker:
             self.saves.append((turn.msg.conv_id, seq.slot))
 
     def _save_ended(self) -> None:
-        """The KV of the turns the step ended, to the store: after every DONE of the step went out (a client
-        never waits for a save: streams that end together each waited for the saves of those before them,
-        ~4 ms each on the 4B), before the next step may give their slots to another request."""
+        """The KV of the turns the step ended, to the store: queued after every DONE of the step went out (a
+        client never waits for a save), their rows gathered before the next step may give the slots to another
+        request (KvLink.save: the rest happens on its saver thread)."""
         saves, self.saves = self.saves, []
         for conv_id, slot in saves:
             assert self.kv is not None

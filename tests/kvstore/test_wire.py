@@ -23,6 +23,20 @@ def test_frames_round_trip(make_layout, dtype):
     assert layout_from_body(body) == lay
 
 
+@pytest.mark.parametrize("make_layout", [layout, mixed_layout], ids=["uniform", "mixed-pools"])
+@pytest.mark.parametrize("dtype", ["int8", "f16"])
+def test_one_frame_of_every_array_reads_as_the_frames_do(make_layout, dtype):
+    """A worker's save sends every array's bytes in one frame (the same order): it reads back as the frames do,
+    and one byte more or less is refused with the sizes."""
+    lay = make_layout(dtype)
+    snap = snapshot(lay, np.arange(30), np.random.default_rng(2))
+    whole = b"".join(bytes(f) for f in snapshot_frames(snap))
+    assert_same(snap, snapshot_from_frames(lay, snap.token_ids, [whole]))
+    for bad in (whole[:-1], whole + b"\0"):
+        with pytest.raises(ValueError, match=f"the KV frame has {len(bad)} bytes, the layout needs {len(whole)}"):
+            snapshot_from_frames(lay, snap.token_ids, [bad])
+
+
 def test_frames_that_do_not_fit_the_layout_name_the_problem():
     lay = mixed_layout("int8")
     snap = snapshot(lay, np.arange(10), np.random.default_rng())

@@ -1,7 +1,8 @@
 """The worker's KV link when the KV store is absent: lookups return without waiting for their timeout (a
 fresh link waits at most STARTUP_WAIT_S once for a store starting beside it) and saves are dropped with a
-count, so a turn never stalls or fails for the store's sake; and a store that binds after the worker
-connected still answers the first lookup."""
+count (once OUTBOX_S old, or at once beyond SAVE_BACKLOG), so a turn never stalls or fails for the store's
+sake; a store that binds after the worker connected still answers the first lookup; and more saves at once
+than the socket queues all arrive."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from kvstore.store import StoreConfig
 from testkit.tiny_models import write_tiny_model
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.sampling import SamplingParams
-from workers.kv_link import STARTUP_WAIT_S, KvLink
+from workers.kv_link import OUTBOX_S, SAVE_BACKLOG, SAVE_QUEUE, STARTUP_WAIT_S, KvLink
 
 
 @pytest.mark.timeout(60)  # with a queueing socket the lookup would wait its 600 s timeout: this fails it
@@ -34,7 +35,12 @@ def test_absent_store_costs_nothing(tmp_path):
         assert time.monotonic() - t0 < STARTUP_WAIT_S + 5  # the startup grace, never the 600 s timeout
         for _ in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=4)):
             pass
-        assert link.save("den") is False and link.saves_dropped == 1
+        t0 = time.monotonic()
+        assert all(link.save("den") for _ in range(SAVE_BACKLOG))  # queued: the saver waits for a store
+        assert time.monotonic() - t0 < 1.0  # the engine thread never waits for the store
+        assert link.save("den") is False and link.saves_dropped == 1  # the backlog is full: dropped at once
+        assert link.flush(timeout_s=SAVE_BACKLOG * OUTBOX_S + 10)
+        assert link.saves_dropped == 1 + SAVE_BACKLOG  # each dropped once OUTBOX_S old, not kept for ever
         assert link.hydrate(prompt + [7, 8], "den") == 0
     finally:
         link.close()
@@ -85,8 +91,7 @@ def test_a_store_that_binds_after_a_fresh_worker_connected_answers_its_first_loo
         assert first.save("den") is True
         deadline = time.monotonic() + 10
         while first.saves_acked == 0 and time.monotonic() < deadline:
-            first._drain()
-            time.sleep(0.02)
+            time.sleep(0.02)  # the saver thread sends it once the store is there
         assert first.saves_acked == 1
         stop_server(*servers.pop())
         for resident in engine.kv.resident:
@@ -102,4 +107,44 @@ def test_a_store_that_binds_after_a_fresh_worker_connected_answers_its_first_loo
             link.close()
         for server in servers:
             stop_server(*server)
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_saves_beyond_the_socket_queue_wait_in_the_outbox_and_all_arrive(tmp_path):
+    """Eight streams that end in one step start eight saves at once, more than the socket queues
+    (SAVE_QUEUE): the others wait for the saver thread and leave as the store takes them; none is dropped,
+    and each is what its slot held, sent in one frame."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_model("llama", path)
+    n = 2 * SAVE_QUEUE
+    engine = Engine(EngineConfig(model=str(path), backend="numpy", n_ctx=256, kv_dtype="int8", n_slots=n))
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    server = serve_in_thread(ServerConfig(endpoint, StoreConfig(tmp_path / "kv", 64 << 20, 60.0)))
+    ctx = zmq.Context()
+    link = KvLink(ctx, endpoint, engine)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=3)
+        prompts = [[1] + [3 + (i * 7 + s) % 200 for i in range(80)] for s in range(n)]
+        seqs = [engine.sequence(p, params) for p in prompts]
+        for seq in seqs:
+            engine.scheduler.submit(seq)
+        while not engine.scheduler.idle:
+            engine.scheduler.step()
+        held = [engine.export_kv(seq.slot) for seq in seqs]
+        assert all(link.save(f"c{i}", seq.slot) for i, seq in enumerate(seqs))
+        deadline = time.monotonic() + 20
+        while (link.pending or link.saves_acked < n) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (link.saves_acked, link.saves_dropped) == (n, 0)
+        for i, snap in enumerate(held):
+            for resident in engine.kv.resident:
+                resident.clear()
+            got = link.hydrate([int(t) for t in snap.token_ids] + [5], f"c{i}", slot=0)
+            assert got == snap.n_tokens
+            back = engine.export_kv(0)
+            assert all(np.array_equal(a, b) for a, b in zip(back.k + back.v, snap.k + snap.v, strict=True))
+    finally:
+        link.close()
+        stop_server(*server)
         ctx.term()

@@ -28,7 +28,7 @@ from .captured_steps import CapturedSteps
 from .chat_template import builtin_template, chat_prompt_ids
 from .constraint import JsonConstraint
 from .context_fit import Fitted, fit_messages
-from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVSnapshot
+from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVExport, KVSnapshot
 from .memory_plan import MIB, MemoryPlan, default_budget, plan_memory
 from .model import Model, ModelHeader
 from .model_config import ModelConfig
@@ -376,8 +376,12 @@ class Engine:
         return nll
 
     def export_kv(self, slot: int = 0, n_tokens: int | None = None) -> KVSnapshot:
+        return self.start_export_kv(slot, n_tokens).snapshot()
+
+    def start_export_kv(self, slot: int = 0, n_tokens: int | None = None) -> KVExport:
+        """The slot's KV on its way to the host without waiting for it (a save while other streams decode)."""
         n = len(self.kv.resident[slot]) if n_tokens is None else n_tokens
-        return self.kv.export(slot, n, self.backend.to_host)
+        return self.kv.start_export(slot, n, self.backend.gather_slot, self.backend.start_to_host)
 
     def import_kv(self, snapshot: KVSnapshot, slot: int = 0) -> None:
         self.kv.load(slot, snapshot)

@@ -12,8 +12,10 @@ import numpy as np
 
 from genie_common.kv_types import KVCacheConfig, KVDtype, KVSnapshot
 
+from .host_copy import HostCopy
+
 INT8_QMAX = 127.0
-__all__ = ["INT8_QMAX", "KVCache", "KVCacheConfig", "KVDtype", "KVSnapshot", "LayerKV", "kv_rotation"]
+__all__ = ["INT8_QMAX", "KVCache", "KVCacheConfig", "KVDtype", "KVExport", "KVSnapshot", "LayerKV", "kv_rotation"]
 
 
 def kv_rotation(head_dim: int) -> np.ndarray:
@@ -31,6 +33,42 @@ def kv_rotation(head_dim: int) -> np.ndarray:
     while h.shape[0] < block:
         h = np.block([[h, h], [h, -h]])
     return np.kron(np.eye(head_dim // block), h / np.sqrt(block)).astype(np.float32)
+
+
+@dataclass
+class KVExport:
+    """A slot's rows on their way to host memory (KVCache.start_export): every array's rows in one copy, in the
+    order of the KV store's frames (kvstore/wire.py: each layer's K and V, then each layer's K and V scales)."""
+
+    dtype: KVDtype
+    token_ids: np.ndarray
+    copy: HostCopy  # the bytes
+    shapes: list[tuple[tuple[int, ...], np.dtype]]  # each array's, in order
+
+    def done(self) -> bool:
+        return self.copy.done()
+
+    def flat(self) -> np.ndarray:
+        """Every array's bytes one after the other (waits for the copy if it has not landed yet)."""
+        return self.copy.result()
+
+    def snapshot(self) -> KVSnapshot:
+        """The arrays as a snapshot, views of `flat()`."""
+        flat, arrays, at = self.flat(), [], 0
+        for shape, dtype in self.shapes:
+            size = int(np.prod(shape)) * dtype.itemsize
+            arrays.append(flat[at : at + size].view(dtype).reshape(shape))
+            at += size
+        n_layers = len(self.shapes) // (4 if self.dtype == "int8" else 2)
+        pairs, scales = arrays[: 2 * n_layers], arrays[2 * n_layers :]
+        return KVSnapshot(
+            dtype=self.dtype,
+            token_ids=self.token_ids,
+            k=pairs[0::2],
+            v=pairs[1::2],
+            k_scale=scales[0::2] if scales else None,
+            v_scale=scales[1::2] if scales else None,
+        )
 
 
 @dataclass
@@ -63,28 +101,23 @@ class KVCache:
         # token ids whose K/V are written at positions [0, len) of each slot
         self.resident: list[list[int]] = [[] for _ in range(c.n_slots)]
 
-    def export(self, slot: int, n_tokens: int, to_host: Any) -> KVSnapshot:
+    def start_export(self, slot: int, n_tokens: int, gather: Any, start_to_host: Any) -> KVExport:
+        """Positions [0, n) of `slot` on their way to host memory: the backend's `gather` takes every array's rows
+        into one buffer of their own, behind the steps that wrote them (the slot may be given to another sequence
+        at once), and its `start_to_host` copies that without waiting for it."""
         resident = self.resident[slot]
         if not 0 <= n_tokens <= len(resident):
             raise ValueError(f"slot {slot} holds {len(resident)} tokens, cannot export {n_tokens}")
         n = n_tokens
-
-        def copy(arrays: list[Any]) -> list[np.ndarray]:
-            """The slot's rows of every layer's array, copied (the pool changes under a view) in one transfer:
-            a copy from the GPU a layer and array was 144 waits for the 4B's saves, ~4 ms on the engine thread."""
-            rows = [a[slot, :n] for a in arrays]
-            flat = np.asarray(to_host(self.xp.concatenate([r.reshape(-1) for r in rows])))
-            bounds = np.cumsum([0, *(r.size for r in rows)])
-            return [flat[a:b].reshape(r.shape) for a, b, r in zip(bounds[:-1], bounds[1:], rows, strict=True)]
-
-        int8 = self.config.dtype == "int8"
-        return KVSnapshot(
+        arrays = [a for layer in self.layers for a in (layer.k, layer.v)]
+        if self.config.dtype == "int8":
+            arrays += [a for layer in self.layers for a in (layer.k_scale, layer.v_scale)]
+        shapes = [((n, *a.shape[2:]), np.dtype(a.dtype)) for a in arrays]
+        return KVExport(
             dtype=self.config.dtype,
             token_ids=np.asarray(resident[:n], dtype=np.int32),
-            k=copy([layer.k for layer in self.layers]),
-            v=copy([layer.v for layer in self.layers]),
-            k_scale=copy([layer.k_scale for layer in self.layers]) if int8 else None,
-            v_scale=copy([layer.v_scale for layer in self.layers]) if int8 else None,
+            copy=start_to_host(gather(arrays, slot, n)),
+            shapes=shapes,
         )
 
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:

@@ -438,6 +438,26 @@ def test_a_slot_exported_and_loaded_into_another_continues_alike(tmp_path: Path,
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_an_export_started_before_its_slot_is_overwritten_holds_the_rows_it_had(tmp_path: Path, backend: str) -> None:
+    """A save starts the slot's copy to the host and goes on (Engine.start_export_kv: queued on the device
+    behind the step that wrote the rows); a step that then overwrites the slot, before anything waited for
+    the copy, does not change what it exports."""
+    engine = make(model_path(tmp_path, "qwen3"), "int8", n_slots=2, backend=backend)
+    ids = prompt(21, 35)
+    engine._run(0, ids, 0, slice(-1, None))
+    want = engine.export_kv(0)
+    pending = engine.start_export_kv(0)
+    engine.kv.resident[0].clear()
+    engine._run(0, prompt(5, 35), 0, slice(-1, None))  # the slot's next sequence, at the same positions
+    got = pending.snapshot()
+    assert list(got.token_ids) == ids
+    for name in ("k", "v", "k_scale", "v_scale"):
+        for a, b in zip(getattr(want, name), getattr(got, name), strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(engine.export_kv(0).k[0], want.k[0])  # the slot did change
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 @pytest.mark.parametrize("arch", ["llama-q4_k_m", "qwen3", "gemma3"])
 def test_steps_launched_ahead_give_each_stream_what_it_gets_alone(

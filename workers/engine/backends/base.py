@@ -18,6 +18,7 @@ import numpy as np
 from genie_common.gguf_file import TensorInfo
 
 from ..batch import Batch
+from ..host_copy import HostCopy
 from ..kv_cache import KVCache, LayerKV
 from ..memory_plan import available_ram
 from ..model_config import LayerConfig, ModelConfig, RopeMode
@@ -299,3 +300,16 @@ class Backend(ABC):
     @abstractmethod
     def to_host(self, x: Array) -> np.ndarray:
         """A NumPy copy (or view) of a device array."""
+
+    def start_to_host(self, x: Array) -> HostCopy:
+        """`to_host(x)` without waiting for it: a device backend queues the copy behind the work before it
+        (host_copy.py); here it is made at once."""
+        return HostCopy(self.to_host(x))
+
+    def gather_slot(self, arrays: list[Array], slot: int, n: int) -> Array:
+        """Positions [0, n) of `slot` of each array ([slots, positions, ...] pools), as bytes one array after the
+        other: a new flat uint8 array the pools can change under (a KV save)."""
+        xp = self.xp
+        if not arrays or n == 0:
+            return xp.empty(0, dtype=xp.uint8)
+        return xp.concatenate([xp.ascontiguousarray(a[slot, :n]).reshape(-1).view(xp.uint8) for a in arrays])

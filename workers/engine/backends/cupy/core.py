@@ -16,6 +16,7 @@ from ...model_config import ModelConfig
 from ..base import Backend, NextInput
 from ..numpy_backend import NumpyBackend
 from .capture_gemm import CaptureGemm
+from .host_copies import PinnedStaging
 from .kernels import (
     COMPAT_ENV,
     KERNEL_TYPES,
@@ -95,6 +96,9 @@ class CupyCore(NumpyBackend):
         # and one stream to capture on: CuPy's pool hands a freed block only to allocations on the stream it was
         # freed on, so a new stream per capture would share nothing
         self._capture_stream = cupy.cuda.Stream(non_blocking=True)
+        self._copy_stream = cupy.cuda.Stream(non_blocking=True)  # start_to_host's copies (host_copies.py)
+        self._staging = PinnedStaging(cupy)  # ... and the pinned buffer they go through
+        self._gather_tables: dict[tuple[int, ...], tuple[Any, int]] = {}  # gather_slot's, by the arrays' addresses
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
         self.n_sm = int(props["multiProcessorCount"])
         self._smem_per_sm = int(props["sharedMemPerMultiprocessor"])

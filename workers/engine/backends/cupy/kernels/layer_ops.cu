@@ -165,3 +165,23 @@ extern "C" __global__ void argmax_rows(const float* x, long long stride, int n, 
     }
 }
 
+
+// A slot's rows of several pools, one after the other into out (a KV save: kv_cache.py, KVCache.start_export):
+// array a (blockIdx.y) is tab[4a .. 4a + 3] = its base address, the bytes from one slot to the next, the bytes of
+// a position, and the bytes of a position of the arrays before it; positions [0, n) of `slot` land at
+// out + n * tab[4a + 3]. Sixteen bytes at a time where the run allows it (INT8 and FP16 rows; a single KV head's
+// float scales are 4 bytes a position).
+extern "C" __global__ void gather_slot_rows(const long long* tab, long long slot, long long n, char* out) {
+    const long long* t = tab + 4 * blockIdx.y;
+    const char* src = reinterpret_cast<const char*>(t[0]) + slot * t[1];
+    char* dst = out + n * t[3];
+    const long long len = n * t[2];
+    const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x, step = (long long)gridDim.x * blockDim.x;
+    if (((reinterpret_cast<unsigned long long>(src) | reinterpret_cast<unsigned long long>(dst) | len) & 15) == 0) {
+        const int4* s = reinterpret_cast<const int4*>(src);
+        int4* d = reinterpret_cast<int4*>(dst);
+        for (long long i = start; i < len / 16; i += step) d[i] = __ldg(s + i);
+    } else {
+        for (long long i = start; i < len; i += step) dst[i] = src[i];
+    }
+}
