@@ -3,7 +3,7 @@ first token for short prompts, in-process, beside llama.cpp's batched numbers.
 
     python bench/batch.py [--models qwen3-4b qwen3-0.6b gemma4-e2b] [--kv int8 f16] [--streams 1 2 4 8 16]
                           [--prompt 128] [--gen 128] [--ttft 8 33 128 512] [--voice 7] [--backend auto] [--whole]
-                          [--tune KNOB:VALUE[,KNOB:VALUE...]] [--launch-ahead] [--out DIR]
+                          [--tune KNOB:VALUE[,KNOB:VALUE...]] [--launch-ahead auto|on|off] [--out DIR]
 
 GPU models are the synthetic files of the exact shapes (bench/synthetic.py, written into --out); on a CPU
 pass the real ones (`--models smollm2-135m gemma3-270m`). Each stream gets its own random prompt of
@@ -45,7 +45,7 @@ REPEATS = 7
 
 
 def load(  # type: ignore[no-untyped-def]
-    model: str, kv: str, n_slots: int, backend: str, out: Path, n_ctx: int, ahead: bool = False
+    model: str, kv: str, n_slots: int, backend: str, out: Path, n_ctx: int, ahead: bool | None = None
 ):
     from genie_common.registry import MODELS
     from workers.engine.engine import Engine, EngineConfig
@@ -61,7 +61,7 @@ def load(  # type: ignore[no-untyped-def]
         n_ctx=n_ctx,
         kv_dtype=kv,
         n_slots=n_slots,
-        launch_ahead=ahead,  # type: ignore[arg-type]
+        launch_ahead=ahead,
     )
     return Engine(config)
 
@@ -199,7 +199,12 @@ def main() -> None:
     p.add_argument("--backend", default="auto")
     p.add_argument("--whole", action="store_true", help="time until the last stream ends, the tail included")
     p.add_argument("--tune", default="", help="CupyTuning fields for the CuPy backend, e.g. capture_mixed:1")
-    p.add_argument("--launch-ahead", action="store_true", help="EngineConfig.launch_ahead (scheduler.py)")
+    p.add_argument(
+        "--launch-ahead",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="EngineConfig.launch_ahead (scheduler.py; auto: on for a GPU backend)",
+    )
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -208,7 +213,8 @@ def main() -> None:
         for kv in args.kv:
             n_ctx = max(args.prompt + args.gen, max(args.ttft or [0]) + 8, 1024 if args.voice else 0)
             n_slots = max(*args.streams, args.voice + 1)
-            engine = load(model, kv, n_slots, args.backend, args.out, n_ctx, args.launch_ahead)
+            ahead = {"auto": None, "on": True, "off": False}[args.launch_ahead]
+            engine = load(model, kv, n_slots, args.backend, args.out, n_ctx, ahead)
             if args.tune:
                 from gpu_variants import apply, parse_variant
 

@@ -51,8 +51,9 @@ class EngineConfig:
     prefill_chunk: int = defaults.PREFILL_CHUNK  # prompt tokens per forward pass; cancel is checked between chunks
     n_slots: int = 1  # sequences the KV pool holds: requests run at once (the daemon's `parallel`); 0: the backend's
     # each step launched before the tokens of the one before are read into text (scheduler.py): the host's work on
-    # them, and its caller's, overlaps the device's next step (not yet measured on the GPU: off)
-    launch_ahead: bool = False
+    # them, and its caller's, overlaps the device's next step. None: where the backend's passes run on a device
+    # (Backend.launches_ahead); on the CPU a pass computes as it is called and a token would only come a step later
+    launch_ahead: bool | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKEND_CHOICES:
@@ -101,6 +102,8 @@ class Engine:
         banned = np.asarray(self.tokenizer.vocab.media_ids, dtype=np.int64)
         self._banned = (banned, self.backend.xp.asarray(banned)) if banned.size else None
         self._steps = CapturedSteps()  # the steps the backend captured for this engine's KV cache
+        ahead = config.launch_ahead
+        self.launch_ahead = self.backend.launches_ahead if ahead is None else ahead
         self.scheduler = Scheduler(self)  # what runs in each step (scheduler.py)
 
     def _plan_before_weights(self, header: ModelHeader) -> None:

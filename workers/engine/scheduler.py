@@ -74,10 +74,10 @@ class Scheduler:
     def step(self) -> list[tuple[Sequence, Event]]:
         """Ends what was cancelled, admits what fits, runs one forward pass; every event it made, in order.
         A sequence whose own handling raises ends with Failed; the others go on. With the engine's
-        `launch_ahead`, the pass is launched before the tokens of the one before it are read into text:
-        those come back from this call, and the device runs the new pass meanwhile (and while the caller
-        handles them)."""
-        if self.engine.config.launch_ahead:
+        `launch_ahead` (a GPU's default), the pass is launched before the tokens of the one before it are
+        read into text: those come back from this call, and the device runs the new pass meanwhile (and
+        while the caller handles them)."""
+        if self.engine.launch_ahead:
             return self._step_ahead()
         events: list[tuple[Sequence, Event]] = []
         self._freed = set()  # slots ended in this step: their KV is saved before they are given again

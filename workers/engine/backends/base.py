@@ -141,6 +141,10 @@ class Backend(ABC):
     # passes may be captured and replayed whole (CUDA graphs), where a chunk takes milliseconds anyway
     stops_between_layers = False
 
+    # whether a forward pass returns once launched, before the device has run it (a GPU): the scheduler then
+    # launches each step before reading the tokens of the one before into text (EngineConfig.launch_ahead)
+    launches_ahead = False
+
     def forward_step(
         self,
         steps: dict[Hashable, Any],

@@ -54,6 +54,7 @@ TUNING_FIELDS = frozenset(f.name for f in fields(CupyTuning))
 
 class CupyCore(NumpyBackend):
     name = "cupy"
+    launches_ahead = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in TUNING_FIELDS:  # once an attribute: set here it would be ignored, silently
