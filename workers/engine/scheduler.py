@@ -50,6 +50,7 @@ class Scheduler:
         self._freed: set[int] = set()  # slots whose sequence ended in the current step
         # launch_ahead: the pass launched and not yet sampled (its logits, the (sequence, row) pairs to sample)
         self._inflight: tuple[object, list[tuple[Sequence, int]]] | None = None
+        self._ahead_shape: tuple[int, ...] | None = None  # the make-up of the last pass launched ahead
 
     @property
     def idle(self) -> bool:
@@ -111,10 +112,26 @@ class Scheduler:
                 held.add(seq)
             else:
                 seq.last_token = tok  # the next pass's input (accept sets the same)
-        launched = self._launch(events, held)
+        self._admit(events)
+        segments, seqs = self._plan(held)
+        if self._shape(segments) != self._ahead_shape:
+            # a pass of another make-up than the last (a stream joined or left, a prompt chunk) may be captured
+            # or run eagerly first, tens of milliseconds of the host: the sampled tokens go out before it (a
+            # first token waited for a new step's capture: 39 ms through the daemon), and it is planned again
+            # with them. Passes that repeat the last one's make-up replay a captured step: launched ahead.
+            self._accept(sampled, pos, events, [])
+            segments, seqs = self._plan(set())
+            self._inflight = self._run_pass(segments, seqs, events)
+            self._ahead_shape = self._shape(segments)
+            return events
+        launched = self._run_pass(segments, seqs, events)
         self._inflight = launched
         self._accept(sampled, pos, events, [] if launched is None else launched[1])
         return events
+
+    @staticmethod
+    def _shape(segments: list[Segment]) -> tuple[int, ...]:
+        return tuple(seg.n for seg in segments)
 
     def _cancel(self, events: list[tuple[Sequence, Event]]) -> None:
         for seq in [s for s in self.waiting if s.cancel()]:
@@ -130,6 +147,12 @@ class Scheduler:
         its logits and the (sequence, row) pairs to sample from them, None when nothing ran."""
         self._admit(events)
         segments, seqs = self._plan(held)
+        return self._run_pass(segments, seqs, events)
+
+    def _run_pass(
+        self, segments: list[Segment], seqs: list[Sequence], events: list[tuple[Sequence, Event]]
+    ) -> tuple[object, list[tuple[Sequence, int]]] | None:
+        """Runs (launches) the planned pass: its logits and the (sequence, row) pairs to sample from them."""
         if not segments:
             return None
         prefill = any(s.prefilling for s in seqs)
