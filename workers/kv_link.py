@@ -3,7 +3,7 @@
 the slot's rows into a buffer of their own on the device (behind the step that wrote them, ahead of any that
 overwrites them) and queues the save; a saver thread copies the rows to the host and sends them, on a socket of
 its own, as fast as the store takes them. A burst of saves (eight streams ending in one step) cost the 4B's
-engine thread ~8 ms each when it made them itself: gathering, copying and sending 144 frames.
+engine thread ~4 ms each when it made them itself: gathering, copying and sending 144 frames.
 
 KV travels on these sockets only — worker and store, never through the daemon (docs/architecture.md).
 """
@@ -57,6 +57,7 @@ class KvLink:
         self._ids = itertools.count(1)
         self.saves_acked = 0
         self.saves_dropped = 0
+        self._count = threading.Lock()
         self._saved: tuple[str | None, list[int]] | None = None  # (conv id, tokens) of this worker's last save
         self._born = time.monotonic()
         self._reached = False  # a lookup has left for the store at least once (its socket is connected)
@@ -162,10 +163,13 @@ class KvLink:
         if not self.policy.worth_saving(len(self.engine.kv.resident[slot]), conv_id):
             return False
         if self._saves.unfinished_tasks >= SAVE_BACKLOG:
-            self.saves_dropped += 1
-            log.warning("event=kv_save_dropped reason='%d saves are waiting for the KV store'", SAVE_BACKLOG)
+            self._dropped(f"{SAVE_BACKLOG} saves are waiting for the KV store")
             return False
-        export = self.engine.start_export_kv(slot)
+        try:
+            export = self.engine.start_export_kv(slot)
+        except Exception as e:  # no device memory for the gathered rows, say: the save is lost, not the worker
+            self._dropped(f"{type(e).__name__}: {e}")
+            return False
         msg = KvSave(
             request_id=f"s{next(self._ids)}",
             fingerprint=self.fingerprint,
@@ -227,7 +231,8 @@ class KvLink:
         return self._unanswered > 0 and time.monotonic() - self._last_sent < ANSWER_S
 
     def _dropped(self, reason: str) -> None:
-        self.saves_dropped += 1
+        with self._count:  # the engine thread and the saver both drop
+            self.saves_dropped += 1
         log.warning("event=kv_save_dropped reason=%r", reason)
 
     def _drain(self, sock: zmq.Socket) -> None:

@@ -148,3 +148,28 @@ def test_saves_beyond_the_socket_queue_wait_in_the_outbox_and_all_arrive(tmp_pat
         link.close()
         stop_server(*server)
         ctx.term()
+
+
+def test_a_save_whose_rows_cannot_be_gathered_is_dropped_and_the_link_goes_on(tmp_path, monkeypatch):
+    """No device memory for the gathered rows (say): that save is lost with a count, never the worker's
+    engine thread, and the next save is taken."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_model("llama", path)
+    engine = Engine(EngineConfig(model=str(path), backend="numpy", n_ctx=256, kv_dtype="int8"))
+    for _ in engine.generate([1] + [3 + i for i in range(70)], SamplingParams(temperature=0, max_tokens=2)):
+        pass
+    ctx = zmq.Context()
+    link = KvLink(ctx, f"ipc://{tmp_path}/no-store.sock", engine)
+    try:
+        real = engine.start_export_kv
+
+        def out_of_memory(*args, **kwargs):
+            raise MemoryError("out of device memory")
+
+        monkeypatch.setattr(engine, "start_export_kv", out_of_memory)
+        assert link.save("den") is False and link.saves_dropped == 1 and not link.pending
+        monkeypatch.setattr(engine, "start_export_kv", real)
+        assert link.save("den") is True
+    finally:
+        link.close()
+        ctx.term()

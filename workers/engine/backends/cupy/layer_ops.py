@@ -107,7 +107,8 @@ class CupyLayerOps(CupyCore):
 
     def gather_slot(self, arrays: list[Any], slot: int, n: int) -> Any:
         """One gather_slot_rows launch (layer_ops.cu) from a table of the arrays made on their first gather (the
-        KV pools never move): ~20 µs of the engine thread where CuPy's slicing and concatenate took ~2 ms."""
+        KV pools never move): a save's export took 0.4-0.5 ms of the engine thread on the H200 with it, 2.4 ms
+        with CuPy's slicing and concatenates of the 4B's 144 arrays."""
         cp = self.xp
         key = tuple(int(a.data.ptr) for a in arrays)
         if key not in self._gather_tables:
