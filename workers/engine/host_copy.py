@@ -2,8 +2,8 @@
 
 The worker saves a finished stream's KV while the others decode: waiting on the engine thread for the copy
 (~2 ms for the 4B's 11 MB of a 150-token turn, pageable memory) stalled every stream for as long, and a step
-that ended eight streams stalled them 15 ms. A device backend queues the copy behind the work before it and
-returns at once; the caller asks `done()` between steps and takes `result()` when it is there.
+that ended eight streams stalled them 15 ms. A device backend only marks where the copy may start and returns;
+whoever needs the bytes (the KV link's saver thread) calls `result()`, which makes the copy and waits for it.
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ class HostCopy:
 
     def __init__(self, array: np.ndarray) -> None:
         self._array = array
-
-    def done(self) -> bool:
-        return True
 
     def result(self) -> np.ndarray:
         """The host array (a device backend waits here for the copy to land)."""

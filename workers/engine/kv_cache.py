@@ -45,9 +45,6 @@ class KVExport:
     copy: HostCopy  # the bytes
     shapes: list[tuple[tuple[int, ...], np.dtype]]  # each array's, in order
 
-    def done(self) -> bool:
-        return self.copy.done()
-
     def flat(self) -> np.ndarray:
         """Every array's bytes one after the other (waits for the copy if it has not landed yet)."""
         return self.copy.result()

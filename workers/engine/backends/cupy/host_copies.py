@@ -9,7 +9,7 @@ copy, and the source, a buffer of its own, is released when the copy is made.
 What the engine thread must not meet is a long call into the CUDA driver on another thread: the driver
 serializes them, and the engine's launches wait. A copy into pageable memory goes through the driver's own
 staging buffers (eight at once, a burst of saves, held the engine's launches ~16 ms on the H200), and pinning a
-new host block takes ~0.4 ms a MB (eight 16 MB blocks: ~65 ms). So each copy goes in chunks through one pinned
+new host block takes 0.4-0.7 ms a MB (eight 16 MB blocks: ~65 ms). So each copy goes in chunks through one pinned
 staging buffer, pinned when the backend starts: the device-to-host copy of a chunk is a DMA the driver only
 queues, and the copy from the staging buffer into the result's ordinary memory is NumPy's, outside the driver
 and the GIL.
@@ -57,9 +57,6 @@ class DeferredHostCopy(HostCopy):
         self._event = event  # recorded on the engine's stream after the work that wrote `source`
         self._stream = stream
         self._staging = staging
-
-    def done(self) -> bool:
-        return self._source is None or bool(self._event.done)
 
     def result(self) -> np.ndarray:
         if self._source is not None:
