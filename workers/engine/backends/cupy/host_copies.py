@@ -32,6 +32,7 @@ class PinnedStaging:
 
     def __init__(self, cupy: Any, nbytes: int = STAGING_BYTES) -> None:
         self.cp = cupy
+        self.device = cupy.cuda.runtime.getDevice()  # the engine's: the copies run on other threads
         mem = cupy.cuda.alloc_pinned_memory(nbytes)
         self.buf = np.ndarray((nbytes,), dtype=np.uint8, buffer=mem)
         self.lock = threading.Lock()
@@ -41,7 +42,7 @@ class PinnedStaging:
         rt = self.cp.cuda.runtime
         dst = host.reshape(-1).view(np.uint8)
         size = self.buf.size
-        with self.lock:
+        with self.lock, self.cp.cuda.Device(self.device):
             stream.wait_event(event)
             for at in range(0, source.nbytes, size):
                 n = min(size, source.nbytes - at)
