@@ -93,7 +93,8 @@ class Scheduler:
         """The pass in flight is sampled, the next one launched with those tokens as its input, and only then
         are the tokens read into text. A token that surely ends its sequence (end of generation, its limit, a
         full context) keeps it out of the next pass; one that ends it otherwise (a stop string, a complete JSON
-        value) leaves a row of the next pass unused, whose K/V, that token's, stays valid in the slot."""
+        value) leaves a row of the next pass unused, whose K/V, that token's, stays valid in the slot. When the
+        next pass differs in make-up from the last one launched, the tokens are read first (below)."""
         events: list[tuple[Sequence, Event]] = []
         self._freed = set()
         sampled: list[tuple[Sequence, int | Exception]] = []
