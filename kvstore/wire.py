@@ -2,9 +2,9 @@
 
 Frames, per pool in order: its K [n, n_kv_heads, head_dim] and V [n, n_kv_heads, v_head_dim]; then for INT8,
 per pool, its K and V scales [n, n_kv_heads] float32 (pools may differ in shape: Gemma 4); or all of them in one
-frame, their bytes one after the other in that order (a worker's save: one frame of zero-copy sending costs
-about what 72 do, ~25 µs each on the engine's host). A receiver checks every frame's size against the layout
-and token count before it views the bytes as arrays.
+frame, their bytes one after the other in that order (a worker's save: a frame sent without a copy costs its
+sender ~25 µs on the H200's host whatever its size, and the 4B has 144 arrays). A receiver checks every
+frame's size against the layout and token count before it views the bytes as arrays.
 """
 
 from __future__ import annotations

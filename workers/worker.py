@@ -4,7 +4,8 @@ Socket input stays out of the compute loop (as vLLM's engine core does): an I/O 
 socket, decodes what arrives (acting on CANCEL at once, queueing everything else) and beats the heartbeat;
 the main thread runs the engine and sends its answers on a second DEALER socket of its own — handing every
 token to the I/O thread cost ~100 µs a token in GIL hand-offs on a 2-core machine. With a KV store
-(its part's `kv_endpoint`), a third socket (kv_link.py) looks up a saved prefix before a turn and saves after it.
+(its part's `kv_endpoint`), a third socket (kv_link.py) looks up a saved prefix before a turn, and a fourth, on
+kv_link's saver thread, saves after it.
 A bad request, or one that fails (out of memory among it), gets an ERROR reply and the others go on; a
 fatal error sends DEAD and the process exits, for the daemon to restart it. A failing KV store is never
 fatal: the turn runs cold, the save is lost.
