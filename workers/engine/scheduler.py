@@ -83,7 +83,7 @@ class Scheduler:
         events: list[tuple[Sequence, Event]] = []
         self._freed = set()  # slots ended in this step: their KV is saved before they are given again
         self._cancel(events)
-        launched = self._launch(events, set())
+        launched = self._launch(events)
         if launched is not None:
             logits, rows = launched
             self._accept(self.engine.sample_rows(logits, rows), {}, events, [])
@@ -141,13 +141,11 @@ class Scheduler:
         for seq in [s for s in self.running.values() if s.cancel()]:
             events += self._end(seq, "cancelled")
 
-    def _launch(
-        self, events: list[tuple[Sequence, Event]], held: set[Sequence]
-    ) -> tuple[object, list[tuple[Sequence, int]]] | None:
-        """Admits what fits and runs (launches, on a device) one pass of the running sequences but `held`:
-        its logits and the (sequence, row) pairs to sample from them, None when nothing ran."""
+    def _launch(self, events: list[tuple[Sequence, Event]]) -> tuple[object, list[tuple[Sequence, int]]] | None:
+        """Admits what fits and runs (launches, on a device) one pass of the running sequences: its logits and
+        the (sequence, row) pairs to sample from them, None when nothing ran."""
         self._admit(events)
-        segments, seqs = self._plan(held)
+        segments, seqs = self._plan(set())
         return self._run_pass(segments, seqs, events)
 
     def _run_pass(
