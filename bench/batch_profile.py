@@ -1,10 +1,14 @@
 """Where a step of several streams goes (issue 17): for each stream count, the wall time of a scheduler step
-(what bench/batch.py's aggregate divides by), the GPU time of the replayed captured step, the sampling's
-time, the rest of the host's, and what each kernel family costs inside the replayed step (the step captured
+as the engine runs it (launching ahead where the backend does: what bench/batch.py's aggregate divides by),
+the same timed with the GPU's work waited for before each sampling (no pass overlaps the host's work), the
+GPU time of the replayed captured step, the sampling's time, the rest of the host's (of the timed step), and
+what each kernel family costs inside the replayed step (the step captured
 again with that family not launched: bench/gpu_replay.py's method; those graphs compute garbage, only their
 time is read).
 
-    python bench/batch_profile.py [--model qwen3-4b] [--kv int8] [--streams 1 4 8 16] [--steps 40]
+    python bench/batch_profile.py [--model qwen3-4b] [--kv int8] [--streams 1 4 8 16] [--steps 40] [--host N]
+
+--host N: also the host's side of the steps as the engine runs them, under cProfile (its N costliest functions).
 
 Streams get 128-token prompts and decode together; the steps timed are decode-only steps of all of them.
 """
@@ -52,10 +56,10 @@ def captured_step(engine, slots: list[int]):  # type: ignore[no-untyped-def]
     return step
 
 
-def profile(engine, n: int, n_steps: int, rng: np.random.Generator) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def profile(engine, n: int, n_steps: int, rng: np.random.Generator, host_top: int = 0) -> dict[str, float]:  # type: ignore[no-untyped-def]
     from workers.engine.sampling import SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=WARM_STEPS + n_steps + 1, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=WARM_STEPS + 3 * n_steps + 1, ignore_eos=True)
     for resident in engine.kv.resident:
         resident.clear()
     vocab = engine.model.config.n_vocab
@@ -78,6 +82,23 @@ def profile(engine, n: int, n_steps: int, rng: np.random.Generator) -> dict[str,
         sampling[0] += time.perf_counter() - t
         return out
 
+    t0 = time.perf_counter()
+    for _ in range(n_steps):
+        sched.step()
+    sync(engine)
+    free = (time.perf_counter() - t0) / n_steps * 1000
+    if host_top:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n_steps):
+            sched.step()
+        sync(engine)
+        prof.disable()
+        print(f"### {n} streams: the host's {n_steps} steps under cProfile, by own time")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(host_top)
     engine.sample_rows = timed
     slots = [s.slot for s in seqs]
     t0 = time.perf_counter()
@@ -89,7 +110,7 @@ def profile(engine, n: int, n_steps: int, rng: np.random.Generator) -> dict[str,
     while not sched.idle:
         sched.step()
     gpu = replay_ms(captured_step(engine, slots))
-    row = {"wall": wall, "gpu": gpu, "sample": sampling[0] / n_steps * 1000}
+    row = {"free": free, "wall": wall, "gpu": gpu, "sample": sampling[0] / n_steps * 1000}
     for family in FAMILIES:
         skip(engine.backend, family)
         try:
@@ -107,18 +128,21 @@ def main() -> None:
     p.add_argument("--streams", nargs="+", type=int, default=[1, 4, 8, 16])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
+    p.add_argument("--host", type=int, default=0, metavar="N", help="also the host's N costliest functions (cProfile)")
     args = p.parse_args()
     engine = load(args.model, args.kv, max(args.streams), "cupy", args.out, n_ctx=1024)
     rng = np.random.default_rng(0)
-    head = ["streams", "tok/s", "wall ms a step", "GPU (replay)", "sampling", "other host", *FAMILIES]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head), flush=True)
+    head = ["streams", "tok/s", "ms a step", "timed: ms a step", "GPU (replay)", "sampling", "other host", *FAMILIES]
+    rows = []
     for n in args.streams:
-        r = profile(engine, n, args.steps, rng)
+        r = profile(engine, n, args.steps, rng, args.host)
         other = r["wall"] - r["gpu"] - r["sample"]
-        cells = [str(n), f"{n / r['wall'] * 1000:.0f}", f"{r['wall']:.2f}", f"{r['gpu']:.2f}", f"{r['sample']:.2f}"]
-        cells += [f"{other:.2f}", *(f"{r[f]:.2f}" for f in FAMILIES)]
-        print("| " + " | ".join(cells) + " |", flush=True)
+        cells = [str(n), f"{n / r['free'] * 1000:.0f}", f"{r['free']:.2f}", f"{r['wall']:.2f}", f"{r['gpu']:.2f}"]
+        cells += [f"{r['sample']:.2f}", f"{other:.2f}", *(f"{r[f]:.2f}" for f in FAMILIES)]
+        rows.append("| " + " | ".join(cells) + " |")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ ARCHS = [*ARCH_PARAMS, "gemma4", "llama-q4_k_m"]
 CHUNK = 8  # prompt tokens a step: prompts below run in several chunks
 N_SLOTS = 4
 BACKENDS = ["numpy", pytest.param("cupy", marks=pytest.mark.skipif(not cupy_available(), reason="needs a GPU"))]
+# ... and CuPy with every decode row's attention in attention_decb (a block a row and KV head), which a step takes
+# from CupyTuning.decb_min_blocks rows x KV heads on (the tiny models' steps stay below it)
+DECB = pytest.param("cupy-decb", marks=pytest.mark.skipif(not cupy_available(), reason="needs a GPU"))
 
 
 def model_path(tmp_path: Path, arch: str) -> Path:
@@ -39,14 +42,17 @@ def model_path(tmp_path: Path, arch: str) -> Path:
 def make(path: Path, kv_dtype: str, n_slots: int = N_SLOTS, backend: str = "numpy", ahead: bool = False) -> Engine:
     config = EngineConfig(
         model=str(path),
-        backend=backend,
+        backend="cupy" if backend == "cupy-decb" else backend,
         n_ctx=160,
         kv_dtype=kv_dtype,
         prefill_chunk=CHUNK,
         n_slots=n_slots,
         launch_ahead=ahead,
     )
-    return Engine(config)  # type: ignore[arg-type]
+    engine = Engine(config)  # type: ignore[arg-type]
+    if backend == "cupy-decb":
+        engine.backend.retune(decb_min_blocks=0)  # type: ignore[attr-defined]
+    return engine
 
 
 def prompt(seed: int, n: int) -> list[int]:
@@ -118,7 +124,7 @@ def completion(events: list) -> Completion:
     return done
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, DECB])
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_each_stream_gets_the_logits_it_gets_alone(tmp_path: Path, arch: str, kv_dtype: str, backend: str) -> None:

@@ -5,6 +5,8 @@ so an element the kernel never writes fails; errors are ||out - ref|| / ||ref|| 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -872,9 +874,10 @@ def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
 def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, kv_dtype, heads, n_kv, hd):
     """attention_decn (one launch for the one-token rows of a step of several streams, each in its own slot at
     its own depth; blocks of fewer warps than attention_dec's, each running several of its warps' shares of
-    the keys) gives every row, bit for bit, what attention_dec gives it alone: at depths that leave those
-    shares empty, one task each, and several, with and without a window and a logit softcap; and codes the
-    rows as q8_input codes them for the o product."""
+    the keys), and attention_decb (a block a row and KV head running the cluster's blocks as virtual ranks),
+    give every row, bit for bit, what attention_dec gives it alone: at depths that leave those shares empty,
+    one task each, and several, with and without a window and a logit softcap; and code the rows as q8_input
+    codes them for the o product."""
     import cupy as cp
 
     from workers.engine.backends.cupy.rows import RowsInput, q8_rows
@@ -886,37 +889,45 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
         pytest.skip("thread-block clusters need compute capability 9.0")
     rng = np.random.default_rng(7)
     n_ctx, depths = 2700, (0, 7, 100, 1029, 2600)
-    for window, softcap in ((0, 0.0), (64, 0.0), (0, 30.0)):
-        lc = LayerConfig(rope_base=1e6, rope_scale=1.0, sliding_window=window)
-        cfg = ModelConfig(
-            "qwen3", 1, 1024, heads, n_kv, hd, hd, 3072, 1000, n_ctx, 1e-6, "neox", hd, "silu", hd**-0.5, 1.0, 0.0,
-            softcap, (lc,),
-        )  # fmt: skip
-        lc = cfg.layers[0]
-        kv = KVCache(KVCacheConfig(1, n_kv, hd, hd, n_ctx, n_slots=len(depths), dtype=kv_dtype), cp).layers[0]
-        if kv_dtype == "int8":
-            kv.k[...] = cp.asarray(rng.integers(-127, 128, kv.k.shape, dtype=np.int8))
-            kv.v[...] = cp.asarray(rng.integers(-127, 128, kv.v.shape, dtype=np.int8))
-            kv.k_scale[...] = cp.asarray(rng.uniform(0.001, 0.05, kv.k_scale.shape).astype(np.float32))
-            kv.v_scale[...] = cp.asarray(rng.uniform(0.001, 0.05, kv.v_scale.shape).astype(np.float32))
-        else:
-            kv.k[...] = cp.asarray(rng.standard_normal(kv.k.shape, dtype=np.float32).astype(np.float16))
-            kv.v[...] = cp.asarray(rng.standard_normal(kv.v.shape, dtype=np.float32).astype(np.float16))
-        qkv = cp.asarray(rng.standard_normal((len(depths), (heads + 2 * n_kv) * hd), dtype=np.float32))
-        norm = cp.asarray(rng.standard_normal((heads + n_kv, hd), dtype=np.float32))
-        batch = Batch.of([Segment(slot, pos, (1,), True) for slot, pos in enumerate(depths)])
-        gpu.stage_batch(batch)
-        out = gpu.decode_attention(qkv, cfg, lc, norm, kv, batch)
-        coded = gpu._take_coded()  # every row a one-token segment's: the kernel coded them for the o product
-        assert coded is not None and coded.out is out
-        want, _ = q8_rows(gpu, RowsInput(out), 0, len(depths))
-        got, want = (x8_token_rows(cp.asnumpy(b), len(depths), heads * hd) for b in (coded.x8, want))
-        np.testing.assert_array_equal(got, want)
-        together = cp.asnumpy(out)
-        for slot, pos in enumerate(depths):
-            gpu.stage_inputs(np.zeros(1, np.int64), pos, slot=slot)
-            one = gpu.self_attention(qkv[slot : slot + 1], cfg, lc, norm, np.array([pos]), kv, slot, pos)
-            np.testing.assert_array_equal(together[slot], cp.asnumpy(one)[0], err_msg=f"{pos} {window} {softcap}")
+    kernels = {"attention_decn": 10**9, "attention_decb": 0}  # CupyTuning.decb_min_blocks
+    default = gpu.tuning.decb_min_blocks
+    try:
+        for (window, softcap), kernel in itertools.product(((0, 0.0), (64, 0.0), (0, 30.0)), kernels):
+            gpu.retune(decb_min_blocks=kernels[kernel])
+            lc = LayerConfig(rope_base=1e6, rope_scale=1.0, sliding_window=window)
+            cfg = ModelConfig(
+                "qwen3", 1, 1024, heads, n_kv, hd, hd, 3072, 1000, n_ctx, 1e-6, "neox", hd, "silu", hd**-0.5, 1.0, 0.0,
+                softcap, (lc,),
+            )  # fmt: skip
+            lc = cfg.layers[0]
+            kv = KVCache(KVCacheConfig(1, n_kv, hd, hd, n_ctx, n_slots=len(depths), dtype=kv_dtype), cp).layers[0]
+            if kv_dtype == "int8":
+                kv.k[...] = cp.asarray(rng.integers(-127, 128, kv.k.shape, dtype=np.int8))
+                kv.v[...] = cp.asarray(rng.integers(-127, 128, kv.v.shape, dtype=np.int8))
+                kv.k_scale[...] = cp.asarray(rng.uniform(0.001, 0.05, kv.k_scale.shape).astype(np.float32))
+                kv.v_scale[...] = cp.asarray(rng.uniform(0.001, 0.05, kv.v_scale.shape).astype(np.float32))
+            else:
+                kv.k[...] = cp.asarray(rng.standard_normal(kv.k.shape, dtype=np.float32).astype(np.float16))
+                kv.v[...] = cp.asarray(rng.standard_normal(kv.v.shape, dtype=np.float32).astype(np.float16))
+            qkv = cp.asarray(rng.standard_normal((len(depths), (heads + 2 * n_kv) * hd), dtype=np.float32))
+            norm = cp.asarray(rng.standard_normal((heads + n_kv, hd), dtype=np.float32))
+            batch = Batch.of([Segment(slot, pos, (1,), True) for slot, pos in enumerate(depths)])
+            gpu.stage_batch(batch)
+            out = gpu.decode_attention(qkv, cfg, lc, norm, kv, batch)
+            coded = gpu._take_coded()  # every row a one-token segment's: the kernel coded them for the o product
+            assert coded is not None and coded.out is out
+            want, _ = q8_rows(gpu, RowsInput(out), 0, len(depths))
+            got, want = (x8_token_rows(cp.asnumpy(b), len(depths), heads * hd) for b in (coded.x8, want))
+            np.testing.assert_array_equal(got, want)
+            together = cp.asnumpy(out)
+            for slot, pos in enumerate(depths):
+                gpu.stage_inputs(np.zeros(1, np.int64), pos, slot=slot)
+                one = gpu.self_attention(qkv[slot : slot + 1], cfg, lc, norm, np.array([pos]), kv, slot, pos)
+                np.testing.assert_array_equal(
+                    together[slot], cp.asnumpy(one)[0], err_msg=f"{kernel}: {pos} {window} {softcap}"
+                )
+    finally:
+        gpu.retune(decb_min_blocks=default)
 
 
 def test_greedy_token_on_the_device(gpu):

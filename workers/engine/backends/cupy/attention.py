@@ -1,7 +1,7 @@
 """Attention on the device: the K/V write, prefill attention on the tensor cores, decode attention split over
 the keys (a block a KV head and split, or on compute capability 9.0 a cluster of blocks a KV head that also
-does the q/k norm, RoPE and the K/V store: attention_dec, and attention_decn for every one-token segment of a
-step in one launch). Kernels in kernels/attention.cu and attend.cuh."""
+does the q/k norm, RoPE and the K/V store: attention_dec, and attention_decn or attention_decb for every
+one-token segment of a step in one launch). Kernels in kernels/attention.cu and attend.cuh."""
 
 from __future__ import annotations
 
@@ -51,6 +51,18 @@ def _dec_warps(group: int, dpl: int, most: int = 16) -> int:
 def _decn_warps(group: int, dpl: int, tuning: CupyTuning) -> int:
     """Warps a block of attention_decn_{group}_{dpl}: DECN_P in attention.cu."""
     return min(tuning.decn_warps, _dec_warps(group, dpl, tuning.dec_max_warps))
+
+
+def _decb_shape(group: int, dpl: int, tuning: CupyTuning) -> tuple[int, int]:
+    """attention_decb_{group}_{dpl}'s threads a block and dynamic shared memory bytes (DECB_RG and DecbSmem in
+    attention.cu)."""
+    p = _decn_warps(group, dpl, tuning)
+    groups = max(1, (16 if dpl <= 4 else 8) // p)
+    hd, warps = 32 * dpl, _dec_warps(group, dpl, tuning.dec_max_warps)
+    queries = group * 4 * (8 * dpl + 4)
+    per_group = warps * group * hd + 2 * warps * group
+    floats = queries + group * hd + groups * per_group + ATTENTION_CLUSTER * (group * hd + 2 * group)
+    return 32 * p * groups, 4 * floats
 
 
 def _slot_bytes(kv: LayerKV) -> tuple[np.int64, np.int64, np.int64]:
@@ -259,7 +271,8 @@ class CupyAttention(CupyCore):
         self, qkv: Any, cfg: ModelConfig, lc: LayerConfig, qk_norm: Any, kv: LayerKV, batch: Batch
     ) -> Any:
         """Every one-token segment's attention_dec in one launch (attention_decn: a row of clusters a segment,
-        its row, slot and position from the buffer stage_batch filled), written into its row of the output.
+        its row, slot and position from the buffer stage_batch filled; from tuning.decb_min_blocks rows x KV
+        heads attention_decb, a block a row and KV head, the same numbers), written into its row of the output.
         When every row is a one-token segment's, the kernel also codes the output as the rows path's q8_input
         would (rows.q8_rows: the n-token layout), and the o product (rows.matmul of this very array) takes that
         code."""
@@ -276,9 +289,16 @@ class CupyAttention(CupyCore):
         x8 = x8_quads(cp, n_dec, H * hd) if n_dec == qkv.shape[0] > 1 and (H * hd) % 128 == 0 else None
         self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
-        self._op(f"attention_decn_{group}_{hd // 32}")(
-            (Hkv * ATTENTION_CLUSTER, n_dec),
-            (32 * _decn_warps(group, hd // 32, self.tuning),),
+        if n_dec * Hkv >= self.tuning.decb_min_blocks:  # a block a row and KV head (attention.cu's attention_decb)
+            threads, smem = _decb_shape(group, hd // 32, self.tuning)
+            kernel, grid, block = self._op(f"attention_decb_{group}_{hd // 32}"), (Hkv, n_dec), (threads,)
+            kernel.allow_smem(smem)
+        else:  # a cluster a row and KV head
+            kernel, smem = self._op(f"attention_decn_{group}_{hd // 32}"), 0
+            grid, block = (Hkv * ATTENTION_CLUSTER, n_dec), (32 * _decn_warps(group, hd // 32, self.tuning),)
+        kernel(
+            grid,
+            block,
             (
                 qkv,
                 kv.k,
@@ -303,6 +323,7 @@ class CupyAttention(CupyCore):
                 np.float32(cfg.attn_scale),
                 np.float32(cfg.attn_logit_softcap),
             ),
+            smem,
         )
         return out
 

@@ -29,6 +29,9 @@ class CupyTuning:
     gemv_split_warps: int = 32  # rows split over warps below this many warps per SM (0: never split)
     use_clusters: bool = True  # one-token attention as attention_dec, a cluster a KV head (9.0)
     use_decode_rows: bool = True  # a step's one-token segments' attention in one launch (attention_decn)
+    # ... as attention_decb (a block a row and KV head, no clusters) from this many rows x KV heads: at 16 streams
+    # of 4B (128 blocks, one wave) attention_decn's 128 clusters of 8 ran in three waves (62 fit at once)
+    decb_min_blocks: int = 64
     # steps mixing prompt chunks with decode rows captured by shape: a 33-token voice prompt under 7 streams
     # 33.3 -> 17.7 ms to its first token (bench/NOTES.md v16)
     capture_mixed: bool = True

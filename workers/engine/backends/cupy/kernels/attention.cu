@@ -402,6 +402,9 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     const int n_tasks = (qpos - lo + 8) / 8;
     const int t0 = (int)rank * n_tasks / ATT_CL, t1 = ((int)rank + 1) * n_tasks / ATT_CL;
     const int j0 = lo + 8 * t0, j1 = min(qpos, lo + 8 * t1 - 1);
+    // the virtual warps with keys: a prefix (warp vw's first key is j0 + 8 vw); the rest hold nothing and are
+    // left out of the merges, which they would not change (a max with -inf, sums of zeros)
+    const int n_act = j1 < j0 ? 0 : min(WARPS, (j1 - j0 + 8) / 8);
     DecTask<DPL> task;
     int base = j0 + 8 * warp;
     if (base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
@@ -441,6 +444,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     float acc[G][DPL], m[G], l[G];
     for (int i = 0; i < WARPS / P; ++i) {  // virtual warp vw: tasks from j0 + 8 vw, 8 WARPS keys apart
         const int vw = warp + i * P;
+        if (P < WARPS && vw >= n_act) break;
         base = j0 + 8 * vw;
         if (P < WARPS && vw != warp && base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
         gqa_init(acc, m, l);
@@ -477,13 +481,14 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         float mb = NEG_INF;
-        for (int w = 0; w < WARPS; ++w) mb = fmaxf(mb, ms[w][g]);
+        for (int w = 0; w < n_act; ++w) mb = fmaxf(mb, ms[w][g]);
         if constexpr (P == WARPS) {
             const float f = m[g] == NEG_INF ? 0.f : __expf(m[g] - mb);
+            if (warp < n_act)
 #pragma unroll
-            for (int e = 0; e < DPL; ++e) accs[warp][g * HD + lane * DPL + e] = acc[g][e] * f;
+                for (int e = 0; e < DPL; ++e) accs[warp][g * HD + lane * DPL + e] = acc[g][e] * f;
         } else {
-            for (int vw = warp; vw < WARPS; vw += P) {
+            for (int vw = warp; vw < n_act; vw += P) {
                 const float mv = ms[vw][g], f = mv == NEG_INF ? 0.f : __expf(mv - mb);
 #pragma unroll
                 for (int e = 0; e < DPL; ++e) accs[vw][g * HD + lane * DPL + e] *= f;
@@ -491,15 +496,15 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         }
         if (threadIdx.x == 0) {
             float lb = 0.f;
-            for (int w = 0; w < WARPS; ++w)
+            for (int w = 0; w < n_act; ++w)
                 if (ms[w][g] != NEG_INF) lb += ls[w][g] * __expf(ms[w][g] - mb);
             bm[g] = mb, bl[g] = lb;
         }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {  // in place into row 0: column i is this thread's
-        float sum = 0.f;
-        for (int w = 0; w < WARPS; ++w) sum += accs[w][i];
+        float sum = 0.f;  // n_act == 0: zeros, which the peers weigh by 0
+        for (int w = 0; w < n_act; ++w) sum += accs[w][i];
         accs[0][i] = sum;
     }
     cluster_sync();  // every block's state is complete
@@ -545,6 +550,191 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     cluster_sync();  // no block leaves while a peer may still read its shared memory
 }
 
+// attention_decb: a step's decode rows as attention_decn computes them, without clusters: a block a (row, KV
+// head) runs attention_dec's ATT_CL cluster blocks as virtual ranks, RG at a time (a group of P warps a rank, its
+// WARPS virtual warps as attention_decn's P warps run them), merges each rank's warps as that block would, and
+// each head over the ranks in rank order as the cluster's block g would: a stream's numbers are attention_dec's
+// to the bit. At a few hundred keys a cluster block's work is mostly its fixed cost (the G query heads' norm and
+// RoPE, which every block of a cluster repeats, and two cluster barriers), paid here once a head; and 16 streams
+// of 8 KV heads are 128 blocks, one wave, where attention_decn's 128 clusters of 8 took three (62 fit at once).
+// Dynamic shared memory: DecbSmem (the backend computes the same floats).
+template <int G, int DPL, int WARPS, int RG>
+struct DecbSmem {
+    static constexpr int HD = 32 * DPL;
+    static constexpr int QS = G * DEC_HDP(DPL);  // the queries, as attention_dec's qs
+    static constexpr int OB = G * HD;            // each head's merged row (x8 coding)
+    static constexpr int ACC = WARPS * G * HD;   // a rank group's virtual warps' accumulators
+    static constexpr int MS = WARPS * G;         // ... their maxima, and their sums
+    static constexpr int GROUP = ACC + 2 * MS;
+    static constexpr int RANK = G * HD;  // a rank's merged accumulator
+    static constexpr int FLOATS = QS + OB + RG * GROUP + ATT_CL * (RANK + 2 * G);
+};
+__device__ __forceinline__ void group_sync(int id, int threads) {  // named barrier `id` of `threads` threads
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+template <int G, int DPL, int WARPS, int P, int RG>
+__device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out,
+                               signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps,
+                               const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* pos0p,
+                               int window, float scale, float softcap, long long x8_token) {
+    constexpr int HD = 32 * DPL, NW = P * RG;
+    static_assert(NW >= G, "a warp for each head's merge over the ranks");
+    static_assert(WARPS % P == 0 && ATT_CL % RG == 0, "groups run whole sets of virtual warps and ranks");
+    using L = DecbSmem<G, DPL, WARPS, RG>;
+    extern __shared__ __align__(16) float decb_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rg = warp / P, pw = warp % P;
+    float* qs = decb_smem;
+    float* ob = qs + L::QS;
+    float* accs = ob + L::OB + rg * L::GROUP;  // [WARPS][G HD]
+    float* ms = accs + L::ACC;                 // [WARPS][G]
+    float* ls = ms + L::MS;
+    float* racc = ob + L::OB + RG * L::GROUP;  // [ATT_CL][G HD]
+    float* rm = racc + ATT_CL * L::RANK;       // [ATT_CL][G]
+    float* rl = rm + ATT_CL * G;
+    const int kvh = blockIdx.x;
+    const bool int8 = k_scale != nullptr;
+    // before the wait, as attention_dec: the keys' split, this warp's first task's loads (its group's first
+    // rank), the norm weights and RoPE values of the row it norms (role r < G: query head r, G the key, G + 1
+    // the value)
+    const int qpos = *pos0p;
+    const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
+    const int n_tasks = (qpos - lo + 8) / 8;
+    int j0 = lo + 8 * (rg * n_tasks / ATT_CL), j1 = min(qpos, lo + 8 * ((rg + 1) * n_tasks / ATT_CL) - 1);
+    DecTask<DPL> task;
+    int base = j0 + 8 * pw;
+    if (base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
+    float w[DPL], c[DPL], sn[DPL], v[DPL];
+    constexpr int ROLES = (G + 2 + NW - 1) / NW;
+#pragma unroll
+    for (int i = 0; i < ROLES; ++i) {
+        const int role = warp + i * NW;
+        const int row = role < G ? kvh * G + role : role == G ? n_heads + kvh : role == G + 1 ? -1 : -2;
+        if (row >= 0) {
+            rope_pairs<DPL>(c, sn, cos_t, sin_t, rope_dim, neox, qpos);
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) w[e] = qk_norm ? qk_norm[(long long)row * HD + lane * DPL + e] : 1.f;
+        }
+        if (i == 0) GRID_DEP_START();
+        if (row != -2) {
+            const long long src = row >= 0 ? (long long)row * HD : (long long)(n_heads + n_kv + kvh) * HD;
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) v[e] = qkv[src + lane * DPL + e];
+        }
+        if (row >= 0) norm_rope_regs<DPL>(v, w, qk_norm != nullptr, eps, c, sn, rope_dim, neox);
+        if (role < G) {
+            if (int8) fwht_regs<DPL>(v);
+            float* q = qs + role * DEC_HDP(DPL) + (lane >> 3) * DEC_QP(DPL) + (lane & 7) * DPL;
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) q[e] = v[e];
+        } else if (row != -2) {
+            const long long dst = (long long)qpos * n_kv + kvh;
+            if (row >= 0) store_row_regs<DPL>(v, k_pool, k_scale, dst);
+            else store_row_regs<DPL>(v, v_pool, v_scale, dst);
+        }
+    }
+    __syncthreads();  // queries ready; the new K/V rows visible to the block's loads
+    if (base <= j1 && base + 7 >= qpos) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
+    for (int r = rg; r < ATT_CL; r += RG) {  // virtual rank r: cluster block r of attention_dec
+        if (r != rg) {
+            j0 = lo + 8 * (r * n_tasks / ATT_CL);
+            j1 = min(qpos, lo + 8 * ((r + 1) * n_tasks / ATT_CL) - 1);
+        }
+        const int n_act = j1 < j0 ? 0 : min(WARPS, (j1 - j0 + 8) / 8);
+        float acc[G][DPL], m[G], l[G];
+        for (int i = 0; i < WARPS / P; ++i) {
+            const int vw = pw + i * P;
+            if (vw >= n_act) break;
+            base = j0 + 8 * vw;
+            if (i > 0 || r != rg) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
+            gqa_init(acc, m, l);
+            while (base <= j1) {
+                const int next = base + 8 * WARPS;
+                if constexpr (WARPS == 8) {
+                    DecTask<DPL> nt;
+                    if (next <= j1) dec_load<DPL>(nt, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
+                    dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
+                    task = nt;
+                } else {
+                    dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
+                    if (next <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
+                }
+                base = next;
+            }
+            if (lane == 0)
+#pragma unroll
+                for (int g = 0; g < G; ++g) ms[vw * G + g] = m[g], ls[vw * G + g] = l[g];
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+#pragma unroll
+                for (int e = 0; e < DPL; ++e) accs[vw * G * HD + g * HD + lane * DPL + e] = acc[g][e];
+        }
+        group_sync(1 + rg, 32 * P);
+        // the rank's warps merged, as attention_dec's block merges them
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            float mb = NEG_INF;
+            for (int vw = 0; vw < n_act; ++vw) mb = fmaxf(mb, ms[vw * G + g]);
+            for (int vw = pw; vw < n_act; vw += P) {
+                const float mv = ms[vw * G + g], f = mv == NEG_INF ? 0.f : __expf(mv - mb);
+#pragma unroll
+                for (int e = 0; e < DPL; ++e) accs[vw * G * HD + g * HD + lane * DPL + e] *= f;
+            }
+            if (pw == 0 && lane == 0) {
+                float lb = 0.f;
+                for (int vw = 0; vw < n_act; ++vw)
+                    if (ms[vw * G + g] != NEG_INF) lb += ls[vw * G + g] * __expf(ms[vw * G + g] - mb);
+                rm[r * G + g] = mb, rl[r * G + g] = lb;
+            }
+        }
+        group_sync(1 + rg, 32 * P);
+        for (int i = pw * 32 + lane; i < G * HD; i += 32 * P) {
+            float sum = 0.f;
+            for (int vw = 0; vw < n_act; ++vw) sum += accs[vw * G * HD + i];
+            racc[r * L::RANK + i] = sum;
+        }
+        group_sync(1 + rg, 32 * P);  // the group's accumulators free for its next rank
+    }
+    __syncthreads();  // every rank's state complete
+    if (warp < G) {   // head g over the ranks in rank order, by warp g, as attention_dec's cluster block g
+        const int g = warp;
+        float mp = NEG_INF, lp = 0.f;
+        if (lane < ATT_CL) mp = rm[lane * G + g], lp = rl[lane * G + g];
+        const float mx = warp_max(mp);
+        const float wt = lane < ATT_CL && mp != NEG_INF ? __expf(mp - mx) : 0.f;
+        float wl = wt * lp;
+        float lsum = 0.f;
+#pragma unroll
+        for (int p = 0; p < ATT_CL; ++p) lsum += __shfl_sync(FULL, wl, p);
+        float o[DPL];
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) o[e] = 0.f;
+#pragma unroll
+        for (int p = 0; p < ATT_CL; ++p) {
+            const float wp = __shfl_sync(FULL, wt, p);
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) o[e] += racc[p * L::RANK + g * HD + lane * DPL + e] * wp;
+        }
+        const float inv = 1.f / lsum;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) o[e] *= inv;
+        if (int8) fwht_regs<DPL>(o);
+        const long long h = (long long)kvh * G + g;
+        float* hb = ob + g * HD;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) {
+            out[h * HD + lane * DPL + e] = o[e];
+            hb[lane * DPL + e] = o[e];
+        }
+        if (x8 != nullptr) {
+            __syncwarp();
+            const int cols = n_heads * HD;
+            const X8At xa = x8_quad(x8, x8_token, cols);
+#pragma unroll
+            for (int sb = 0; sb < HD / 32; ++sb) q8_code(hb[sb * 32 + lane], (int)(h * HD / 32) + sb, lane, xa);
+        }
+    }
+}
+
 // attention_decn_*: the decode rows of a step of several streams in one launch, blockIdx.y the row: dec holds
 // n_dec rows of qkv and out, then their slots, then their positions; a slot's K and V pools start kv_stride bytes
 // (its scales scale_stride floats) after the slot before it. x8 (or NULL): row r of the output coded as the o
@@ -561,6 +751,10 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
 #define DECN_WARPS 4
 #endif
 #define DECN_P(G, DPL) (DECN_WARPS < DEC_WARPS(G, DPL) ? DECN_WARPS : DEC_WARPS(G, DPL))
+// attention_decb's rank groups of DECN_P warps: 16 warps a block, 8 where DPL = 8 (whose tasks need 255 registers)
+#define DECB_RG_(DPL, P) (((DPL) <= 4 ? 16 : 8) / (P) > 1 ? ((DPL) <= 4 ? 16 : 8) / (P) : 1)
+#define DECB_RG(G, DPL) DECB_RG_(DPL, DECN_P(G, DPL))
+#define DECB_WARPS(G, DPL) (DECN_P(G, DPL) * DECB_RG(G, DPL))
 // as many blocks an SM as leave a thread attention_dec's registers (128 for DPL <= 4 at 16 warps, else 255 at 8)
 #define DEC_INSTANTIATE(G, DPL)                                                                                       \
     extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1) __launch_bounds__(32 * DEC_WARPS(G, DPL), 1)           \
@@ -586,6 +780,22 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         const long long row = d[0], slot = d[n_dec];                                                                  \
         const long long qkv_cols = (long long)(n_heads + 2 * n_kv) * 32 * DPL;                                       \
         attention_dec<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL)>(                                                     \
+            qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                             \
+            k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr, \
+            out + row * n_heads * 32 * DPL, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox,            \
+            d + 2 * n_dec, window, scale, softcap, row);                                                              \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * DECB_WARPS(G, DPL), 1)                                          \
+        attention_decb_##G##_##DPL(const float* qkv, char* k_pools, char* v_pools, float* k_scales, float* v_scales,  \
+                                   float* out, signed char* x8, int n_heads, int n_kv,                                \
+                                   const float* qk_norm, float eps, const float* cos_t, const float* sin_t,           \
+                                   int rope_dim, int neox, const int* dec,                                            \
+                                   int n_dec, long long kv_stride, long long scale_stride, int window, float scale,   \
+                                   float softcap) {                                                                   \
+        const int* d = dec + blockIdx.y;                                                                              \
+        const long long row = d[0], slot = d[n_dec];                                                                  \
+        const long long qkv_cols = (long long)(n_heads + 2 * n_kv) * 32 * DPL;                                       \
+        attention_decb<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL), DECB_RG(G, DPL)>(                                   \
             qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                             \
             k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr, \
             out + row * n_heads * 32 * DPL, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox,            \
