@@ -70,8 +70,11 @@ class GenieClient:
         return rid, self._pending[rid]
 
     async def _next(self, rid: str, queue: asyncio.Queue[Message]) -> Message:
+        if not queue.empty():  # already here (a stream's tokens come faster than they are read): no waiting
+            return queue.get_nowait()
         try:
-            return await asyncio.wait_for(queue.get(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # (wait_for would run the wait as a task of its own)
+                return await queue.get()
         except TimeoutError:
             return Error(request_id=rid, code="timeout", message=f"no answer within {self.timeout_s} s")
 
