@@ -372,6 +372,111 @@ __device__ __forceinline__ void dec_task(const DecTask<DPL>& t, const float* qs,
     for (int k = 0; k < 8; ++k) accumulate_v<G, DPL>(acc, p, t.v[k], 4 * k, int8);  // p is 0 for a dead key
 }
 
+// The token's rows of KV head kvh, a row a warp by role (role = warp + i STRIDE: r < G query head r, normed,
+// roped and (INT8) rotated into qs; where `last`, G the key and G + 1 the value, normed and roped (the key) and
+// stored into the pools at qpos). The norm weights and RoPE values load before the wait for the QKV product.
+template <int G, int DPL, int ROLES, int STRIDE>
+__device__ __forceinline__ void dec_rows(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale,
+                                         float* qs, int n_heads, int n_kv, int kvh, bool last, const float* qk_norm,
+                                         float eps, const float* cos_t, const float* sin_t, int rope_dim, int neox,
+                                         int qpos, bool int8) {
+    constexpr int HD = 32 * DPL;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float w[DPL], c[DPL], sn[DPL], v[DPL];
+#pragma unroll
+    for (int i = 0; i < ROLES; ++i) {
+        const int role = warp + i * STRIDE;
+        const int row = role < G ? kvh * G + role : role == G && last ? n_heads + kvh : role == G + 1 && last ? -1 : -2;
+        if (row >= 0) {
+            rope_pairs<DPL>(c, sn, cos_t, sin_t, rope_dim, neox, qpos);
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) w[e] = qk_norm ? qk_norm[(long long)row * HD + lane * DPL + e] : 1.f;
+        }
+        if (i == 0) GRID_DEP_START();
+        if (row != -2) {
+            const long long src = row >= 0 ? (long long)row * HD : (long long)(n_heads + n_kv + kvh) * HD;
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) v[e] = qkv[src + lane * DPL + e];
+        }
+        if (row >= 0) norm_rope_regs<DPL>(v, w, qk_norm != nullptr, eps, c, sn, rope_dim, neox);
+        if (role < G) {  // a query head: rotated (INT8) into shared memory
+            if (int8) fwht_regs<DPL>(v);
+            float* q = qs + role * DEC_HDP(DPL) + (lane >> 3) * DEC_QP(DPL) + (lane & 7) * DPL;
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) q[e] = v[e];
+        } else if (row != -2) {  // the token's key or value row into the pools
+            const long long dst = (long long)qpos * n_kv + kvh;
+            if (row >= 0) store_row_regs<DPL>(v, k_pool, k_scale, dst);
+            else store_row_regs<DPL>(v, v_pool, v_scale, dst);
+        }
+    }
+}
+// A virtual warp's tasks from base to j1, 8 WARPS keys apart, into its online softmax (acc, m, l as gqa_init left
+// them); `task` holds the first one's loads
+template <int G, int DPL, int WARPS>
+__device__ __forceinline__ void dec_scan(DecTask<DPL>& task, int base, int j1, const float* qs, const void* k_pool,
+                                         const void* v_pool, const float* k_scale, const float* v_scale, int n_kv,
+                                         int kvh, float scale, float softcap, bool int8, float (&acc)[G][DPL],
+                                         float (&m)[G], float (&l)[G]) {
+    while (base <= j1) {
+        const int next = base + 8 * WARPS;
+        if constexpr (WARPS == 8) {  // the next task's loads go out before this one's arithmetic
+            DecTask<DPL> nt;
+            if (next <= j1) dec_load<DPL>(nt, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
+            dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
+            task = nt;
+        } else {  // 16 warps: two tasks' loads would not fit their 128 registers (the first went out early)
+            dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
+            if (next <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
+        }
+        base = next;
+    }
+}
+
+// Head g of KV head kvh merged over the ranks in rank order (attention_dec's cluster block g, attention_decb's
+// warp g): rank p's max m_of(p), sum l_of(p) and merged accumulator acc_of(p, e) (at lane DPL + e) weighed and
+// summed, normalized, rotated back (INT8: V's blk equals K's, hd == hdv), written to out [n_heads * HD] and, when
+// x8 is not NULL, coded at xa as the o product's input as q8_input would; hb: HD floats of shared memory the
+// coding reads the head from.
+template <int G, int DPL, class MOf, class LOf, class AccOf>
+__device__ __forceinline__ void dec_head(int g, int kvh, float* out, const signed char* x8, X8At xa, int n_heads,
+                                         bool int8, float* hb, MOf m_of, LOf l_of, AccOf acc_of) {
+    constexpr int HD = 32 * DPL;
+    const int lane = threadIdx.x & 31;
+    float mp = NEG_INF, lp = 0.f;
+    if (lane < ATT_CL) mp = m_of(lane), lp = l_of(lane);
+    const float mx = warp_max(mp);
+    const float w = lane < ATT_CL && mp != NEG_INF ? __expf(mp - mx) : 0.f;
+    float wl = w * lp;  // the sum over the ranks in rank order, as every run
+    float lsum = 0.f;
+#pragma unroll
+    for (int p = 0; p < ATT_CL; ++p) lsum += __shfl_sync(FULL, wl, p);
+    float v[DPL];
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) v[e] = 0.f;
+#pragma unroll
+    for (int p = 0; p < ATT_CL; ++p) {
+        const float wp = __shfl_sync(FULL, w, p);
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) v[e] += acc_of(p, e) * wp;
+    }
+    const float inv = 1.f / lsum;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) v[e] *= inv;
+    if (int8) fwht_regs<DPL>(v);
+    const long long h = (long long)kvh * G + g;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) {
+        out[h * HD + lane * DPL + e] = v[e];
+        hb[lane * DPL + e] = v[e];
+    }
+    if (x8 != nullptr) {
+        __syncwarp();
+#pragma unroll
+        for (int sb = 0; sb < HD / 32; ++sb) q8_code(hb[sb * 32 + lane], (int)(h * HD / 32) + sb, lane, xa);
+    }
+}
+
 // P warps run the WARPS warps whose shares of the keys and merge order the arithmetic is defined by (virtual
 // warps; physical warp p runs p, p + P, ...): P == WARPS for one stream, fewer for a step of many streams, whose
 // blocks are then small enough for several an SM. A virtual warp's tasks, online softmax, and its place in the
@@ -408,36 +513,9 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     DecTask<DPL> task;
     int base = j0 + 8 * warp;
     if (base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
-    const bool last = rank == ATT_CL - 1;
-    float w[DPL], c[DPL], sn[DPL], v[DPL];
     constexpr int ROLES = P == WARPS ? 1 : (G + 2 + P - 1) / P;  // roles a warp takes at most
-#pragma unroll
-    for (int i = 0; i < ROLES; ++i) {
-        const int role = warp + i * P;
-        const int row = role < G ? kvh * G + role : role == G && last ? n_heads + kvh : role == G + 1 && last ? -1 : -2;
-        if (row >= 0) {
-            rope_pairs<DPL>(c, sn, cos_t, sin_t, rope_dim, neox, qpos);
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) w[e] = qk_norm ? qk_norm[(long long)row * HD + lane * DPL + e] : 1.f;
-        }
-        if (i == 0) GRID_DEP_START();
-        if (row != -2) {
-            const long long src = row >= 0 ? (long long)row * HD : (long long)(n_heads + n_kv + kvh) * HD;
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) v[e] = qkv[src + lane * DPL + e];
-        }
-        if (row >= 0) norm_rope_regs<DPL>(v, w, qk_norm != nullptr, eps, c, sn, rope_dim, neox);
-        if (role < G) {  // a query head: rotated (INT8) into shared memory
-            if (int8) fwht_regs<DPL>(v);
-            float* q = qs + role * DEC_HDP(DPL) + (lane >> 3) * DEC_QP(DPL) + (lane & 7) * DPL;
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) q[e] = v[e];
-        } else if (row != -2) {  // the token's key or value row into the pools
-            const long long dst = (long long)qpos * n_kv + kvh;
-            if (row >= 0) store_row_regs<DPL>(v, k_pool, k_scale, dst);
-            else store_row_regs<DPL>(v, v_pool, v_scale, dst);
-        }
-    }
+    dec_rows<G, DPL, ROLES, P>(qkv, k_pool, v_pool, k_scale, v_scale, qs, n_heads, n_kv, kvh, rank == ATT_CL - 1,
+                               qk_norm, eps, cos_t, sin_t, rope_dim, neox, qpos, int8);
     __syncthreads();  // queries ready; the new K/V rows visible to this block's loads
     if (base <= j1 && base + 7 >= qpos)  // the task holding the new key read its rows before they were stored
         dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
@@ -448,19 +526,8 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         base = j0 + 8 * vw;
         if (P < WARPS && vw != warp && base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
         gqa_init(acc, m, l);
-        while (base <= j1) {
-            const int next = base + 8 * WARPS;
-            if constexpr (WARPS == 8) {  // the next task's loads go out before this one's arithmetic
-                DecTask<DPL> nt;
-                if (next <= j1) dec_load<DPL>(nt, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
-                dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
-                task = nt;
-            } else {  // 16 warps: two tasks' loads would not fit their 128 registers (the first went out early)
-                dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
-                if (next <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
-            }
-            base = next;
-        }
+        dec_scan<G, DPL, WARPS>(task, base, j1, qs, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, scale, softcap, int8,
+                                acc, m, l);
         if constexpr (P < WARPS) {  // its state as it ends, scaled to the block's max below (P == WARPS: one
                                     // virtual warp a warp, its state stays in registers)
             if (lane == 0)
@@ -510,42 +577,12 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     cluster_sync();  // every block's state is complete
     if (rank < G && warp == 0) {  // head g = rank over the cluster, by one warp, peers in rank order
         const int g = rank;
-        float mp = NEG_INF, lp = 0.f;
-        if (lane < ATT_CL) mp = ld_peer(&bm[g], lane), lp = ld_peer(&bl[g], lane);
-        const float mx = warp_max(mp);
-        const float w = lane < ATT_CL && mp != NEG_INF ? __expf(mp - mx) : 0.f;
-        float wl = w * lp;  // the sum over the peers in rank order, as every run
-        float lsum = 0.f;
-#pragma unroll
-        for (int p = 0; p < ATT_CL; ++p) lsum += __shfl_sync(FULL, wl, p);
-        float v[DPL];
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) v[e] = 0.f;
-#pragma unroll
-        for (int p = 0; p < ATT_CL; ++p) {
-            const float wp = __shfl_sync(FULL, w, p);
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) v[e] += ld_peer(&accs[0][g * HD + lane * DPL + e], p) * wp;
-        }
-        const float inv = 1.f / lsum;
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) v[e] *= inv;
-        if (int8) fwht_regs<DPL>(v);  // back from the rotation (V's blk equals K's: hd == hdv)
-        const long long h = (long long)kvh * G + g;
-        float* o = kvb;
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) {
-            out[h * HD + lane * DPL + e] = v[e];
-            o[lane * DPL + e] = v[e];
-        }
-        if (x8 != nullptr) {  // the o product's input, coded as q8_input would (x8_token >= 0: that token of an
-                              // n-token product's input)
-            __syncwarp();
-            const int cols = n_heads * HD;
-            const X8At xa = x8_token < 0 ? x8_row(x8, cols) : x8_quad(x8, x8_token, cols);
-#pragma unroll
-            for (int sb = 0; sb < HD / 32; ++sb) q8_code(o[sb * 32 + lane], (int)(h * HD / 32) + sb, lane, xa);
-        }
+        const int cols = n_heads * HD;  // x8_token >= 0: that token of an n-token product's input
+        const X8At xa = x8_token < 0 ? x8_row(x8, cols) : x8_quad(x8, x8_token, cols);
+        dec_head<G, DPL>(
+            g, kvh, out, x8, xa, n_heads, int8, kvb, [&](int p) { return ld_peer(&bm[g], p); },
+            [&](int p) { return ld_peer(&bl[g], p); },
+            [&](int p, int e) { return ld_peer(&accs[0][g * HD + lane * DPL + e], p); });
     }
     cluster_sync();  // no block leaves while a peer may still read its shared memory
 }
@@ -603,35 +640,8 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
     DecTask<DPL> task;
     int base = j0 + 8 * pw;
     if (base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
-    float w[DPL], c[DPL], sn[DPL], v[DPL];
-    constexpr int ROLES = (G + 2 + NW - 1) / NW;
-#pragma unroll
-    for (int i = 0; i < ROLES; ++i) {
-        const int role = warp + i * NW;
-        const int row = role < G ? kvh * G + role : role == G ? n_heads + kvh : role == G + 1 ? -1 : -2;
-        if (row >= 0) {
-            rope_pairs<DPL>(c, sn, cos_t, sin_t, rope_dim, neox, qpos);
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) w[e] = qk_norm ? qk_norm[(long long)row * HD + lane * DPL + e] : 1.f;
-        }
-        if (i == 0) GRID_DEP_START();
-        if (row != -2) {
-            const long long src = row >= 0 ? (long long)row * HD : (long long)(n_heads + n_kv + kvh) * HD;
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) v[e] = qkv[src + lane * DPL + e];
-        }
-        if (row >= 0) norm_rope_regs<DPL>(v, w, qk_norm != nullptr, eps, c, sn, rope_dim, neox);
-        if (role < G) {
-            if (int8) fwht_regs<DPL>(v);
-            float* q = qs + role * DEC_HDP(DPL) + (lane >> 3) * DEC_QP(DPL) + (lane & 7) * DPL;
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) q[e] = v[e];
-        } else if (row != -2) {
-            const long long dst = (long long)qpos * n_kv + kvh;
-            if (row >= 0) store_row_regs<DPL>(v, k_pool, k_scale, dst);
-            else store_row_regs<DPL>(v, v_pool, v_scale, dst);
-        }
-    }
+    dec_rows<G, DPL, (G + 2 + NW - 1) / NW, NW>(qkv, k_pool, v_pool, k_scale, v_scale, qs, n_heads, n_kv, kvh, true,
+                                                qk_norm, eps, cos_t, sin_t, rope_dim, neox, qpos, int8);
     __syncthreads();  // queries ready; the new K/V rows visible to the block's loads
     if (base <= j1 && base + 7 >= qpos) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
     for (int r = rg; r < ATT_CL; r += RG) {  // virtual rank r: cluster block r of attention_dec
@@ -647,19 +657,8 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
             base = j0 + 8 * vw;
             if (i > 0 || r != rg) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
             gqa_init(acc, m, l);
-            while (base <= j1) {
-                const int next = base + 8 * WARPS;
-                if constexpr (WARPS == 8) {
-                    DecTask<DPL> nt;
-                    if (next <= j1) dec_load<DPL>(nt, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
-                    dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
-                    task = nt;
-                } else {
-                    dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
-                    if (next <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
-                }
-                base = next;
-            }
+            dec_scan<G, DPL, WARPS>(task, base, j1, qs, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, scale, softcap,
+                                    int8, acc, m, l);
             if (lane == 0)
 #pragma unroll
                 for (int g = 0; g < G; ++g) ms[vw * G + g] = m[g], ls[vw * G + g] = l[g];
@@ -695,43 +694,12 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
         group_sync(1 + rg, 32 * P);  // the group's accumulators free for its next rank
     }
     __syncthreads();  // every rank's state complete
-    if (warp < G) {   // head g over the ranks in rank order, by warp g, as attention_dec's cluster block g
+    if (warp < G) {  // head g over the ranks in rank order, by warp g, as attention_dec's cluster block g
         const int g = warp;
-        float mp = NEG_INF, lp = 0.f;
-        if (lane < ATT_CL) mp = rm[lane * G + g], lp = rl[lane * G + g];
-        const float mx = warp_max(mp);
-        const float wt = lane < ATT_CL && mp != NEG_INF ? __expf(mp - mx) : 0.f;
-        float wl = wt * lp;
-        float lsum = 0.f;
-#pragma unroll
-        for (int p = 0; p < ATT_CL; ++p) lsum += __shfl_sync(FULL, wl, p);
-        float o[DPL];
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) o[e] = 0.f;
-#pragma unroll
-        for (int p = 0; p < ATT_CL; ++p) {
-            const float wp = __shfl_sync(FULL, wt, p);
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) o[e] += racc[p * L::RANK + g * HD + lane * DPL + e] * wp;
-        }
-        const float inv = 1.f / lsum;
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) o[e] *= inv;
-        if (int8) fwht_regs<DPL>(o);
-        const long long h = (long long)kvh * G + g;
-        float* hb = ob + g * HD;
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) {
-            out[h * HD + lane * DPL + e] = o[e];
-            hb[lane * DPL + e] = o[e];
-        }
-        if (x8 != nullptr) {
-            __syncwarp();
-            const int cols = n_heads * HD;
-            const X8At xa = x8_quad(x8, x8_token, cols);
-#pragma unroll
-            for (int sb = 0; sb < HD / 32; ++sb) q8_code(hb[sb * 32 + lane], (int)(h * HD / 32) + sb, lane, xa);
-        }
+        dec_head<G, DPL>(
+            g, kvh, out, x8, x8_quad(x8, x8_token, n_heads * HD), n_heads, int8, ob + g * HD,
+            [&](int p) { return rm[p * G + g]; },
+            [&](int p) { return rl[p * G + g]; }, [&](int p, int e) { return racc[p * L::RANK + g * HD + lane * DPL + e]; });
     }
 }
 
@@ -756,6 +724,21 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
 #define DECB_RG(G, DPL) DECB_RG_(DPL, DECN_P(G, DPL))
 #define DECB_WARPS(G, DPL) (DECN_P(G, DPL) * DECB_RG(G, DPL))
 // as many blocks an SM as leave a thread attention_dec's registers (128 for DPL <= 4 at 16 warps, else 255 at 8)
+// A kernel over a step's decode rows (attention_decn_*, attention_decb_*): blockIdx.y's row, its slot's pools and
+// its position, into FN (attention_dec run on fewer warps, or attention_decb)
+#define DEC_ROWS(NAME, DPL, FN)                                                                                       \
+    NAME(const float* qkv, char* k_pools, char* v_pools, float* k_scales, float* v_scales, float* out, signed char* x8, \
+         int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t, const float* sin_t, int rope_dim, \
+         int neox, const int* dec, int n_dec, long long kv_stride, long long scale_stride, int window, float scale,    \
+         float softcap) {                                                                                             \
+        const int* d = dec + blockIdx.y;                                                                              \
+        const long long row = d[0], slot = d[n_dec];                                                                  \
+        const long long qkv_cols = (long long)(n_heads + 2 * n_kv) * 32 * DPL;                                       \
+        FN(qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                              \
+           k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr,   \
+           out + row * n_heads * 32 * DPL, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox, d + 2 * n_dec, \
+           window, scale, softcap, row);                                                                              \
+    }
 #define DEC_INSTANTIATE(G, DPL)                                                                                       \
     extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1) __launch_bounds__(32 * DEC_WARPS(G, DPL), 1)           \
         attention_dec_##G##_##DPL(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale,      \
@@ -770,37 +753,10 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
     }                                                                                                                 \
     extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1)                                                       \
         __launch_bounds__(32 * DECN_P(G, DPL), ((DPL) <= 4 ? 16 : 8) / DECN_P(G, DPL))                                  \
-        attention_decn_##G##_##DPL(const float* qkv, char* k_pools, char* v_pools, float* k_scales, float* v_scales,  \
-                                   float* out, signed char* x8, int n_heads, int n_kv,                                \
-                                   const float* qk_norm, float eps, const float* cos_t, const float* sin_t,           \
-                                   int rope_dim, int neox, const int* dec,                                            \
-                                   int n_dec, long long kv_stride, long long scale_stride, int window, float scale,   \
-                                   float softcap) {                                                                   \
-        const int* d = dec + blockIdx.y;                                                                              \
-        const long long row = d[0], slot = d[n_dec];                                                                  \
-        const long long qkv_cols = (long long)(n_heads + 2 * n_kv) * 32 * DPL;                                       \
-        attention_dec<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL)>(                                                     \
-            qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                             \
-            k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr, \
-            out + row * n_heads * 32 * DPL, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox,            \
-            d + 2 * n_dec, window, scale, softcap, row);                                                              \
-    }                                                                                                                 \
+        DEC_ROWS(attention_decn_##G##_##DPL, DPL, (attention_dec<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL)>))           \
     extern "C" __global__ void __launch_bounds__(32 * DECB_WARPS(G, DPL), 1)                                          \
-        attention_decb_##G##_##DPL(const float* qkv, char* k_pools, char* v_pools, float* k_scales, float* v_scales,  \
-                                   float* out, signed char* x8, int n_heads, int n_kv,                                \
-                                   const float* qk_norm, float eps, const float* cos_t, const float* sin_t,           \
-                                   int rope_dim, int neox, const int* dec,                                            \
-                                   int n_dec, long long kv_stride, long long scale_stride, int window, float scale,   \
-                                   float softcap) {                                                                   \
-        const int* d = dec + blockIdx.y;                                                                              \
-        const long long row = d[0], slot = d[n_dec];                                                                  \
-        const long long qkv_cols = (long long)(n_heads + 2 * n_kv) * 32 * DPL;                                       \
-        attention_decb<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL), DECB_RG(G, DPL)>(                                   \
-            qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                             \
-            k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr, \
-            out + row * n_heads * 32 * DPL, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox,            \
-            d + 2 * n_dec, window, scale, softcap, row);                                                              \
-    }
+        DEC_ROWS(attention_decb_##G##_##DPL, DPL,                                                                     \
+                 (attention_decb<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL), DECB_RG(G, DPL)>))
 DEC_INSTANTIATE(1, 2)
 DEC_INSTANTIATE(1, 4)
 DEC_INSTANTIATE(1, 8)
