@@ -94,7 +94,8 @@ class Scheduler:
         are the tokens read into text. A token that surely ends its sequence (end of generation, its limit, a
         full context) keeps it out of the next pass; one that ends it otherwise (a stop string, a complete JSON
         value) leaves a row of the next pass unused, whose K/V, that token's, stays valid in the slot. When the
-        next pass differs in make-up from the last one launched, the tokens are read first (below)."""
+        next pass differs in make-up from the last one launched, the tokens are read first and their events
+        returned before that pass (below)."""
         events: list[tuple[Sequence, Event]] = []
         self._freed = set()
         sampled: list[tuple[Sequence, int | Exception]] = []
@@ -117,10 +118,13 @@ class Scheduler:
         segments, seqs = self._plan(held)
         if self._shape(segments) != self._ahead_shape:
             # a pass of another make-up than the last (a stream joined or left, a prompt chunk) may be captured
-            # or run eagerly first, tens of milliseconds of the host: the sampled tokens go out before it (a
-            # first token waited for a new step's capture: 39 ms through the daemon), and it is planned again
-            # with them. Passes that repeat the last one's make-up replay a captured step: launched ahead.
+            # or run eagerly first, tens of milliseconds of the host: the sampled tokens are read first and, when
+            # they made events, go back to the caller before that pass, which the next call plans and runs (a
+            # first token through the daemon waited 30-40 ms for such a capture while its DELTA sat in this
+            # call's events). Passes that repeat the last one's make-up replay a captured step: launched ahead.
             self._accept(sampled, pos, events, [])
+            if events:
+                return events
             segments, seqs = self._plan(set())
             self._inflight = self._run_pass(segments, seqs, events)
             self._ahead_shape = self._shape(segments)

@@ -490,6 +490,38 @@ def test_steps_launched_ahead_give_each_stream_what_it_gets_alone(
             assert engine.kv.resident[seq.slot] == [*ids, *done.token_ids[:-1]]  # the last token ended it: not run
 
 
+def test_a_token_sampled_before_a_pass_of_another_make_up_is_returned_before_that_pass_runs(tmp_path: Path) -> None:
+    """Launched ahead, a stream decoding alone, then a prompt joining: the step that samples the stream's token
+    and finds the next pass of another make-up (its decode row and the prompt's chunk, which a device may
+    capture first, tens of milliseconds) returns that token's event without running the pass; the next step
+    runs it. Passes of the same make-up still run in the call that reads the tokens of the one before."""
+    engine = make(model_path(tmp_path, "qwen3"), "int8", ahead=True)
+    first = engine.sequence(prompt(81, 6), greedy(12))
+    runs: list[tuple[int, ...]] = []
+    run_step = engine.run_step
+
+    def counting(segments, interrupt):  # type: ignore[no-untyped-def]
+        runs.append(tuple(seg.n for seg in segments))
+        return run_step(segments, interrupt)
+
+    engine.run_step = counting  # type: ignore[method-assign]
+    sched = engine.scheduler
+    sched.submit(first)
+    while len(first.generated) < 3:
+        sched.step()
+    before = len(runs)
+    events = sched.step()  # a decode pass like the last: launched in the same call that reads a token
+    assert len(runs) == before + 1 and runs[-1] == (1,) and any(seq is first for seq, _ in events)
+    sched.submit(engine.sequence(prompt(82, 20), greedy(4)))
+    before = len(runs)
+    events = sched.step()  # the next pass would be (1, 8): the token goes back first, nothing launched
+    assert len(runs) == before and [seq for seq, _ in events] == [first]
+    events = sched.step()
+    assert runs[before:] == [(1, CHUNK)]
+    while not sched.idle:
+        sched.step()
+
+
 def plain_events(engine: Engine, ids: list[int], params: SamplingParams) -> list:
     for resident in engine.kv.resident:
         resident.clear()
