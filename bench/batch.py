@@ -3,7 +3,7 @@ first token for short prompts, in-process, beside llama.cpp's batched numbers.
 
     python bench/batch.py [--models qwen3-4b qwen3-0.6b gemma4-e2b] [--kv int8 f16] [--streams 1 2 4 8 16]
                           [--prompt 128] [--gen 128] [--ttft 8 33 128 512] [--voice 7] [--backend auto] [--whole]
-                          [--tune KNOB:VALUE[,KNOB:VALUE...]] [--launch-ahead auto|on|off] [--out DIR]
+                          [--tune KNOB:VALUE[,KNOB:VALUE...]] [--launch-ahead auto|on|off] [--repeats 3] [--out DIR]
 
 GPU models are the synthetic files of the exact shapes (bench/synthetic.py, written into --out); on a CPU
 pass the real ones (`--models smollm2-135m gemma3-270m`). Each stream gets its own random prompt of
@@ -12,7 +12,9 @@ together: the table gives the aggregate tokens/s of the steps in which all of th
 after every prompt has given its first token to the one in which the first stream ends: the prompts are
 admitted over several steps, so the first ones end first, and the steps after that run fewer streams; what
 llama.cpp's `llama-batched-bench` reports as S_TG, where every stream decodes in every step), its ratio to
-genie's one stream, and llama.cpp's figure with the ratio to it: the numbers
+genie's one stream, and llama.cpp's figure with the ratio to it; the median of --repeats runs (their range
+beside it), after an untimed run of 8 tokens that captures the steps of that many streams (else the first run
+pays a capture, ~30 ms, inside its timed steps): the numbers
 in ../shared/ANCHORS.md measured on the same H200 (none for E2B yet, none on a CPU). TTFT: median of 7 of
 submit -> first token sampled, on an idle engine holding nothing of the prompt. --voice N: a voice request
 (33-token prompt, 16 tokens) while N background streams decode: its TTFT (median of 5) against the same on an
@@ -205,8 +207,11 @@ def main() -> None:
         default="auto",
         help="EngineConfig.launch_ahead (scheduler.py; auto: on for a GPU backend)",
     )
+    p.add_argument("--repeats", type=int, default=3, help="timed runs a stream count, the median reported")
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     args = p.parse_args()
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for model in args.models:
@@ -221,17 +226,20 @@ def main() -> None:
                 apply(engine.backend, parse_variant(f"tuned={args.tune}")[1])
                 print(f"\ntuning: {engine.backend.tuning}")  # type: ignore[attr-defined]
             print(f"\n## {model}, {kv} KV, {engine.backend.device_name}, {args.prompt}-token prompts + {args.gen} each")
-            print("| streams | genie tok/s | x one stream | llama.cpp tok/s | genie / llama.cpp |")
-            print("|---|---|---|---|---|")
-            aggregate(engine, 1, args.prompt, 8, rng)  # compiles and captures the one-stream steps
+            head = "range | x one stream | llama.cpp tok/s | genie / llama.cpp"
+            print(f"| streams | genie tok/s (median of {args.repeats}) | {head} |")
+            print("|---|---|---|---|---|---|")
             one = None
             for n in args.streams:
-                tok_s = aggregate(engine, n, args.prompt, args.gen, rng, args.whole)
+                aggregate(engine, n, args.prompt, 8, rng)  # compiles and captures the steps of n streams
+                runs = [aggregate(engine, n, args.prompt, args.gen, rng, args.whole) for _ in range(args.repeats)]
+                tok_s = statistics.median(runs)
                 one = one or (tok_s if n == 1 else None)
                 ref = ANCHORS.get(model, {}).get(n)
                 ratio = f"{tok_s / one:.2f}" if one else "-"
                 vs = f"{tok_s / ref:.2f}" if ref else "-"
-                print(f"| {n} | {tok_s:,.0f} | {ratio} | {ref or '-'} | {vs} |", flush=True)
+                spread = f"{min(runs):,.0f}-{max(runs):,.0f}"
+                print(f"| {n} | {tok_s:,.0f} | {spread} | {ratio} | {ref or '-'} | {vs} |", flush=True)
             if args.ttft:
                 print("\n| prompt tokens | TTFT ms (median of 7) | llama.cpp ms |")
                 print("|---|---|---|")
