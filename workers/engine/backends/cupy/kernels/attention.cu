@@ -698,8 +698,8 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
         const int g = warp;
         dec_head<G, DPL>(
             g, kvh, out, x8, x8_quad(x8, x8_token, n_heads * HD), n_heads, int8, ob + g * HD,
-            [&](int p) { return rm[p * G + g]; },
-            [&](int p) { return rl[p * G + g]; }, [&](int p, int e) { return racc[p * L::RANK + g * HD + lane * DPL + e]; });
+            [&](int p) { return rm[p * G + g]; }, [&](int p) { return rl[p * G + g]; },
+            [&](int p, int e) { return racc[p * L::RANK + g * HD + lane * DPL + e]; });
     }
 }
 
