@@ -630,9 +630,8 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
     float* rl = rm + ATT_CL * G;
     const int kvh = blockIdx.x;
     const bool int8 = k_scale != nullptr;
-    // before the wait, as attention_dec: the keys' split, this warp's first task's loads (its group's first
-    // rank), the norm weights and RoPE values of the row it norms (role r < G: query head r, G the key, G + 1
-    // the value)
+    // as attention_dec: the keys' split and this warp's first task's loads (its group's first rank) before the
+    // wait, then the token's rows (dec_rows: a warp a role, every role in this one block)
     const int qpos = *pos0p;
     const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
     const int n_tasks = (qpos - lo + 8) / 8;
