@@ -238,9 +238,10 @@ cp.cuda.Device().synchronize()
 
 def test_the_n_token_product_reads_no_quad_past_its_input(gpu):
     """gemvn's blocks take groups of four tokens in sets of 1, 2 or 4 groups; the last set of a token count
-    that is not a multiple of its size has groups with no token, whose quads the input buffer does not hold
-    (x8_quads makes one a four tokens): under compute-sanitizer's memcheck, no launch reads past it (each read
-    of such a quad's scales once faulted the worker, now and then, with an illegal address)."""
+    that is not a multiple of its size has groups with no token, whose quads the kernel reads all the same
+    (x8_quads allocates three past the tokens' for them): under compute-sanitizer's memcheck, no launch reads past
+    the buffer (before those three quads, such reads once faulted the worker, now and then, with an illegal
+    address)."""
     import glob
     import os
     import shutil

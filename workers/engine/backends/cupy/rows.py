@@ -53,10 +53,13 @@ def x8_row_bytes(cols: int) -> int:
 
 def x8_quads(xp: Any, n: int, cols: int) -> Any:
     """An n-token x8 buffer (gemvn's input, common.cuh): the tokens in quads of four, 11 cols bytes a quad (four
-    tokens' codes, scales, sums and the 16-value sums of codes Q6_K's offset takes), a quad a row."""
+    tokens' codes, scales, sums and the 16-value sums of codes Q6_K's offset takes), a quad a row. Three quads
+    more are allocated behind the view returned: gemvn's blocks take sets of 1, 2 or 4 quads, and the last set of
+    any slice of L quads reads up to round_up(L, 4) <= L + 3 from the slice's start (those columns are never
+    written; the kernel reads them rather than test each group, which cost 14 % of a 16-stream step)."""
     if cols % 128:
         raise ValueError(f"the n-token layout needs a multiple of 128 values, not {cols}")
-    return xp.empty((-(-n // 4), 11 * cols), dtype=xp.int8)
+    return xp.empty((-(-n // 4) + 3, 11 * cols), dtype=xp.int8)[: -(-n // 4)]
 
 
 @dataclass(frozen=True)

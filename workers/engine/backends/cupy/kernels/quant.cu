@@ -670,9 +670,10 @@ __device__ __forceinline__ void mma_item_n12(const u8* r0, const u8* r1, int q, 
     }
 #pragma unroll
     for (int tg = 0; tg < NG; ++tg) {
-        if (4 * tg >= n_tok) break;  // the set's last quads hold no token, and the buffer ends before them
         // B's token (a pad's codes are zero; its column's scales, read from the quad's unused slot, reach only
-        // that column's sums, which are never written)
+        // that column's sums, which are never written). A set's last groups may hold no token: their quads lie
+        // in the three x8_quads allocates past the tokens' (rows.py), and their columns are never written either.
+        // No test of n_tok here: a branch in this unrolled loop cost 14 % of a 16-stream step (bench/NOTES.md v19).
         const int tb = 4 * tg + (g >> 1);
         const signed char* qb = x8 + tg * qst;  // the quad of tokens 4 tg .. 4 tg + 3
         const signed char* xb = qb + 256LL * sbu + 8 * (4 * g + t);
@@ -729,7 +730,6 @@ __device__ __forceinline__ void mma_item_n14(const u8* r0, const u8* r1, int q, 
     const bool lo = (t >> 1) == 0;  // this lane's B rows hold values 0-15 of a sub-block (else 16-31)
 #pragma unroll
     for (int tg = 0; tg < NG; ++tg) {
-        if (4 * tg >= n_tok) break;  // as mma_item_n12
         const int tb = 4 * tg + (g >> 1);
         const signed char* qb = x8 + tg * qst;  // the quad of tokens 4 tg .. 4 tg + 3
         const signed char* xb = qb + 256LL * sbu + 8 * (4 * g + t);
