@@ -96,6 +96,11 @@ class Engine:
         mc = self.model.config
         self.n_ctx = self.plan.n_ctx
         self.kv = KVCache(kv_cache_config(mc, self.n_ctx, self.plan.n_slots, config.kv_dtype), self.backend.xp)
+        # the largest step: a budget of prompt tokens over the slots, each chunk padded to its step bucket (at
+        # most twice its length, or the smallest bucket), decode rows padded to nothing
+        smallest = min(self.backend.step_buckets, default=1)
+        most = 2 * config.prefill_chunk + smallest * self.plan.n_slots
+        self.backend.reserve_steps(most, self.plan.n_slots, self.n_ctx)
         # never sampled: a text answer has no image or audio in it. Gemma 3 270M writes "<start_of_image>"
         # between sentences, which then printed as nothing glues them together ("people.But"); Google's own
         # Gemma sampler forbids these tokens too (its FORBIDDEN_TOKENS)

@@ -1,12 +1,18 @@
-"""The engine's captured steps: those keyed by a batch's make-up are bounded, least recently used out first."""
+"""The engine's captured steps: those keyed by a batch's make-up are bounded, least recently used out first; and
+what they read is sized for the engine's largest step before the first is captured, so none goes stale."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from workers.engine.captured_steps import CapturedSteps, shaped
+import numpy as np
+import pytest
 
-from .test_batching import PaddingNumpy, model_path, on_backend, run_mixed
+from workers.engine.backends.cupy import cupy_available
+from workers.engine.captured_steps import CapturedSteps, shaped
+from workers.engine.engine import Engine, EngineConfig
+
+from .test_batching import PaddingNumpy, greedy, model_path, on_backend, prompt, run_mixed
 
 
 def mixed(i: int) -> tuple:
@@ -53,3 +59,62 @@ def test_an_engine_keeps_at_most_its_bound_of_mixed_steps(tmp_path: Path) -> Non
     made = {key for key, capturable in backend.keys if capturable and shaped(key)}  # NumPy: decode steps by slots
     assert len(made) > 2 and any(key[0] == "mixed" for key in made)  # more shapes than the bound came
     assert len([k for k in engine._steps if shaped(k)]) == 2 and engine._steps.evicted >= len(made) - 2
+
+
+class ReservingNumpy(PaddingNumpy):
+    """Records what the engine reserved, and each step's rows and segments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reserved: list[tuple[int, int, int]] = []
+        self.rows: list[int] = []
+        self.segments: list[int] = []
+
+    def reserve_steps(self, max_tokens: int, max_segments: int, n_ctx: int) -> None:
+        super().reserve_steps(max_tokens, max_segments, n_ctx)
+        self.reserved.append((max_tokens, max_segments, n_ctx))
+
+    def stage_inputs(self, ids: np.ndarray, pos0: int, slot: int = 0):  # type: ignore[no-untyped-def]
+        self.rows.append(len(ids))
+        return super().stage_inputs(ids, pos0, slot)
+
+    def stage_batch(self, batch):  # type: ignore[no-untyped-def]
+        self.segments.append(len(batch.segments))
+        return super().stage_batch(batch)
+
+
+def test_an_engine_reserves_its_largest_step_and_its_steps_stay_within_it(tmp_path: Path) -> None:
+    """Engine tells its backend once, before any step: a budget of 32 prompt tokens, each chunk padded to its
+    bucket (16 at least), over 4 slots; then streams that join mid-way, and 4 short prompts at once (each padded
+    from 3 to 16 tokens), run no step of more rows or segments."""
+    backend = ReservingNumpy()
+    engine = on_backend(model_path(tmp_path, "llama"), backend)  # chunks of 32, 4 slots, 160 positions
+    assert backend.reserved == [(2 * 32 + 16 * 4, 4, 160)]
+    run_mixed(engine)
+    for i in range(4):
+        engine.scheduler.submit(engine.sequence(prompt(10 + i, 3), greedy(2)))
+    while not engine.scheduler.idle:
+        engine.scheduler.step()
+    assert max(backend.segments) == 4 and 4 * 16 in backend.rows  # the four padded chunks in one step
+    assert max(backend.rows) <= backend.reserved[0][0]
+    assert all(t.cos.shape[0] >= 160 for t in backend._rope_tables.values())
+
+
+@pytest.mark.skipif(not cupy_available(), reason="needs a GPU")
+def test_larger_steps_after_the_first_leave_every_captured_step_current(tmp_path: Path) -> None:
+    """On the GPU, steps of more streams and longer chunks than any before (streams joining mid-way, then a
+    60-token prompt: 16 groups of four rows in the n-token products) replace no buffer a captured step reads:
+    the steps captured first stay current (a replaced buffer used to make every one of them stale, so a burst of
+    requests through the daemon paid an eager pass and a capture for a prompt it had captured before)."""
+    path = model_path(tmp_path, "llama-q4_k_m")
+    config = EngineConfig(model=str(path), backend="cupy", n_ctx=160, kv_dtype="int8", prefill_chunk=64, n_slots=4)
+    engine = Engine(config)  # type: ignore[arg-type]
+    gpu = engine.backend
+    list(engine.generate(prompt(1, 5), greedy(3)))  # a chunk padded to 8 tokens and decode steps, captured
+    first = {k: v for k, v in engine._steps.items() if v not in (None, False)}
+    assert first, engine._steps
+    version = gpu.buffer_version  # type: ignore[attr-defined]
+    run_mixed(engine)
+    list(engine.generate(prompt(2, 60), greedy(2)))
+    assert gpu.buffer_version == version  # type: ignore[attr-defined]
+    assert all(engine._steps.get(k) is v and v.version == version for k, v in first.items())

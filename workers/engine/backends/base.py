@@ -89,6 +89,12 @@ class Backend(ABC):
         return acts + 2 * n_slots * cfg.n_vocab * 4, 0
 
     # -- steps ------------------------------------------------------------------------------------
+    def reserve_steps(self, max_tokens: int, max_segments: int, n_ctx: int) -> None:  # noqa: B027 (a hook)
+        """Called by each engine once: its steps run at most `max_tokens` rows of at most `max_segments`
+        segments, at positions below `n_ctx`. A backend whose captured steps read buffers it would otherwise grow
+        as larger steps come (every captured step then made anew, an eager pass and a capture each) sizes them
+        now; growing stays possible past these bounds."""
+
     def stage_inputs(self, ids: np.ndarray, pos0: int, slot: int = 0) -> Array:
         """Called by the forward pass first: the token ids (and the first position and the K/V slot) where
         the backend's kernels read them; returns the ids for `embed`."""

@@ -78,6 +78,7 @@ class NumpyBackend(Backend):
     def __init__(self, block_kernels: bool = True) -> None:
         """`block_kernels=False` keeps every matrix as float32 (the fallback when no C compiler works)."""
         self._rope_tables: dict[tuple[float, float, int, tuple[float, ...] | None], _RopeTable] = {}
+        self._rope_positions = 4096  # the fewest positions a RoPE table is built for (reserve_steps: n_ctx)
         self._rotations: dict[int, np.ndarray] = {}
         self._row_groups: tuple[int, ...] = ()  # stage_rows
         lib = cpu_kernels.load() if block_kernels else None
@@ -169,7 +170,7 @@ class NumpyBackend(Backend):
         key = (base, scale, rope_dim, freq_factors)
         table = self._rope_tables.get(key)
         if table is None or table.cos.shape[0] < n_pos:
-            n = max(n_pos, 4096, 2 * table.cos.shape[0] if table is not None else 0)
+            n = max(n_pos, self._rope_positions, 2 * table.cos.shape[0] if table is not None else 0)
             # ggml's loop: theta_0 = pos, theta_{i+1} = theta_i * base^(-2/d), all in float32
             theta_scale = np.float32(base) ** np.float32(-2.0 / rope_dim)
             theta = np.empty((n, rope_dim // 2), dtype=np.float32)

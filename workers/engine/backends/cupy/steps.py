@@ -13,6 +13,10 @@ import numpy as np
 
 from ...batch import Batch
 from .core import CupyCore
+from .rows import ROWS_MAX
+
+# the widest output a product epilogue codes for its consumer (a row's values; the 4B's gate_up half: 9 728)
+EP_WIDTH_MAX = 1 << 16
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,30 @@ class CupySteps(CupyCore):
     def buffer_version(self) -> int:
         """Bumped whenever a buffer that captured steps point to is replaced."""
         return self._version
+
+    def reserve_steps(self, max_tokens: int, max_segments: int, n_ctx: int) -> None:
+        """The buffers captured steps read, sized for the engine's largest step now: grown later, each would
+        make every captured step stale (its next use an eager pass and a capture, 30-50 ms of a 4B step on the
+        H200), and they grew at the first step of more streams or longer chunks than any before (the token ids
+        from one, a step's segments from one, the product epilogues' counters at the first chunk of over 32
+        tokens), so that first burst of 8 requests through the daemon waited ~46 ms for a prefill it had
+        captured. The epilogue counters take the most sets a launch makes (ROWS_MAX rows, a group of four a
+        set) of EP_WIDTH_MAX values."""
+        cp = self.xp
+        before = self._version
+        sizes = {
+            "_ids": max_tokens,
+            "_logit_rows": max_tokens,
+            "_segment_pos": 2 * max_segments,
+            "_dec": 3 * max_segments,
+            "_ep_cnt": -(-ROWS_MAX // 4) * EP_WIDTH_MAX // 32,
+        }
+        for name, size in sizes.items():
+            buffer = getattr(self, name)
+            if buffer.size < size:
+                setattr(self, name, cp.zeros(size, dtype=buffer.dtype))
+                self._version = before + 1
+        self._rope_positions = max(self._rope_positions, n_ctx)  # no table replaced below the context
 
     def stage_batch(self, batch: Batch) -> Any:
         ids = super().stage_batch(batch)
