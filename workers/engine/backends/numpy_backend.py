@@ -78,7 +78,7 @@ class NumpyBackend(Backend):
     def __init__(self, block_kernels: bool = True) -> None:
         """`block_kernels=False` keeps every matrix as float32 (the fallback when no C compiler works)."""
         self._rope_tables: dict[tuple[float, float, int, tuple[float, ...] | None], _RopeTable] = {}
-        self._rope_positions = 4096  # the fewest positions a RoPE table is built for (reserve_steps: n_ctx)
+        self._rope_positions = 4096  # the fewest positions a RoPE table is built for (CuPy's reserve_steps: n_ctx)
         self._rotations: dict[int, np.ndarray] = {}
         self._row_groups: tuple[int, ...] = ()  # stage_rows
         lib = cpu_kernels.load() if block_kernels else None
