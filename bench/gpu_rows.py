@@ -3,7 +3,9 @@ the Q4_K and Q6_K matrix shapes of Qwen3-4B: microseconds a product and the weig
 2 / 4 / 8 / 16 tokens (gemvn), each captured as a graph of one product a copy of the matrix (> 4x the L2, so
 every launch reads its weights from HBM, as a decode step does) and replayed.
 
-    python bench/gpu_rows.py [--tokens 1 2 4 8 16 32] [--groups 1|2|4] [--only gate_up]
+    python bench/gpu_rows.py [--tokens 1 2 4 8 16 32] [--groups 1|2|4] [--only gate_up] [--tune KNOB:VALUE,...]
+
+--tune: CupyTuning fields (bench/gpu_variants.py's knobs), e.g. gemvn_groups_wide:2.
 """
 
 from __future__ import annotations
@@ -46,16 +48,22 @@ def main() -> None:
         "--groups", type=int, default=0, help="gemvn_groups and gemvn_groups_staged, both (0: the backend's)"
     )
     p.add_argument("--only", default="", help="only the matrices whose label contains this (e.g. gate_up)")
+    p.add_argument("--tune", default="", help="CupyTuning fields for the backend, e.g. gemvn_groups:4")
     args = p.parse_args()
 
     import cupy as cp
+    from gpu_variants import apply, parse_variant
 
-    from workers.engine.backends.cupy import CupyBackend, CupyTuning, QuantWeight
+    from workers.engine.backends.cupy import CupyBackend, QuantWeight
     from workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q8_rows
 
-    tuning = CupyTuning(gemvn_groups=args.groups, gemvn_groups_staged=args.groups) if args.groups else None
-    backend = CupyBackend(tuning)
-    print(f"gemvn_groups {backend.tuning.gemvn_groups}, staged {backend.tuning.gemvn_groups_staged}")
+    backend = CupyBackend()
+    knobs = {"gemvn_groups": args.groups, "gemvn_groups_staged": args.groups} if args.groups else {}
+    knobs.update(parse_variant(f"tuned={args.tune}")[1])
+    if knobs:
+        apply(backend, knobs)
+    t = backend.tuning
+    print(f"gemvn_groups {t.gemvn_groups}, staged {t.gemvn_groups_staged}")
     rng = np.random.default_rng(0)
     print("µs a product (GB/s of its weights); 1 token: gemv1m, more: gemvn")
     print("| matrix | type | MB | " + " | ".join(f"{n} tok" for n in args.tokens) + " |")

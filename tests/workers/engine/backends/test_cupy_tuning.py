@@ -27,6 +27,8 @@ def test_defaults_compile_in_nothing_and_a_changed_size_is_a_define():
 def test_bad_values_are_refused_and_the_object_is_frozen():
     with pytest.raises(ValueError, match="gemvn_groups"):
         CupyTuning(gemvn_groups=3)
+    with pytest.raises(ValueError, match="gemvn_groups_wide"):
+        CupyTuning(gemvn_groups_wide=8)
     with pytest.raises(ValueError, match="mma_threads"):
         CupyTuning(mma_threads=-1)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -186,7 +186,8 @@ def gemvn(
 ) -> Coded | None:
     """out[k, :w.rows] = w @ x_k for the n coded rows of x8 (times row k's RMS factor from ss[k]): one gemvn
     launch with gemv1m's warps for w, gemvn_groups groups of four tokens a block (gemvn_groups_staged for a Q4_K
-    matrix of rows longer than a column stage), and as many tiles a block as
+    matrix of rows longer than a column stage, gemvn_groups_wide for a Q4_K matrix of at least four tiles a
+    block slot at up to 16 tokens), and as many tiles a block as
     make the blocks of all the sets one wave (the sets of more than gemvn_groups groups multiply the blocks:
     with gemv1m's tiles a block, 16 tokens ran as a wave and a half, the half costing nearly a wave). With
     `then` (an epilogue one row alone would have), the kernel also codes each row's consumer input as that
@@ -194,11 +195,16 @@ def gemvn(
     cp = gpu.xp
     blocks, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
-    staged = w.qtype == GGMLQuantizationType.Q4_K and w.cols > MMA_UNITS * 256  # rows of several column stages
-    most = gpu.tuning.gemvn_groups_staged if staged else gpu.tuning.gemvn_groups
+    q4 = w.qtype == GGMLQuantizationType.Q4_K
+    tiles = -(-w.rows // 16)
+    if q4 and w.cols > MMA_UNITS * 256:  # rows of several column stages
+        most = gpu.tuning.gemvn_groups_staged
+    elif q4 and groups <= 4 and tiles >= 4 * gpu.n_sm * blocks:  # many tiles a block slot, up to 16 tokens
+        most = gpu.tuning.gemvn_groups_wide
+    else:
+        most = gpu.tuning.gemvn_groups
     ng = min(most, 1 << (groups - 1).bit_length())  # 1, 2 or 4 groups a block
     sets = -(-groups // ng)
-    tiles = -(-w.rows // 16)
     tpb = -(-tiles * sets // (gpu.n_sm * blocks))  # a tile's numbers do not depend on the block that takes it
     null = np.uint64(0)
     coded, mode, act = None, _EP_NONE, 0

@@ -45,6 +45,9 @@ class CupyTuning:
     # at 16 / 40 tokens, o (2 560 x 4 096) 12.0 -> 9.7 / 25.0 -> 19.8 µs, down (2 560 x 9 728) 28.1 -> 21.8 /
     # 56.1 -> 44.3 µs; the other matrices were as fast or faster with 2 (bench/NOTES.md v17)
     gemvn_groups_staged: int = 4
+    # ... and of a Q4_K matrix of at least 4 tiles of 16 rows a block slot (the 4B's gate_up: 1 216 tiles, 264
+    # slots) for up to 16 tokens: gate_up at 16 tokens 35.7 -> 32.0 µs (v17), but 81.9 -> 84.2 at 40 (v17, v20)
+    gemvn_groups_wide: int = 4
     # compiled in (DEFINES)
     octet_units: int = 2  # blocks a lane of the dp4a GEMV loads before using any (OCTET_UNITS)
     mma_stages: int = 3  # gemv1m's ring of stages (MMA_STAGES)
@@ -55,7 +58,7 @@ class CupyTuning:
     def __post_init__(self) -> None:
         if self.decn_warps not in (4, 8, 16):
             raise ValueError(f"decn_warps must be 4, 8 or 16, not {self.decn_warps}")
-        for name in ("gemvn_groups", "gemvn_groups_staged"):
+        for name in ("gemvn_groups", "gemvn_groups_staged", "gemvn_groups_wide"):
             if getattr(self, name) not in (1, 2, 4):
                 raise ValueError(f"{name} must be 1, 2 or 4, not {getattr(self, name)}")
         for f in fields(self):
