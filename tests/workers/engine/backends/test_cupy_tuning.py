@@ -41,3 +41,25 @@ def test_a_knob_set_on_the_backend_is_an_error_not_ignored():
         backend.use_mma = False  # type: ignore[attr-defined]
     backend.n_sm = 132  # any other attribute is the backend's own
     assert backend.n_sm == 132
+
+
+def test_the_n_token_products_groups_a_block_by_matrix_and_tokens():
+    """gemvn's groups of four tokens a block (no GPU: the rule alone), for the 4B's matrices on an H200 (132 SMs,
+    two blocks an SM): two for most, four for the Q4_K matrices of several column stages (o, down) at any count,
+    and for gate_up (1 216 tiles, over four a block slot) up to 16 tokens; never more than the groups there are;
+    every choice follows the tuning."""
+    from gguf import GGMLQuantizationType as Q
+
+    from workers.engine.backends.cupy.rows import groups_a_block
+
+    t, slots = CupyTuning(), 264
+    gate_up, qk, o, down, out = (1216, 2560), (320, 2560), (160, 4096), (160, 9728), (9496, 2560)
+    assert groups_a_block(t, Q.Q4_K, *gate_up, 16, slots) == 4
+    assert groups_a_block(t, Q.Q4_K, *gate_up, 40, slots) == 2
+    assert groups_a_block(t, Q.Q4_K, *qk, 16, slots) == 2
+    assert groups_a_block(t, Q.Q4_K, *o, 16, slots) == groups_a_block(t, Q.Q4_K, *down, 40, slots) == 4
+    assert groups_a_block(t, Q.Q6_K, *down, 16, slots) == groups_a_block(t, Q.Q6_K, *out, 16, slots) == 2
+    assert groups_a_block(t, Q.Q4_K, *gate_up, 5, slots) == 2 and groups_a_block(t, Q.Q4_K, *o, 3, slots) == 1
+    wide_off = CupyTuning(gemvn_groups_wide=2)
+    assert groups_a_block(wide_off, Q.Q4_K, *gate_up, 16, slots) == 2
+    assert groups_a_block(t, Q.Q4_K, *gate_up, 16, 4 * slots) == 2  # a GPU with four times the slots

@@ -40,6 +40,7 @@ from .quant_consts import (
 
 if TYPE_CHECKING:
     from .products import CupyProducts
+    from .tuning import CupyTuning
     from .weights import GroupWeight, QuantWeight
 
 ROWS_MAX = 64  # a prompt chunk up to this many tokens takes gemvn
@@ -181,6 +182,22 @@ def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any
     return x8, ss
 
 
+def groups_a_block(tuning: CupyTuning, qtype: GGMLQuantizationType, tiles: int, cols: int, n: int, slots: int) -> int:
+    """Groups of four tokens a block of gemvn takes for n tokens of a matrix of `tiles` tiles of 16 rows of
+    `cols` values, with `slots` blocks resident on the GPU at once: 1, 2 or 4, at most the groups there are.
+    gemvn_groups_staged for a Q4_K matrix whose rows take several column stages, gemvn_groups_wide for one of at
+    least four tiles a slot at up to 16 tokens (gate_up), else gemvn_groups (bench/NOTES.md v17, v20)."""
+    groups = -(-n // 4)
+    q4 = qtype == GGMLQuantizationType.Q4_K
+    if q4 and cols > MMA_UNITS * 256:  # rows of several column stages
+        most = tuning.gemvn_groups_staged
+    elif q4 and groups <= 4 and tiles >= 4 * slots:  # many tiles a block slot, up to 16 tokens
+        most = tuning.gemvn_groups_wide
+    else:
+        most = tuning.gemvn_groups
+    return min(most, 1 << (groups - 1).bit_length())
+
+
 def gemvn(
     gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float, then: NextInput | None = None
 ) -> Coded | None:
@@ -195,15 +212,8 @@ def gemvn(
     cp = gpu.xp
     blocks, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
-    q4 = w.qtype == GGMLQuantizationType.Q4_K
     tiles = -(-w.rows // 16)
-    if q4 and w.cols > MMA_UNITS * 256:  # rows of several column stages
-        most = gpu.tuning.gemvn_groups_staged
-    elif q4 and groups <= 4 and tiles >= 4 * gpu.n_sm * blocks:  # many tiles a block slot, up to 16 tokens
-        most = gpu.tuning.gemvn_groups_wide
-    else:
-        most = gpu.tuning.gemvn_groups
-    ng = min(most, 1 << (groups - 1).bit_length())  # 1, 2 or 4 groups a block
+    ng = groups_a_block(gpu.tuning, w.qtype, tiles, w.cols, n, gpu.n_sm * blocks)
     sets = -(-groups // ng)
     tpb = -(-tiles * sets // (gpu.n_sm * blocks))  # a tile's numbers do not depend on the block that takes it
     null = np.uint64(0)
