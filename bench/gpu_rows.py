@@ -45,7 +45,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     p.add_argument(
-        "--groups", type=int, default=0, help="gemvn_groups and gemvn_groups_staged, both (0: the backend's)"
+        "--groups", type=int, default=0, help="gemvn_groups, _staged and _wide, all three (0: the backend's)"
     )
     p.add_argument("--only", default="", help="only the matrices whose label contains this (e.g. gate_up)")
     p.add_argument("--tune", default="", help="CupyTuning fields for the backend, e.g. gemvn_groups:4")
@@ -58,12 +58,13 @@ def main() -> None:
     from workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q8_rows
 
     backend = CupyBackend()
-    knobs = {"gemvn_groups": args.groups, "gemvn_groups_staged": args.groups} if args.groups else {}
+    names = ("gemvn_groups", "gemvn_groups_staged", "gemvn_groups_wide")
+    knobs = {name: args.groups for name in names} if args.groups else {}
     knobs.update(parse_variant(f"tuned={args.tune}")[1])
     if knobs:
         apply(backend, knobs)
     t = backend.tuning
-    print(f"gemvn_groups {t.gemvn_groups}, staged {t.gemvn_groups_staged}")
+    print(f"gemvn_groups {t.gemvn_groups}, staged {t.gemvn_groups_staged}, wide {t.gemvn_groups_wide}")
     rng = np.random.default_rng(0)
     print("µs a product (GB/s of its weights); 1 token: gemv1m, more: gemvn")
     print("| matrix | type | MB | " + " | ".join(f"{n} tok" for n in args.tokens) + " |")

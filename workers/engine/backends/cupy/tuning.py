@@ -46,7 +46,7 @@ class CupyTuning:
     # 56.1 -> 44.3 µs; the other matrices were as fast or faster with 2 (bench/NOTES.md v17)
     gemvn_groups_staged: int = 4
     # ... and of a Q4_K matrix of at least 4 tiles of 16 rows a block slot (the 4B's gate_up: 1 216 tiles, 264
-    # slots) for up to 16 tokens: gate_up at 16 tokens 35.7 -> 32.0 µs (v17), but 81.9 -> 84.2 at 40 (v17, v20)
+    # slots) for up to 16 tokens: gate_up at 16 tokens 35.5 -> 32.0 µs (v20; v17 alike), but 81.9 -> 84.2 at 40 (v17)
     gemvn_groups_wide: int = 4
     # compiled in (DEFINES)
     octet_units: int = 2  # blocks a lane of the dp4a GEMV loads before using any (OCTET_UNITS)
