@@ -202,9 +202,7 @@ def gemvn(
     gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float, then: NextInput | None = None
 ) -> Coded | None:
     """out[k, :w.rows] = w @ x_k for the n coded rows of x8 (times row k's RMS factor from ss[k]): one gemvn
-    launch with gemv1m's warps for w, gemvn_groups groups of four tokens a block (gemvn_groups_staged for a Q4_K
-    matrix of rows longer than a column stage, gemvn_groups_wide for a Q4_K matrix of at least four tiles a
-    block slot at up to 16 tokens), and as many tiles a block as
+    launch with gemv1m's warps for w, groups_a_block's groups of four tokens a block, and as many tiles a block as
     make the blocks of all the sets one wave (the sets of more than gemvn_groups groups multiply the blocks:
     with gemv1m's tiles a block, 16 tokens ran as a wave and a half, the half costing nearly a wave). With
     `then` (an epilogue one row alone would have), the kernel also codes each row's consumer input as that
@@ -212,10 +210,10 @@ def gemvn(
     cp = gpu.xp
     blocks, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
-    tiles = -(-w.rows // 16)
-    ng = groups_a_block(gpu.tuning, w.qtype, tiles, w.cols, n, gpu.n_sm * blocks)
+    tiles, slots = -(-w.rows // 16), gpu.n_sm * blocks
+    ng = groups_a_block(gpu.tuning, w.qtype, tiles, w.cols, n, slots)
     sets = -(-groups // ng)
-    tpb = -(-tiles * sets // (gpu.n_sm * blocks))  # a tile's numbers do not depend on the block that takes it
+    tpb = -(-tiles * sets // slots)  # a tile's numbers do not depend on the block that takes it
     null = np.uint64(0)
     coded, mode, act = None, _EP_NONE, 0
     if then is not None:
