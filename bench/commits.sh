@@ -35,7 +35,7 @@ run)
         for kv in ${GENIE_COMMIT_ARGS:-}; do [ "${kv%%=*}" = "$name" ] && extra="${kv#*=}"; done
         echo "### $name"
         # shellcheck disable=SC2086
-        (cd "$where" && PYTHONPATH=/tmp/site:$PWD timeout 300 "$@" --out "/tmp/genie-bench-$name" ${extra//,/ } 2>&1 | tail -n 4)
+        (cd "$where" && PYTHONPATH=/tmp/site:$PWD timeout 300 "$@" --out "/tmp/genie-bench-$name" ${extra//,/ } 2>&1 | tail -n 30)
     }
     one . working-tree "$@"
     for d in "$dir"/*/; do

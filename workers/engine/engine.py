@@ -32,6 +32,7 @@ from .kv_cache import KVCache, KVCacheConfig, KVDtype, KVExport, KVSnapshot
 from .memory_plan import MIB, MemoryPlan, default_budget, plan_memory
 from .model import Model, ModelHeader
 from .model_config import ModelConfig
+from .next_tokens import NextTokens
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Completion, Delta, Failed, Priority, Sequence
@@ -270,12 +271,7 @@ class Engine:
         # asked every step (tens of µs): a retuned backend may answer otherwise, and a step keyed by its count
         # whose attention took the slots as arguments would replay them for another set of slots
         if all(seg.n == 1 for seg in segments):
-            # decode steps repeat: one captured step for each count of streams where the backend reads their
-            # slots from a staged buffer, else one for each set of slots (a capture per set: streams that join
-            # and leave made a new one almost every time the set changed)
-            by_count = self.backend.decode_steps_by_count(m.config, self.kv)
-            key: tuple = ("decode", len(segments)) if by_count else ("decode", tuple(seg.slot for seg in segments))
-            out = self.backend.forward_step(self._steps, key, run, batch, capturable=graphs)
+            out = self.backend.forward_step(self._steps, self._decode_key(segments), run, batch, capturable=graphs)
         else:
             # a step mixing prompt chunks with decode rows (a request's admission): captured by its shape where
             # every chunk has a bucket and the backend's steps compute the same whatever their slots and
@@ -286,6 +282,42 @@ class Engine:
         for seg in segments:
             self.kv.resident[seg.slot].extend(seg.ids)
         return out
+
+    def _decode_key(self, segments: list[Segment]) -> tuple:
+        """The captured step a decode step of these one-token segments replays. One stream's is _run's; several
+        streams' are one captured step for each count of streams where the backend reads their slots from a
+        staged buffer, else one for each set of slots (a capture per set: streams that join and leave made a new
+        one almost every time the set changed)."""
+        if len(segments) == 1:
+            return ("step", 1, (-1, None, None))
+        by_count = self.backend.decode_steps_by_count(self.model.config, self.kv)
+        return ("decode", len(segments)) if by_count else ("decode", tuple(seg.slot for seg in segments))
+
+    def greedy_ahead(self, logits: Any, rows: list[tuple[Sequence, int]]) -> NextTokens:
+        """sample_rows for sequences that sample on the device (Sequence.on_device), their tokens left where
+        `run_ahead` takes them as the next step's input; nothing waits for them here."""
+        if self._banned is not None:  # finite: the argmax reads -inf as corrupt weights
+            logits[..., self._banned[1]] = NEVER
+        return self.backend.greedy_ahead(logits, [row for _, row in rows])
+
+    def run_ahead(self, segments: list[Segment], ahead: NextTokens) -> tuple[Any, list[int]]:
+        """The decode step of `segments` — the one-token segments of the step just launched, in its order, each
+        one position on — whose ids are that step's greedy tokens `ahead` (greedy_ahead of its rows): replayed
+        before the tokens are read where the backend can (Backend.replay_ahead: the device goes from one step to
+        the next without waiting for the host), else run once they are. Its logits, and the tokens (-1: a row
+        with non-finite logits, whose sequence ends; the step ran token 0 in its place)."""
+        for seg in segments:
+            assert seg.n == 1 and 0 <= seg.pos0 < self.n_ctx, (seg.n, seg.pos0, self.n_ctx)
+        out = None
+        if self.kv.config.dtype != "f32":
+            out = self.backend.replay_ahead(self._steps, self._decode_key(segments), Batch.of(segments), ahead)
+        tokens = ahead.tokens()
+        ran = [Segment(seg.slot, seg.pos0, (max(tok, 0),), True) for seg, tok in zip(segments, tokens, strict=True)]
+        if out is None:
+            return self.run_step(ran, None), tokens
+        for seg in ran:
+            self.kv.resident[seg.slot].extend(seg.ids)
+        return out, tokens
 
     def _padded(self, segments: list[Segment]) -> tuple[list[Segment], bool]:
         """The segments with every prompt chunk padded as _run pads it alone (to its step bucket, its last token

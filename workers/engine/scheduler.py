@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from genie_common.errors import ModelError
+
 from .arch.layers import Interrupted
 from .batch import Segment
 from .sequence import Event, Failed, Sequence
@@ -103,6 +105,9 @@ class Scheduler:
             logits, rows = self._inflight
             self._inflight = None
             rows = [(seq, row) for seq, row in rows if self.running.get(seq.slot) is seq]
+            if self._chains(rows):
+                self._step_chained(logits, rows, events)
+                return events
             sampled = self.engine.sample_rows(logits, rows) if rows else []
         self._cancel(events)
         sampled = [(seq, tok) for seq, tok in sampled if self.running.get(seq.slot) is seq]
@@ -133,6 +138,43 @@ class Scheduler:
         self._inflight = launched
         self._accept(sampled, pos, events, [] if launched is None else launched[1])
         return events
+
+    def _chains(self, rows: list[tuple[Sequence, int]]) -> bool:
+        """Whether the next pass is the pass in flight again, each row one position on, its input that pass's
+        tokens wherever they are: every running sequence decodes in it (its make-up, the last launched, is
+        theirs), samples on the device and goes on past its next token whatever that is; none is cancelled,
+        and none waits for a slot."""
+        if not rows or self.waiting or len(rows) != len(self.running) or self._ahead_shape != (1,) * len(rows):
+            return False
+        n_ctx = self.engine.n_ctx
+        return all(seq.on_device and seq.runs_after_next(n_ctx) and not seq.cancel() for seq, _ in rows)
+
+    def _step_chained(
+        self, logits: object, rows: list[tuple[Sequence, int]], events: list[tuple[Sequence, Event]]
+    ) -> None:
+        """The next pass launched with the tokens of the pass in flight as its input before they are read
+        (Engine.run_ahead), then those tokens read into text. A token that ends its sequence (end of generation,
+        a stop string) leaves its row of the next pass unused; that row's K/V, the token's, stays valid in the
+        slot."""
+        seqs = [seq for seq, _ in rows]
+        at = {seq: seq.pos for seq in seqs}  # the tokens each slot holds as its token is sampled
+        ahead = self.engine.greedy_ahead(logits, rows)
+        try:
+            out, tokens = self.engine.run_ahead([Segment(seq.slot, seq.pos, (0,), True) for seq in seqs], ahead)
+        except Exception as e:  # as _run_pass: a step of decode rows alone fails them all
+            for seq in seqs:
+                self._release(seq)
+                events.append((seq, Failed(e)))
+            return
+        launched = [(seq, i) for i, seq in enumerate(seqs)]
+        for seq in seqs:
+            seq.pos += 1
+        self._inflight = (out, launched)
+        sampled: list[tuple[Sequence, int | Exception]] = [
+            (seq, tok if tok >= 0 else ModelError("the model produced non-finite logits (corrupt weights?)"))
+            for seq, tok in zip(seqs, tokens, strict=True)
+        ]
+        self._accept(sampled, at, events, launched)
 
     @staticmethod
     def _shape(segments: list[Segment]) -> tuple[int, ...]:

@@ -123,6 +123,11 @@ class Sequence:
         """No room for another forward pass (pos tokens in its slot), or no need of one."""
         return pos >= (self.n_ctx or slot_ctx) or n_generated >= self.params.max_tokens
 
+    def runs_after_next(self, slot_ctx: int) -> bool:
+        """Whether the token sampled next, whatever it is, leaves room and need for a pass after it (pos: the
+        tokens in its slot once that token's pass is launched): its length and context do not end it there."""
+        return not self._at_length(self.pos, len(self.generated) + 1, slot_ctx)
+
     def ends_with(self, token: int, slot_ctx: int) -> bool:
         """Whether accepting `token` surely ends the sequence (end of generation, its token limit, a full
         context); a stop string or a complete JSON value can end it too, which only `accept` finds."""

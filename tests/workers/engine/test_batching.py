@@ -67,9 +67,10 @@ def greedy(n: int) -> SamplingParams:
 
 
 def record_logits(engine: Engine) -> dict[Sequence, list[np.ndarray]]:
-    """Every row of logits each sequence samples from, as the engine hands them to the sampler."""
+    """Every row of logits each sequence samples from, as the engine hands them to the sampler (sample_rows)
+    or, launching ahead, to the argmax whose tokens the next pass takes as they are (greedy_ahead)."""
     seen: dict[Sequence, list[np.ndarray]] = {}
-    sample_rows = engine.sample_rows
+    sample_rows, greedy_ahead = engine.sample_rows, engine.greedy_ahead
 
     def recording(logits, rows):
         host = engine.backend.to_host(logits)
@@ -77,7 +78,14 @@ def record_logits(engine: Engine) -> dict[Sequence, list[np.ndarray]]:
             seen.setdefault(seq, []).append(np.array(host[row], copy=True))
         return sample_rows(logits, rows)
 
+    def recording_ahead(logits, rows):
+        host = engine.backend.to_host(logits)
+        for seq, row in rows:
+            seen.setdefault(seq, []).append(np.array(host[row], copy=True))
+        return greedy_ahead(logits, rows)
+
     engine.sample_rows = recording  # type: ignore[method-assign]
+    engine.greedy_ahead = recording_ahead  # type: ignore[method-assign]
     return seen
 
 
@@ -87,7 +95,7 @@ def alone(engine: Engine, ids: list[int], params: SamplingParams) -> tuple[Compl
         resident.clear()
     seen = record_logits(engine)
     *_, done = engine.generate(ids, params)
-    del engine.sample_rows
+    del engine.sample_rows, engine.greedy_ahead
     assert isinstance(done, Completion)
     (rows,) = seen.values()
     return done, rows
@@ -112,7 +120,7 @@ def run_batched(
         for seq, ev in engine.scheduler.step():
             events[seq].append(ev)
         step += 1
-    del engine.sample_rows
+    del engine.sample_rows, engine.greedy_ahead
     assert engine.scheduler.idle
     return events, seen
 
@@ -488,6 +496,35 @@ def test_steps_launched_ahead_give_each_stream_what_it_gets_alone(
             np.testing.assert_array_equal(got, want)
         if last[seq.slot] is seq:  # (the fifth stream took over a slot another had)
             assert engine.kv.resident[seq.slot] == [*ids, *done.token_ids[:-1]]  # the last token ended it: not run
+
+
+@pytest.mark.skipif(not cupy_available(), reason="needs a GPU")
+@pytest.mark.parametrize("n_streams", [1, 3])
+def test_passes_launched_ahead_take_their_input_tokens_on_the_device(tmp_path: Path, n_streams: int) -> None:
+    """Launched ahead on the GPU, a decode pass of the make-up of the pass in flight is replayed with that pass's
+    tokens as they are on the device (Backend.replay_ahead), before the host reads them: all but the first few
+    passes of streams that decode together are, and each stream still gets what it gets alone."""
+    path = model_path(tmp_path, "llama-q4_k_m")
+    engine = make(path, "int8", backend="cupy", ahead=True)
+    replayed: list[bool] = []
+    replay_ahead = engine.backend.replay_ahead
+
+    def counting(*args):  # type: ignore[no-untyped-def]
+        out = replay_ahead(*args)
+        replayed.append(out is not None)
+        return out
+
+    engine.backend.replay_ahead = counting  # type: ignore[method-assign]
+    specs = [(prompt(90 + i, 7 + 5 * i), 20) for i in range(n_streams)]
+    plan = [(0, engine.sequence(ids, greedy(n))) for ids, n in specs]
+    events, seen = run_batched(engine, plan)
+    plain = make(path, "int8", backend="cupy")
+    for (ids, n), (_, seq) in zip(specs, plan, strict=True):
+        solo, solo_rows = alone(plain, ids, greedy(n))
+        assert completion(events[seq]).token_ids == solo.token_ids
+        for got, want in zip(seen[seq], solo_rows, strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert sum(replayed) >= 12, replayed
 
 
 def test_a_token_sampled_before_a_pass_of_another_make_up_is_returned_before_that_pass_runs(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from ..host_copy import HostCopy
 from ..kv_cache import KVCache, LayerKV
 from ..memory_plan import available_ram
 from ..model_config import LayerConfig, ModelConfig, RopeMode
+from ..next_tokens import NextTokens
 
 Array = Any
 Weight = Any
@@ -293,6 +294,19 @@ class Backend(ABC):
         """greedy_token of each of these rows of `logits` (a device backend: in one launch and one copy)."""
         host = self.to_host(logits)
         return [int(np.argmax(host[r])) if np.isfinite(host[r]).all() else -1 for r in rows]
+
+    def greedy_ahead(self, logits: Array, rows: list[int]) -> NextTokens:
+        """greedy_tokens of these rows, left where `replay_ahead` reads them as the next step's ids: a device
+        backend launches the argmax and queues the copy back, waiting for neither (next_tokens.py)."""
+        return NextTokens(self.greedy_tokens(logits, rows))
+
+    def replay_ahead(self, steps: dict[Hashable, Any], key: Hashable, batch: Batch, ahead: NextTokens) -> Array | None:
+        """The captured step `key` replayed for `batch`, with no input from the host: `batch` is the decode step
+        staged last (its one-token segments, each wanting logits, in the same order) one position on, and their
+        ids are `ahead`'s tokens. Its logits, or None where the backend cannot (a host backend, no current
+        captured step, another make-up): then nothing ran, and the caller runs the step once it has read the
+        tokens."""
+        return None
 
     def take_rows(self, x: Array, rows: np.ndarray) -> Array:
         """x[rows] for the rows of the step staged by `stage_batch` whose logits it returns (a backend that

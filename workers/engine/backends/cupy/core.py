@@ -84,6 +84,10 @@ class CupyCore(NumpyBackend):
         self._dec = cupy.zeros(3, dtype=cupy.int32)  # a step's one-token segments: rows, slots, positions
         self._done = cupy.zeros(1024, dtype=cupy.int32)  # split-K attention's per-row merge counters
         self._argmax_buf: tuple[Any, ...] | None = None
+        self._ahead: Any = None  # greedy_ahead's last tokens (DeviceTokens), and the pinned buffer they come back to
+        self._ahead_pinned: Any = None
+        # the decode step staged last, (slot, position) a row, while the buffers hold it (replay_ahead moves it on)
+        self._staged_decode: tuple[tuple[int, int], ...] | None = None
         self._capturing = False
         self._version = 0  # bumped whenever a buffer captured steps read (ids, RoPE tables) is replaced
         self._capture_gemm: CaptureGemm | None = None

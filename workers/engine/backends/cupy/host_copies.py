@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ...host_copy import HostCopy
+from ...next_tokens import NextTokens
 
 STAGING_BYTES = 16 << 20  # a 150-token turn of the 4B at INT8 KV is 11.5 MB: one chunk
 
@@ -72,3 +73,25 @@ def start_to_host(cupy: Any, x: Any, stream: Any, staging: PinnedStaging) -> Hos
     event = cupy.cuda.Event(disable_timing=True)
     event.record()  # on the current stream: behind what wrote x
     return DeferredHostCopy(x, event, stream, staging)
+
+
+class DeviceTokens(NextTokens):
+    """A step's greedy tokens on the device (`device`: int32 [k], argmax_rows's), their copy back into `pinned`
+    queued on the current stream behind the launch that computes them: nothing waits for them until `tokens()`."""
+
+    def __init__(self, cupy: Any, device: Any, pinned: np.ndarray) -> None:
+        super().__init__([])
+        self.device = device
+        self._host = pinned[: device.size]
+        stream = cupy.cuda.get_current_stream()
+        rt = cupy.cuda.runtime
+        rt.memcpyAsync(self._host.ctypes.data, device.data.ptr, device.nbytes, rt.memcpyDeviceToHost, stream.ptr)
+        self._event = cupy.cuda.Event(disable_timing=True)
+        self._event.record(stream)
+        self._read = False
+
+    def tokens(self) -> list[int]:
+        if not self._read:
+            self._event.synchronize()
+            self._tokens, self._read = [int(t) for t in self._host], True
+        return self._tokens

@@ -9,8 +9,9 @@ import numpy as np
 
 from ...host_copy import HostCopy
 from ...model_config import RopeMode
+from ...next_tokens import NextTokens
 from .core import CupyCore
-from .host_copies import start_to_host
+from .host_copies import DeviceTokens, start_to_host
 from .kernels import THREADS, threads_for
 from .quant_consts import ACTIVATIONS
 
@@ -130,6 +131,23 @@ class CupyLayerOps(CupyCore):
 
     def greedy_tokens(self, logits: Any, rows: list[int]) -> list[int]:
         """Every row's argmax in one launch (argmax_rows: a row a grid row) and one copy back."""
+        return [int(t) for t in self.xp.asnumpy(self._argmax_rows(logits, rows))]
+
+    def greedy_ahead(self, logits: Any, rows: list[int]) -> NextTokens:
+        """argmax_rows's tokens stay in its output for replay_ahead; their copy back goes into one pinned buffer
+        (the tokens before are read first: the buffer is theirs until then)."""
+        if self._ahead is not None:
+            self._ahead.tokens()
+        out = self._argmax_rows(logits, rows)
+        if self._ahead_pinned is None or self._ahead_pinned.size < out.size:
+            mem = self.xp.cuda.alloc_pinned_memory(4 * max(out.size, 64))
+            self._ahead_pinned = np.ndarray((max(out.size, 64),), dtype=np.int32, buffer=mem)
+        self._ahead = DeviceTokens(self.xp, out, self._ahead_pinned)
+        return self._ahead
+
+    def _argmax_rows(self, logits: Any, rows: list[int]) -> Any:
+        """The rows' argmax (-1: a non-finite value) on the device, int32 [len(rows)]: argmax_rows's output,
+        valid until its next launch."""
         cp = self.xp
         x = cp.ascontiguousarray(logits, dtype=cp.float32)
         if rows != list(range(rows[0], rows[0] + len(rows))):
@@ -152,4 +170,4 @@ class CupyLayerOps(CupyCore):
             (ARGMAX_THREADS,),
             (first, np.int64(n), np.int32(n), part_v, part_i, part_bad, done, out),
         )
-        return [int(t) for t in cp.asnumpy(out[:k])]
+        return out[:k]

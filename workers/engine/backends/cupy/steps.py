@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...batch import Batch
+from ...next_tokens import NextTokens
 from .core import CupyCore
 from .rows import ROWS_MAX
 
@@ -75,6 +76,8 @@ class CupySteps(CupyCore):
         self._segment_slots = tuple(s.slot for s in batch.segments)
         if self._capturing:
             return ids
+        decode = all(s.n == 1 and s.wants_logits for s in batch.segments)
+        self._staged_decode = tuple((s.slot, s.pos0) for s in batch.segments) if decode else None
         n, k = len(batch.segments), len(batch.logit_rows)
         if n > 1:  # each segment's position and slot, in one copy: stage_segment points at them
             pairs = np.array([(s.pos0, s.slot) for s in batch.segments], np.int32).reshape(-1)
@@ -107,6 +110,7 @@ class CupySteps(CupyCore):
         n = len(ids)
         self._step_slot = self._slot = slot
         if not self._capturing:  # while capturing, the graph reads whatever the buffers hold at replay
+            self._staged_decode = None  # (stage_batch says when what it staged is a decode step)
             if self._ids.shape[0] < n:
                 self._ids = cp.zeros(max(n, 2 * self._ids.shape[0]), dtype=cp.int64)
                 self._version += 1  # captured steps read the old buffer
@@ -143,6 +147,29 @@ class CupySteps(CupyCore):
             return out
         self.stage_batch(batch)
         captured.graph.launch(stream=cp.cuda.get_current_stream())
+        return captured.out
+
+    def replay_ahead(self, steps: dict[Hashable, Any], key: Hashable, batch: Batch, ahead: NextTokens) -> Any | None:
+        """advance_decode moves the staged decode step on (each row's id from `ahead`, each position one on), then
+        the step replays: the host stages nothing, so this is queued behind the step before, and the device runs
+        the two back to back. Only over what the buffers hold: the step staged last, as `batch` was one position
+        before, its captured step current."""
+        captured = steps.get(key)
+        device = getattr(ahead, "device", None)
+        if not self.tuning.use_graphs or not isinstance(captured, _Captured) or captured.version != self._version:
+            return None
+        n = len(batch.segments)
+        if device is None or device.size != n or any(s.n != 1 or not s.wants_logits for s in batch.segments):
+            return None
+        if self._staged_decode != tuple((s.slot, s.pos0 - 1) for s in batch.segments):
+            return None
+        if max(s.pos0 + 1 for s in batch.segments) > self._rope_limit():
+            return None
+        block = -(-n // 32) * 32
+        args = (device, self._ids, np.int32(n), np.int32(n > 1), self._step_pos, self._segment_pos, self._dec)
+        self._op("advance_decode")((1,), (block,), args)
+        self._staged_decode = tuple((s.slot, s.pos0) for s in batch.segments)
+        captured.graph.launch(stream=self.xp.cuda.get_current_stream())
         return captured.out
 
     def _capture(self, run: Callable[[], Any]) -> _Captured:

@@ -166,6 +166,24 @@ extern "C" __global__ void argmax_rows(const float* x, long long stride, int n, 
 }
 
 
+// A decode step replayed straight after the one before it, of the same rows (steps.py, replay_ahead): row j's
+// token, tok[j] (argmax_rows of that step), becomes its id, and every position the step reads moves one on: the
+// step's own (step_pos[0]) and, with several rows (many), each row's in the segments' pairs and in dec's third
+// part (rows, slots, positions). Nothing comes from the host between the two steps.
+extern "C" __global__ void advance_decode(const int* tok, long long* ids, int n, int many, int* step_pos, int* seg_pos,
+                                          int* dec) {
+    const int j = threadIdx.x;
+    if (j < n) {
+        const int t = tok[j];
+        ids[j] = t < 0 ? 0 : t;  // -1: non-finite logits end that row's sequence; its row of this step is never read
+        if (many) {
+            seg_pos[2 * j] += 1;
+            dec[2 * n + j] += 1;
+        }
+    }
+    if (j == 0) step_pos[0] += 1;
+}
+
 // A slot's rows of several pools, one after the other into out (a KV save: kv_cache.py, KVCache.start_export):
 // array a (blockIdx.y) is tab[4a .. 4a + 3] = its base address, the bytes from one slot to the next, the bytes of
 // a position, and the bytes of a position of the arrays before it; positions [0, n) of `slot` land at
