@@ -200,6 +200,10 @@ class Worker:
     def serve(self) -> int:
         """Runs until SIGTERM/SIGINT (exit 0) or a fatal error (DEAD, exit 1)."""
         e = self.engine
+        t0 = time.monotonic()
+        captured = e.capture_decode_steps()  # before READY: no request waits for these
+        if captured:
+            log.info("event=decode_steps_captured counts=%d ms=%.0f", captured, (time.monotonic() - t0) * 1000)
         ready = Ready(
             model=e.model.name,
             n_ctx=e.n_ctx,

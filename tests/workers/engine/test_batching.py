@@ -433,6 +433,33 @@ def test_a_decode_step_captured_for_some_slots_replays_for_others(tmp_path: Path
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_steps_of_every_count_are_captured_before_any_request(tmp_path: Path, backend: str) -> None:
+    """capture_decode_steps (the worker's, before READY): on a backend that captures steps, the decode step of
+    each count of streams up to the slots, the slots left empty; streams that then join one by one replay
+    those steps, never capturing them again, and each gets what it gets alone. A backend that captures
+    nothing runs nothing."""
+    path = model_path(tmp_path, "llama-q4_k_m")
+    engine = make(path, "int8", backend=backend, ahead=True)
+    if backend == "numpy":
+        assert engine.capture_decode_steps() == 0 and not engine._steps
+        return
+    if not engine.backend.decode_steps_by_count(engine.model.config, engine.kv):
+        pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 9.0)")
+    assert engine.capture_decode_steps() == N_SLOTS
+    assert all(not held for held in engine.kv.resident)
+    decode_keys = [("step", 1, (-1, None, None)), *(("decode", k) for k in range(2, N_SLOTS + 1))]
+    assert sorted(engine._steps, key=str) == sorted(decode_keys, key=str)
+    captured = {key: engine._steps[key] for key in decode_keys}
+    specs = [(3 * i, prompt(40 + i, 6 + i), 12) for i in range(N_SLOTS)]
+    plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]
+    events, _ = run_batched(engine, plan)
+    assert all(engine._steps.get(key) is step for key, step in captured.items())
+    plain = make(path, "int8", backend=backend)
+    for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
+        assert completion(events[seq]).token_ids == alone(plain, ids, greedy(n))[0].token_ids
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 def test_a_slot_exported_and_loaded_into_another_continues_alike(tmp_path: Path, kv_dtype: str, backend: str) -> None:
     """A slot's K/V exported (KVCache.export: each array group in one transfer) and loaded into another slot:

@@ -148,6 +148,9 @@ class Backend(ABC):
     # passes may be captured and replayed whole (CUDA graphs), where a chunk takes milliseconds anyway
     stops_between_layers = False
 
+    # whether forward_step captures the steps it is given and replays them (CUDA graphs on a GPU)
+    captures_steps = False
+
     # whether a forward pass returns once launched, before the device has run it (a GPU): the scheduler then
     # launches each step before reading the tokens of the one before into text (EngineConfig.launch_ahead)
     launches_ahead = False

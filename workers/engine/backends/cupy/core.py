@@ -122,6 +122,10 @@ class CupyCore(NumpyBackend):
         self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
 
     @property
+    def captures_steps(self) -> bool:  # type: ignore[override]
+        return self.tuning.use_graphs
+
+    @property
     def device_name(self) -> str:
         forced = f", {COMPAT_ENV}={self.capability[0]}.{self.capability[1]}" if env.cuda_compat() else ""
         return f"cupy ({self._device_name}{forced})"
