@@ -126,9 +126,12 @@ class Engine:
             counts = range(1, min(1, len(empty)) + 1)  # keyed by their slots: only one stream's step is shared
         for k in counts:
             segments = [Segment(slot, 0, (0,), True) for slot in empty[:k]]
-            self.run_step(segments, None)
-            for slot in empty[:k]:
-                self.kv.resident[slot].clear()
+            for _ in range(2):  # (an engine's first step builds the RoPE tables as it runs: eager, not captured)
+                self.run_step(segments, None)
+                for slot in empty[:k]:
+                    self.kv.resident[slot].clear()
+                if self._decode_key(segments) in self._steps:
+                    break
         return len(counts)
 
     def _plan_before_weights(self, header: ModelHeader) -> None:
