@@ -73,12 +73,21 @@ def profile(engine, n: int, n_steps: int, rng: np.random.Generator, host_top: in
         sched.step()
     sync(engine)
     sampling = [0.0]
-    real = engine.sample_rows
+    real, real_ahead = engine.sample_rows, engine.greedy_ahead
 
     def timed(logits, rows):  # type: ignore[no-untyped-def]
         sync(engine)  # the step's GPU work done: what follows is the sampling's own
         t = time.perf_counter()
         out = real(logits, rows)
+        sampling[0] += time.perf_counter() - t
+        return out
+
+    def timed_ahead(logits, rows):  # type: ignore[no-untyped-def]
+        # a pass chained on the device (scheduler.py): the tokens read before the next pass is launched
+        sync(engine)
+        t = time.perf_counter()
+        out = real_ahead(logits, rows)
+        out.tokens()
         sampling[0] += time.perf_counter() - t
         return out
 
@@ -99,14 +108,14 @@ def profile(engine, n: int, n_steps: int, rng: np.random.Generator, host_top: in
         prof.disable()
         print(f"### {n} streams: the host's {n_steps} steps under cProfile, by own time")
         pstats.Stats(prof).sort_stats("tottime").print_stats(host_top)
-    engine.sample_rows = timed
+    engine.sample_rows, engine.greedy_ahead = timed, timed_ahead
     slots = [s.slot for s in seqs]
     t0 = time.perf_counter()
     for _ in range(n_steps):
         sched.step()
     sync(engine)
     wall = (time.perf_counter() - t0) / n_steps * 1000
-    del engine.sample_rows
+    del engine.sample_rows, engine.greedy_ahead
     while not sched.idle:
         sched.step()
     gpu = replay_ms(captured_step(engine, slots))
