@@ -116,8 +116,8 @@ class Engine:
         """The decode step of each count of streams up to the pool's slots captured now, where the backend
         captures steps and keys decode steps by their count: otherwise the first time that many streams decode
         together pays the capture (30-50 ms of a 4B step on the H200), which a burst of requests through the
-        daemon met mid-stream. Runs token 0 at position 0 of empty slots and leaves them empty; the steps
-        captured."""
+        daemon met mid-stream. Runs token 0 at position 0 of empty slots and leaves them empty; returns how many
+        counts it ran (a capture that fails leaves that count eager, as forward_step does at any step)."""
         if not self.backend.captures_steps or self.kv.config.dtype == "f32":
             return 0
         empty = [s for s, held in enumerate(self.kv.resident) if not held]
