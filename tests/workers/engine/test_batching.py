@@ -592,6 +592,42 @@ def plain_events(engine: Engine, ids: list[int], params: SamplingParams) -> list
     return list(engine.generate(ids, params))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_end_of_generation_read_after_the_next_pass_launched_ends_its_stream_there(
+    tmp_path: Path, backend: str
+) -> None:
+    """Launched ahead, passes chain (the next one takes the tokens of the one in flight before they are read), so
+    an end-of-generation token is found only once the pass after it is launched with it: that row is left unused.
+    The stream ends at the same token with the same text as without launching ahead, its slot holds what that
+    pass wrote (the end token's K/V, which is valid: one token more than without launching ahead), and the
+    stream beside it answers as alone."""
+    path = model_path(tmp_path, "qwen3")
+    plain = make(path, "int8", backend=backend)
+    ids, other = prompt(64, 10), prompt(65, 14)
+    free = plain_events(plain, ids, greedy(20))[-1]
+    end = free.token_ids[6]  # a token it says: made its end of generation below
+    cut = free.token_ids.index(end)
+
+    def ending(engine: Engine) -> Sequence:
+        seq = engine.sequence(ids, SamplingParams(temperature=0, max_tokens=20))
+        seq.eog = frozenset({end})
+        return seq
+
+    results = {}
+    for ahead in (False, True):
+        engine = make(path, "int8", backend=backend, ahead=ahead)
+        seq, beside = ending(engine), engine.sequence(other, greedy(16))
+        events, _ = run_batched(engine, [(0, seq), (0, beside)])
+        done = completion(events[seq])
+        assert (done.token_ids, done.finish_reason) == (free.token_ids[: cut + 1], "stop")
+        assert completion(events[beside]).token_ids == plain_events(plain, other, greedy(16))[-1].token_ids
+        results[ahead] = (done.text, [e.text for e in events[seq]], list(engine.kv.resident[seq.slot]))
+    assert results[True][:2] == results[False][:2]
+    held_ahead, held_plain = results[True][2], results[False][2]
+    assert held_plain == [*ids, *free.token_ids[:cut]]  # not launching ahead, the end token never ran
+    assert held_ahead == [*held_plain, end]  # launched ahead, the pass after it ran with it
+
+
 @pytest.mark.parametrize("ahead", [False, True])
 def test_a_stop_string_and_a_full_context_end_a_stream_where_they_do_without_launching_ahead(
     tmp_path: Path, ahead: bool
