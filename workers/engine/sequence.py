@@ -131,7 +131,7 @@ class Sequence:
     def ends_with(self, token: int, slot_ctx: int) -> bool:
         """Whether accepting `token` surely ends the sequence (end of generation, its token limit, a full
         context); a stop string or a complete JSON value can end it too, which only `accept` finds."""
-        return token in self.eog or self._at_length(self.pos, len(self.generated) + 1, slot_ctx)
+        return token in self.eog or not self.runs_after_next(slot_ctx)
 
     def accept(self, token: int, slot_ctx: int, pos: int | None = None) -> list[Event]:
         """A sampled token: its text, and whether the sequence ends with it (then `finish` is set). `pos`: the
