@@ -44,6 +44,9 @@ class DaemonConfig:
     max_tokens_default: int = 1024  # an answer's token cap when a request sets none (a voice answer is far shorter)
     stream_interval_ms: float = 5.0  # a request's DELTAs at most this often (first token, sentence ends at once)
     socket_dir: str = field(default_factory=lambda: str(default_socket_dir()))  # where the ipc:// sockets live
+    # a group whose members may use the client socket: socket_dir 0750 and genie.sock 0660 of that group;
+    # empty: the daemon's user only (socket_dir 0700, every socket 0600)
+    socket_group: str = ""
     client_endpoint: str = ""  # client socket; default ipc://<socket_dir>/genie.sock
     worker_endpoint: str = ""  # daemon <-> worker socket; default ipc://<socket_dir>/worker.sock
     admin_endpoint: str = ""  # genie-ctl's socket (mode 0600 when ipc); default ipc://<socket_dir>/admin.sock

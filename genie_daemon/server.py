@@ -46,6 +46,7 @@ from .metrics import DaemonMetrics
 from .model_info import ModelInfo, describe, known_at_once
 from .model_store import ModelStore
 from .scheduler import ReplyFn, Request, Scheduler, Switch
+from .socket_dir import PRIVATE_SOCKET_MODE, SocketDir
 from .worker_handle import WorkerHandle
 from .zmq_fronts import ZmqFronts
 
@@ -57,15 +58,19 @@ CANCEL_GRACE_S = 1.5  # on SIGTERM, how long a cancelled turn may take to end (a
 class Daemon:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
+        # first: a second daemon on this directory must stop here, before it binds over the first's sockets
+        self.socket_dir = SocketDir(config.socket_dir, config.socket_group)
         self.ctx = zmq.asyncio.Context()
-        os.makedirs(config.socket_dir, mode=0o700, exist_ok=True)
-        self.clients = self._bind(config.client_endpoint)
-        # mandatory: a message for a worker whose connection is not there fails at once instead of going
-        # nowhere (its request would stay "running" with the worker idle)
-        self.workers = self._bind(config.worker_endpoint, mandatory=True)
-        self.admin = self._bind(config.admin_endpoint)
-        if config.admin_endpoint.startswith("ipc://"):
-            os.chmod(config.admin_endpoint[len("ipc://") :], 0o600)  # admin calls: the owner only
+        try:
+            self.clients = self._bind(config.client_endpoint, self.socket_dir.client_mode)
+            # mandatory: a message for a worker whose connection is not there fails at once instead of going
+            # nowhere (its request would stay "running" with the worker idle)
+            self.workers = self._bind(config.worker_endpoint, mandatory=True)
+            self.admin = self._bind(config.admin_endpoint)  # admin calls: the daemon's user only
+        except BaseException:
+            self.ctx.destroy(linger=0)
+            self.socket_dir.release(self._endpoints())
+            raise
         self.fronts = ZmqFronts(self, self.clients, self.admin)
         self.worker = WorkerHandle(config)
         self.kv = KvStoreHandle(config, self.ctx) if config.kv_store else None
@@ -88,13 +93,19 @@ class Daemon:
         self._info_task: asyncio.Task[None] | None = None
         self.http: HttpFront | None = None
 
-    def _bind(self, endpoint: str, mandatory: bool = False) -> zmq.asyncio.Socket:
+    def _bind(self, endpoint: str, mode: int = PRIVATE_SOCKET_MODE, mandatory: bool = False) -> zmq.asyncio.Socket:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_CLIENT_MSG_BYTES)
         sock.setsockopt(zmq.ROUTER_MANDATORY, int(mandatory))  # clients: a reply to one gone is dropped
         sock.bind(endpoint)
+        self.socket_dir.set_mode(endpoint, mode)
         return sock
+
+    def _endpoints(self) -> list[str]:
+        """Every socket of this daemon's, the KV store's included (the store binds it)."""
+        c = self.config
+        return [c.client_endpoint, c.worker_endpoint, c.admin_endpoint] + ([c.kv_endpoint] if c.kv_store else [])
 
     # -- replies ------------------------------------------------------------------------------------------
     async def fail(self, req: Request, code: str, message: str) -> None:
@@ -457,11 +468,7 @@ class Daemon:
         for sock in (self.clients, self.workers, self.admin):
             sock.close()
         self.ctx.term()
-        endpoints = [self.config.client_endpoint, self.config.worker_endpoint, self.config.admin_endpoint]
-        for endpoint in endpoints + ([self.config.kv_endpoint] if self.kv else []):
-            if endpoint.startswith("ipc://"):  # a file left behind would look like a daemon to genie-ctl
-                with contextlib.suppress(OSError):
-                    os.unlink(endpoint[len("ipc://") :])
+        self.socket_dir.release(self._endpoints())
 
     async def drain(self) -> None:
         """SIGTERM: queued requests end as cancelled; those in flight go on for drain_timeout_s (default 0),

@@ -11,6 +11,7 @@ gets an ERROR and the loop goes on; so does a failed disk write (the save is los
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ class KVStoreServer:
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
         self.sock.bind(config.endpoint)
+        if config.endpoint.startswith("ipc://"):  # saved KV is the conversations' text: the daemon's user only
+            os.chmod(config.endpoint[len("ipc://") :], 0o600)
         self.stopping = False
         # what each request type is answered by (anything else: ERROR unsupported)
         self._handlers: dict[type[Message], Callable[[Any, list], tuple[Message, list[memoryview]]]] = {

@@ -31,8 +31,10 @@ def start_daemon(
     ctx: int = 512,
     backend: str = "auto",
     ready_timeout_s: float = 30,
+    umask: int = -1,
 ) -> tuple[subprocess.Popen, str]:
-    """A daemon on `model` (default: a tiny llama file written into `tmp`), its sockets and KV in `tmp`."""
+    """A daemon on `model` (default: a tiny llama file written into `tmp`), its sockets and KV in `tmp`;
+    `umask`: the one it starts under (-1: this process's)."""
     if model is None:
         model = str(tmp / "tiny.gguf")
         if not Path(model).exists():
@@ -56,7 +58,7 @@ def start_daemon(
         "0",  # any free port: test daemons never fight over 11434
         *extra,
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True, umask=umask)
     endpoint = f"ipc://{sock_dir}/genie.sock"
     deadline = time.monotonic() + ready_timeout_s
     problem = "not ready"
