@@ -76,6 +76,8 @@ async def health(request: web.Request) -> web.Response:
     else:
         state = "loading"
     body = {"status": state, "model": s.get("loaded_model"), "worker_pid": s.get("worker_pid")}
+    if s.get("load_error"):
+        body["error"] = s["load_error"]  # why it cannot serve: the worker's own reason
     return web.json_response(body, status=200 if state == "ready" else 503)
 
 

@@ -75,7 +75,7 @@ ERROR_STATUS = {
     "worker_unreachable": 503,
     "model_changed": 503,
     "not_ready": 503,
-    "load_failed": 503,
+    "model_unavailable": 503,
 }
 
 
@@ -182,7 +182,7 @@ class Turn:
     away, or the handler failed) cancels it: a queued request ends at once, a running one at its next
     prefill chunk or decode step. It runs on `model` (config.model's form) only: the daemon loads it when
     the request reaches the head of its queue, if another is served (or none, after an unload); a model
-    that fails to load ends it with ERROR(load_failed), a 503."""
+    that fails to load ends it with ERROR(model_unavailable), a 503."""
 
     def __init__(self, service: Service, msg: Generate, model: str | None = None) -> None:
         self.service = service

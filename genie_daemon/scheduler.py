@@ -83,11 +83,12 @@ class Scheduler:
     def find_running(self, owner: Hashable, client_rid: str) -> Request | None:
         return next((r for r in self.running.values() if r.owner == owner and r.client_rid == client_rid), None)
 
-    def take_waiting(self, model: str | None = None) -> list[Request]:
-        """Empties the queues (with `model`: of the requests that must run on it only), in serving order."""
+    def take_waiting(self, model: str | None = None, also_unnamed: bool = False) -> list[Request]:
+        """Empties the queues (with `model`: of the requests that must run on it only, and with
+        `also_unnamed` those that may run on whichever is served too), in serving order."""
         taken: list[Request] = []
         for q in self.queues.values():
-            mine = [r for r in q if model is None or r.model == model]
+            mine = [r for r in q if model is None or r.model == model or (also_unnamed and r.model is None)]
             for req in mine:
                 q.remove(req)
             taken += mine

@@ -53,6 +53,7 @@ from .zmq_fronts import ZmqFronts
 log = logging.getLogger("genie.daemon")
 MAX_CLIENT_MSG_BYTES = 8 << 20
 CANCEL_GRACE_S = 1.5  # on SIGTERM, how long a cancelled turn may take to end (a CPU layer is ~50 ms)
+MAX_EARLY_EXITS = 3  # workers in a row that exit before READY (not with code 2) before the load counts as failed
 
 
 class Daemon:
@@ -227,8 +228,8 @@ class Daemon:
             refusal = ("unloaded", "no model is loaded (genie-ctl load MODEL)")
         elif self.stopping.is_set():
             refusal = ("shutting_down", "genie is stopping")
-        elif model is not None and model == self.config.model and self.load_error:
-            refusal = ("load_failed", self.load_error)
+        elif self.load_error and model in (None, self.config.model):
+            refusal = ("model_unavailable", self.load_error)
         elif self.scheduler.waiting() >= self.config.max_queue + self._free_slots():
             # max_queue counts the requests that wait: one that takes a free slot at once waits for nothing
             refusal = ("overloaded", f"{self.config.max_queue} requests are already waiting")
@@ -373,10 +374,11 @@ class Daemon:
             if switching or not self.wanted or self.load_error or not self.worker.proc or self.worker.is_alive():
                 continue
             code = self.worker.proc.returncode
-            if code == 2 and not self.worker.ready:  # the worker could not load the model: no use retrying
-                self.load_error = f"the worker could not load {self.config.model!r} (see the daemon log)"
-                log.error("event=load_failed model=%r", self.config.model)
-                await self._fail_waiting_for(self.config.model, self.load_error)
+            # exit code 2 before READY: the worker could not load the model, no use retrying; any other
+            # exit before READY (killed for memory while loading, a crash) is retried a few times first
+            if self.worker.count_exit() and (code == 2 or self.worker.early_exits >= MAX_EARLY_EXITS):
+                reason = await self.worker.exit_reason()
+                await self._load_failed(f"the worker could not load {self.config.model!r}: {reason}")
                 continue
             log.error("event=worker_lost pid=%s returncode=%s", self.worker.pid, code)
             self.worker.mark_lost()  # first: a request that arrives meanwhile waits for the new worker
@@ -392,8 +394,8 @@ class Daemon:
         try:
             name = await self.store.pull_configured(model)
         except PullError as e:
-            self.load_error = f"pulling {model!r} failed: {e}"
             log.error("event=pull_failed model=%r error=%r", model, str(e))
+            await self._load_failed(f"pulling {model!r} failed: {e}")
             return False
         if name != model:  # a URL or hf:// source: from now on the model is its name in the models directory
             self.worker.config = self.config = replace(self.config, model=name)
@@ -402,11 +404,14 @@ class Daemon:
         self._refresh_model_info()
         return True
 
-    async def _fail_waiting_for(self, model: str, message: str) -> None:
-        """The requests that wait for a model that could not be loaded end with ERROR(load_failed); the
+    async def _load_failed(self, error: str) -> None:
+        """The served model cannot be loaded: every request waiting for it (those that name no model too)
+        ends with ERROR(model_unavailable) saying why, as every new one does (`submit`) until a LOAD; the
         next one, for another model, may then load its own."""
-        for req in self.scheduler.take_waiting(model):
-            await self.fail(req, "load_failed", message)
+        self.load_error = error
+        log.error("event=load_failed model=%r error=%r", self.config.model, error)
+        for req in self.scheduler.take_waiting(self.config.model, also_unnamed=True):
+            await self.fail(req, "model_unavailable", error)
         await self.dispatch()
 
     async def _drop_in_flight(self, code: str, message: str) -> None:

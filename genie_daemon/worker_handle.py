@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -11,6 +12,7 @@ from genie_common.config import DaemonConfig
 from protocol.messages import worker_identities
 
 log = logging.getLogger("genie.daemon")
+WORKER_ERROR = b"genie-worker: error: "  # how the worker's main() says why it could not start (exit code 2)
 
 
 class WorkerHandle:
@@ -24,23 +26,62 @@ class WorkerHandle:
         self.thermal: dict | None = None  # its last heartbeat's {temp_c, throttled}
         self.last_seen = 0.0
         self.restarts = 0
+        self.last_error: str | None = None  # the reason its last `genie-worker: error:` line gave
+        self._relay: asyncio.Task[None] | None = None
+        self.served = False  # the current process sent READY (ready is cleared by mark_lost too)
+        self.early_exits = 0  # workers in a row that exited before their READY
         self._backoff = config.restart_backoff_s
 
     async def start(self) -> None:
-        self.ready, self.identity = False, None
+        self.ready, self.served, self.identity, self.last_error = False, False, None, None
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "workers.worker", *self.config.worker_args()
+            sys.executable, "-m", "workers.worker", *self.config.worker_args(), stderr=asyncio.subprocess.PIPE
         )
+        assert self.proc.stderr is not None
+        self._relay = asyncio.create_task(self._relay_log(self.proc.stderr))
         self.identities = worker_identities(self.proc.pid)
         self.identity = self.identities[0]
         self.last_seen = time.monotonic()  # the load itself sends no heartbeat before HELLO: see is_alive
         log.info("event=worker_start pid=%s", self.proc.pid)
 
+    async def _relay_log(self, stream: asyncio.StreamReader) -> None:
+        """The worker's log, line by line, into the daemon's; the reason of a failed load (its last
+        `genie-worker: error:` line) kept for `exit_reason`."""
+        out = getattr(sys.stderr, "buffer", None)
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line longer than the stream's limit: passed on in pieces
+                line = await stream.read(1 << 16)
+            if not line:
+                return
+            if line.startswith(WORKER_ERROR):
+                self.last_error = line[len(WORKER_ERROR) :].decode("utf-8", "replace").strip()
+            if out is not None:
+                out.write(line)
+                out.flush()
+            else:
+                sys.stderr.write(line.decode("utf-8", "replace"))
+
+    async def exit_reason(self) -> str:
+        """Why the worker that exited did: its own error line, else its exit code."""
+        if self._relay is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._relay), 1.0)  # the last lines of its log first
+        code = self.proc.returncode if self.proc else None
+        return self.last_error or f"it exited with code {code} (see the daemon log)"
+
+    def count_exit(self) -> int:
+        """Called once for a worker found exited: how many in a row (this one included) exited before
+        their READY, 0 when this one had served."""
+        self.early_exits = 0 if self.served else self.early_exits + 1
+        return self.early_exits
+
     def seen(self) -> None:
         self.last_seen = time.monotonic()
 
     def on_ready(self, info: dict[str, object]) -> None:
-        self.ready, self.info = True, info
+        self.ready, self.served, self.info = True, True, info
         self._backoff = self.config.restart_backoff_s
         m = info.get("memory")
         memory = m if isinstance(m, dict) else {}
