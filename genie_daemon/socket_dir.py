@@ -17,12 +17,13 @@ requests on the worker behind the daemon's back, or read saved KV through the st
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import grp
 import logging
 import os
 import stat
 from pathlib import Path
+
+from genie_common.held_file import Held, HeldFile
 
 log = logging.getLogger("genie.daemon")
 
@@ -43,7 +44,14 @@ class SocketDir:
         self.group = group
         self.gid = _group_id(group) if group else None
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._lock_fd = _take(self.path / LOCK_NAME)
+        try:
+            self._lock: HeldFile | None = HeldFile(self.path / LOCK_NAME)
+        except Held as e:
+            who = f"pid {e.pid}" if e.pid else "another process"
+            raise DirectoryInUse(
+                f"another genie-daemon ({who}) is serving {self.path}: stop it first "
+                f"(genie-ctl --socket-dir {self.path} stop) or give this one another --socket-dir"
+            ) from None
         try:
             self._make_private()
         except BaseException:
@@ -82,18 +90,16 @@ class SocketDir:
 
     def release(self, endpoints: list[str] | tuple[str, ...] = ()) -> None:
         """Removes the socket files of `endpoints` (a file left behind looks like a daemon to genie-ctl),
-        then the lock file, then lets the lock go: in this order, a daemon starting meanwhile either finds the
-        directory held or has nothing of this one's left to lose."""
-        if self._lock_fd < 0:
+        then lets the directory go: in this order, a daemon starting meanwhile either finds the directory
+        held or has nothing of this one's left to lose."""
+        if self._lock is None:
             return
         for endpoint in endpoints:
             if endpoint.startswith("ipc://"):
                 with contextlib.suppress(OSError):
                     os.unlink(endpoint[len("ipc://") :])
-        with contextlib.suppress(OSError):
-            os.unlink(self.path / LOCK_NAME)
-        os.close(self._lock_fd)
-        self._lock_fd = -1
+        self._lock.release()
+        self._lock = None
 
 
 def _group_id(group: str) -> int:
@@ -101,37 +107,3 @@ def _group_id(group: str) -> int:
         return grp.getgrnam(group).gr_gid
     except KeyError:
         raise ValueError(f"socket_group = {group!r}: no such group") from None
-
-
-def _take(lock: Path) -> int:
-    """An fd holding the flock on `lock`, with this process's pid written in it. The file is checked to be
-    the one at the path after the lock is taken: a daemon stopping removes it, and a lock on the file it
-    removed would hold nothing."""
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            os.close(fd)
-            who = f"pid {holder}" if holder else "another process"
-            raise DirectoryInUse(
-                f"another genie-daemon ({who}) is serving {lock.parent}: stop it first "
-                f"(genie-ctl --socket-dir {lock.parent} stop) or give this one another --socket-dir"
-            ) from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            return fd
-        os.close(fd)  # removed by a daemon that stopped after we opened it: take the new one
-
-
-def _holder(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).decode().strip())
-    except (OSError, ValueError):
-        return None

@@ -15,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
 from ..errors import PullError
+from ..held_file import Held, HeldFile
 from .download import download, note_path, probe_hf
 from .local import LocalModel, ModelsDir, is_valid_name
 from .sources import Source, parse_source
@@ -103,16 +102,13 @@ def pull(
         return existing
     try:
         models.ensure()
-        lock = FileLock(str(_lock_path(models, name)), timeout=0)
-        lock.acquire()
-    except Timeout:
-        raise PullError(f"{name}: another pull of it is running") from None
+        lock = HeldFile(_lock_path(models, name))  # removed again however the pull ends
+    except Held as e:
+        raise PullError(f"{name}: another pull of it is running ({e})") from None
     except OSError as e:
         raise PullError(f"{src.source}: cannot write to {models.root}: {e.strerror or e}") from None
-    try:
+    with lock:
         return _pull_locked(src, name, models, progress, cancel)
-    finally:
-        lock.release()
 
 
 def _pull_locked(

@@ -54,10 +54,10 @@ def listed(models_dir: Path) -> dict[str, dict[str, object]]:
 
 
 def leftovers(models_dir: Path) -> list[str]:
-    """Files a refused pull must not leave: models, manifests, partial downloads (the lock file may stay)."""
+    """Files a refused pull must not leave: models, manifests, partial downloads, its lock file."""
     if not models_dir.exists():
         return []
-    return sorted(p.name for p in models_dir.iterdir() if not p.name.endswith(".lock"))
+    return sorted(p.name for p in models_dir.iterdir())
 
 
 def test_interrupted_pull_resumes_then_list_run_rm(tmp_path: Path, tiny_bytes: bytes) -> None:

@@ -83,6 +83,22 @@ def test_a_second_pull_of_the_same_name_is_refused(tmp_path: Path) -> None:
             pull("http://127.0.0.1:9/x.gguf", models)
 
 
+def test_no_lock_file_stays_however_a_pull_ends(tmp_path: Path) -> None:
+    """Failed, cancelled or done, a pull removes its `.NAME.lock` (a failed one left it, 0 bytes)."""
+    data = tiny_bytes(tmp_path, 0)
+    models = ModelsDir(tmp_path / "models")
+    with serving(FileServer(files={"/x.gguf": data, "/bad.gguf": b"not a gguf" * 100})) as srv:
+        with pytest.raises(PullError):
+            pull(f"{srv.url}/bad.gguf", models)
+        with pytest.raises(PullError):
+            pull(f"{srv.url}/missing.gguf", models)
+        with pytest.raises(PullError, match="cancelled"):
+            pull(f"{srv.url}/x.gguf", models, cancel=lambda: True)
+        assert [p.name for p in models.root.glob(".*.lock")] == []
+        pull(f"{srv.url}/x.gguf", models)
+    assert [p.name for p in models.root.glob(".*.lock")] == []
+
+
 def test_name_override_and_a_bad_name(tmp_path: Path) -> None:
     data = tiny_bytes(tmp_path, 0)
     models = ModelsDir(tmp_path / "models")
