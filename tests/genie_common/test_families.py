@@ -13,7 +13,7 @@ import pytest
 from genie_common import families
 from genie_common.errors import PullError
 from genie_common.families import ChatMarkup, Family
-from genie_common.models.local import _describe
+from genie_common.models.local import describe_gguf
 from testkit.tiny_models import write_tiny_model
 from workers.engine.arch import ARCHITECTURES, llama
 from workers.engine.engine import Engine, EngineConfig
@@ -36,7 +36,7 @@ def toyfam(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_its_files_are_accepted_and_run(toyfam: Path) -> None:
-    assert _describe(toyfam, "toy.gguf")["architecture"] == "toyfam"  # what `genie pull` checks a file by
+    assert describe_gguf(toyfam, "toy.gguf")["architecture"] == "toyfam"  # what `genie pull` checks a file by
     engine = Engine(EngineConfig(model=str(toyfam), backend="numpy", n_ctx=64))
     done = list(engine.generate([3, 17, 40], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)))[-1]
     assert len(done.token_ids) == 5
@@ -64,4 +64,4 @@ def test_without_its_record_its_files_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "toy.gguf"
     write_tiny_model("llama", path, arch_name="toyfam")
     with pytest.raises(PullError, match="architecture 'toyfam' is not one genie runs"):
-        _describe(path, "toy.gguf")
+        describe_gguf(path, "toy.gguf")

@@ -417,7 +417,9 @@ def test_unload_refuses_work_and_load_serves_a_model_again(tmp_path):
         _, done = asyncio.run(ask())
         assert isinstance(done, Done)
         bad = ctl(sock_dir, "load", str(tmp_path / "missing.gguf"))
-        assert bad.returncode == 1 and "could not load" in bad.stderr
+        assert bad.returncode == 1 and "bad_model" in bad.stderr and "no such file" in bad.stderr
+        _, still = asyncio.run(ask())  # refused before anything restarted: the loaded model serves on
+        assert isinstance(still, Done)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
