@@ -24,6 +24,12 @@ class Request:
     internal_id: str  # what the worker sees: unique across clients
     model: str | None = None  # the model it must run on (an HTTP request names one); None: the one served
     queued_at: float = field(default_factory=time.monotonic)
+    answered: bool = False  # a DELTA of it has reached its owner: it cannot be run again unseen
+    runs: int = 0  # times it was sent to a worker
+
+    @property
+    def priority(self) -> str:
+        return self.msg.priority if isinstance(self.msg, Generate) else "voice"
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,14 @@ class Scheduler:
         return queue.popleft()
 
     def start(self, req: Request) -> None:
+        req.runs += 1
         self.running[req.internal_id] = req
+
+    def requeue(self, reqs: list[Request]) -> None:
+        """Puts requests taken from a worker back at the head of their queues, in the order given (they were
+        waiting before any that still wait)."""
+        for req in reversed(reqs):
+            self.queues[req.priority].appendleft(req)
 
     def finish(self, internal_id: str) -> Request | None:
         return self.running.pop(internal_id, None)

@@ -53,6 +53,7 @@ from .zmq_fronts import ZmqFronts
 log = logging.getLogger("genie.daemon")
 MAX_CLIENT_MSG_BYTES = 8 << 20
 CANCEL_GRACE_S = 1.5  # on SIGTERM, how long a cancelled turn may take to end (a CPU layer is ~50 ms)
+UNREACHABLE_RETRY_S = 0.1  # a request the worker's socket did not take is sent again this much later
 MAX_EARLY_EXITS = 3  # workers in a row that exit before READY (not with code 2) before the load counts as failed
 
 
@@ -85,6 +86,7 @@ class Daemon:
         self.recent_tok_s = 0.0  # decode speed of the last finished request
         self._switch: asyncio.Task[None] | None = None
         self._kv_restart: asyncio.Task[None] | None = None
+        self._redispatch: asyncio.Task[None] | None = None
         self.metrics = DaemonMetrics()
         self.store = ModelStore(config.models_dir)
         self._model_info = known_at_once(config.model)  # the rest read from the file in a thread (model_info.py)
@@ -243,8 +245,8 @@ class Daemon:
             return
         if isinstance(msg, Generate) and "max_tokens" not in msg.params:  # no limit asked: still an end
             msg = replace(msg, params={**msg.params, "max_tokens": self.config.max_tokens_default})
-        priority = msg.priority if isinstance(msg, Generate) else "voice"
-        self.scheduler.add(Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}", model), priority)
+        req = Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}", model)
+        self.scheduler.add(req, req.priority)
         await self.dispatch()
 
     async def cancel(self, owner: Hashable, rid: str) -> None:
@@ -295,9 +297,24 @@ class Daemon:
                 await self.fail(req, "bad_request", f"the request cannot be encoded: {e}")
                 continue
             self.scheduler.start(req)
-            if not await self._to_worker(identity, frames):
+            if not await self._to_worker(identity, frames):  # not connected: it waits for the worker
                 self.scheduler.finish(req.internal_id)
-                await self.fail(req, "worker_unreachable", "the worker could not be reached; try again")
+                req.runs -= 1  # it never reached one
+                self.scheduler.requeue([req])
+                self._dispatch_later(UNREACHABLE_RETRY_S)
+                return
+
+    def _dispatch_later(self, delay_s: float) -> None:
+        """Dispatches again in `delay_s` (once, however often asked meanwhile): a worker whose connection is
+        not there either comes back or is found dead by the supervisor (its exit, its missing heartbeats)."""
+        if self._redispatch is None or self._redispatch.done():
+
+            async def later() -> None:
+                await asyncio.sleep(delay_s)
+                self._redispatch = None  # this dispatch may ask for another
+                await self.dispatch()
+
+            self._redispatch = asyncio.create_task(later())
 
     def _slots(self) -> int:
         """The requests the worker may hold now: its slots once it is ready, none before."""
@@ -353,6 +370,7 @@ class Daemon:
         body = msg.body()
         body["request_id"] = req.client_rid
         await req.reply(type(msg)(**body))  # checked when it arrived: not again
+        req.answered = True
         if isinstance(msg, Done):
             self.metrics.observe_done(msg.finish_reason, msg.usage, msg.timings)
             if msg.timings.get("decode_tok_s"):
@@ -387,7 +405,7 @@ class Daemon:
                 continue
             log.error("event=worker_lost pid=%s returncode=%s", self.worker.pid, code)
             self.worker.mark_lost()  # first: a request that arrives meanwhile waits for the new worker
-            await self._drop_in_flight("worker_died", "the worker stopped during this request; it is being restarted")
+            await self._run_again_or_fail()
             await self.worker.restart()
 
     async def _have_model(self) -> bool:
@@ -420,6 +438,20 @@ class Daemon:
         for req in self.scheduler.take_waiting(self.config.model, also_unnamed=True):
             await self.fail(req, "model_unavailable", error)
         await self.dispatch()
+
+    async def _run_again_or_fail(self) -> None:
+        """The worker died under the requests in flight. One whose owner has seen nothing of it yet (no
+        DELTA) is run again on the next worker, once: its client sees a slower answer, not an error. One
+        that had output, or that a worker died under before, ends with ERROR(worker_died)."""
+        again: list[Request] = []
+        for req in self.scheduler.take_running():
+            if req.answered or req.runs > 1:
+                await self.fail(req, "worker_died", "the worker stopped during this request; it is being restarted")
+            else:
+                again.append(req)
+        if again:
+            log.warning("event=requests_run_again n=%d", len(again))
+            self.scheduler.requeue(again)
 
     async def _drop_in_flight(self, code: str, message: str) -> None:
         """Every request in flight ends with ERROR(code): its worker is gone or going."""

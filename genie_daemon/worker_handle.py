@@ -111,8 +111,9 @@ class WorkerHandle:
     def is_alive(self) -> bool:
         if self.proc is None or self.proc.returncode is not None:
             return False
-        # heartbeats start with the I/O thread, after the model loaded; until then only the exit counts
-        return not self.ready or time.monotonic() - self.last_seen < self.config.heartbeat_timeout_s
+        # heartbeats start with the I/O thread, after the model loaded; until then only the exit counts (and
+        # one that has served is judged by them even once the daemon stopped sending it requests)
+        return not self.served or time.monotonic() - self.last_seen < self.config.heartbeat_timeout_s
 
     def mark_lost(self) -> None:
         """Takes no more requests (it stopped answering, or exited) until a new worker is READY."""

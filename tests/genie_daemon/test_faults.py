@@ -119,3 +119,66 @@ def stop_and_log(proc) -> str:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     return err
+
+
+def test_requests_that_had_no_answer_yet_run_again_on_the_replacement(tmp_path):
+    """Issue 34 item 5: with the worker stopped (SIGSTOP) past the heartbeat timeout, 4 of 6 requests sent
+    meanwhile got worker_died. A request that has had no DELTA yet now runs again on the new worker."""
+    proc, endpoint = start_daemon(tmp_path)
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    pid = json.loads(ctl(sock_dir, "--json", "status").stdout)["worker_pid"]
+    short = {"token_ids": [1, 5, 6, 7], "params": {"max_tokens": 4, "ignore_eos": True}}
+    try:
+        os.kill(pid, signal.SIGSTOP)  # hung: it takes requests (its socket is there) and answers none
+
+        async def go() -> list:
+            async with GenieClient(endpoint, timeout_s=60) as client:
+                return await asyncio.gather(*(collect(client, **short) for _ in range(6)))
+
+        ends = [end for _, end in asyncio.run(go())]
+        got = [e.code if isinstance(e, Error) else e.usage["completion_tokens"] for e in ends]
+        assert got == [4] * 6, got  # every one answered whole (an ERROR shows its code)
+        status = json.loads(ctl(sock_dir, "--json", "status").stdout)
+        assert status["worker_restarts"] == 1 and status["worker_pid"] != pid, status
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_a_request_runs_again_once_only(tmp_path):
+    """The second worker that dies under the same request before its first DELTA ends it with worker_died:
+    a request that kills workers must not kill them for ever."""
+    proc, endpoint = start_daemon(tmp_path, model="gemma3-270m", ctx=2048, backend="numpy", ready_timeout_s=120)
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    prompt = "Tell me everything about lighthouses and the sea. " * 60  # a prefill of seconds on 2 cores
+    killed: list[int] = []
+
+    def kill_when_running() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status = json.loads(ctl(sock_dir, "--json", "status").stdout)
+            if status["ready"] and status["running"] == 1 and status["worker_pid"] not in killed:
+                os.kill(status["worker_pid"], signal.SIGKILL)  # in its prefill: no DELTA sent yet
+                killed.append(status["worker_pid"])
+                return
+            time.sleep(0.05)
+        raise AssertionError("the request never ran")
+
+    async def go() -> tuple[list, object]:
+        async with GenieClient(endpoint, timeout_s=120) as client:
+            task = asyncio.create_task(collect(client, prompt=prompt, params={"max_tokens": 4}))
+            for _ in range(2):
+                await asyncio.to_thread(kill_when_running)
+            return await task
+
+    try:
+        deltas, end = asyncio.run(go())
+        assert not deltas and isinstance(end, Error) and end.code == "worker_died", (deltas, end)
+        assert len(killed) == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
