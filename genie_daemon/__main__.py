@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from genie_common import __version__
 from genie_common.config import DaemonConfig, default_config_path, load_config
 
 from .server import Daemon
@@ -23,6 +24,7 @@ def _ctx(value: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     d = DaemonConfig()
     p = argparse.ArgumentParser(prog="genie-daemon", description="genie's supervisor daemon")
+    p.add_argument("--version", action="version", version=f"genie {__version__}")
     p.add_argument("--config", type=Path, default=None, help=f"TOML config (default: {default_config_path()})")
     p.add_argument("-m", "--model", help=f"GGUF path, installed or pulled model (default: {d.model})")
     p.add_argument("--models-dir", help=f"where pulled models live (default: {d.models_dir})")
@@ -104,7 +106,7 @@ async def _serve(config: DaemonConfig) -> int:
         return 2
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, daemon.stopping.set)  # the handler only sets a flag
+        loop.add_signal_handler(sig, daemon.stop, sig.name)  # the handler only sets a flag
     logging.getLogger("genie.daemon").info("event=listening endpoint=%s", config.client_endpoint)
     try:
         await daemon.run()

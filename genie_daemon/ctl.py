@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 
+from genie_common import __version__
 from genie_common.config import DaemonConfig
 from genie_common.models.catalogue import CATALOGUE
 from protocol.client import GenieClient
@@ -34,10 +35,12 @@ from protocol.messages import (
     Pull,
     Reply,
     Status,
+    Stop,
     Unload,
 )
 
 TIMEOUT_S = 3.0
+STOP_WAIT_S = 60.0  # a stop ends the turns, then stops the worker and the KV store (up to 10 s each if hung)
 PULL_SILENCE_S = 30.0  # a pull's daemon sends progress at least every 5 s (PULL_KEEPALIVE_S): silence is death
 
 
@@ -209,6 +212,35 @@ def _follow_pull(sock: zmq.Socket, endpoint: str, as_json: bool) -> int:
             return 0
 
 
+def _stop(endpoint: str, as_json: bool, timeout_s: float = STOP_WAIT_S) -> int:
+    """STOP, then waits until the daemon's admin socket is gone: 0 once it is (the daemon exited, its turns
+    cancelled and their KV saved), 1 when it is still there at the deadline."""
+    t0 = time.monotonic()
+    reply = _admin_call(endpoint, Stop(request_id="ctl-stop"))
+    if isinstance(reply, Error):
+        print(f"genie-ctl: error: {reply.code}: {reply.message}", file=sys.stderr)
+        return 1
+    pid = reply.data.get("stopping") if isinstance(reply, Reply) else None
+    path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            if path is None:  # no socket file to watch: the daemon answers until it is gone
+                _admin_call(endpoint, Status(request_id="ctl-stop"))
+            else:
+                _check_listening(path)
+        except NotRunning:
+            took_s = time.monotonic() - t0
+            print(
+                json.dumps({"stopped": True, "pid": pid, "took_s": round(took_s, 2)})
+                if as_json
+                else f"stopped genie-daemon (pid {pid}) in {took_s:.1f} s"
+            )
+            return 0
+        time.sleep(0.1)
+    print(f"genie-ctl: error: the daemon (pid {pid}) was still running {timeout_s:.0f} s after STOP", file=sys.stderr)
+    return 1
+
+
 def _wait_ready(endpoint: str, wait_s: float) -> int:
     """Polls STATUS until the daemon serves: 0, or 1 when its model failed to load (never retried), or 2
     at the deadline. Says on stderr what it waits for, once each time that changes: a first start
@@ -275,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     p = argparse.ArgumentParser(prog="genie-ctl", description="talk to the running genie daemon")
+    p.add_argument("--version", action="version", version=f"genie {__version__}")
     _add_global_options(p, with_defaults=True)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("status", help="model, backend, device, load time, uptime, pids, queue, slots, requests served")
@@ -289,6 +322,9 @@ def _main(argv: Sequence[str] | None) -> int:
     )
 
     sub.add_parser("unload", help="stop serving; GENERATE is refused until the next load")
+    sub.add_parser(
+        "stop", help="stop the daemon as SIGTERM does (turns cancelled, their KV saved) and wait until it has"
+    )
     kv = sub.add_parser("kv", help="saved conversations: ls | evict ID | clear")
     kv.add_argument("kv_command", choices=("ls", "evict", "clear"))
     kv.add_argument(
@@ -320,6 +356,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _load(config, args.model, args.json)
         if args.command == "pull":
             return _pull(config.admin_endpoint, args.source, args.json)
+        if args.command == "stop":
+            return _stop(config.admin_endpoint, args.json)
         if args.command == "unload":
             reply = _admin_call(config.admin_endpoint, Unload(request_id="ctl"))
         elif args.command == "kv":

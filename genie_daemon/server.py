@@ -81,6 +81,7 @@ class Daemon:
         self.started = time.monotonic()
         self.served = 0
         self.stopping = asyncio.Event()
+        self.stop_reason = ""  # what asked it to stop: a signal's name, or genie-ctl stop
         self.wanted = True  # a model should be served (UNLOAD clears it, LOAD sets it)
         self.load_error: str | None = None
         self.recent_tok_s = 0.0  # decode speed of the last finished request
@@ -484,6 +485,12 @@ class Daemon:
         }
 
     # -- lifetime -----------------------------------------------------------------------------------------
+    def stop(self, reason: str) -> None:
+        """Asks the daemon to stop (a signal handler's call: it only sets a flag; run() does the rest)."""
+        if not self.stopping.is_set():
+            self.stop_reason = reason
+            self.stopping.set()
+
     async def run(self) -> None:
         """Serves until `stopping` is set. Raises OSError when the HTTP port cannot be bound."""
         if self.config.http:
@@ -495,10 +502,18 @@ class Daemon:
         tasks = [asyncio.create_task(t) for t in loops]
         self._refresh_model_info()
         await self.stopping.wait()
+        t0 = time.monotonic()
+        log.info(
+            "event=stopping reason=%s running=%d queued=%d",
+            self.stop_reason,
+            len(self.scheduler.running),
+            self.scheduler.waiting(),
+        )
         await self.drain()
         for t in tasks:
             t.cancel()
         await self.shutdown()
+        log.info("event=shutdown reason=%s took_s=%.2f", self.stop_reason, time.monotonic() - t0)
 
     async def shutdown(self) -> None:
         """Stops the HTTP server, the worker and then the KV store (which writes the last turn's KV the

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from protocol.messages import (
     Pull,
     Reply,
     Status,
+    Stop,
     Unload,
 )
 
@@ -66,6 +68,7 @@ class ZmqFronts:
             KvClear: self._kv,
             Load: self._load,
             Unload: self._unload,
+            Stop: self._stop,
         }
 
     # -- clients ------------------------------------------------------------------------------------------
@@ -156,6 +159,10 @@ class ZmqFronts:
         if not d.is_current(msg.model):  # the model served or loading already: nothing to restart
             d.load(msg.model)
         return Reply(request_id=msg.request_id, data={"loading": msg.model})
+
+    async def _stop(self, msg: Stop) -> Message:  # the REPLY leaves before the sockets close (drain first)
+        self.daemon.stop("genie-ctl stop")
+        return Reply(request_id=msg.request_id, data={"stopping": os.getpid()})
 
     async def _unload(self, msg: Unload) -> Message:
         await self.daemon.unload()

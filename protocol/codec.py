@@ -19,7 +19,7 @@ from .schema import check
 MESSAGE_TYPES: dict[int, type[Message]] = {}
 for _cls in (
     *(m.Generate, m.Delta, m.Done, m.Error, m.Cancel, m.Prewarm),
-    *(m.Status, m.Health, m.Load, m.Unload, m.Metrics, m.KvList, m.KvEvict, m.KvClear, m.Pull, m.Reply),
+    *(m.Status, m.Health, m.Load, m.Unload, m.Metrics, m.KvList, m.KvEvict, m.KvClear, m.Pull, m.Stop, m.Reply),
     *(m.Hello, m.Ready, m.Heartbeat, m.Dead),
     *(kv.KvSave, kv.KvLookup, kv.KvData, kv.KvSaved),
 ):

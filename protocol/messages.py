@@ -1,6 +1,6 @@
 """The messages of protocol v1 (protocol/SPEC.md): one dataclass each, with its one-byte type and the
 rules its body must satisfy. Client <-> daemon: GENERATE, CANCEL, PREWARM, DELTA, DONE, ERROR; admin:
-STATUS, HEALTH, LOAD, UNLOAD, METRICS, KV_LIST, KV_EVICT, KV_CLEAR, answered by REPLY or ERROR, and PULL,
+STATUS, HEALTH, LOAD, UNLOAD, METRICS, KV_LIST, KV_EVICT, KV_CLEAR, STOP, answered by REPLY or ERROR, and PULL,
 answered by progress REPLYs, then a last REPLY or ERROR."""
 
 from __future__ import annotations
@@ -202,6 +202,13 @@ class Pull(AdminCall):
 
     TYPE = 0x18
     model: str = wire("str", limit=4096)  # a catalogue name, hf://OWNER/REPO/FILE.gguf or an http(s) URL of a GGUF file
+
+
+@dataclass
+class Stop(AdminCall):
+    """The daemon stops as on SIGTERM (turns cancelled, their KV saved, exit 0), after answering REPLY."""
+
+    TYPE = 0x19
 
 
 @dataclass
