@@ -32,6 +32,7 @@ from protocol.messages import (
     Ready,
     Reply,
     Status,
+    Stop,
     Unload,
 )
 
@@ -74,6 +75,7 @@ EXAMPLES = [
     KvEvict(request_id="a7", entry_id="c-kitchen"),
     KvClear(request_id="a8"),
     Pull(request_id="a9", model="hf://Qwen/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q8_0.gguf"),
+    Stop(request_id="a10"),
     Reply(request_id="a1", data={"model": "gemma3-270m", "queue": 0}),
     Hello(protocol_version=1, pid=1234),
     Ready(model="gemma3-270m", n_ctx=4096, kv_capacity=1, backend="numpy", device="numpy", load_ms=5000.0),
