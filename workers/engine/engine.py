@@ -96,7 +96,8 @@ class Engine:
         self.tokenizer = self.model.tokenizer
         mc = self.model.config
         self.n_ctx = self.plan.n_ctx
-        self.kv = KVCache(kv_cache_config(mc, self.n_ctx, self.plan.n_slots, config.kv_dtype), self.backend.xp)
+        kv_config = kv_cache_config(mc, self.n_ctx, self.plan.n_slots, config.kv_dtype)
+        self.kv = KVCache(kv_config, self.backend.xp, self.backend.kv_zeros)
         # the largest step: a budget of prompt tokens over the slots, each chunk padded to its step bucket (at
         # most twice its length, or the smallest bucket), decode rows padded to nothing
         smallest = min(self.backend.step_buckets, default=1)

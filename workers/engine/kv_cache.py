@@ -81,19 +81,21 @@ class LayerKV:
 class KVCache:
     """Owns the per-layer pools on the backend's device and which tokens each slot holds."""
 
-    def __init__(self, config: KVCacheConfig, xp: Any) -> None:
+    def __init__(self, config: KVCacheConfig, xp: Any, zeros: Any = None) -> None:
+        """`zeros(shape, dtype)` makes each pool array (the backend's kv_zeros; default xp.zeros)."""
         self.config = config
         self.xp = xp
+        zeros = zeros or (lambda shape, dtype: xp.zeros(shape, dtype=dtype))
         c = config
         store = {"int8": np.int8, "f16": np.float16, "f32": np.float32}[c.dtype]
         self.layers = []  # the pools, in the order of ModelConfig.kv_layers
         for i in range(c.n_layers):
             n_kv, hd, hdv = c.pool_shape(i)
-            k = xp.zeros((c.n_slots, c.n_ctx, n_kv, hd), dtype=store)
-            v = xp.zeros((c.n_slots, c.n_ctx, n_kv, hdv), dtype=store)
+            k = zeros((c.n_slots, c.n_ctx, n_kv, hd), store)
+            v = zeros((c.n_slots, c.n_ctx, n_kv, hdv), store)
             scales = c.dtype == "int8"
-            ks = xp.zeros((c.n_slots, c.n_ctx, n_kv), dtype=np.float32) if scales else None
-            vs = xp.zeros((c.n_slots, c.n_ctx, n_kv), dtype=np.float32) if scales else None
+            ks = zeros((c.n_slots, c.n_ctx, n_kv), np.float32) if scales else None
+            vs = zeros((c.n_slots, c.n_ctx, n_kv), np.float32) if scales else None
             self.layers.append(LayerKV(k, v, ks, vs))
         # token ids whose K/V are written at positions [0, len) of each slot
         self.resident: list[list[int]] = [[] for _ in range(c.n_slots)]

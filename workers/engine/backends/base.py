@@ -73,6 +73,11 @@ class Backend(ABC):
             return sum(int(np.prod(t.shape)) for t in tensors) * 4
         return sum(t.n_bytes for t in tensors)
 
+    def kv_zeros(self, shape: tuple[int, ...], dtype: Any) -> Array:
+        """A zeroed KV pool array (kv_cache.py): memory the plan counts in full, of which a backend may hold
+        only what is written."""
+        return self.xp.zeros(shape, dtype=dtype)
+
     def release_memory(self) -> None:  # noqa: B027 (a hook: NumPy returns memory as it frees it)
         """Hands memory the backend caches but does not use back (after an allocation failed)."""
 

@@ -13,6 +13,7 @@ reference path and overrides the weight handling and the hot operations with its
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,19 @@ class NumpyBackend(Backend):
         if self._blocks is None:
             return "numpy (float32 weights)"
         return f"numpy (int8 blocks, {self._blocks.threads} threads)"
+
+    def kv_zeros(self, shape: tuple[int, ...], dtype: Any) -> Array:
+        """An anonymous mapping of its own, which the kernel backs page by page as positions are written.
+        np.zeros asks for transparent huge pages on a large array (NumPy's madvise), so the first row written
+        in each slot of each pool took 2 MB: 4 slots of Gemma 3 270M's 36 pools held 260 MB more after a few
+        short turns, for ever (issue 34 item 13; bench/service_memory.py)."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if nbytes == 0:
+            return np.zeros(shape, dtype=dtype)
+        pool = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):  # also where the kernel's THP setting is "always"
+            pool.madvise(mmap.MADV_NOHUGEPAGE)
+        return np.frombuffer(pool, dtype=dtype).reshape(shape)  # the array keeps the mapping
 
     def _rotation(self, head_dim: int) -> Any:
         if head_dim not in self._rotations:

@@ -152,6 +152,9 @@ class CupyCore(NumpyBackend):
     def weight_bytes(self, tensors: list[TensorInfo], matrix: bool) -> int:
         return Backend.weight_bytes(self, tensors, matrix)  # GGUF blocks as stored (not NumPy's int8 rows)
 
+    def kv_zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return self.xp.zeros(shape, dtype=dtype)  # device memory, allocated whole (NumPy's host mapping is not)
+
     def free_memory(self) -> int:
         return int(self.xp.cuda.runtime.memGetInfo()[0])
 
