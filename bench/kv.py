@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvstore.store import KVStore, StoreConfig  # noqa: E402
+from kvstore.store import KVStore, Saved, StoreConfig  # noqa: E402
 from workers.engine.engine import Completion, Engine, EngineConfig  # noqa: E402
 from workers.engine.sampling import SamplingParams  # noqa: E402
 from workers.kv_engine import engine_layout  # noqa: E402
@@ -64,9 +64,11 @@ def main() -> None:
     for i in range(REPEATS):
         snap = engine.export_kv(0)
         t0 = time.perf_counter()
-        path = store.save(snap, conv_id=f"bench{i}")
+        saved = store.save(snap, conv_id=f"bench{i}")
         saves.append(time.perf_counter() - t0)
-    size = path.stat().st_size
+    if not isinstance(saved, Saved):
+        raise SystemExit(f"the bench's save failed: {saved}")
+    size = saved.bytes
 
     engine.kv.resident[0] = []
     ttft_ms(engine, prompt)  # warm-up of both paths (first launches, allocator, CUDA graphs): untimed

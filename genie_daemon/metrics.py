@@ -104,7 +104,8 @@ class _StateCollector(Collector):
             "hits": "KV lookups that found a saved prefix",
             "misses": "KV lookups that found nothing",
             "saves": "KV saves written",
-            "evictions": "Saved KV entries evicted by the size cap",
+            "save_failures": "KV saves the disk refused (after making room on a full disk)",
+            "evictions": "Saved KV entries evicted by the size cap or for room on a full disk",
             "rejected": "Saved KV entries rejected on read (corrupt or foreign)",
         }
         for key, help_text in figures.items():

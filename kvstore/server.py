@@ -3,7 +3,8 @@
 Workers send KV_SAVE at the end of a turn (KV in raw side frames; answered by KV_SAVED once the entry is
 durable) and KV_LOOKUP at the start of one (answered by KV_DATA, with the KV of the longest saved prefix
 or n_tokens 0). The daemon sends KV_LIST, KV_EVICT, KV_CLEAR and METRICS for `genie-ctl`. A bad request
-gets an ERROR and the loop goes on; so does a failed disk write (the save is lost, the store is not).
+gets an ERROR and the loop goes on; so does a failed disk write (the save is lost, the store is not: METRICS
+counts it, and says what the last error was).
 
     python -m kvstore --endpoint ipc:///run/genie/kv.sock --dir ~/.cache/genie/kv [--max-mb 1024]
 """
@@ -27,7 +28,7 @@ from protocol.messages import Error, KvClear, KvEvict, KvList, Message, Metrics,
 
 from .cache_dir import CacheDir
 from .format import KVLayout
-from .store import KVStore, StoreConfig, StoreMetrics
+from .store import KVStore, NotSaved, StoreConfig, StoreMetrics
 from .wire import layout_from_body, snapshot_frames, snapshot_from_frames
 
 log = logging.getLogger("genie.kvstore")
@@ -56,6 +57,7 @@ class KVStoreServer:
         if config.endpoint.startswith("ipc://"):  # saved KV is the conversations' text: the daemon's user only
             os.chmod(config.endpoint[len("ipc://") :], 0o600)
         self.stopping = False
+        self.last_error: str | None = None  # the disk's last refusal (a save, a lookup), for STATUS's kv
         # what each request type is answered by (anything else: ERROR unsupported)
         self._handlers: dict[type[Message], Callable[[Any, list], tuple[Message, list[memoryview]]]] = {
             KvSave: self._save,
@@ -108,7 +110,8 @@ class KVStoreServer:
             return Error(request_id=rid, code="bad_request", message=str(e)), []
         except OSError as e:  # the disk's: full, read-only, gone
             log.error("event=kv_io_error request=%s error=%r", rid, e)
-            return Error(request_id=rid, code="kv_io", message=f"{type(e).__name__}: {e}"), []
+            self.last_error = f"{type(e).__name__}: {e}"
+            return Error(request_id=rid, code="kv_io", message=self.last_error), []
 
     def _dispatch(self, msg: Message, side: list) -> tuple[Message, list[memoryview]]:
         handler = self._handlers.get(type(msg))
@@ -122,9 +125,10 @@ class KVStoreServer:
         layout = layout_from_body(msg.layout)
         snapshot = snapshot_from_frames(layout, msg.token_ids, side)
         saved = self._store(msg.fingerprint, layout).save(snapshot, msg.conv_id or "")
-        if saved is None:
-            cap = self.config.store.max_bytes
-            return Error(request_id=msg.request_id, code="kv_too_large", message=f"larger than the cap {cap}"), []
+        if isinstance(saved, NotSaved):
+            if saved.code == "kv_io":
+                self.last_error = saved.message
+            return Error(request_id=msg.request_id, code=saved.code, message=saved.message), []
         return KvSaved(request_id=msg.request_id, bytes=saved.bytes), []
 
     def _lookup(self, msg: KvLookup, side: list) -> tuple[Message, list[memoryview]]:
@@ -147,14 +151,16 @@ class KVStoreServer:
     def _metrics(self, msg: Metrics | Status, side: list) -> tuple[Message, list[memoryview]]:
         return Reply(request_id=msg.request_id, data=self.metrics()), []
 
-    def metrics(self) -> dict[str, int]:
+    def metrics(self) -> dict[str, object]:
         total = StoreMetrics()
         for store in self.stores.values():
             for k, v in store.metrics.as_dict().items():
                 setattr(total, k, getattr(total, k) + v)
         # no header read: STATUS is polled, and reading every header would hold up the worker's lookups
         sizes = [f.stat.st_size for f in self.files.entry_files()]
-        return {**total.as_dict(), "entries": len(sizes), "bytes": sum(sizes), "max_bytes": self.config.store.max_bytes}
+        cap = self.config.store.max_bytes
+        counts = {**total.as_dict(), "entries": len(sizes), "bytes": sum(sizes), "max_bytes": cap}
+        return {**counts, "last_error": self.last_error}
 
 
 def serve(config: ServerConfig) -> int:

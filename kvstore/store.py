@@ -9,12 +9,16 @@ then verified token by token, and the file's checksum is verified before any of 
 Recency is the file's mtime: a save writes it, a hydrate touches it. A save runs under one `filelock` lock
 on the directory: it first evicts (least recently used first) until the entries and the new one fit
 `max_bytes`, then writes its temp file and renames it into place (atomic_path), then removes stale temp
-files. Other processes' saves and evictions are picked up by rescanning when the directory's mtime
-changes. What in the directory is genie's, and what is left alone, is cache_dir.py's.
+files. A disk that fills up below the cap (ENOSPC, EDQUOT) evicts as many bytes as the new entry needs,
+least recently used first, and the write is tried once more. A save that still fails is a value
+(NotSaved), counted and logged: the store goes on. Other processes' saves and evictions are picked up by
+rescanning when the directory's mtime changes. What in the directory is genie's, and what is left alone,
+is cache_dir.py's.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -27,7 +31,7 @@ from genie_common.config import KV_CACHE_MAX_MB, KV_CACHE_STALE_TMP_S
 from genie_common.kv_types import KVSnapshot
 from protocol.schema import CONV_ID
 
-from .cache_dir import CacheDir
+from .cache_dir import CacheDir, EntryFile
 from .format import (
     EntryError,
     EntryHeader,
@@ -46,6 +50,7 @@ log = logging.getLogger("genie.kvstore")
 
 CHUNK_TOKENS = 64
 HYDRATE_UNAVAILABLE_TRIES = 3  # an entry that is kept but cannot be read now: tries before a miss
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a write that evicting entries can make room for
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,14 @@ class Saved:
     bytes: int
 
 
+@dataclass(frozen=True)
+class NotSaved:
+    """A save that was not written; `code` is the ERROR code the worker gets (protocol/SPEC.md)."""
+
+    code: str  # kv_too_large: larger than the whole cap; kv_io: the disk refused it (full, read-only, gone)
+    message: str
+
+
 @dataclass
 class StoreMetrics:
     hits: int = 0
@@ -75,9 +88,10 @@ class StoreMetrics:
     hydrated_tokens: int = 0
     saved_bytes: int = 0
     saves: int = 0
-    evictions: int = 0
+    evictions: int = 0  # to the size cap, or for room on a full disk
     rejected: int = 0
     skipped: int = 0  # saves larger than the whole cap
+    save_failures: int = 0  # saves the disk refused, after making room on a full one
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -258,9 +272,10 @@ class KVStore:
         return f"{kind}-{key}.{self.tag}.kv"
 
     # -- save -------------------------------------------------------------------------------------------
-    def save(self, snapshot: KVSnapshot, conv_id: str = "") -> Saved | None:
-        """Writes the snapshot durably (returns once it is safe on disk) within the size cap; None when the
-        entry alone would exceed the cap (saving it would only evict everything else)."""
+    def save(self, snapshot: KVSnapshot, conv_id: str = "") -> Saved | NotSaved:
+        """Writes the snapshot durably (returns once it is safe on disk) within the size cap. NotSaved when the
+        entry alone would exceed the cap (saving it would only evict everything else) or the disk refused it
+        even after making room; a conv id that is no file name raises ValueError (the request's fault)."""
         ids = np.asarray(snapshot.token_ids, dtype=np.int32)
         if conv_id:
             name = self._name("c", check_conv_id(conv_id))
@@ -270,23 +285,36 @@ class KVStore:
         if 0 < self.config.max_bytes < size:
             log.warning("event=kv_save_skipped bytes=%d max_bytes=%d", size, self.config.max_bytes)
             self.metrics.skipped += 1
-            return None
-        path = self.dir / name
-        created = None
+            return NotSaved("kv_too_large", f"{size} bytes, larger than the cap {self.config.max_bytes}")
         previous = self._entries.get(name)
-        if previous is not None:
-            created = previous.header.created_ns
+        created = previous.header.created_ns if previous is not None else None
         # room is made before the write, for its size, and the write runs under the lock: writers that each
         # made room after writing held the directory at up to 1.8x the cap meanwhile (issue 21 item 8)
-        with self.lock:
-            if not conv_id:  # first: what the new entry supersedes makes room, not some other conversation
-                self._drop_superseded(name, ids)
-            self._make_room(size, name)
-            size = write_entry(path, self.fingerprint, self.layout, snapshot, conv_id, created)
-            self.files.remove_stale_temp(self.config.stale_tmp_s)
+        try:
+            with self.lock:
+                if not conv_id:  # first: what the new entry supersedes makes room, not some other conversation
+                    self._drop_superseded(name, ids)
+                self._make_room(size, name)
+                size = self._write(self.dir / name, snapshot, conv_id, created, size)
+                self.files.remove_stale_temp(self.config.stale_tmp_s)
+        except OSError as e:  # the disk's (full even after eviction, read-only, failing) or the lock's: not ours
+            self.metrics.save_failures += 1
+            log.error("event=kv_save_failed file=%r error=%r", name, e)
+            return NotSaved("kv_io", f"{type(e).__name__}: {e}")
         self.metrics.saves += 1
         self.metrics.saved_bytes += size
-        return Saved(path, size)
+        return Saved(self.dir / name, size)
+
+    def _write(self, path: Path, snapshot: KVSnapshot, conv_id: str, created: int | None, size: int) -> int:
+        """write_entry; on a full disk below the cap (issue 34 item 7: every later save failed, nothing was
+        evicted), evicts entries for the new one's size and writes once more (caller holds the lock)."""
+        try:
+            return write_entry(path, self.fingerprint, self.layout, snapshot, conv_id, created)
+        except OSError as e:
+            if e.errno not in DISK_FULL or not self._free_disk(size, path.name):
+                raise
+            log.warning("event=kv_disk_full file=%r bytes=%d: evicted for room, writing again", path.name, size)
+        return write_entry(path, self.fingerprint, self.layout, snapshot, conv_id, created)
 
     def _drop_superseded(self, name: str, ids: np.ndarray) -> None:
         """An anonymous entry whose tokens all begin the new one is of no further use."""
@@ -309,11 +337,28 @@ class KVStore:
         for f in sorted(files, key=lambda f: (f.stat.st_mtime_ns, f.path.name)):
             if total <= self.config.max_bytes:
                 break
-            if self.files.remove(f.path):
-                self.metrics.evictions += 1
-                log.info("event=kv_evicted file=%r bytes=%d", f.path.name, f.stat.st_size)
-            self._forget(f.path.name)
+            self._evict(f, "cap")
             total -= f.stat.st_size
+
+    def _free_disk(self, needed_bytes: int, name: str) -> int:
+        """A full disk: evicts entries (every model's) least recently used first until `needed_bytes` are
+        freed; `name`, which the new entry replaces anyway, goes last. The bytes freed (caller holds the lock)."""
+        files = self.files.entry_files()
+        freed = 0
+        for f in sorted(files, key=lambda f: (f.path.name == name, f.stat.st_mtime_ns, f.path.name)):
+            if freed >= needed_bytes:
+                break
+            if self._evict(f, "disk_full"):
+                freed += f.stat.st_size
+        return freed
+
+    def _evict(self, f: EntryFile, reason: str) -> bool:
+        removed = self.files.remove(f.path)
+        if removed:
+            self.metrics.evictions += 1
+            log.info("event=kv_evicted file=%r bytes=%d reason=%s", f.path.name, f.stat.st_size, reason)
+        self._forget(f.path.name)
+        return removed
 
     # -- admin ------------------------------------------------------------------------------------------
     def entries(self) -> list[dict[str, object]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvstore.format import KVLayout
 from kvstore.policy import ReusePolicy
-from kvstore.store import KVStore, Saved
+from kvstore.store import KVStore, NotSaved, Saved
 
 from .engine.engine import Engine
 from .engine.scheduler import common_prefix_len
@@ -40,8 +40,9 @@ def hydrate(
 
 def save(
     engine: Engine, store: KVStore, conv_id: str = "", slot: int = 0, policy: ReusePolicy | None = None
-) -> Saved | None:
-    """Saves what `slot` holds (prompt + generated tokens), when hydrating it would beat recomputing it."""
+) -> Saved | NotSaved | None:
+    """Saves what `slot` holds (prompt + generated tokens), when hydrating it would beat recomputing it (None:
+    not worth it; NotSaved: the store could not, and logged why)."""
     if not (policy or ReusePolicy()).worth_saving(len(engine.kv.resident[slot]), conv_id or None):
         return None
     return store.save(engine.export_kv(slot), conv_id)

@@ -32,15 +32,18 @@ def start_daemon(
     backend: str = "auto",
     ready_timeout_s: float = 30,
     umask: int = -1,
+    wrap: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen, str]:
     """A daemon on `model` (default: a tiny llama file written into `tmp`), its sockets and KV in `tmp`;
-    `umask`: the one it starts under (-1: this process's)."""
+    `umask`: the one it starts under (-1: this process's); `wrap`: a command that runs it (`unshare …`: a
+    small disk for its KV)."""
     if model is None:
         model = str(tmp / "tiny.gguf")
         if not Path(model).exists():
             write_tiny_model("llama", Path(model))
     sock_dir = tmp / "run"
     cmd = [
+        *wrap,
         sys.executable,
         "-m",
         "genie_daemon",

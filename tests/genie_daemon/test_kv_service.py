@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -172,5 +173,60 @@ def test_many_layers_are_saved_and_hydrated_through_the_daemon(tmp_path, n_layer
     try:
         _, done = turn(endpoint, PROMPT + first + FOLLOW_UP, "deep")
         assert done.usage["cached_tokens"] >= len(PROMPT)
+    finally:
+        stop(proc)
+
+
+def can_mount_a_small_disk() -> bool:
+    """Whether this machine lets an unprivileged user mount a tmpfs in a user namespace of its own."""
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=4k tmpfs /mnt"], capture_output=True, timeout=30
+    )
+    return probe.returncode == 0
+
+
+def on_a_small_disk(directory: Path, size_bytes: int) -> tuple[str, ...]:
+    """A command prefix that runs the daemon (and its children) with `directory` a tmpfs of `size_bytes`,
+    mounted in a user namespace of its own: a disk that really fills up, with no root."""
+    directory.mkdir(exist_ok=True)
+    mount = f'mount -t tmpfs -o size={size_bytes},mode=0700 tmpfs "$0" && exec "$@"'
+    return ("unshare", "-rm", "sh", "-c", mount, str(directory))
+
+
+def kv_status(sock_dir: Path) -> dict:
+    return json.loads(ctl(sock_dir, "--json", "status").stdout)["kv"]
+
+
+def wait_for_kv(sock_dir: Path, done, timeout_s: float = 10) -> dict:
+    """STATUS's `kv` once `done(kv)` holds (the saves go on after DONE, on the worker's saver thread)."""
+    deadline = time.monotonic() + timeout_s
+    kv = kv_status(sock_dir)
+    while not done(kv) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        kv = kv_status(sock_dir)
+    return kv
+
+
+@pytest.mark.skipif(not can_mount_a_small_disk(), reason="needs unshare -rm (unprivileged user namespaces)")
+def test_a_real_disk_full_below_the_cap_evicts_and_counts_what_still_fails(tmp_path):
+    """Item 7 on a real full disk: a 64 KiB tmpfs (two of these turns' entries, 6 pages each) under the default
+    1 GiB cap. The third conversation's save meets ENOSPC: the least recently used entry is evicted and the
+    save written. A turn whose entry is larger than the whole disk fails, and STATUS and METRICS say so."""
+    wrap = on_a_small_disk(tmp_path / "kv", 64 << 10)
+    proc, endpoint = start_daemon(tmp_path, "--parallel", "1", wrap=wrap)
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        for i, conv in enumerate(("a", "b", "c")):
+            turn(endpoint, [1] + [3 + (7 * j + i) % 290 for j in range(120)], conv)
+            kv = wait_for_kv(sock_dir, lambda kv, n=i + 1: kv["saves"] + kv.get("save_failures", 0) >= n)
+        assert (kv["saves"], kv.get("save_failures"), kv["evictions"]) == (3, 0, 1), kv
+        assert sorted(e["conv_id"] for e in wait_for_entries(sock_dir, 2)) == ["b", "c"]  # a was the oldest
+        turn(endpoint, [1] + [3 + (5 * j) % 290 for j in range(400)], "long")  # ~67 KB of KV: never fits
+        kv = wait_for_kv(sock_dir, lambda kv: kv["save_failures"] >= 1)
+        assert kv["save_failures"] == 1 and "No space left on device" in (kv["last_error"] or ""), kv
+        counters = json.loads(ctl(sock_dir, "--json", "metrics").stdout)
+        assert counters["genie_kv_store_save_failures"] == 1 and counters["genie_kv_store_saves"] == 3
+        turn(endpoint, [1] + [3 + (11 * j) % 290 for j in range(120)], "d")  # the store goes on saving
+        assert wait_for_kv(sock_dir, lambda kv: kv["saves"] >= 4)["saves"] == 4
     finally:
         stop(proc)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvstore.format import entry_bytes, read_entry, read_header, write_entry
-from kvstore.store import CHUNK_TOKENS, KVStore, StoreConfig
+from kvstore.store import CHUNK_TOKENS, KVStore, NotSaved, StoreConfig
 from tests.kvstore.kv_data import FINGERPRINT, OTHER_MODEL, assert_same, layout, snapshot
 
 ROOT = Path(__file__).parents[2]
@@ -296,7 +296,8 @@ def test_an_entry_larger_than_the_cap_is_not_saved_and_evicts_nothing(tmp_path):
     small = store.save(snapshot(store.layout, ids(rng, 70), rng), conv_id="small")
     assert small is not None
     store.config = StoreConfig(store.dir, max_bytes=small.bytes + 1000)
-    assert store.save(snapshot(store.layout, ids(rng, 700), rng), conv_id="big") is None
+    big = store.save(snapshot(store.layout, ids(rng, 700), rng), conv_id="big")
+    assert isinstance(big, NotSaved) and big.code == "kv_too_large"
     assert [e["conv_id"] for e in store.entries()] == ["small"] and store.metrics.skipped == 1
 
 

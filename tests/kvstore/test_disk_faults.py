@@ -1,0 +1,94 @@
+"""What the disk does to the store (issue 34): a disk that fills up below the size cap, a cache directory
+deleted while the store runs, and a crashed writer's temp files. None of them may stop saves for good."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvstore.format import entry_bytes
+from kvstore.server import KVStoreServer, ServerConfig
+from kvstore.store import KVStore, Saved, StoreConfig
+from kvstore.wire import layout_body, snapshot_frames
+from protocol.codec import encode
+from protocol.kv_messages import KvSave, KvSaved
+from protocol.messages import Error, Metrics, Reply
+from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
+from tests.kvstore.small_disk import SmallDisk
+
+if TYPE_CHECKING:
+    from kvstore.store import NotSaved
+
+N_TOKENS = 100
+
+
+def tokens(seed: int, n: int = N_TOKENS) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 30_000, n).astype(np.int32)
+
+
+def save(store: KVStore, conv: str, seed: int, n: int = N_TOKENS) -> Saved | NotSaved:
+    return store.save(snapshot(store.layout, tokens(seed, n), np.random.default_rng(seed)), conv_id=conv)
+
+
+def used_at(path: Path, seconds_ago: float) -> None:
+    t = time.time() - seconds_ago
+    os.utime(path, (t, t))
+
+
+def test_a_full_disk_below_the_cap_evicts_least_recently_used_until_the_save_fits(tmp_path, monkeypatch):
+    """Item 7: the disk fills up long before the 1 GiB cap. A save that meets ENOSPC evicts entries, least
+    recently used first, until it fits, and is written on its one retry; one that cannot fit even on an empty
+    disk fails as a value, counted, and the next save is written."""
+    store = KVStore(StoreConfig(tmp_path / "kv"), FINGERPRINT, layout())  # the default cap: far above the disk
+    one = entry_bytes(store.layout, "a", N_TOKENS)
+    disk = SmallDisk(monkeypatch, store.dir, capacity=3 * one + one // 2)  # three entries fit, not four
+    for age, conv in zip((30, 20, 10), "abc", strict=True):
+        assert isinstance(save(store, conv, ord(conv)), Saved)
+        used_at(store.dir / store._name("c", conv), age)
+    assert store.hydrate(tokens(ord("a")), conv_id="a") is not None  # a is now the most recently used
+    got = save(store, "d", ord("d"))
+    assert isinstance(got, Saved), got
+    assert disk.refused == 1 and store.metrics.evictions == 1 and store.metrics.save_failures == 0
+    assert sorted(e["conv_id"] for e in store.entries()) == ["a", "c", "d"]  # b was least recently used
+    assert store.hydrate(tokens(ord("d")), conv_id="d") is not None
+
+    too_big = save(store, "huge", 1, n=5 * N_TOKENS)  # more than the whole disk: everything goes, still no room
+    assert not isinstance(too_big, Saved) and too_big.code == "kv_io" and "No space left" in too_big.message
+    assert store.metrics.save_failures == 1 and store.entries() == []
+    assert isinstance(save(store, "e", ord("e")), Saved)  # the store goes on
+    assert store.metrics.saves == 5
+
+
+def test_status_counts_failed_saves_and_shows_the_last_error(tmp_path, monkeypatch):
+    """Item 7: `genie-ctl status` showed no error while every save failed. The store's METRICS (STATUS's `kv`)
+    counts the failed saves and says what the last error was."""
+    directory = tmp_path / "kv"
+    server = KVStoreServer(ServerConfig(f"ipc://{tmp_path}/kv.sock", StoreConfig(directory)))
+    try:
+        SmallDisk(monkeypatch, directory, capacity=entry_bytes(layout(), "x", N_TOKENS) // 2)  # nothing fits
+        rng = np.random.default_rng(0)
+        snap = snapshot(layout(), tokens(0), rng)
+        msg = KvSave(
+            request_id="s1",
+            fingerprint=FINGERPRINT.hex(),
+            layout=layout_body(layout()),
+            token_ids=[int(t) for t in snap.token_ids],
+            conv_id="x",
+        )
+        for _ in range(2):
+            reply, _ = server.handle([memoryview(f) for f in encode(msg, snapshot_frames(snap))])
+            assert isinstance(reply, Error) and reply.code == "kv_io" and reply.request_id == "s1", reply
+        metrics, _ = server.handle([memoryview(f) for f in encode(Metrics(request_id="m"))])
+        assert isinstance(metrics, Reply)
+        assert metrics.data["save_failures"] == 2 and metrics.data["saves"] == 0
+        assert "No space left on device" in metrics.data["last_error"], metrics.data
+        monkeypatch.undo()  # space again
+        reply, _ = server.handle([memoryview(f) for f in encode(msg, snapshot_frames(snap))])
+        assert isinstance(reply, KvSaved)
+    finally:
+        server.sock.close()
+        server.ctx.term()
