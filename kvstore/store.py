@@ -7,9 +7,9 @@ found from its tokens alone (Home Assistant sends no id). An in-memory index map
 then verified token by token, and the file's checksum is verified before any of it is served.
 
 Recency is the file's mtime: a save writes it, a hydrate touches it. A save runs under one `filelock` lock
-on the directory: it first evicts (least recently used first) until the entries and the new one fit
-`max_bytes`, then writes its temp file and renames it into place (atomic_path), then removes stale temp
-files. A disk that fills up below the cap (ENOSPC, EDQUOT) evicts as many bytes as the new entry needs,
+on the directory: it first removes stale temp files (a crashed writer's), then evicts (least recently used
+first) until the entries and the new one fit `max_bytes`, then writes its temp file and renames it into
+place (atomic_path). A disk that fills up below the cap (ENOSPC, EDQUOT) evicts as many bytes as the new entry needs,
 least recently used first, and the write is tried once more. A save that still fails is a value
 (NotSaved), counted and logged: the store goes on. Other processes' saves and evictions are picked up by
 rescanning when the directory's mtime changes. What in the directory is genie's, and what is left alone,
@@ -282,21 +282,24 @@ class KVStore:
         else:
             name = self._name("t", hashlib.blake2b(ids.astype("<i4").tobytes(), digest_size=16).hexdigest())
         size = entry_bytes(self.layout, conv_id, len(ids))
-        if 0 < self.config.max_bytes < size:
-            log.warning("event=kv_save_skipped bytes=%d max_bytes=%d", size, self.config.max_bytes)
-            self.metrics.skipped += 1
-            return NotSaved("kv_too_large", f"{size} bytes, larger than the cap {self.config.max_bytes}")
         previous = self._entries.get(name)
         created = previous.header.created_ns if previous is not None else None
         # room is made before the write, for its size, and the write runs under the lock: writers that each
         # made room after writing held the directory at up to 1.8x the cap meanwhile (issue 21 item 8)
         try:
             with self.lock:
+                # first, whatever becomes of this save: a crashed writer's temp files hold space the save may
+                # need, and swept only after a write they stayed for good once a full disk failed every save
+                # (issue 34 item 11)
+                self.files.remove_stale_temp(self.config.stale_tmp_s)
+                if 0 < self.config.max_bytes < size:
+                    log.warning("event=kv_save_skipped bytes=%d max_bytes=%d", size, self.config.max_bytes)
+                    self.metrics.skipped += 1
+                    return NotSaved("kv_too_large", f"{size} bytes, larger than the cap {self.config.max_bytes}")
                 if not conv_id:  # first: what the new entry supersedes makes room, not some other conversation
                     self._drop_superseded(name, ids)
                 self._make_room(size, name)
                 size = self._write(self.dir / name, snapshot, conv_id, created, size)
-                self.files.remove_stale_temp(self.config.stale_tmp_s)
         except OSError as e:  # the disk's (full even after eviction, read-only, failing) or the lock's: not ours
             self.metrics.save_failures += 1
             log.error("event=kv_save_failed file=%r error=%r", name, e)

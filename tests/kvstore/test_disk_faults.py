@@ -4,6 +4,10 @@ deleted while the store runs, and a crashed writer's temp files. None of them ma
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +28,20 @@ if TYPE_CHECKING:
     from kvstore.store import NotSaved
 
 N_TOKENS = 100
+ROOT = Path(__file__).parents[2]
+# a save of the store's own code, killed (SIGKILL) with its whole entry written to the temp file, before the rename
+CRASHING_WRITER = """
+import os, signal, sys
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, {root!r})
+from kvstore.store import KVStore, StoreConfig
+from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
+os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
+rng = np.random.default_rng(int(sys.argv[2]))
+store = KVStore(StoreConfig(Path(sys.argv[1])), FINGERPRINT, layout())
+store.save(snapshot(store.layout, rng.integers(0, 30_000, {n}), rng), conv_id=sys.argv[3])
+"""
 
 
 def tokens(seed: int, n: int = N_TOKENS) -> np.ndarray:
@@ -92,3 +110,49 @@ def test_status_counts_failed_saves_and_shows_the_last_error(tmp_path, monkeypat
     finally:
         server.sock.close()
         server.ctx.term()
+
+
+def crash_a_writer(tmp_path: Path, directory: Path, conv: str, seed: int) -> Path:
+    """The temp file a save killed mid-write leaves behind, made by the store's own write."""
+    script = tmp_path / "crashing_writer.py"
+    script.write_text(CRASHING_WRITER.format(root=str(ROOT), n=N_TOKENS))
+    before = set(directory.glob(".*"))
+    run = subprocess.run([sys.executable, str(script), str(directory), str(seed), conv], capture_output=True)
+    assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    (orphan,) = set(directory.glob(".*")) - before
+    return orphan
+
+
+def test_a_crashed_writers_temp_files_go_at_the_next_save_after_their_age(tmp_path, monkeypatch):
+    """Item 11: three temp files of saves killed mid-write stayed beyond kv_cache_stale_tmp_s. They are named
+    as the sweep looks for them and their age is read right; they stayed because the sweep ran only after a
+    save had been written, and on a full disk (item 7) none was: the orphans, which hold part of that disk,
+    were never removed. The sweep runs first in every save now, so the space they held is the new entry's,
+    and no entry is evicted for it."""
+    directory = tmp_path / "kv"
+    store = KVStore(StoreConfig(directory, stale_tmp_s=60), FINGERPRINT, layout())
+    for conv in "ab":
+        assert isinstance(save(store, conv, ord(conv)), Saved)
+    orphans = [crash_a_writer(tmp_path, directory, f"killed{i}", i) for i in range(3)]
+    one = entry_bytes(store.layout, "a", N_TOKENS)
+    for orphan in orphans:
+        assert re.fullmatch(r"\.c-killed\d\.[0-9a-f]{8}\.kv\.\d+\.[0-9a-f]{8}\.tmp", orphan.name), orphan.name
+        assert orphan.stat().st_size == one  # the whole entry: the writer died at its fsync, before the rename
+        used_at(orphan, 61)  # older than stale_tmp_s
+    disk = SmallDisk(monkeypatch, directory, capacity=disk_used(directory) + one // 2)  # full with the orphans
+    got = save(store, "c", ord("c"))
+    assert isinstance(got, Saved), got
+    assert [p for p in orphans if p.exists()] == []
+    assert disk.refused == 0 and store.metrics.evictions == 0  # the orphans' space sufficed
+    assert sorted(e["conv_id"] for e in store.entries()) == ["a", "b", "c"]
+
+    late = crash_a_writer(tmp_path, directory, "killed3", 3)
+    used_at(late, 61)
+    store.config = StoreConfig(directory, max_bytes=one // 2, stale_tmp_s=60)
+    refused = save(store, "d", ord("d"))  # a save that is not written sweeps all the same
+    assert not isinstance(refused, Saved) and refused.code == "kv_too_large"
+    assert not late.exists()
+
+
+def disk_used(directory: Path) -> int:
+    return sum(p.lstat().st_size for p in directory.iterdir() if p.is_file())
