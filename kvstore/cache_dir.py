@@ -8,7 +8,8 @@ once per name. Before, one such file disabled the store (issue 21 item 4): a sel
 scan with ELOOP, a directory stopped eviction and `kv clear` half-way, a FIFO blocked the process in open().
 
 The directory is private (0700: token ids are the conversations' text), also when it already existed,
-as long as it is ours to change.
+as long as it is ours to change. One deleted while the store runs holds no entries, and the next save makes
+it again (`ensure`), private: before, every lookup failed until a restart (issue 34 item 8).
 """
 
 from __future__ import annotations
@@ -76,23 +77,37 @@ class CacheDir:
             self._noted.add(name)
             log.warning("event=kv_left_alone file=%r reason=%r", name, reason)
 
+    def ensure(self) -> None:
+        """Makes the directory again, private, when it was deleted since (a save is about to write there)."""
+        if not self.path.is_dir():
+            make_private(self.path)
+            log.warning("event=kv_dir_recreated dir=%r", str(self.path))
+
     def entry_files(self) -> list[EntryFile]:
-        """Genie's entry files now in the directory (every model's); every other `*.kv` is noted."""
+        """Genie's entry files now in the directory (every model's; none while it is deleted); every other
+        `*.kv` is noted."""
         found, names = [], set()
-        with os.scandir(self.path) as listing:
-            for d in listing:
-                if not d.name.endswith(".kv"):
-                    continue
-                names.add(d.name)
-                try:
-                    st = d.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if self._is_genie(Path(d.path), st):
-                    found.append(EntryFile(Path(d.path), st))
+        for d in self._listing():
+            if not d.name.endswith(".kv"):
+                continue
+            names.add(d.name)
+            try:
+                st = d.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if self._is_genie(Path(d.path), st):
+                found.append(EntryFile(Path(d.path), st))
         self._noted &= names  # a name removed and planted again is logged again
         self._sniffed = {k: v for k, v in self._sniffed.items() if k in names}
         return found
+
+    def _listing(self) -> list[os.DirEntry]:
+        """What the directory holds now; nothing while it is deleted."""
+        try:
+            with os.scandir(self.path) as listing:
+                return list(listing)
+        except FileNotFoundError:
+            return []
 
     def _is_genie(self, path: Path, st: os.stat_result) -> bool:
         if not stat.S_ISREG(st.st_mode):

@@ -150,9 +150,13 @@ class KVStore:
 
     # -- index ------------------------------------------------------------------------------------------
     def _refresh(self) -> None:
-        """Re-reads the directory if it changed since the last look (another process saved or evicted)."""
-        mtime = self.dir.stat().st_mtime_ns
-        if mtime == self._dir_mtime_ns:
+        """Re-reads the directory if it changed since the last look (another process saved or evicted); a
+        directory deleted meanwhile holds nothing (the next save makes it again)."""
+        try:
+            mtime = self.dir.stat().st_mtime_ns
+        except FileNotFoundError:
+            mtime = -1
+        if mtime == self._dir_mtime_ns and mtime != -1:
             return
         self._dir_mtime_ns = mtime
         files = self.files.entry_files()
@@ -287,6 +291,7 @@ class KVStore:
         # room is made before the write, for its size, and the write runs under the lock: writers that each
         # made room after writing held the directory at up to 1.8x the cap meanwhile (issue 21 item 8)
         try:
+            self.files.ensure()  # before the lock, whose file is in it: deleted at run time (issue 34 item 8)
             with self.lock:
                 # first, whatever becomes of this save: a crashed writer's temp files hold space the save may
                 # need, and swept only after a write they stayed for good once a full disk failed every save

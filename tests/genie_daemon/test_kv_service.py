@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -228,5 +230,29 @@ def test_a_real_disk_full_below_the_cap_evicts_and_counts_what_still_fails(tmp_p
         assert counters["genie_kv_store_save_failures"] == 1 and counters["genie_kv_store_saves"] == 3
         turn(endpoint, [1] + [3 + (11 * j) % 290 for j in range(120)], "d")  # the store goes on saving
         assert wait_for_kv(sock_dir, lambda kv: kv["saves"] >= 4)["saves"] == 4
+    finally:
+        stop(proc)
+
+
+def test_a_cache_directory_deleted_at_run_time_is_made_again_at_the_next_save(tmp_path):
+    """Item 8: with the directory removed while the daemon ran, every lookup and save failed until a restart.
+    Now `kv ls` and STATUS answer (nothing saved), the next save makes the directory again (0700), and the
+    turn after hydrates from it."""
+    proc, endpoint = start_daemon(tmp_path, "--parallel", "1")  # one slot: a turn between gives it away
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        turn(endpoint, PROMPT, "den")
+        wait_for_entries(sock_dir, 1)
+        shutil.rmtree(tmp_path / "kv")
+        listed = ctl(sock_dir, "kv", "ls")
+        assert listed.returncode == 0 and "no saved conversations" in listed.stdout, listed.stdout + listed.stderr
+        assert kv_status(sock_dir)["entries"] == 0
+        hall = [1] + [5 + (3 * i) % 280 for i in range(100)]
+        answer, _ = turn(endpoint, hall, "hall")
+        (entry,) = wait_for_entries(sock_dir, 1)
+        assert entry["conv_id"] == "hall" and stat.S_IMODE((tmp_path / "kv").stat().st_mode) == 0o700
+        turn(endpoint, PROMPT, "den")  # takes the slot: "hall" comes back from the store
+        _, done = turn(endpoint, hall + answer + FOLLOW_UP, "hall")
+        assert done.usage["cached_tokens"] == entry["tokens"]
     finally:
         stop(proc)

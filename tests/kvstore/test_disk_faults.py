@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -19,8 +21,8 @@ from kvstore.server import KVStoreServer, ServerConfig
 from kvstore.store import KVStore, Saved, StoreConfig
 from kvstore.wire import layout_body, snapshot_frames
 from protocol.codec import encode
-from protocol.kv_messages import KvSave, KvSaved
-from protocol.messages import Error, Metrics, Reply
+from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
+from protocol.messages import Error, KvList, Metrics, Reply
 from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
 from tests.kvstore.small_disk import SmallDisk
 
@@ -156,3 +158,45 @@ def test_a_crashed_writers_temp_files_go_at_the_next_save_after_their_age(tmp_pa
 
 def disk_used(directory: Path) -> int:
     return sum(p.lstat().st_size for p in directory.iterdir() if p.is_file())
+
+
+def test_a_cache_directory_deleted_while_the_store_runs_is_made_again_private_at_the_next_save(tmp_path):
+    """Item 8: the directory removed at run time (rm -rf, a cleaner) made every lookup an I/O error, and
+    `kv ls` and METRICS too, until a restart. Now a lookup is a miss, the admin calls answer, and the next save
+    makes the directory again, 0700, where later lookups find what it saved."""
+    directory = tmp_path / "kv"
+    server = KVStoreServer(ServerConfig(f"ipc://{tmp_path}/kv.sock", StoreConfig(directory)))
+
+    def ask(msg, side=()):
+        reply, frames = server.handle([memoryview(f) for f in encode(msg, list(side))])
+        return reply, frames
+
+    def request(kind, conv: str | None, seed: int):
+        rng = np.random.default_rng(seed)
+        snap = snapshot(layout(), tokens(seed, 2 * 64), rng)
+        ids = [int(t) for t in snap.token_ids]
+        body = dict(fingerprint=FINGERPRINT.hex(), layout=layout_body(layout()), conv_id=conv)
+        if kind is KvSave:
+            return ask(KvSave(request_id="s", token_ids=ids, **body), snapshot_frames(snap))
+        return ask(KvLookup(request_id="l", token_ids=ids + [7], **body))
+
+    try:
+        assert isinstance(request(KvSave, "den", 1)[0], KvSaved)
+        shutil.rmtree(directory)
+        for conv in ("den", None):  # by its id, and from the tokens alone
+            reply, _ = request(KvLookup, conv, 1)
+            assert isinstance(reply, KvData) and reply.n_tokens == 0, reply  # a miss, not an I/O error
+        listed, _ = ask(KvList(request_id="ls"))
+        assert isinstance(listed, Reply) and listed.data["entries"] == [], listed
+        metrics, _ = ask(Metrics(request_id="m"))
+        assert isinstance(metrics, Reply) and metrics.data["entries"] == 0, metrics
+        reply, _ = request(KvSave, None, 2)  # an anonymous save first: it scans the directory for what it supersedes
+        assert isinstance(reply, KvSaved), reply
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert isinstance(request(KvSave, "den", 1)[0], KvSaved)
+        for conv, seed in (("den", 1), (None, 2)):
+            reply, frames = request(KvLookup, conv, seed)
+            assert isinstance(reply, KvData) and reply.n_tokens == 2 * 64 and frames, reply
+    finally:
+        server.sock.close()
+        server.ctx.term()
