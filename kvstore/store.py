@@ -51,6 +51,7 @@ log = logging.getLogger("genie.kvstore")
 CHUNK_TOKENS = 64
 HYDRATE_UNAVAILABLE_TRIES = 3  # an entry that is kept but cannot be read now: tries before a miss
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a write that evicting entries can make room for
+OTHER_NAMES = 3  # names an entry may take besides its own, when something not genie's holds that (a directory)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class StoreMetrics:
     evictions: int = 0  # to the size cap, or for room on a full disk
     rejected: int = 0
     skipped: int = 0  # saves larger than the whole cap
-    save_failures: int = 0  # saves the disk refused, after making room on a full one
+    save_failures: int = 0  # saves the disk refused (after making room on a full one), or with no name free
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -146,6 +147,7 @@ class KVStore:
         self._entries: dict[str, _Entry] = {}  # file name -> entry
         self._by_chunk: dict[bytes, set[str]] = {}
         self._dir_mtime_ns = -1
+        self._placed_elsewhere: set[str] = set()  # own names held by something not genie's (logged once each)
         self._refresh()
 
     # -- index ------------------------------------------------------------------------------------------
@@ -222,8 +224,10 @@ class KVStore:
         prompt = np.asarray(token_ids, dtype=np.int32)
         candidates: list[EntryHeader] = []
         if conv_id:
-            path = self.dir / self._name("c", check_conv_id(conv_id))
-            if path.exists():
+            for name in self._names("c", check_conv_id(conv_id)):
+                path = self.dir / name
+                if not path.exists():
+                    continue
                 try:
                     header = read_header(path)
                     check_compatible(header, self.fingerprint, self.layout)
@@ -275,42 +279,74 @@ class KVStore:
     def _name(self, kind: str, key: str) -> str:
         return f"{kind}-{key}.{self.tag}.kv"
 
+    def _names(self, kind: str, key: str) -> list[str]:
+        """An entry's own name, then the ones it takes when something not genie's holds that: `c-den.<tag>-1.kv`
+        and on (a conversation's own name always ends in `.<tag>.kv`, so none is another's)."""
+        return [self._name(kind, key)] + [f"{kind}-{key}.{self.tag}-{i}.kv" for i in range(1, OTHER_NAMES + 1)]
+
+    def _place(self, names: list[str]) -> str | None:
+        """The first of an entry's names that is free or holds one of genie's entries (to be replaced); a
+        directory, a symlink, a FIFO or a stranger's file there is never replaced: before, a directory planted
+        at a conversation's name failed its every save (issue 34 item 10). Caller holds the lock."""
+        for name in names:
+            path = self.dir / name
+            if not os.path.lexists(path) or self.files.is_entry(path):
+                if name != names[0] and names[0] not in self._placed_elsewhere:
+                    self._placed_elsewhere.add(names[0])
+                    log.warning("event=kv_saved_as file=%r instead_of=%r: that name is not genie's", name, names[0])
+                return name
+        return None
+
     # -- save -------------------------------------------------------------------------------------------
     def save(self, snapshot: KVSnapshot, conv_id: str = "") -> Saved | NotSaved:
         """Writes the snapshot durably (returns once it is safe on disk) within the size cap. NotSaved when the
-        entry alone would exceed the cap (saving it would only evict everything else) or the disk refused it
-        even after making room; a conv id that is no file name raises ValueError (the request's fault)."""
+        entry alone would exceed the cap (saving it would only evict everything else), when the disk refused
+        it even after making room, or when no name of it is free; a conv id that is no file name raises
+        ValueError (the request's fault)."""
         ids = np.asarray(snapshot.token_ids, dtype=np.int32)
         if conv_id:
-            name = self._name("c", check_conv_id(conv_id))
+            names = self._names("c", check_conv_id(conv_id))
         else:
-            name = self._name("t", hashlib.blake2b(ids.astype("<i4").tobytes(), digest_size=16).hexdigest())
-        size = entry_bytes(self.layout, conv_id, len(ids))
-        previous = self._entries.get(name)
-        created = previous.header.created_ns if previous is not None else None
-        # room is made before the write, for its size, and the write runs under the lock: writers that each
-        # made room after writing held the directory at up to 1.8x the cap meanwhile (issue 21 item 8)
+            names = self._names("t", hashlib.blake2b(ids.astype("<i4").tobytes(), digest_size=16).hexdigest())
         try:
             self.files.ensure()  # before the lock, whose file is in it: deleted at run time (issue 34 item 8)
             with self.lock:
-                # first, whatever becomes of this save: a crashed writer's temp files hold space the save may
-                # need, and swept only after a write they stayed for good once a full disk failed every save
-                # (issue 34 item 11)
-                self.files.remove_stale_temp(self.config.stale_tmp_s)
-                if 0 < self.config.max_bytes < size:
-                    log.warning("event=kv_save_skipped bytes=%d max_bytes=%d", size, self.config.max_bytes)
-                    self.metrics.skipped += 1
-                    return NotSaved("kv_too_large", f"{size} bytes, larger than the cap {self.config.max_bytes}")
-                if not conv_id:  # first: what the new entry supersedes makes room, not some other conversation
-                    self._drop_superseded(name, ids)
-                self._make_room(size, name)
-                size = self._write(self.dir / name, snapshot, conv_id, created, size)
+                result = self._save_locked(snapshot, conv_id, names)
         except OSError as e:  # the disk's (full even after eviction, read-only, failing) or the lock's: not ours
+            log.error("event=kv_save_failed file=%r error=%r", names[0], e)
+            result = NotSaved("kv_io", f"{type(e).__name__}: {e}")
+        if isinstance(result, Saved):
+            self.metrics.saves += 1
+            self.metrics.saved_bytes += result.bytes
+        elif result.code == "kv_too_large":
+            self.metrics.skipped += 1
+        else:
             self.metrics.save_failures += 1
-            log.error("event=kv_save_failed file=%r error=%r", name, e)
-            return NotSaved("kv_io", f"{type(e).__name__}: {e}")
-        self.metrics.saves += 1
-        self.metrics.saved_bytes += size
+        return result
+
+    def _save_locked(self, snapshot: KVSnapshot, conv_id: str, names: list[str]) -> Saved | NotSaved:
+        # first, whatever becomes of this save: a crashed writer's temp files hold space the save may need, and
+        # swept only after a write they stayed for good once a full disk failed every save (issue 34 item 11)
+        self.files.remove_stale_temp(self.config.stale_tmp_s)
+        ids = np.asarray(snapshot.token_ids, dtype=np.int32)
+        size = entry_bytes(self.layout, conv_id, len(ids))
+        if 0 < self.config.max_bytes < size:
+            log.warning("event=kv_save_skipped bytes=%d max_bytes=%d", size, self.config.max_bytes)
+            return NotSaved("kv_too_large", f"{size} bytes, larger than the cap {self.config.max_bytes}")
+        name = self._place(names)
+        if name is None:
+            return NotSaved("kv_name_taken", f"files not genie's hold every name of the entry {names[0]!r}")
+        if not conv_id:  # first: what the new entry supersedes makes room, not some other conversation
+            self._drop_superseded(name, ids)
+        # room is made before the write, for its size, and the write runs under the lock: writers that each
+        # made room after writing held the directory at up to 1.8x the cap meanwhile (issue 21 item 8)
+        self._make_room(size, name)
+        previous = next((self._entries[n] for n in names if n in self._entries), None)
+        created = previous.header.created_ns if previous is not None else None
+        size = self._write(self.dir / name, snapshot, conv_id, created, size)
+        for other in names:  # an older copy under another of its names is superseded
+            if other != name and self.files.is_entry(self.dir / other) and self.files.remove(self.dir / other):
+                self._forget(other)
         return Saved(self.dir / name, size)
 
     def _write(self, path: Path, snapshot: KVSnapshot, conv_id: str, created: int | None, size: int) -> int:

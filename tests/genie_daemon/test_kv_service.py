@@ -256,3 +256,33 @@ def test_a_cache_directory_deleted_at_run_time_is_made_again_at_the_next_save(tm
         assert done.usage["cached_tokens"] == entry["tokens"]
     finally:
         stop(proc)
+
+
+def test_a_directory_planted_at_a_conversations_entry_blocks_none_of_its_saves(tmp_path):
+    """Item 10 through the daemon: a directory where `den`'s entry belongs cost each of its turns an ERROR line
+    and its save. Now the entry is saved beside it, and the next turn hydrates from there."""
+    proc, endpoint = start_daemon(tmp_path, "--parallel", "1")
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        turn(endpoint, PROMPT, "probe")  # its entry's id carries the tag of this model and KV layout
+        tag = wait_for_entries(sock_dir, 1)[0]["id"].rsplit(".", 1)[1]
+        planted = tmp_path / "kv" / f"c-den.{tag}.kv"
+        planted.mkdir()
+        den = [1] + [4 + (5 * i) % 280 for i in range(100)]
+        answer, _ = turn(endpoint, den, "den")
+        saved = next(e for e in wait_for_entries(sock_dir, 2) if e["conv_id"] == "den")
+        assert saved["id"] == f"c-den.{tag}-1", saved
+        turn(endpoint, PROMPT, "probe")  # takes the one slot: "den" comes back from the store
+        _, done = turn(endpoint, den + answer + FOLLOW_UP, "den")
+        assert done.usage["cached_tokens"] == saved["tokens"] and planted.is_dir()
+    finally:
+        log = stop_and_log(proc)
+    assert "kv_save_failed" not in log and "kv_io_error" not in log, log[-3000:]
+    assert log.count(f"kv_left_alone file={planted.name!r}") == 1, log[-3000:]
+
+
+def stop_and_log(proc) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    return err

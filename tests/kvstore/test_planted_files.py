@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kvstore.server import KVStoreServer, ServerConfig
-from kvstore.store import KVStore, StoreConfig
+from kvstore.store import KVStore, NotSaved, StoreConfig
 from kvstore.wire import layout_body, snapshot_frames
 from protocol.codec import encode
 from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
@@ -153,3 +153,56 @@ def test_a_cache_directory_of_another_user_is_left_as_it_is(tmp_path):
     os.chown(directory, 54321, -1)
     KVStore(StoreConfig(directory), FINGERPRINT, layout())
     assert stat.S_IMODE(directory.stat().st_mode) == 0o775
+
+
+def test_a_directory_planted_at_an_entrys_name_is_left_alone_and_the_entry_saved_beside_it(tmp_path, caplog):
+    """Item 10: a directory at `c-den.<tag>.kv` failed every save of that conversation (os.replace onto a
+    directory), an ERROR line every turn. Now it is left as it is, the entry is saved as `c-den.<tag>-1.kv`
+    (logged once), lookups by the conversation's id find it there, and `kv ls|evict` name it so."""
+    caplog.set_level(logging.INFO, logger="genie.kvstore")
+    directory = tmp_path / "kv"
+    server = KVStoreServer(ServerConfig(f"ipc://{tmp_path}/kv.sock", StoreConfig(directory)))
+    try:
+        tag = server._store(FINGERPRINT.hex(), layout()).tag
+        planted = directory / f"c-den.{tag}.kv"
+        planted.mkdir()
+        (planted / "inside").write_bytes(b"kept")
+        for seed in range(3):  # three turns of the conversation, each saved and found again
+            reply = save(server, "den", seed)
+            assert isinstance(reply, KvSaved), reply
+            rng = np.random.default_rng(seed)
+            ids = [int(t) for t in rng.integers(0, 1000, N_TOKENS)]
+            lookup = KvLookup(
+                request_id="l",
+                fingerprint=FINGERPRINT.hex(),
+                layout=layout_body(layout()),
+                token_ids=ids + [5],
+                conv_id="den",
+            )
+            data, frames = ask(server, lookup)
+            assert isinstance(data, KvData) and data.n_tokens == N_TOKENS and frames, data
+        assert (planted / "inside").read_bytes() == b"kept"
+        assert sorted(p.name for p in directory.glob("*.kv")) == [f"c-den.{tag}-1.kv", planted.name]
+        listed, _ = ask(server, KvList(request_id="ls"))
+        assert isinstance(listed, Reply) and [e["id"] for e in listed.data["entries"]] == [f"c-den.{tag}-1"]
+        assert listed.data["entries"][0]["conv_id"] == "den"
+        evicted, _ = ask(server, KvEvict(request_id="ev", entry_id=f"c-den.{tag}-1"))
+        assert isinstance(evicted, Reply) and evicted.data["evicted"] is True and planted.is_dir()
+    finally:
+        server.sock.close()
+        server.ctx.term()
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    about = [r.getMessage() for r in caplog.records if repr(planted.name) in r.getMessage()]
+    assert len([m for m in about if "kv_left_alone" in m]) == 1, about
+    assert len([m for m in about if "kv_saved_as" in m]) == 1, about
+
+
+def test_a_save_whose_every_name_is_taken_fails_as_a_value_and_replaces_nothing(tmp_path):
+    store = KVStore(StoreConfig(tmp_path / "kv"), FINGERPRINT, layout())
+    names = store._names("c", "den")
+    for name in names:
+        (store.dir / name).mkdir()
+    rng = np.random.default_rng(0)
+    got = store.save(snapshot(layout(), rng.integers(0, 1000, N_TOKENS), rng), conv_id="den")
+    assert isinstance(got, NotSaved) and got.code == "kv_name_taken", got
+    assert store.metrics.save_failures == 1 and all((store.dir / n).is_dir() for n in names)
