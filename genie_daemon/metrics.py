@@ -4,11 +4,14 @@ when scraped."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from protocol.kv_messages import KvSaveCounts
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -82,7 +85,8 @@ class DaemonMetrics:
 
 
 class _StateCollector(Collector):
-    """Gauges from the daemon's status at scrape time: readiness, restarts, the KV store's figures."""
+    """Gauges from the daemon's status at scrape time: readiness, restarts, the KV store's figures and the
+    worker's count of its KV saves."""
 
     snapshot: dict[str, Any] = {}
 
@@ -112,6 +116,11 @@ class _StateCollector(Collector):
             value = kv.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 yield _gauge(f"genie_kv_store_{key}", help_text, value)
+        saves = kv.get("worker_saves")
+        if isinstance(saves, dict):
+            counts = KvSaveCounts.from_body(saves)
+            for f in fields(KvSaveCounts):
+                yield _gauge(f"genie_kv_worker_saves_{f.name}", f.metadata["help"], getattr(counts, f.name))
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:

@@ -24,6 +24,7 @@ from genie_common.models.pull import PullProgress
 from protocol import PROTOCOL_VERSION
 from protocol.codec import Frame, decode, encode
 from protocol.errors import ProtocolError
+from protocol.kv_messages import KvSaveCounts
 from protocol.messages import (
     Cancel,
     Dead,
@@ -120,7 +121,10 @@ class Daemon:
             return {"enabled": False}
         reply = await self.kv.call(Metrics(request_id="kv"), timeout_s=0.5)
         data = reply.data if isinstance(reply, Reply) else {"error": getattr(reply, "message", "no answer")}
-        return {"enabled": True, "pid": self.kv.pid, "restarts": self.kv.restarts, **data}
+        out = {"enabled": True, "pid": self.kv.pid, "restarts": self.kv.restarts, **data}
+        if self.worker.kv_saves is not None:  # the daemon's own knowledge: there while the store is down too
+            out["worker_saves"] = self.worker.kv_saves.body()
+        return out
 
     def load(self, model: str) -> None:
         """Switches to `model` (or loads it again after an unload); STATUS shows when it is ready."""
@@ -358,6 +362,8 @@ class Daemon:
 
     async def _on_heartbeat(self, msg: Heartbeat) -> None:
         self.worker.thermal = msg.thermal
+        if msg.kv_saves is not None:
+            self.worker.kv_saves = KvSaveCounts.from_body(msg.kv_saves)
 
     async def _on_dead(self, msg: Dead) -> None:
         log.error("event=worker_dead reason=%r", msg.reason)

@@ -9,6 +9,7 @@ import sys
 import time
 
 from genie_common.config import DaemonConfig
+from protocol.kv_messages import KvSaveCounts
 from protocol.messages import worker_identities
 
 log = logging.getLogger("genie.daemon")
@@ -24,6 +25,7 @@ class WorkerHandle:
         self.ready = False
         self.info: dict[str, object] = {}
         self.thermal: dict | None = None  # its last heartbeat's {temp_c, throttled}
+        self.kv_saves: KvSaveCounts | None = None  # its last heartbeat's: what became of its KV saves
         self.last_seen = 0.0
         self.restarts = 0
         self.last_error: str | None = None  # the reason its last `genie-worker: error:` line gave
@@ -34,6 +36,7 @@ class WorkerHandle:
 
     async def start(self) -> None:
         self.ready, self.served, self.identity, self.last_error = False, False, None, None
+        self.kv_saves = None
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "workers.worker", *self.config.worker_args(), stderr=asyncio.subprocess.PIPE
         )

@@ -1,9 +1,10 @@
 """Worker <-> KV-store messages (protocol/SPEC.md, "KV store"). Bulk KV travels as raw side frames: per
-pool its K and V, then (INT8) per pool its K and V scales, in the layout the body names."""
+pool its K and V, then (INT8) per pool its K and V scales, in the layout the body names. Also the worker's
+count of its saves, which its HEARTBEAT carries to the daemon."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .errors import BAD_MESSAGE, ProtocolError
@@ -91,3 +92,30 @@ class KvSaved(Message):
     TYPE = 0x33
     request_id: str = wire("id")
     bytes: int = wire("int")
+
+
+def _count(help_text: str) -> Any:
+    return field(default=0, metadata={"help": help_text})
+
+
+@dataclass
+class KvSaveCounts:
+    """A worker's KV saves since it started: HEARTBEAT's `kv_saves`, STATUS's `kv.worker_saves`, and /metrics'
+    `genie_kv_worker_saves_<field>`, whose help text each field's is. Before, a save the store was not there to
+    take was only a log line (issue 34 item 9)."""
+
+    acked: int = _count("KV saves of this worker the store wrote durably (KV_SAVED)")
+    kept: int = _count("KV saves the store did not take at once (down, restarting), kept for it in the worker")
+    handed_over: int = _count("Kept KV saves the store took later")
+    dropped: int = _count("KV saves lost: beyond the worker's backlog or what it keeps, or not copied to the host")
+    held: int = _count("KV saves kept now, waiting for the store")
+    held_bytes: int = _count("Bytes of the KV saves kept now")
+
+    def body(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> KvSaveCounts:
+        """From a HEARTBEAT's `kv_saves`: a field missing, or not a count, reads 0; other keys are ignored."""
+        values = {f.name: body.get(f.name) for f in fields(cls)}
+        return cls(**{k: v if type(v) is int and v >= 0 else 0 for k, v in values.items()})

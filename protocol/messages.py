@@ -260,6 +260,7 @@ class Heartbeat(Message):
     thermal: dict | None = wire(
         "dict", default=None
     )  # {temp_c: float or None, throttled: bool, paused_steps: int} (workers/thermal.py)
+    kv_saves: dict | None = wire("dict", default=None)  # its KV saves' counts: kv_messages.KvSaveCounts
 
 
 @dataclass

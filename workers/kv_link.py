@@ -5,6 +5,11 @@ overwrites them) and queues the save; a saver thread copies the rows to the host
 its own, as fast as the store takes them. A burst of saves (eight streams ending in one step) cost the 4B's
 engine thread ~4 ms each when it made them itself: gathering, copying and sending 144 frames.
 
+A save the store does not take (it is down: killed, restarting) is kept in host memory, the newest KEEP_SAVES
+within KEEP_BYTES, and handed to the store once it takes saves again; before, it was dropped after OUTBOX_S,
+and the next turns hydrated a shorter prefix (issue 34 item 9). `counts` (kv_messages.KvSaveCounts) says what
+became of the saves; the worker's heartbeat carries it to the daemon.
+
 KV travels on these sockets only — worker and store, never through the daemon (docs/architecture.md).
 """
 
@@ -15,6 +20,8 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import zmq
@@ -23,7 +30,7 @@ from kvstore.policy import ReusePolicy
 from kvstore.wire import layout_body, snapshot_from_frames
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
-from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
+from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaveCounts, KvSaved
 from protocol.messages import Error
 from workers.kv_engine import engine_layout
 
@@ -35,7 +42,11 @@ log = logging.getLogger("genie.worker")
 
 SAVE_QUEUE = 4  # saves in the saver socket's queue
 SAVE_BACKLOG = 8  # saves waiting for the saver thread at most; a save beyond them is dropped at once
-OUTBOX_S = 2.0  # a save the store has not taken in this long is dropped (the store is gone, not started, or stuck)
+OUTBOX_S = 2.0  # a save the store has not taken in this long is kept for it (the store is gone, not started, or stuck)
+# what is kept for a store that is not taking saves: the newest saves, at most this many and this many bytes of
+# host memory (a 150-token turn of the 4B is 11.5 MB at INT8 KV, a 2 000-token Gemma 3 270M one 19 MB)
+KEEP_SAVES = 8
+KEEP_BYTES = 256 << 20
 ANSWER_S = 30.0  # how long the saver thread keeps reading for the answers to the saves it sent
 # A store that starts beside a fresh worker may bind its socket after the worker connected (the daemon starts
 # both at once, and under load the store can be the later): until the link has reached a store once, and only
@@ -55,9 +66,9 @@ class KvLink:
         self.layout = layout_body(self.kv_layout)
         self.sock = _store_socket(ctx, endpoint)  # lookups, from the engine thread
         self._ids = itertools.count(1)
-        self.saves_acked = 0
-        self.saves_dropped = 0
+        self.counts = KvSaveCounts()  # written under _count: the engine thread and the saver both count
         self._count = threading.Lock()
+        self._held: deque[_Held] = deque()  # the saver's: saves kept for the store, oldest first
         self._saved: tuple[str | None, list[int]] | None = None  # (conv id, tokens) of this worker's last save
         self._born = time.monotonic()
         self._reached = False  # a lookup has left for the store at least once (its socket is connected)
@@ -78,11 +89,16 @@ class KvLink:
 
     @property
     def pending(self) -> bool:
-        """Saves are queued or being sent."""
+        """Saves are queued or being sent (not counting those kept for a store that is not taking them)."""
         return self._saves.unfinished_tasks > 0
 
+    def counts_now(self) -> KvSaveCounts:
+        """What became of this worker's saves so far (the heartbeat's, from the I/O thread)."""
+        with self._count:
+            return replace(self.counts)
+
     def flush(self, timeout_s: float) -> bool:
-        """Waits until every save queued has been sent or dropped (at most timeout_s); whether they all were."""
+        """Waits until every save queued has been sent, kept or dropped (at most timeout_s); whether they all were."""
         deadline = time.monotonic() + timeout_s
         while self.pending and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -186,10 +202,11 @@ class KvLink:
         sock = _store_socket(ctx, endpoint)
         try:
             while True:
-                try:  # while answers are due, the socket is read every 50 ms between saves
-                    out = self._saves.get(timeout=0.05 if self._answers_due() else None)
+                try:  # while answers are due or saves kept, the socket is looked at every 50 ms between saves
+                    out = self._saves.get(timeout=0.05 if self._answers_due() or self._held else None)
                 except queue.Empty:
                     self._drain(sock)
+                    self._hand_over(sock)
                     continue
                 if out is None:
                     break
@@ -200,30 +217,80 @@ class KvLink:
                 finally:
                     self._saves.task_done()
                 self._drain(sock)
+            self._hand_over_before_closing(sock)
             self._saves.task_done()
         finally:
             sock.close()
 
     def _send(self, sock: zmq.Socket, out: _Outgoing) -> None:
         """One save: its rows to the host (the copy waits for the gather, not the engine), then to the store in
-        one frame, retried while the store does not take it, dropped once it is OUTBOX_S old."""
-        frames = encode(out.msg, [out.export.flat().data.cast("B")])
-        while True:
-            try:
-                sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:  # not connected (IMMEDIATE), or SAVE_QUEUE saves already queued
-                now = time.monotonic()
-                if now - out.since > OUTBOX_S or 0 < self._close_by < now:
-                    self._dropped("the KV store is not taking saves")
-                    return
-                self._drain(sock)
-                sock.poll(10, zmq.POLLOUT)
-                continue
-            except zmq.ZMQError as e:
-                self._dropped(str(e))
+        one frame, after what is kept for it (the store takes saves in order); retried while the store does not
+        take it, and kept for it once OUTBOX_S old, or at once while older ones wait."""
+        flat = out.export.flat()
+        save = _Held(out.msg, encode(out.msg, [flat.data.cast("B")]), flat.nbytes)
+        self._let_go_superseded(out.msg)
+        while not (self._hand_over(sock) and self._offer(sock, save)):
+            now = time.monotonic()
+            if self._held or now - out.since > OUTBOX_S or 0 < self._close_by < now:
+                self._keep(save)
                 return
-            self._unanswered, self._last_sent = self._unanswered + 1, time.monotonic()
-            return
+            self._drain(sock)
+            sock.poll(10, zmq.POLLOUT)
+
+    def _offer(self, sock: zmq.Socket, save: _Held) -> bool:
+        """Sends one save if the store takes it now; whether it did."""
+        try:
+            sock.send_multipart(save.frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # not connected (IMMEDIATE), or SAVE_QUEUE saves already queued
+            return False
+        except zmq.ZMQError as e:  # kept, as if not taken: KEEP_SAVES bounds what a broken socket holds
+            log.warning("event=kv_save_send_failed error=%r", str(e))
+            return False
+        self._unanswered, self._last_sent = self._unanswered + 1, time.monotonic()
+        return True
+
+    def _keep(self, save: _Held) -> None:
+        """Keeps a save the store did not take; the oldest kept go beyond KEEP_SAVES and KEEP_BYTES."""
+        self._held.append(save)
+        with self._count:
+            c = self.counts
+            c.kept, c.held, c.held_bytes = c.kept + 1, c.held + 1, c.held_bytes + save.nbytes
+        log.warning("event=kv_save_kept tokens=%d held=%d: the store is not taking saves", save.tokens, len(self._held))
+        while len(self._held) > KEEP_SAVES or sum(h.nbytes for h in self._held) > KEEP_BYTES:
+            self._unhold(self._held[0])
+            self._dropped(f"more than {KEEP_SAVES} saves or {KEEP_BYTES >> 20} MB kept for the KV store")
+
+    def _unhold(self, save: _Held, handed_over: bool = False) -> None:
+        """`save` is no longer kept: the store took it, or it is let go."""
+        self._held.remove(save)
+        with self._count:
+            c = self.counts
+            c.held, c.held_bytes = c.held - 1, c.held_bytes - save.nbytes
+            c.handed_over += int(handed_over)
+
+    def _hand_over(self, sock: zmq.Socket) -> bool:
+        """Sends what is kept, oldest first, as far as the store takes it; whether nothing is left kept."""
+        while self._held:
+            save = self._held[0]
+            if not self._offer(sock, save):
+                return False
+            self._unhold(save, handed_over=True)
+            log.info("event=kv_save_handed_over tokens=%d held=%d", save.tokens, len(self._held))
+        return True
+
+    def _let_go_superseded(self, msg: KvSave) -> None:
+        """A kept save that the new one covers (the same conversation's, or one without an id whose tokens
+        begin the new one's) would only be replaced in the store: it goes now, neither lost nor handed over."""
+        for save in [h for h in self._held if _covers(msg, h.msg)]:
+            self._unhold(save)
+
+    def _hand_over_before_closing(self, sock: zmq.Socket) -> None:
+        """Closing: what is kept still leaves until the close deadline; the rest is lost."""
+        while not self._hand_over(sock) and time.monotonic() < self._close_by:
+            sock.poll(10, zmq.POLLOUT)
+        while self._held:
+            self._unhold(self._held[0])
+            self._dropped("the worker stopped before the KV store took it")
 
     def _answers_due(self) -> bool:
         """Saves sent that the store has not answered yet (not counting any sent over ANSWER_S ago: a store
@@ -232,7 +299,7 @@ class KvLink:
 
     def _dropped(self, reason: str) -> None:
         with self._count:  # the engine thread and the saver both drop
-            self.saves_dropped += 1
+            self.counts.dropped += 1
         log.warning("event=kv_save_dropped reason=%r", reason)
 
     def _drain(self, sock: zmq.Socket) -> None:
@@ -251,7 +318,8 @@ class KvLink:
             log.warning("event=kv_bad_reply error=%r", e.message)
             return None, []
         if isinstance(msg, KvSaved):
-            self.saves_acked += 1
+            with self._count:
+                self.counts.acked += 1
             self._unanswered = max(0, self._unanswered - 1)
         elif isinstance(msg, Error) and not (msg.request_id or "").startswith("l"):  # lookups log their own
             self._unanswered = max(0, self._unanswered - 1)
@@ -263,6 +331,27 @@ class _Outgoing(NamedTuple):
     msg: KvSave
     export: KVExport  # the rows, on their way to the host
     since: float  # monotonic time the save was started
+
+
+@dataclass(frozen=True, eq=False)  # one save is itself only: never compared by its megabytes
+class _Held:
+    """A save on the host, ready to send (the saver's)."""
+
+    msg: KvSave
+    frames: list  # encoded: the body, then every array's bytes in one frame
+    nbytes: int  # of the KV
+
+    @property
+    def tokens(self) -> int:
+        return len(self.msg.token_ids)
+
+
+def _covers(new: KvSave, old: KvSave) -> bool:
+    """Whether the store would replace `old`'s entry with `new`'s (store.py: the same conversation's name, or an
+    entry without an id whose tokens all begin the new one)."""
+    if new.conv_id is not None or old.conv_id is not None:
+        return new.conv_id == old.conv_id
+    return new.token_ids[: len(old.token_ids)] == old.token_ids
 
 
 def _store_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:

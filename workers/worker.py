@@ -8,7 +8,8 @@ token to the I/O thread cost ~100 µs a token in GIL hand-offs on a 2-core machi
 kv_link's saver thread, saves after it.
 A bad request, or one that fails (out of memory among it), gets an ERROR reply and the others go on; a
 fatal error sends DEAD and the process exits, for the daemon to restart it. A failing KV store is never
-fatal: the turn runs cold, the save is lost.
+fatal: the turn runs cold, the save is kept for the store's return or lost (kv_link.py); the heartbeat
+carries the counts.
 
     python -m workers.worker --part '{...}'    (the daemon starts it: DaemonConfig.worker_args)
 """
@@ -101,10 +102,12 @@ class _IoThread(threading.Thread):
         inbox: queue.Queue[Message],
         cancelled: dict[str, float],
         thermal: ThermalGovernor,
+        kv: KvLink | None,
     ) -> None:
         super().__init__(name="worker-io", daemon=True)
         self.config = config
         self.thermal = thermal
+        self.kv = kv  # its save counts go out with each beat
         self.inbox = inbox
         self.cancelled = cancelled
         self.busy = False
@@ -124,7 +127,8 @@ class _IoThread(threading.Thread):
             now = time.monotonic()
             if now >= next_beat:
                 self.thermal.poll()  # once a beat, busy or idle: a cooled device is noticed while idle too
-                beat = Heartbeat(seq=seq, busy=self.busy, thermal=self.thermal.report())
+                kv_saves = self.kv.counts_now().body() if self.kv else None
+                beat = Heartbeat(seq=seq, busy=self.busy, thermal=self.thermal.report(), kv_saves=kv_saves)
                 self.dealer.send_multipart(encode(beat))
                 seq += 1
                 next_beat = now + self.config.heartbeat_s
@@ -170,9 +174,9 @@ class Worker:
         source, read = find_sensor(config.thermal_sensor, gpu=engine.backend.name == "cupy")
         log.info("event=thermal_sensor source=%s throttle_c=%s", source, config.thermal_throttle_c)
         self.thermal = ThermalGovernor(read, config.thermal_throttle_c, config.thermal_resume_c)
-        self.io = _IoThread(self.ctx, config, self.inbox, self.cancelled, self.thermal)
-        self.out = _dealer(self.ctx, config.endpoint, worker_identities(os.getpid())[1])  # the engine thread's own
         self.kv = KvLink(self.ctx, config.kv_endpoint, engine) if config.kv_endpoint else None
+        self.io = _IoThread(self.ctx, config, self.inbox, self.cancelled, self.thermal, self.kv)
+        self.out = _dealer(self.ctx, config.endpoint, worker_identities(os.getpid())[1])  # the engine thread's own
         self.turns: dict[EngineSequence, _Turn] = {}  # the requests in the engine's scheduler
         self.saves: list[tuple[str | None, int]] = []  # (conv id, slot) of the turns a step ended, to save
         engine.scheduler.prepare = self._prepare

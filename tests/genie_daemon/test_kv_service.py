@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -123,14 +126,12 @@ def test_genie_ctl_kv_ls_evict_clear(tmp_path):
 
 
 def test_killed_kv_store_is_restarted_and_turns_go_on(tmp_path):
-    import os
-
     proc, endpoint = start_daemon(tmp_path)
     sock_dir = Path(endpoint[len("ipc://") :]).parent
     try:
         pid = json.loads(ctl(sock_dir, "--json", "status").stdout)["kv_store_pid"]
         os.kill(pid, signal.SIGKILL)
-        first, _ = turn(endpoint, PROMPT, "porch")  # served meanwhile (the save may be lost)
+        first, _ = turn(endpoint, PROMPT, "porch")  # served meanwhile (its save waits in the worker)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             status = json.loads(ctl(sock_dir, "--json", "status").stdout)
@@ -140,7 +141,7 @@ def test_killed_kv_store_is_restarted_and_turns_go_on(tmp_path):
         else:
             raise AssertionError(f"the KV store was not restarted: {status}")
         # saving works again once the worker's socket has reconnected to the new store (zmq retries every
-        # 100 ms; a save sent before that is dropped, as documented): a turn or two later at most
+        # 100 ms; a save made before that is kept and handed over then): a turn or two later at most
         for _ in range(5):
             turn(endpoint, PROMPT, "porch")
             try:
@@ -286,3 +287,55 @@ def stop_and_log(proc) -> str:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0
     return err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_saves_made_while_the_store_is_down_are_counted_and_handed_to_it_once_restarted(tmp_path):
+    """Item 9: with the KV store killed between turns, the saves of the turns until its restart were dropped
+    (24 kills, 24 `kv_save_dropped` log lines, counted nowhere) and the next turns hydrated a shorter prefix.
+    Now the worker keeps them (bounded), hands them to the restarted store, and counts both; STATUS's
+    `kv.worker_saves`, METRICS and /metrics show the counts."""
+    config = tmp_path / "genie.toml"
+    config.write_text("restart_backoff_s = 4.0\n")  # the store stays down longer than a save waits for it (2 s)
+    port = free_port()
+    proc, endpoint = start_daemon(tmp_path, "--parallel", "1", "--config", str(config), "--http-port", str(port))
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        first, _ = turn(endpoint, PROMPT, "den")
+        assert wait_for_entries(sock_dir, 1)[0]["tokens"] == len(PROMPT) + len(first) - 1  # (the last token's KV
+        # is written by the next turn's prefill)
+        killed = json.loads(ctl(sock_dir, "--json", "status").stdout)["kv_store_pid"]
+        os.kill(killed, signal.SIGKILL)
+        history = PROMPT + first + FOLLOW_UP
+        second, _ = turn(endpoint, history, "den")  # ends while the store is down
+        turn(endpoint, [1] + [4 + (5 * i) % 280 for i in range(80)], "hall")  # so does this; it takes the one slot
+        kept = len(history) + len(second) - 1
+
+        def den_saved() -> int:
+            r = ctl(sock_dir, "--json", "kv", "ls")
+            entries = json.loads(r.stdout)["entries"] if r.returncode == 0 else []
+            return max([e["tokens"] for e in entries if e["conv_id"] == "den"], default=0)
+
+        deadline = time.monotonic() + 20  # the restart's 4 s, the store's start, the hand-over
+        while den_saved() != kept and time.monotonic() < deadline:
+            time.sleep(0.2)
+        kv = wait_for_kv(sock_dir, lambda kv: (kv.get("worker_saves") or {}).get("acked") == 3)  # (a beat later)
+        _, done = turn(endpoint, history + second + FOLLOW_UP, "den")  # hydrated from the store: the slot is hall's
+        assert (kv.get("worker_saves"), done.usage["cached_tokens"]) == (
+            {"acked": 3, "kept": 2, "handed_over": 2, "dropped": 0, "held": 0, "held_bytes": 0},
+            kept,
+        ), kv
+        assert kv["pid"] != killed and kv["restarts"] == 1
+        counters = json.loads(ctl(sock_dir, "--json", "metrics").stdout)
+        assert counters["genie_kv_worker_saves_kept"] == 2 and counters["genie_kv_worker_saves_handed_over"] == 2
+        assert counters["genie_kv_worker_saves_dropped"] == 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        assert "genie_kv_worker_saves_kept 2.0" in text and "genie_kv_worker_saves_dropped 0.0" in text, text
+    finally:
+        stop(proc)

@@ -11,7 +11,7 @@ import pytest
 
 from protocol.codec import MAX_BODY_BYTES, MESSAGE_TYPES, decode, encode
 from protocol.errors import BAD_FRAME, BAD_MESSAGE, ProtocolError
-from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
+from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaveCounts, KvSaved
 from protocol.messages import (
     Cancel,
     Dead,
@@ -80,6 +80,7 @@ EXAMPLES = [
     Hello(protocol_version=1, pid=1234),
     Ready(model="gemma3-270m", n_ctx=4096, kv_capacity=1, backend="numpy", device="numpy", load_ms=5000.0),
     Heartbeat(seq=3, busy=True),
+    Heartbeat(seq=4, kv_saves=KvSaveCounts(acked=2, kept=1, handed_over=1).body()),
     Dead(reason="CUDA error: an illegal memory access"),
     KvSave(request_id="k1", fingerprint="ab" * 32, layout=LAYOUT_EXAMPLE, token_ids=[1, 2, 3], conv_id="kitchen"),
     KvLookup(request_id="k2", fingerprint="0f" * 32, layout=LAYOUT_EXAMPLE, token_ids=[1, 2], longer_than=1),
@@ -274,3 +275,10 @@ def test_fuzz_short():
 @pytest.mark.soak
 def test_fuzz_long():
     fuzz(100_000, seed=2)
+
+
+def test_a_heartbeats_save_counts_read_back_typed_and_bad_values_read_zero():
+    counts = KvSaveCounts(acked=3, kept=2, handed_over=1, dropped=1, held=1, held_bytes=4096)
+    assert KvSaveCounts.from_body(counts.body()) == counts
+    odd = {"acked": "3", "kept": -1, "dropped": True, "held": 2.5, "handed_over": 7, "newer_field": 9}
+    assert KvSaveCounts.from_body(odd) == KvSaveCounts(handed_over=7)

@@ -1,8 +1,9 @@
 """The worker's KV link when the KV store is absent: lookups return without waiting for their timeout (a
-fresh link waits at most STARTUP_WAIT_S once for a store starting beside it) and saves are dropped with a
-count (once OUTBOX_S old, or at once beyond SAVE_BACKLOG), so a turn never stalls or fails for the store's
-sake; a store that binds after the worker connected still answers the first lookup; and more saves at once
-than the socket queues all arrive."""
+fresh link waits at most STARTUP_WAIT_S once for a store starting beside it) and saves are kept for it
+(once OUTBOX_S old; the newest KEEP_SAVES, counted) or dropped with a count (at once beyond SAVE_BACKLOG), so
+a turn never stalls or fails for the store's sake, and what was kept reaches the store once it is there; a
+store that binds after the worker connected still answers the first lookup; and more saves at once than the
+socket queues all arrive."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from kvstore.store import StoreConfig
 from testkit.tiny_models import write_tiny_model
 from workers.engine.engine import Engine, EngineConfig
 from workers.engine.sampling import SamplingParams
-from workers.kv_link import OUTBOX_S, SAVE_BACKLOG, SAVE_QUEUE, STARTUP_WAIT_S, KvLink
+from workers.kv_link import KEEP_SAVES, OUTBOX_S, SAVE_BACKLOG, SAVE_QUEUE, STARTUP_WAIT_S, KvLink
 
 
 @pytest.mark.timeout(60)  # with a queueing socket the lookup would wait its 600 s timeout: this fails it
@@ -38,9 +39,10 @@ def test_absent_store_costs_nothing(tmp_path):
         t0 = time.monotonic()
         assert all(link.save("den") for _ in range(SAVE_BACKLOG))  # queued: the saver waits for a store
         assert time.monotonic() - t0 < 1.0  # the engine thread never waits for the store
-        assert link.save("den") is False and link.saves_dropped == 1  # the backlog is full: dropped at once
-        assert link.flush(timeout_s=SAVE_BACKLOG * OUTBOX_S + 10)
-        assert link.saves_dropped == 1 + SAVE_BACKLOG  # each dropped once OUTBOX_S old, not kept for ever
+        assert link.save("den") is False and link.counts.dropped == 1  # the backlog is full: dropped at once
+        assert link.flush(timeout_s=OUTBOX_S + 10)  # the first waits OUTBOX_S, the others are kept behind it at once
+        c = link.counts_now()
+        assert (c.kept, c.held, c.dropped) == (SAVE_BACKLOG, 1, 1)  # each newer save of "den" covers the older
         assert link.hydrate(prompt + [7, 8], "den") == 0
     finally:
         link.close()
@@ -90,9 +92,9 @@ def test_a_store_that_binds_after_a_fresh_worker_connected_answers_its_first_loo
             pass
         assert first.save("den") is True
         deadline = time.monotonic() + 10
-        while first.saves_acked == 0 and time.monotonic() < deadline:
+        while first.counts.acked == 0 and time.monotonic() < deadline:
             time.sleep(0.02)  # the saver thread sends it once the store is there
-        assert first.saves_acked == 1
+        assert first.counts.acked == 1
         stop_server(*servers.pop())
         for resident in engine.kv.resident:
             resident.clear()
@@ -134,9 +136,9 @@ def test_saves_beyond_the_socket_queue_wait_in_the_outbox_and_all_arrive(tmp_pat
         held = [engine.export_kv(seq.slot) for seq in seqs]
         assert all(link.save(f"c{i}", seq.slot) for i, seq in enumerate(seqs))
         deadline = time.monotonic() + 20
-        while (link.pending or link.saves_acked < n) and time.monotonic() < deadline:
+        while (link.pending or link.counts.acked < n) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert (link.saves_acked, link.saves_dropped) == (n, 0)
+        assert (link.counts.acked, link.counts.dropped, link.counts.kept) == (n, 0, 0)
         for i, snap in enumerate(held):
             for resident in engine.kv.resident:
                 resident.clear()
@@ -167,9 +169,46 @@ def test_a_save_whose_rows_cannot_be_gathered_is_dropped_and_the_link_goes_on(tm
             raise MemoryError("out of device memory")
 
         monkeypatch.setattr(engine, "start_export_kv", out_of_memory)
-        assert link.save("den") is False and link.saves_dropped == 1 and not link.pending
+        assert link.save("den") is False and link.counts.dropped == 1 and not link.pending
         monkeypatch.setattr(engine, "start_export_kv", real)
         assert link.save("den") is True
     finally:
         link.close()
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_saves_the_store_does_not_take_are_kept_within_bounds_and_handed_to_it_when_it_comes(tmp_path):
+    """Item 9: a store that is down (killed, restarting) took the turns' saves with it. The link keeps the
+    newest KEEP_SAVES (the older ones are dropped, counted), then hands them to the store once it binds: each
+    is written, and what became of every save is counted."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_model("llama", path)
+    engine = Engine(EngineConfig(model=str(path), backend="numpy", n_ctx=256, kv_dtype="int8"))
+    for _ in engine.generate([1] + [3 + i % 200 for i in range(100)], SamplingParams(temperature=0, max_tokens=4)):
+        pass
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    ctx = zmq.Context()
+    link = KvLink(ctx, endpoint, engine)
+    server = None
+    try:
+        n = KEEP_SAVES + 2
+        for i in range(n):
+            assert link.save(f"c{i}") is True
+            assert link.flush(timeout_s=OUTBOX_S + 10)  # (the first waits OUTBOX_S; kept behind it, the rest at once)
+        c = link.counts_now()
+        assert (c.kept, c.held, c.dropped, c.handed_over, c.acked) == (n, KEEP_SAVES, 2, 0, 0), c
+        assert c.held_bytes == KEEP_SAVES * engine.export_kv(0).n_tokens * 160  # 2 layers x 2 heads x (16+16+8)
+        server = serve_in_thread(ServerConfig(endpoint, StoreConfig(tmp_path / "kv", 64 << 20, 60.0)))
+        deadline = time.monotonic() + 20
+        while link.counts_now().acked < KEEP_SAVES and time.monotonic() < deadline:
+            time.sleep(0.02)
+        c = link.counts_now()
+        assert (c.handed_over, c.acked, c.held, c.held_bytes) == (KEEP_SAVES, KEEP_SAVES, 0, 0), c
+        saved = sorted(p.name.split(".")[0] for p in (tmp_path / "kv").glob("*.kv"))
+        assert saved == sorted(f"c-c{i}" for i in range(2, n))  # the newest KEEP_SAVES, each whole
+    finally:
+        link.close()
+        if server:
+            stop_server(*server)
         ctx.term()
