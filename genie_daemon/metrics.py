@@ -108,7 +108,7 @@ class _StateCollector(Collector):
             "hits": "KV lookups that found a saved prefix",
             "misses": "KV lookups that found nothing",
             "saves": "KV saves written",
-            "save_failures": "KV saves the disk refused (after making room on a full disk)",
+            "save_failures": "KV saves that failed: the disk refused them (after making room), or no name was free",
             "evictions": "Saved KV entries evicted by the size cap or for room on a full disk",
             "rejected": "Saved KV entries rejected on read (corrupt or foreign)",
         }
