@@ -21,6 +21,7 @@ from typing import Any
 
 import zmq
 
+from genie_common import heap
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
 from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
@@ -57,6 +58,7 @@ class KVStoreServer:
         if config.endpoint.startswith("ipc://"):  # saved KV is the conversations' text: the daemon's user only
             os.chmod(config.endpoint[len("ipc://") :], 0o600)
         self.stopping = False
+        self._worked = False  # a save or lookup was served since the heap was last given back
         self.last_error: str | None = None  # the disk's last refusal (a save, a lookup), for STATUS's kv
         # what each request type is answered by (anything else: ERROR unsupported)
         self._handlers: dict[type[Message], Callable[[Any, list], tuple[Message, list[memoryview]]]] = {
@@ -81,6 +83,9 @@ class KVStoreServer:
             while not self.stopping:
                 if self.sock.poll(POLL_MS):
                     self._serve_one()
+                elif self._worked:  # idle after saves or lookups: the memory their frames took goes back
+                    heap.give_back()
+                    self._worked = False
             # what arrived before SIGTERM is still served: the daemon stops the worker first, whose last
             # save may be waiting here
             deadline = time.monotonic() + DRAIN_S
@@ -122,6 +127,7 @@ class KVStoreServer:
         return handler(msg, side)
 
     def _save(self, msg: KvSave, side: list) -> tuple[Message, list[memoryview]]:
+        self._worked = True
         layout = layout_from_body(msg.layout)
         snapshot = snapshot_from_frames(layout, msg.token_ids, side)
         saved = self._store(msg.fingerprint, layout).save(snapshot, msg.conv_id or "")
@@ -132,6 +138,7 @@ class KVStoreServer:
         return KvSaved(request_id=msg.request_id, bytes=saved.bytes), []
 
     def _lookup(self, msg: KvLookup, side: list) -> tuple[Message, list[memoryview]]:
+        self._worked = True
         layout = layout_from_body(msg.layout)
         store = self._store(msg.fingerprint, layout)
         snap = store.hydrate(msg.token_ids, msg.conv_id or "", longer_than=msg.longer_than)

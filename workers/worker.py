@@ -31,6 +31,7 @@ from pathlib import Path
 
 import zmq
 
+from genie_common import heap
 from genie_common.child_config import WorkerPart, from_arg
 from genie_common.errors import GenieError
 from genie_common.lifetime import exit_with_parent
@@ -220,13 +221,18 @@ class Worker:
         self.io.greeting = (Hello(protocol_version=PROTOCOL_VERSION, pid=os.getpid()), ready)
         self.io.start()
         scheduler = e.scheduler
+        worked = False  # steps ran since the heap was last given back
         try:
             # on SIGTERM every turn ends as cancelled (a DONE each), then the loop ends
             while not (self.stopping and scheduler.idle):
                 self._take_requests(wait=scheduler.idle and not self.stopping)
                 if scheduler.idle:
                     self._forget_stale_cancels()
+                    if worked:  # idle for a wait with nothing new: what the work freed goes back
+                        heap.give_back()
+                        worked = False
                     continue
+                worked = True
                 self.io.busy = True
                 scheduler.limit = 1 if self.thermal.throttled else None  # hot: no new stream while one runs
                 t0 = time.monotonic()
