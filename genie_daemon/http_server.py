@@ -3,7 +3,8 @@ one port, /health and /metrics; an optional API key; every refusal a 4xx in the 
 
 A client that disconnects cancels its request (aiohttp's handler cancellation), during prefill too. A
 connection that has not sent a whole request's headers within HEADER_TIMEOUT_S of opening (or of its
-previous answer) is closed, and a malformed request costs one log line.
+previous answer) is closed, a body that stops arriving is answered 408 (http_body.py), and a malformed
+request costs one log line.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from . import ollama_api, openai_api
+from .http_body import BODY_LIMITS, BODY_TIMEOUT_S, BodyLimits
 from .http_turn import SERVICE, HttpError, Service
 from .metrics import CONTENT_TYPE
 
 log = logging.getLogger("genie.http")
-MAX_BODY: web.AppKey[int] = web.AppKey("max_body")
 OPEN_PATHS = frozenset({"/", "/health", "/api/version"})  # answered without the API key (liveness probes)
 # aiohttp kept a connection that never finished its headers for an hour (its keep-alive default): ten
 # slowloris connections held that long (issue 21 item 7)
@@ -45,7 +46,7 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
         if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {key}".encode()):
             message = "missing or wrong API key (Authorization: Bearer ...)"
             return error_response(request.path, 401, message, "unauthorized")
-    limit = request.app[MAX_BODY]
+    limit = request.app[BODY_LIMITS].max_bytes
     if request.content_length is not None and request.content_length > limit:
         # refused before reading it; the connection closes so the client stops sending
         resp = error_response(request.path, 413, f"the body exceeds {limit} bytes", "too_large")
@@ -54,7 +55,10 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     except HttpError as e:
-        return error_response(request.path, e.status, e.message, e.code)
+        resp = error_response(request.path, e.status, e.message, e.code)
+        if not request.content.is_eof():  # refused before its body was read to the end (408, 413)
+            resp.force_close()  # what is left of it must never be read as the next request
+        return resp
     except web.HTTPException as e:  # aiohttp's own: 404, 405, 413
         if e.status < 400:
             raise
@@ -88,11 +92,11 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE})
 
 
-def make_app(service: Service) -> web.Application:
+def make_app(service: Service, body_timeout_s: float = BODY_TIMEOUT_S) -> web.Application:
     limit = int(service.config.http_max_body_mb * 1024 * 1024)
     app = web.Application(middlewares=[guard], client_max_size=limit)
     app[SERVICE] = service
-    app[MAX_BODY] = limit
+    app[BODY_LIMITS] = BodyLimits(limit, body_timeout_s)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     ollama_api.add_routes(app)
@@ -123,10 +127,12 @@ class OneLineBadRequests(logging.LoggerAdapter):
 class HttpFront:
     """Binds the app to config.http_host:http_port (port 0: any free one, see `port`)."""
 
-    def __init__(self, service: Service, header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
+    def __init__(
+        self, service: Service, header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S
+    ) -> None:
         self.service = service
         self.runner = web.AppRunner(
-            make_app(service),
+            make_app(service, body_timeout_s),
             handler_cancellation=True,
             access_log=None,
             # on shutdown open streams get a few seconds, not aiohttp's default minute (the daemon drains first)

@@ -1,5 +1,6 @@
-"""What the HTTP fronts share: the service they call, typed reading of request bodies, their errors, and
-one generation (`Turn`) submitted like any ZMQ client's and cancelled when its HTTP client goes away."""
+"""What the HTTP fronts share: the service they call, typed reading of request fields (the body itself:
+http_body.py), their errors, and one generation (`Turn`) submitted like any ZMQ client's and cancelled
+when its HTTP client goes away."""
 
 from __future__ import annotations
 
@@ -81,20 +82,6 @@ ERROR_STATUS = {
 
 def error_status(err: Error) -> int:
     return ERROR_STATUS.get(err.code, 500)
-
-
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 saying what is wrong with it (413 comes from aiohttp)."""
-    raw = await request.read()
-    try:
-        body = json.loads(raw) if raw.strip() else {}
-    except (ValueError, UnicodeDecodeError) as e:
-        raise HttpError(400, f"the body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise HttpError(400, "the body's JSON is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise HttpError(400, "the body must be a JSON object")
-    return body
 
 
 def get(body: dict[str, Any], key: str, kind: str, default: Any = None, where: str = "") -> Any:

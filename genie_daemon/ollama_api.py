@@ -26,6 +26,7 @@ from genie_common.models.pull import PullProgress
 from genie_common.models.sources import parse_source
 from protocol.messages import Done, Error
 
+from .http_body import read_json
 from .http_turn import (
     SERVICE,
     HttpError,
@@ -40,7 +41,6 @@ from .http_turn import (
     gather,
     get,
     model_name,
-    read_json,
     stop_list,
     tool_call_in,
 )

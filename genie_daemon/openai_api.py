@@ -20,6 +20,7 @@ from aiohttp import web
 from genie_common.events import Piece, ToolCall
 from protocol.messages import Done, Error
 
+from .http_body import read_json
 from .http_turn import (
     SERVICE,
     HttpError,
@@ -32,7 +33,6 @@ from .http_turn import (
     first_then_rest,
     gather,
     get,
-    read_json,
     stop_list,
     tool_call_in,
 )

@@ -21,8 +21,10 @@ import openai
 import pytest
 
 from genie_common.config import DaemonConfig
+from genie_daemon.http_body import BODY_TIMEOUT_S
 from testkit.tiny_models import write_tiny_model
 from tests.child_env import child_env
+from tests.genie_daemon.test_http_hardening import stalled_body_outcomes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -417,3 +419,20 @@ def test_num_ctx_is_honoured_up_to_the_workers_context(live):
     assert plain["context_length"] == 4096
     status, ps = get_json(url + "/api/ps")
     assert status == 200 and ps["models"][0]["context_length"] == 4096
+
+
+def test_bodies_that_stop_arriving_get_a_408_within_the_deadline(live):
+    """The real daemon: 5 connections of each kind of stalled body at once (a Content-Length past the body,
+    no body, a chunked body that never ends, a chunk size line left unfinished) are each answered 408
+    within BODY_TIMEOUT_S and a second (issue 34 item 12: they were held until the client went away), and
+    the daemon goes on serving."""
+    url, _, proc = live
+    port = int(url.rsplit(":", 1)[1])
+    outcomes = stalled_body_outcomes(port, copies=5, wait_s=BODY_TIMEOUT_S + 10)
+    late = [(k, first, round(t, 2)) for k, first, t in outcomes if not first.startswith("HTTP/1.1 408")]
+    late += [(k, first, round(t, 2)) for k, first, t in outcomes if t > BODY_TIMEOUT_S + 1]
+    assert len(outcomes) == 20 and not late, late
+    with ollama.Client(host=url) as client:
+        opts = {"num_predict": 3, "ignore_eos": True}
+        assert client.generate(model=served_name(url), prompt="hi", options=opts).eval_count == 3
+    assert proc.poll() is None
