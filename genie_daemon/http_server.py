@@ -28,9 +28,11 @@ OPEN_PATHS = frozenset({"/", "/health", "/api/version"})  # answered without the
 HEADER_TIMEOUT_S = 30.0
 
 
-def error_response(path: str, status: int, message: str, code: str = "invalid_request_error") -> web.Response:
+def error_response(
+    path: str, status: int, message: str, code: str | None = None, param: str | None = None
+) -> web.Response:
     if path.startswith("/v1/"):
-        body: dict[str, Any] = {"error": {"message": message, "type": code, "code": code}}
+        body: dict[str, Any] = {"error": openai_api.error_object(status, message, code, param)}
     else:
         body = {"error": message}
     return web.json_response(body, status=status)
@@ -45,7 +47,7 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
         # aiohttp decodes headers with surrogateescape: undecodable bytes must not make this a 500
         if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {key}".encode()):
             message = "missing or wrong API key (Authorization: Bearer ...)"
-            return error_response(request.path, 401, message, "unauthorized")
+            return error_response(request.path, 401, message, "invalid_api_key")
     limit = request.app[BODY_LIMITS].max_bytes
     if request.content_length is not None and request.content_length > limit:
         # refused before reading it; the connection closes so the client stops sending
@@ -55,18 +57,17 @@ async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     except HttpError as e:
-        resp = error_response(request.path, e.status, e.message, e.code)
+        resp = error_response(request.path, e.status, e.message, e.code, e.param)
         if not request.content.is_eof():  # refused before its body was read to the end (408, 413)
             resp.force_close()  # what is left of it must never be read as the next request
         return resp
     except web.HTTPException as e:  # aiohttp's own: 404, 405, 413
         if e.status < 400:
             raise
-        code = "not_found" if e.status == 404 else "invalid_request_error"
-        return error_response(request.path, e.status, e.reason, code)
+        return error_response(request.path, e.status, f"{e.reason}: {request.method} {request.path}")
     except Exception:  # a bug, not the client's fault: logged, and answered in the API's shape
         log.exception("event=http_handler_failed path=%s", request.path)
-        return error_response(request.path, 500, "internal error (see the daemon log)", "internal_error")
+        return error_response(request.path, 500, "internal error (see the daemon log)")
 
 
 async def health(request: web.Request) -> web.Response:

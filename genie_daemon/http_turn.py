@@ -57,11 +57,13 @@ def dumps(obj: Any) -> bytes:
 
 
 class HttpError(Exception):
-    """A request the API refuses: its HTTP status and a message for the client."""
+    """A request the API refuses: its HTTP status, a message for the client, a code where the refusal has
+    one of its own (model_not_found, overloaded, ...; OpenAI's `code`) and the request's field it is about,
+    as the API names it (OpenAI's `param`)."""
 
-    def __init__(self, status: int, message: str, code: str = "invalid_request_error") -> None:
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.param = status, message, code, param
 
 
 # daemon ERROR codes -> HTTP status (anything else: 500)
@@ -103,7 +105,7 @@ def get(body: dict[str, Any], key: str, kind: str, default: Any = None, where: s
     if kind == "dict" and isinstance(value, dict):
         return value
     article = "an" if kind[0] in "aeiou" else "a"
-    raise HttpError(400, f"{name} must be {article} {kind}")
+    raise HttpError(400, f"{name} must be {article} {kind}", param=name)
 
 
 def stop_list(value: Any, name: str) -> list[str] | None:
@@ -113,14 +115,14 @@ def stop_list(value: Any, name: str) -> list[str] | None:
         return [value] if value else None
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
         return [s for s in value if s] or None
-    raise HttpError(400, f"{name} must be a string or a list of strings")
+    raise HttpError(400, f"{name} must be a string or a list of strings", param=name)
 
 
 def model_name(body: dict[str, Any]) -> str:
     """The request's `model` (Ollama's older `name` too), or a 400."""
     name = body.get("model", body.get("name"))
     if not isinstance(name, str) or not name:
-        raise HttpError(400, "model is required and must be a string")
+        raise HttpError(400, "model is required and must be a string", param="model")
     return name
 
 
@@ -128,22 +130,28 @@ async def check_model(service: Service, name: Any) -> ModelInfo:
     """The model `name` addresses: the served one, or one of the models directory (which a request then
     loads); else 404, as Ollama answers a model it has not pulled."""
     if not isinstance(name, str) or not name:
-        raise HttpError(400, "model is required and must be a string")
+        raise HttpError(400, "model is required and must be a string", param="model")
     info = await service.find_model(name)
     if info is None:
         served = service.model_info().name
         message = f"model {name!r} not found, try pulling it first (genie serves {served!r})"
-        raise HttpError(404, message, "model_not_found")
+        raise HttpError(404, message, "model_not_found", "model")
     return info
 
 
-def build_generate(fields: dict[str, Any]) -> Generate:
-    """A GENERATE checked by the same rules as one from the ZMQ socket; their failure is a 400."""
+def build_generate(fields: dict[str, Any], names: dict[str, str]) -> Generate:
+    """A GENERATE checked by the same rules as one from the ZMQ socket; their failure is a 400 that names
+    the field as the API does: `names` maps GENERATE's fields (`params.top_p`, `ctx`) to the API's
+    (`options.top_p`, `options.num_ctx`); a field it does not list has the same name in both."""
     try:
         msg = Generate.from_body({"request_id": f"http-{next(_ids)}", **fields})
         encode(msg)  # what msgpack cannot carry (an integer past 64 bits, a lone surrogate) is refused here
     except ProtocolError as e:
-        raise HttpError(400, e.message) from None
+        if not e.field:
+            raise HttpError(400, e.message) from None
+        name = names.get(e.field, e.field)
+        gap = "" if e.problem.startswith("[") else " "  # messages[3].content, not messages [3].content
+        raise HttpError(400, f"{name}{gap}{e.problem}", param=name) from None
     except (ValueError, TypeError, OverflowError) as e:
         raise HttpError(400, f"the request holds a value that cannot be sent: {e}") from None
     assert isinstance(msg, Generate)
@@ -265,7 +273,7 @@ def check_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise HttpError(400, f"tools[{i}] must be {{type: function, function: {{name, ...}}}}")
+            raise HttpError(400, f"tools[{i}] must be {{type: function, function: {{name, ...}}}}", param="tools")
     return tools
 
 
@@ -274,15 +282,15 @@ def tool_call_in(call: Any, where: str) -> dict[str, Any]:
     arguments an object (Ollama) or a JSON object string (OpenAI); an OpenAI `id` is kept."""
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise HttpError(400, f"{where} must be {{function: {{name, arguments}}}}")
+        raise HttpError(400, f"{where} must be {{function: {{name, arguments}}}}", param="messages")
     args = fn.get("arguments", {})
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
         except (ValueError, RecursionError):
-            raise HttpError(400, f"{where}.function.arguments must be a JSON object string") from None
+            raise HttpError(400, f"{where}.function.arguments must be a JSON object string", param="messages") from None
     if not isinstance(args, dict):
-        raise HttpError(400, f"{where}.function.arguments must be a JSON object")
+        raise HttpError(400, f"{where}.function.arguments must be a JSON object", param="messages")
     out: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
     if isinstance(call.get("id"), str):
         out["id"] = call["id"]

@@ -225,6 +225,15 @@ OPTIONS = {  # Ollama option -> (GENERATE param, kind)
 }
 
 
+# GENERATE's fields as this API names them, for build_generate's errors (those it does not list: the same)
+FIELD_NAMES = {f"params.{param}": f"options.{name}" for name, (param, _) in OPTIONS.items()} | {
+    "params.max_tokens": "options.num_predict",
+    "params.stop": "options.stop",
+    "params.ignore_eos": "options.ignore_eos",
+    "ctx": "options.num_ctx",
+}
+
+
 FILL = 1 << 20  # num_predict -2 before the worker said its context: the most GENERATE takes (it stops at its end)
 
 
@@ -382,7 +391,7 @@ async def _run(
     kind: str,
     unload_after: bool,
 ) -> web.StreamResponse:
-    msg = build_generate(fields)
+    msg = build_generate(fields, FIELD_NAMES)
     t0 = time.monotonic()  # before a wait for the model to load: Ollama's total_duration includes the load
     async with Turn(service, msg, info.configured or None) as turn:  # loads the model if it is not served
         first, events = await first_then_rest(turn.parsed())

@@ -30,6 +30,7 @@ from .http_turn import (
     check_model,
     check_tools,
     dumps,
+    error_status,
     first_then_rest,
     gather,
     get,
@@ -37,6 +38,14 @@ from .http_turn import (
     tool_call_in,
 )
 from .model_info import ModelInfo
+
+
+def error_object(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """An error as OpenAI writes it: `type` by who is at fault, as OpenAI types each error (a bad request,
+    an unknown model or path, a wrong key: invalid_request_error; its own trouble, overloaded or failed:
+    server_error), `param` the request's field it is about, `code` a code of the error's own or null."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return {"message": message, "type": kind, "param": param, "code": code}
 
 
 def add_routes(app: web.Application) -> None:
@@ -71,13 +80,13 @@ BOUNDS = {  # OpenAI's ranges: outside them OpenAI answers 400, and so does geni
 
 def _params(body: dict[str, Any]) -> dict[str, Any]:
     if get(body, "n", "int", 1) != 1:
-        raise HttpError(400, "n must be 1: genie generates one choice")
+        raise HttpError(400, "n must be 1: genie generates one choice", param="n")
     if get(body, "logprobs", "bool", False) or body.get("top_logprobs") is not None:
-        raise HttpError(400, "logprobs are not supported")
+        raise HttpError(400, "logprobs are not supported", param="logprobs")
     for name, (low, high) in BOUNDS.items():
         value = get(body, name, "number")
         if value is not None and not low <= value <= high:
-            raise HttpError(400, f"{name} must be between {low:g} and {high:g}")
+            raise HttpError(400, f"{name} must be between {low:g} and {high:g}", param=name)
     params: dict[str, Any] = {}
     for name, kind in (("temperature", "number"), ("top_p", "number"), ("seed", "int")):
         value = get(body, name, kind)
@@ -87,7 +96,8 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
         del params["seed"]
     limit = get(body, "max_completion_tokens", "int", get(body, "max_tokens", "int"))
     if limit is not None and limit < 0:
-        raise HttpError(400, "max_tokens must be >= 0")
+        name = _limit_name(body)
+        raise HttpError(400, f"{name} must be >= 0", param=name)
     if limit is not None:  # else none: the daemon's max_tokens_default applies
         params["max_tokens"] = limit
     stop = stop_list(body.get("stop"), "stop")
@@ -96,6 +106,17 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
     if get(body, "ignore_eos", "bool", False):  # genie's extension, as llama.cpp's server has it
         params["ignore_eos"] = True
     return params
+
+
+def _limit_name(body: dict[str, Any]) -> str:
+    """The token limit's field as the request wrote it."""
+    return "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+
+
+def _field_names(body: dict[str, Any]) -> dict[str, str]:
+    """GENERATE's fields as this API names them, for build_generate's errors."""
+    names = {f"params.{name}": name for name in ("temperature", "top_p", "seed", "stop", "ignore_eos")}
+    return names | {"params.max_tokens": _limit_name(body), "format": "response_format"}
 
 
 def _format(body: dict[str, Any]) -> str | dict[str, Any] | None:
@@ -110,7 +131,7 @@ def _format(body: dict[str, Any]) -> str | dict[str, Any] | None:
         spec = get(fmt, "json_schema", "dict", {}, where="response_format.")
         schema = get(spec, "schema", "dict", where="response_format.json_schema.")
         return schema if schema is not None else "json"
-    raise HttpError(400, "response_format.type must be text, json_object or json_schema")
+    raise HttpError(400, "response_format.type must be text, json_object or json_schema", param="response_format")
 
 
 def _content(value: Any, where: str) -> str:
@@ -123,10 +144,11 @@ def _content(value: Any, where: str) -> str:
         texts = []
         for j, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise HttpError(400, f"{where}content[{j}] must be a text part: genie serves text models only")
+                message = f"{where}content[{j}] must be a text part: genie serves text models only"
+                raise HttpError(400, message, param="messages")
             texts.append(part["text"])
         return "".join(texts)
-    raise HttpError(400, f"{where}content must be a string or a list of text parts")
+    raise HttpError(400, f"{where}content must be a string or a list of text parts", param="messages")
 
 
 def _messages(raw: list[Any]) -> list[dict[str, Any]]:
@@ -134,12 +156,12 @@ def _messages(raw: list[Any]) -> list[dict[str, Any]]:
     for i, m in enumerate(raw):
         where = f"messages[{i}]."
         if not isinstance(m, dict):
-            raise HttpError(400, f"messages[{i}] must be an object")
+            raise HttpError(400, f"messages[{i}] must be an object", param="messages")
         role = get(m, "role", "str", where=where)
         if role == "developer":
             role = "system"
         if role not in ("system", "user", "assistant", "tool"):
-            raise HttpError(400, f"{where}role must be system, developer, user, assistant or tool")
+            raise HttpError(400, f"{where}role must be system, developer, user, assistant or tool", param="messages")
         msg: dict[str, Any] = {"role": role, "content": _content(m.get("content"), where)}
         calls = get(m, "tool_calls", "list", where=where)
         if calls:
@@ -158,13 +180,14 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     if choice not in (None, "none", "auto", "required") and not (
         isinstance(choice, dict) and isinstance(choice.get("function"), dict)
     ):
-        raise HttpError(400, "tool_choice must be none, auto, required or {type: function, function: {name}}")
+        message = "tool_choice must be none, auto, required or {type: function, function: {name}}"
+        raise HttpError(400, message, param="tool_choice")
     if not tools or choice == "none":
         return None
     if isinstance(choice, dict):  # one named function: offer only that one
         named = [t for t in tools if t["function"]["name"] == choice["function"].get("name")]
         if not named:
-            raise HttpError(400, "tool_choice names a function that is not in tools")
+            raise HttpError(400, "tool_choice names a function that is not in tools", param="tool_choice")
         return named
     return tools
 
@@ -202,7 +225,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     info = await check_model(service, body.get("model"))
     raw = get(body, "messages", "list")
     if not raw:
-        raise HttpError(400, "messages is required: a non-empty list")
+        raise HttpError(400, "messages is required: a non-empty list", param="messages")
     tools = _tools(body)
     think = get(body, "reasoning_effort", "str") not in (None, "none", "minimal")
     fields = {
@@ -223,9 +246,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
-        raise HttpError(400, "prompt must be a non-empty string")
+        raise HttpError(400, "prompt must be a non-empty string", param="prompt")
     if get(body, "echo", "bool", False) or get(body, "suffix", "str"):
-        raise HttpError(400, "echo and suffix are not supported")
+        raise HttpError(400, "echo and suffix are not supported", param="echo" if body.get("echo") else "suffix")
     fields = {"prompt": prompt, "params": _params(body), "format": _format(body)}
     return await _run(request, service, info, body, fields, "text")
 
@@ -241,7 +264,7 @@ async def _run(
     stream = get(body, "stream", "bool", False)
     options = get(body, "stream_options", "dict", {})
     include_usage = get(options, "include_usage", "bool", False, where="stream_options.")
-    msg = build_generate(fields)
+    msg = build_generate(fields, _field_names(body))
     rid = uuid.uuid4().hex[:24]
     head = {
         "id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{rid}",
@@ -265,7 +288,7 @@ async def _run(
         n_calls = 0
         async for ev in events:
             if isinstance(ev, Error):
-                await send({"error": {"message": ev.message, "type": ev.code, "code": ev.code}})
+                await send({"error": error_object(error_status(ev), ev.message, ev.code)})
                 break
             if isinstance(ev, Done):
                 finish = _finish(ev, n_calls)

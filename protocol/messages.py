@@ -95,7 +95,8 @@ class Generate(Message):
         try:
             msg.params = validate("GENERATE.params", msg.params, PARAMS)
         except ProtocolError as e:
-            raise ProtocolError(e.code, e.message, msg.request_id) from None
+            field = f"params.{e.field}" if e.field else ""
+            raise ProtocolError(e.code, e.message, msg.request_id, field, e.problem) from None
         return msg
 
 

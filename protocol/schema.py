@@ -159,6 +159,6 @@ def validate(name: str, body: Any, fields: dict[str, Field]) -> dict[str, Any]:
             continue
         problem = check(rule.kind, body[key], rule.limit)
         if problem:
-            raise ProtocolError(BAD_MESSAGE, f"{name}.{key} {problem}", rid)
+            raise ProtocolError(BAD_MESSAGE, f"{name}.{key} {problem}", rid, key, problem)
         out[key] = body[key]
     return out
