@@ -139,6 +139,16 @@ async def check_model(service: Service, name: Any) -> ModelInfo:
     return info
 
 
+def refuse_unsupported(info: ModelInfo, model: str, asked: dict[str, str]) -> None:
+    """A 400 when the request asks the model for what it cannot do, as Ollama refuses it (`"qwen2.5"
+    does not support thinking`), rather than answer as if it had not asked: `asked` maps each capability
+    the request wants (tools, thinking) to the request's field that asks for it."""
+    for capability, param in asked.items():
+        if info.lacks(capability):
+            message = f"{json.dumps(model)} does not support {capability}"
+            raise HttpError(400, message, "unsupported_parameter", param)
+
+
 def build_generate(fields: dict[str, Any], names: dict[str, str]) -> Generate:
     """A GENERATE checked by the same rules as one from the ZMQ socket; their failure is a 400 that names
     the field as the API does: `names` maps GENERATE's fields (`params.top_p`, `ctx`) to the API's

@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from gguf import LlamaFileType
 
+from genie_common.capabilities import capabilities_of
 from genie_common.errors import GenieError
 from genie_common.gguf_file import GGUFFile
 from genie_common.models.local import LocalModel, ModelsDir
@@ -67,14 +69,17 @@ class ModelInfo:
         the path it was configured with."""
         return name in (self.name, f"{self.name}:latest") or (bool(self.configured) and name == self.configured)
 
-    @property
-    def capabilities(self) -> list[str]:
-        caps = ["completion"]
-        if "tools" in self.chat_template:
-            caps.append("tools")
-        if "<think>" in self.chat_template or "enable_thinking" in self.chat_template:
-            caps.append("thinking")
-        return caps
+    @cached_property
+    def capabilities(self) -> tuple[str, ...]:
+        """What the model can do, from its chat template (genie_common/capabilities.py): /api/show's list,
+        and what the HTTP APIs refuse to ask of it (`lacks`)."""
+        return capabilities_of(self.chat_template)
+
+    def lacks(self, capability: str) -> bool:
+        """Whether the model cannot do `capability`. Known once its header was read (its architecture is
+        known): before that (a first start assembling the file) nothing is refused, and the worker renders
+        what the template takes."""
+        return bool(self.family) and capability not in self.capabilities
 
 
 def known_at_once(model: str) -> ModelInfo:

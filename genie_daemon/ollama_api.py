@@ -41,6 +41,7 @@ from .http_turn import (
     gather,
     get,
     model_name,
+    refuse_unsupported,
     stop_list,
     tool_call_in,
 )
@@ -131,7 +132,7 @@ async def show(request: web.Request) -> web.Response:
             "template": info.chat_template,
             "details": _details(info),
             "model_info": info.metadata,
-            "capabilities": info.capabilities,
+            "capabilities": list(info.capabilities),
             "modified_at": iso_time(info.modified_at or None),
         }
     )
@@ -279,6 +280,11 @@ def _think(body: dict[str, Any]) -> bool:
     raise HttpError(400, "think must be a boolean or one of low, medium, high")
 
 
+def _asked(tools: list[dict[str, Any]] | None, think: bool) -> dict[str, str]:
+    """What the request asks of the model beyond completion, by the field that asks (refuse_unsupported)."""
+    return ({"tools": "tools"} if tools else {}) | ({"thinking": "think"} if think else {})
+
+
 def _keep_alive_zero(body: dict[str, Any]) -> bool:
     value = body.get("keep_alive")
     if value is None:
@@ -330,10 +336,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not raw:  # Ollama's load (and, with keep_alive 0, unload) request
         return await _load_or_unload(service, body, info, {"message": {"role": "assistant", "content": ""}})
     tools = check_tools(body)
+    think = _think(body)
+    refuse_unsupported(info, body["model"], _asked(tools, think))
     fields = {
         "messages": _messages(raw),
         "params": _params(body, _serving_ctx(service)),
-        "think": _think(body),
+        "think": think,
         "tools": tools,
         "format": _format(body),
         **_ctx(service, body),
@@ -355,7 +363,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise HttpError(400, "suffix (fill-in-the-middle) is not supported")
     if get(body, "template", "str"):
         raise HttpError(400, "template overrides are not supported: the model's own chat template is used")
-    fields: dict[str, Any] = {"params": _params(body, _serving_ctx(service)), "think": _think(body)}
+    think = _think(body)
+    refuse_unsupported(info, body["model"], _asked(None, think))
+    fields: dict[str, Any] = {"params": _params(body, _serving_ctx(service)), "think": think}
     fields |= _ctx(service, body)
     fields["format"] = _format(body)
     if get(body, "raw", "bool", False):

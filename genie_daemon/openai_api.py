@@ -34,6 +34,7 @@ from .http_turn import (
     first_then_rest,
     gather,
     get,
+    refuse_unsupported,
     stop_list,
     tool_call_in,
 )
@@ -228,6 +229,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise HttpError(400, "messages is required: a non-empty list", param="messages")
     tools = _tools(body)
     think = get(body, "reasoning_effort", "str") not in (None, "none", "minimal")
+    asked = ({"tools": "tools"} if tools else {}) | ({"thinking": "reasoning_effort"} if think else {})
+    refuse_unsupported(info, body["model"], asked)
     fields = {
         "messages": _messages(raw),
         "params": _params(body),

@@ -69,7 +69,8 @@ def _add_vocab(w: gguf.GGUFWriter) -> None:
 
 
 def write_tiny_model(arch: str, path: str | Path, seed: int = 0, **overrides: Any) -> dict[str, Any]:
-    """Write a tiny F32 GGUF of `arch` to `path`; returns its hyper-parameters."""
+    """Write a tiny F32 GGUF of `arch` to `path` (with `chat_template=...` among `overrides`, carrying that
+    template); returns its hyper-parameters."""
     if arch not in ARCH_PARAMS:
         raise ValueError(f"unknown arch {arch!r}")
     hp = dict(ARCH_PARAMS[arch], **overrides)
@@ -105,6 +106,8 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, **overrides: An
     if "sliding_window" in hp:
         w.add_sliding_window(hp["sliding_window"])
     _add_vocab(w)
+    if hp.get("chat_template"):
+        w.add_chat_template(hp["chat_template"])
 
     w.add_tensor("token_embd.weight", mat(hp["n_vocab"], d, 0.1 if arch == "gemma3" else 0.2))
     for i in range(hp["n_layers"]):

@@ -47,6 +47,8 @@ TOOLS = [
     }
     for name in ("HassTurnOn", "HassTurnOff")
 ]
+# a template that renders tools and writes Qwen's reasoning opener: a model that can do both
+TEMPLATE = "{% if tools %}{{ tools | tojson }}{% endif %}{% if not enable_thinking %}<think></think>{% endif %}"
 USAGE = {"prompt_tokens": 120, "cached_tokens": 100, "completion_tokens": 7}
 TIMINGS = {"ttft_ms": 30.0, "prefill_ms": 12.5, "decode_ms": 70.0, "prefill_tok_s": 1600.0, "decode_tok_s": 100.0}
 
@@ -66,7 +68,7 @@ class ScriptedService:
         self.cancelled: list[str] = []
         self.unloads = 0
         self.worker_pid = 1
-        self.info = ModelInfo("tiny", 123_456, "ab" * 32, "qwen3", "0.6B", "Q4_K_M", 1.7e9, 4096, "{{ tools }}", {})
+        self.info = ModelInfo("tiny", 123_456, "ab" * 32, "qwen3", "0.6B", "Q4_K_M", 1.7e9, 4096, TEMPLATE, {})
         self.local: dict[str, ModelInfo] = {}  # the models directory, by name
         self.loaded: list[str | None] = []  # the model each ensure_loaded asked for
         self.models_asked: list[str | None] = []  # the model each submitted request must run on

@@ -27,6 +27,7 @@ from tests.child_env import child_env
 from tests.genie_daemon.test_http_hardening import stalled_body_outcomes
 
 ROOT = Path(__file__).resolve().parents[2]
+QWEN3_TEMPLATE = ROOT / "testkit/fixtures/templates/Qwen-Qwen3-0.6B.jinja"
 
 
 def free_port() -> int:
@@ -61,7 +62,8 @@ def served_name(url: str) -> str:
 def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("http")
     model = tmp / "tiny.gguf"
-    write_tiny_model("qwen3", model, context_length=4096)  # room for a Home Assistant-sized prompt
+    # room for a Home Assistant-sized prompt; Qwen3's template, which renders tools and thinks
+    write_tiny_model("qwen3", model, context_length=4096, chat_template=QWEN3_TEMPLATE.read_text())
     port = free_port()
     cmd = [sys.executable, "-m", "genie_daemon", "-m", str(model), "--ctx", "4096", "--socket-dir", str(tmp / "run")]
     cmd += ["--kv-cache-dir", str(tmp / "kv"), "--http-port", str(port), "--stream-interval-ms", "0"]
@@ -117,7 +119,8 @@ def test_ollama_and_openai_clients_stream_and_not(live):
         kw = {"model": name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0}
         c = oa.chat.completions.create(**kw, extra_body={"ignore_eos": True})
         assert c.usage.completion_tokens == 12 and c.choices[0].finish_reason == "length"
-        chunks = list(oa.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+        usage, eos = {"include_usage": True}, {"ignore_eos": True}
+        chunks = list(oa.chat.completions.create(**kw, stream=True, stream_options=usage, extra_body=eos))
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         assert chunks[-1].usage.completion_tokens == c.usage.completion_tokens and text
 
