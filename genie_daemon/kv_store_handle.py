@@ -57,6 +57,7 @@ class KvStoreHandle:
         self._sock.connect(config.kv_endpoint)
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
+        self._hurried = asyncio.Event()
 
     @property
     def pid(self) -> int | None:
@@ -85,8 +86,16 @@ class KvStoreHandle:
             uptime_s,
             delay,
         )
-        await self._sleep(delay)
+        waits = [asyncio.ensure_future(self._sleep(delay)), asyncio.ensure_future(self._hurried.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
         await self.start()
+
+    def hurry(self) -> None:
+        """A restart waiting out its backoff starts the store now, and so will every later one (the daemon
+        is stopping: the saves the worker kept for the store still reach it)."""
+        self._hurried.set()
 
     async def watch(self, timeout_s: float) -> None:
         """Runs until cancelled: asks the store a question every third of `timeout_s` and kills one that

@@ -523,10 +523,16 @@ class Daemon:
 
     async def shutdown(self) -> None:
         """Stops the HTTP server, the worker and then the KV store (which writes the last turn's KV the
-        worker handed it), closes the sockets and removes their files."""
+        worker handed it), closes the sockets and removes their files. A store waiting out its restart
+        backoff is started now: the saves the worker kept for it are handed over as the worker stops."""
         self.store.stop()
         if self.http:
             await self.http.stop()
+        if self.kv and not self.kv.is_alive():
+            if self._kv_restart is None or self._kv_restart.done():
+                self._kv_restart = asyncio.create_task(self.kv.restart())
+            self.kv.hurry()
+            await self._kv_restart
         await self.worker.stop()
         if self.kv:
             await self.kv.stop()

@@ -339,3 +339,32 @@ def test_saves_made_while_the_store_is_down_are_counted_and_handed_to_it_once_re
         assert "genie_kv_worker_saves_kept 2.0" in text and "genie_kv_worker_saves_dropped 0.0" in text, text
     finally:
         stop(proc)
+
+
+def test_a_save_kept_when_the_daemon_stops_reaches_the_store_started_for_it(tmp_path):
+    """Item 9 at shutdown: a turn that ended while the store waited out its restart backoff is kept by the
+    worker; stopping the daemon then (SIGTERM, `genie-ctl stop`) dropped it (`kv_save_dropped: the worker
+    stopped before the KV store took it`) and the next start hydrated the turn before. The daemon now starts
+    the store at once when it stops, so what the worker kept is written before it exits."""
+    config = tmp_path / "genie.toml"
+    config.write_text("restart_backoff_s = 60.0\n")  # the store stays down until the daemon stops
+    proc, endpoint = start_daemon(tmp_path, "--parallel", "1", "--config", str(config))
+    sock_dir = Path(endpoint[len("ipc://") :]).parent
+    try:
+        first, _ = turn(endpoint, PROMPT, "den")
+        wait_for_entries(sock_dir, 1)
+        os.kill(json.loads(ctl(sock_dir, "--json", "status").stdout)["kv_store_pid"], signal.SIGKILL)
+        history = PROMPT + first + FOLLOW_UP
+        second, _ = turn(endpoint, history, "den")
+        kept = len(history) + len(second) - 1
+        kv = wait_for_kv(sock_dir, lambda kv: (kv.get("worker_saves") or {}).get("held") == 1)
+        assert kv["worker_saves"]["held"] == 1, kv
+    finally:
+        log_text = stop_and_log(proc)
+    assert "kv_save_dropped" not in log_text and "kv_save_handed_over" in log_text, log_text[-3000:]
+    proc, endpoint = start_daemon(tmp_path)
+    try:
+        entries = wait_for_entries(sock_dir, 1)
+        assert [(e["conv_id"], e["tokens"]) for e in entries] == [("den", kept)]
+    finally:
+        stop(proc)
