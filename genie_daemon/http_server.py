@@ -24,8 +24,11 @@ from .metrics import CONTENT_TYPE
 log = logging.getLogger("genie.http")
 OPEN_PATHS = frozenset({"/", "/health", "/api/version"})  # answered without the API key (liveness probes)
 # aiohttp kept a connection that never finished its headers for an hour (its keep-alive default): ten
-# slowloris connections held that long (issue 21 item 7)
-HEADER_TIMEOUT_S = 30.0
+# slowloris connections held that long (issue 21 item 7); at 30 s such a request still went unanswered
+# past the 10 s a malformed request is given (issue 34 item 12). Longer than the keep-alive expiry of the
+# clients' pools (httpx, under the ollama and openai libraries: 5 s), so the daemon does not close a pooled
+# connection as a request is sent on it
+HEADER_TIMEOUT_S = 8.0
 
 
 def error_response(

@@ -116,14 +116,24 @@ STALLED_BODIES = {  # headers whole, then a body that stops: each must get a sta
 }
 
 
-def stalled_body_outcomes(port: int, copies: int, wait_s: float) -> list[tuple[str, str, float]]:
-    """Opens `copies` connections of each STALLED_BODIES kind at once, sends each and then nothing; for each,
+STALLED_HEADERS = {  # a request that stops before its headers end: the connection must close
+    "headers_never_end": b"POST /api/generate HTTP/1.1\r\nHost: genie\r\nContent-Length: 5\r\n",
+    "request_line_unfinished": b"GET /api/ta",
+    "nothing_sent": b"",
+}
+
+
+def stalled_body_outcomes(
+    port: int, copies: int, wait_s: float, kinds: dict[str, bytes] = STALLED_BODIES
+) -> list[tuple[str, str, float]]:
+    """Opens `copies` connections of each of `kinds` at once, sends each and then nothing; for each,
     (kind, its first line or "closed" / "silent", seconds until that first line or close)."""
     conns = []
-    for kind, raw in STALLED_BODIES.items():
+    for kind, raw in kinds.items():
         for _ in range(copies):
             c = connect(port)
-            c.sendall(raw)
+            if raw:
+                c.sendall(raw)
             conns.append((kind, c))
     t0 = time.monotonic()
     sel = selectors.DefaultSelector()
