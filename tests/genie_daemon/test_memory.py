@@ -1,7 +1,9 @@
 """What the worker holds after a burst of requests, through the real daemon on the default model (issue 34
 item 13): the worker went 269 -> 616 MB over fuzz and load runs and kept it, idle. Most of it was the KV
 pool, which NumPy backed with a 2 MB huge page in each slot of each pool array at its first row; the rest
-free heap kept after the burst. Idle again, the worker must hold within 10 % of what it held before."""
+free heap kept after the burst. The KV store, after 80 saves of up to 400-word prompts, held 40 -> 45 MB:
+glibc had moved its mmap threshold above the saves' frames (genie_common/heap.py). Idle again, each must
+hold within 10 % of what it held before."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from tests.genie_daemon.test_daemon import _rss_kb, collect, ctl, start_daemon
 WORDS = "the a kitchen light is on off turn please what time weather today tomorrow music play stop".split()
 
 
-def test_idle_after_a_burst_the_worker_holds_what_it_held_before(tmp_path):
+def test_idle_after_bursts_the_worker_and_kv_store_hold_what_they_held_before(tmp_path):
     # the model's own context (32 768 tokens), 4 slots: as a new user's daemon serves it
     proc, endpoint = start_daemon(tmp_path, model="gemma3-270m", ctx=0, backend="numpy", ready_timeout_s=180)
     sock_dir = Path(endpoint[len("ipc://") :]).parent
@@ -27,7 +29,7 @@ def test_idle_after_a_burst_the_worker_holds_what_it_held_before(tmp_path):
 
     async def burst(n: int) -> list:
         async with GenieClient(endpoint, timeout_s=120) as client:
-            prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(5, 120))) for _ in range(n)]
+            prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(5, 400))) for _ in range(n)]
             params = {"max_tokens": 6, "temperature": 0.0}
             return await asyncio.gather(*(collect(client, prompt=p, params=params) for p in prompts))
 
@@ -38,8 +40,9 @@ def test_idle_after_a_burst_the_worker_holds_what_it_held_before(tmp_path):
         asyncio.run(burst(1))  # the first request's one-time costs (a step's buffers) are not the burst's
         time.sleep(1.0)
         before = {name: _rss_kb(pid) for name, pid in pids.items()}
-        ends = [end for _, end in asyncio.run(burst(20))]  # 4 slots and max_queue 16
-        assert all(isinstance(e, Done) for e in ends), ends
+        for _ in range(4):  # 4 slots and max_queue 16
+            ends = [end for _, end in asyncio.run(burst(20))]
+            assert all(isinstance(e, Done) for e in ends), ends
         time.sleep(1.0)  # idle: each process gives back what the burst freed
         after = {name: _rss_kb(pid) for name, pid in pids.items()}
         held = {name: f"{before[name] / 1024:.0f} -> {after[name] / 1024:.0f} MB" for name in pids}
