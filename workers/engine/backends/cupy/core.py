@@ -109,14 +109,16 @@ class CupyCore(NumpyBackend):
         self._smem_per_sm = int(props["sharedMemPerMultiprocessor"])
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         # the kernel paths of this capability; GENIE_CUDA_COMPAT (sm87, 8.7) takes an older GPU's on a newer one.
-        # Compute capability 9.0 and later: programmatic dependent launch in captured steps (pdl.py), thread-block
-        # clusters (one-token attention as attention_dec), and one-token Q4_K/Q6_K products on the tensor cores
-        # with the weights streamed by bulk copies (gemv1m; gemv1q, dp4a, elsewhere)
+        # Compute capability 9.0 and later: programmatic dependent launch in captured steps (pdl.py) and thread-block
+        # clusters (one-token attention as attention_dec). 8.0 and later: Q4_K/Q6_K products on the tensor cores
+        # (mma.sync), their weights streamed by bulk copies on 9.0 (gemv1m, gemvn*) and by cp.async before it
+        # (gemv1mc, gemvnc*), the same numbers either way (gemv1q, dp4a, where they do not apply)
         self.capability = compat_capability((int(props["major"]), int(props["minor"])), env.cuda_compat())
         hopper = self.capability >= (9, 0)
         self._pdl = dependent_launcher() if hopper else None
         self._clusters = hopper
-        self._mma = hopper
+        self._mma = self.capability >= (8, 0)
+        self._mma_ops = ("gemv1m", "gemvn") if hopper else ("gemv1mc", "gemvnc")  # one token, n tokens
         self._coded: Coded | None = None  # the last product's output coded for its consumer, until one takes it
         self._late_out: Any = None  # the last rows product's output, when its consumer codes it late (rows.py)
         self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)

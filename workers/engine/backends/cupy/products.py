@@ -1,5 +1,5 @@
 """Products with the weights: one token through the GEMV kernels of quant.cu (dp4a on int8 codes of the input
-for Q4_K and Q6_K, gemv1m on the tensor cores on compute capability 9.0, each able to code its consumer's
+for Q4_K and Q6_K, gemv1m on the tensor cores from compute capability 8.0, each able to code its consumer's
 input in its epilogue), several rows through rows.py, a prompt chunk through cuBLAS (TF32) on dequantized
 tiles of the weight."""
 
@@ -104,7 +104,7 @@ class CupyProducts(CupyWeights):
 
     def _mma_tiles(self, w: QuantWeight, x8: Any, then: NextInput | None) -> int:
         """Tiles of 16 rows a block of gemv1m (quant.cu: Q4_K and Q6_K on the tensor cores) takes for w, or 0
-        where that kernel does not apply: compute capability 9.0, 16-byte aligned weights and x8."""
+        where that kernel does not apply: compute capability 8.0 or later, 16-byte aligned weights and x8."""
         if not (self._mma and self.tuning.use_mma) or w.qtype not in MMA_ROW_BYTES:
             return 0
         if w.data.data.ptr % 16 or x8.data.ptr % 16 or w.rows * w.row_bytes % 16:  # no copy past the end
@@ -169,7 +169,7 @@ class CupyProducts(CupyWeights):
         residual = None if then is None else then.residual
         grid = ((w.rows + rows_per_block - 1) // rows_per_block,)
         if mma_tiles:
-            kernel = self._kernel("gemv1m", w.qtype)
+            kernel = self._kernel(self._mma_ops[0], w.qtype)
             _, threads, smem = self._mma_shape(w)
             kernel.allow_smem(smem)
             head: tuple = (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int32(mma_tiles))

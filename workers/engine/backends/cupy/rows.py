@@ -1,16 +1,15 @@
 """Products of several rows on the GPU: the decode rows of a step of several streams, and short prompts.
 
-A row gets here the numbers it gets alone, bit for bit. Rows whose weights go through gemv1m alone (Q4_K and
-Q6_K on compute capability 9.0) are coded exactly as the one-token path codes them, and multiplied by gemvn
-(quant.cu): gemv1m's weight stream and arithmetic with the tokens in the tensor cores' columns, in one launch
-whose blocks read the weights from HBM once (groups of four tokens a block, the other groups' blocks beside
-them read them from L2). The coding is the producer's where the one-token path's is: gemvn's epilogue codes
-its consumer's input as gemv1m's does (a norm of the output plus the residual without its RMS factor, which
-the consumer's gemvn applies, or act(gate) * up) when one launch takes every row, and attention_decn codes
-the o product's input; else q8_input (a launch for all rows, a block a row) codes them the same way
-(X_NORM_LATE for a norm the one-token product's epilogue would have coded). Other rows run as they would
-alone: a row of another weight type through the one-token kernels, a prompt chunk of more than ROWS_MAX
-tokens through the prefill GEMM.
+A row gets here the numbers it gets alone, bit for bit. Rows whose weights go through gemv1m alone (Q4_K and Q6_K
+from compute capability 8.0; on 8.x its cp.async form, gemv1mc, and gemvnc) are coded exactly as the one-token path
+codes them, and multiplied by gemvn (quant.cu): gemv1m's weight stream and arithmetic with the tokens in the tensor
+cores' columns, in one launch whose blocks read the weights from HBM once (groups of four tokens a block, the other
+groups' blocks beside them read them from L2). The coding is the producer's where the one-token path's is: gemvn's
+epilogue codes its consumer's input as gemv1m's does (a norm of the output plus the residual without its RMS factor,
+which the consumer's gemvn applies, or act(gate) * up) when one launch takes every row, and attention_decn codes the
+o product's input; else q8_input (a launch for all rows, a block a row) codes them the same way (X_NORM_LATE for a
+norm the one-token product's epilogue would have coded). Other rows run as they would alone: a row of another weight
+type through the one-token kernels, a prompt chunk of more than ROWS_MAX tokens through the prefill GEMM.
 
 The functions take the backend (its products part, products.py) first and use its one-token machinery: _mma_tiles,
 _mma_shape, _epilogue_for, _gemv1q, _one_matmul, and `row_groups` as stage_rows set it.
@@ -230,7 +229,7 @@ def gemvn(
             gpu._ep_cnt = cp.zeros(sets * width // 32, dtype=cp.int32)
             gpu._version += 1  # captured steps hold the old counters
     smem = gpu.tuning.mma_stages * 16 * MMA_ROW_BYTES[w.qtype] + 2 * (threads // 32) * 16 * 4 * ng * 4
-    kernel = gpu._kernel(f"gemvn{ng}", w.qtype)
+    kernel = gpu._kernel(f"{gpu._mma_ops[1]}{ng}", w.qtype)
     kernel.allow_smem(smem)
     kernel(
         (-(-w.rows // (16 * tpb)) * sets,),

@@ -36,7 +36,7 @@ class CupyTuning:
     # 33.3 -> 17.7 ms to its first token (bench/NOTES.md v16)
     capture_mixed: bool = True
     use_epilogues: bool = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
-    # one-token Q4_K/Q6_K products on the tensor cores, weights streamed by bulk copies (gemv1m, 9.0)
+    # Q4_K/Q6_K products on the tensor cores (gemv1m, gemvn; 8.0 and later)
     use_mma: bool = True
     mma_threads: int = 256
     mma_blocks_per_sm: int = 2

@@ -472,9 +472,32 @@ template <> __device__ __forceinline__ void mma_item<14>(const u8* r0, const u8*
     }
 }
 
+// cp.async (compute capability 8.0): 16 bytes from global to shared memory, completing in the issuing thread's
+// groups (commit_group; wait_group N: all but the N newest of its groups are complete)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 // The weight stream of gemv1m and gemvn: a block's tiles of 16 rows, each in column stages of at most MMA_U
-// units, through a ring of MMA_STAGES stages in shared memory filled by bulk copies (warp 0 issues them).
-template <int T>
+// units, through a ring of MMA_STAGES stages in shared memory. BULK (compute capability 9.0): filled by bulk
+// copies that warp 0 issues and that complete on an mbarrier a stage. Else (8.x: gemv1mc, gemvnc): every thread
+// of the block copies its share of a stage's 16-byte lines with cp.async, a commit group a stage, and a stage is
+// waited for by every thread and then a block barrier. The same bytes land at the same places either way, so
+// the products' numbers do not depend on which copies brought them.
+template <int T, bool BULK>
 struct MmaStream {
     static constexpr int ROW = MmaRow<T>::bytes, STAGE = 16 * ROW, UB = Blk<T>::bytes;
     const u8* W;
@@ -491,6 +514,24 @@ struct MmaStream {
         n_stages = min(tpb, (rows + 15) / 16 - tile0) * ncs;
         whole = ncs == 1;
         row_step = whole ? nb * UB : ROW;
+    }
+    // stage s by cp.async: 16-byte line c of row r is item 16-byte line r * lines + c of the stage
+    __device__ void issue_async(int s) {
+        const int tile = tile0 + s / ncs, cs = s % ncs, ub = cs * cu, nu = min(cu, nb - ub);
+        const int nr = min(16, rows - 16 * tile);
+        u8* dst = ring + (s % MMA_STAGES) * STAGE;
+        if (whole) {
+            const u8* src = W + (long long)16 * tile * nb * UB;
+            for (int i = threadIdx.x; i < nr * nb * UB / 16; i += blockDim.x) cp_async16(dst + 16 * i, src + 16 * i);
+            return;
+        }
+        const int lines = (nu * UB + 30) / 16;  // a row's lines at most: its bytes and up to 15 before them
+        for (int i = threadIdx.x; i < nr * lines; i += blockDim.x) {
+            const int r = i / lines, c = i - r * lines;
+            const long long unit = (long long)(16 * tile + r) * nb + ub;
+            const int off = mma_off(unit, UB);
+            if (16 * c < off + nu * UB) cp_async16(dst + r * ROW + 16 * c, W + unit * UB - off + 16 * c);
+        }
     }
     // stage s: tile s / ncs, units [cs * cu, min(nb, cs * cu + cu)) of its rows, a row a lane of warp 0
     __device__ void issue(int s, int lane) {
@@ -516,6 +557,14 @@ struct MmaStream {
     }
     // warp 0: the barriers, then the first stages, before the wait for the predecessor (weights are constants)
     __device__ void start(int warp, int lane) {
+        if constexpr (!BULK) {  // every thread: the first stages, a commit group each (empty ones too, so that a
+            // stage's group is always the MMA_STAGES - 1 th before the newest when it is waited for)
+            for (int s = 0; s < MMA_STAGES; ++s) {
+                if (s < n_stages) issue_async(s);
+                cp_async_commit();
+            }
+            return;
+        }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         if (warp != 0) return;
         if (lane == 0) {
@@ -533,12 +582,22 @@ struct MmaStream {
         return ring + (s % MMA_STAGES) * STAGE + r * row_step + (whole ? 0 : mma_off((long long)(16 * tile + r) * nb + ub, UB));
     }
     __device__ void wait(int s) {
+        if constexpr (!BULK) {  // this thread's lines of stage s, then everyone's
+            cp_async_wait<MMA_STAGES - 1>();
+            __syncthreads();
+            return;
+        }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         mbar_wait(&full[s % MMA_STAGES], (s / MMA_STAGES) & 1);
 #endif
     }
     // after the block's __syncthreads: the stage is read, its slot takes stage s + MMA_STAGES
     __device__ void refill(int s, int warp, int lane) {
+        if constexpr (!BULK) {
+            if (s + MMA_STAGES < n_stages) issue_async(s + MMA_STAGES);
+            cp_async_commit();
+            return;
+        }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         if (warp == 0 && s + MMA_STAGES < n_stages) {
             if (lane == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the reads before the copy
@@ -550,15 +609,18 @@ struct MmaStream {
 
 // dynamic shared memory: MMA_STAGES * 16 * MmaRow<T>::bytes (the ring), x8 (2 cols + cols / 4 bytes), then for
 // Q6_K cols / 16 int2 sums of codes
-template <int T>
+template <int T, bool BULK>
 __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int rows, int cols, int tpb, const float* nss,
                           int n_ss, float eps, const Epilogue& ep) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ < 900
+    if constexpr (BULK) __trap();  // bulk copies are 9.0's; 8.x launches the cp.async form
+#endif
     extern __shared__ __align__(16) u8 smem[];
     __shared__ unsigned long long full[MMA_STAGES];
     __shared__ float red[2][16][16], inv_s;  // a tile's sums: [tile parity][warp][row]
-    MmaStream<T> st(W, smem, full, rows, cols, tpb, blockIdx.x);
-    signed char* x8 = reinterpret_cast<signed char*>(smem + MMA_STAGES * MmaStream<T>::STAGE);
+    MmaStream<T, BULK> st(W, smem, full, rows, cols, tpb, blockIdx.x);
+    signed char* x8 = reinterpret_cast<signed char*>(smem + MMA_STAGES * MmaStream<T, BULK>::STAGE);
     int2* gs = reinterpret_cast<int2*>(x8 + 2 * cols + cols / 4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int n_warps = blockDim.x >> 5;
@@ -598,7 +660,7 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
         st.wait(s);
         for (int item = warp; item < 2 * nu; item += n_warps) {
             const int u = item >> 1, q = item & 1;  // unit u of the stage, its sub-blocks 4q .. 4q + 3
-            mma_item<T>(g0 + u * MmaStream<T>::UB, g8 + u * MmaStream<T>::UB, q, g, t, xc, 8 * (ub + u) + 4 * q, xd, xs, gs,
+            mma_item<T>(g0 + u * MmaStream<T, BULK>::UB, g8 + u * MmaStream<T, BULK>::UB, q, g, t, xc, 8 * (ub + u) + 4 * q, xd, xs, gs,
                         acc0, acc1);
         }
         const bool last = cs == st.ncs - 1;  // the tile's sums are complete
@@ -768,10 +830,13 @@ __device__ __forceinline__ void mma_item_n(const u8* r0, const u8* r1, int q, in
 // stretch of tiles run side by side, so the weights come from HBM once and from L2 for the other sets.
 // ep (mode EP_NONE: none): each token's consumer input coded as the one-token product's epilogue codes it
 // (gemvn_epilogue), into ep.x8 in the n-token layout; ep.cnt: a set's counters each.
-template <int T, int NG>
+template <int T, int NG, bool BULK>
 __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* y, long long y_stride, int rows,
                           int cols, int tpb, int sets, const float* nss, int n_ss, float eps, Epilogue ep) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ < 900
+    if constexpr (BULK) __trap();  // bulk copies are 9.0's; 8.x launches the cp.async form
+#endif
     constexpr int NT = 4 * NG;
     extern __shared__ __align__(16) u8 smem[];
     __shared__ unsigned long long full[MMA_STAGES];
@@ -791,10 +856,10 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
     }
     n_tok = min(NT, n_tok - set * NT);
     if (n_tok <= 0) return;
-    MmaStream<T> st(W, smem, full, rows, cols, tpb, blockIdx.x / sets);
+    MmaStream<T, BULK> st(W, smem, full, rows, cols, tpb, blockIdx.x / sets);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int n_warps = blockDim.x >> 5;
-    float* red = reinterpret_cast<float*>(smem + MMA_STAGES * MmaStream<T>::STAGE);
+    float* red = reinterpret_cast<float*>(smem + MMA_STAGES * MmaStream<T, BULK>::STAGE);
     st.start(warp, lane);
     GRID_DEP_START();
     for (int k = warp; k < n_tok; k += n_warps) {  // each token's norm factor, as gemv1m's warp 0 makes it
@@ -821,7 +886,7 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
         st.wait(s);
         for (int item = warp; item < 2 * nu; item += n_warps) {
             const int u = item >> 1, q = item & 1;
-            mma_item_n<T, NG>(g0 + u * MmaStream<T>::UB, g8 + u * MmaStream<T>::UB, q, g, t, x8, qst, n_tok, cols,
+            mma_item_n<T, NG>(g0 + u * MmaStream<T, BULK>::UB, g8 + u * MmaStream<T, BULK>::UB, q, g, t, x8, qst, n_tok, cols,
                               8 * (ub + u) + 4 * q, acc);
         }
         const bool last = cs == st.ncs - 1;
@@ -851,30 +916,34 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
     if (ep.mode != EP_NONE) gemvn_epilogue(y, y_stride, n_tok, rows, 16 * tpb, blockIdx.x / sets, ep);
 #endif
 }
-#define INSTANTIATE_M(T, NAME)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(512) gemv1m_##NAME(                                             \
+// gemv1m_* and gemvn*_* stream the weights by bulk copies (9.0); gemv1mc_* and gemvnc*_* by cp.async (8.x)
+#define INSTANTIATE_M(T, NAME, OP, BULK)                                                                          \
+    extern "C" __global__ void __launch_bounds__(512) OP##_##NAME(                                                 \
         const u8* W, const signed char* x8, float* y, int rows, int cols, int tpb, const float* nss, int n_ss,     \
         float eps, int ep_mode, int ep_act, signed char* ep_x8, int* ep_cnt, const float* ep_res, const float* ep_w, \
         float* ep_xnew, float* ep_ss) {                                                                           \
         const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                          \
-        gemv1_mma<T>(W, x8, y, rows, cols, tpb, nss, n_ss, eps, ep);                                              \
+        gemv1_mma<T, BULK>(W, x8, y, rows, cols, tpb, nss, n_ss, eps, ep);                                        \
     }
-#define INSTANTIATE_N(T, NG, NAME)                                                                                \
-    extern "C" __global__ void __launch_bounds__(512) gemvn##NG##_##NAME(                                         \
+#define INSTANTIATE_N(T, NG, NAME, OP, BULK)                                                                      \
+    extern "C" __global__ void __launch_bounds__(512) OP##NG##_##NAME(                                             \
         const u8* W, const signed char* x8, int n_tok, float* y, long long y_stride, int rows, int cols, int tpb,  \
         int sets, const float* nss, int n_ss, float eps, int ep_mode, int ep_act, signed char* ep_x8, int* ep_cnt,  \
         const float* ep_res, const float* ep_w, float* ep_xnew, float* ep_ss) {                                   \
         const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                          \
-        gemvn_mma<T, NG>(W, x8, n_tok, y, y_stride, rows, cols, tpb, sets, nss, n_ss, eps, ep);                   \
+        gemvn_mma<T, NG, BULK>(W, x8, n_tok, y, y_stride, rows, cols, tpb, sets, nss, n_ss, eps, ep);             \
     }
-INSTANTIATE_M(12, q4_k)
-INSTANTIATE_M(14, q6_k)
-INSTANTIATE_N(12, 1, q4_k)
-INSTANTIATE_N(12, 2, q4_k)
-INSTANTIATE_N(12, 4, q4_k)
-INSTANTIATE_N(14, 1, q6_k)
-INSTANTIATE_N(14, 2, q6_k)
-INSTANTIATE_N(14, 4, q6_k)
+#define INSTANTIATE_MMA(OP1, OPN, BULK)          \
+    INSTANTIATE_M(12, q4_k, OP1, BULK)           \
+    INSTANTIATE_M(14, q6_k, OP1, BULK)           \
+    INSTANTIATE_N(12, 1, q4_k, OPN, BULK)        \
+    INSTANTIATE_N(12, 2, q4_k, OPN, BULK)        \
+    INSTANTIATE_N(12, 4, q4_k, OPN, BULK)        \
+    INSTANTIATE_N(14, 1, q6_k, OPN, BULK)        \
+    INSTANTIATE_N(14, 2, q6_k, OPN, BULK)        \
+    INSTANTIATE_N(14, 4, q6_k, OPN, BULK)
+INSTANTIATE_MMA(gemv1m, gemvn, true)
+INSTANTIATE_MMA(gemv1mc, gemvnc, false)
 
 // The one-token products of the dp4a types, on an x8 buffer from q8_input or a producer's epilogue:
 // gemv1q_q4_k, gemv1q_q6_k (gemv1m_* above is the tensor-core form, for compute capability 9.0).
