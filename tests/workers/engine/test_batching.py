@@ -259,7 +259,7 @@ def test_captured_steps_mixing_prompt_chunks_with_decode_rows_give_each_stream_i
     engine = Engine(config)  # type: ignore[arg-type]
     gpu = engine.backend
     if not gpu.decode_steps_by_count(engine.model.config, engine.kv):
-        pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 9.0)")
+        pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 8.0)")
     assert gpu.tuning.capture_mixed  # type: ignore[attr-defined]  (on by default)
     specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
     specs += [(7, prompt(9, 13), 6)]  # the same shape again, other slots and positions: a replay
@@ -414,7 +414,7 @@ def test_a_decode_step_captured_for_some_slots_replays_for_others(tmp_path: Path
 
     engine = make(model_path(tmp_path, "llama-q4_k_m"), "int8", backend="cupy")
     if not engine.backend.decode_steps_by_count(engine.model.config, engine.kv):
-        pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 9.0)")
+        pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 8.0)")
     a, b = prompt(1, 9), prompt(2, 9)
     for slot, ids in ((0, a), (1, b), (2, a), (3, b)):
         engine._run(slot, ids, 0, None)
@@ -444,7 +444,7 @@ def test_decode_steps_of_every_count_are_captured_before_any_request(tmp_path: P
         assert engine.capture_decode_steps() == 0 and not engine._steps
         return
     if not engine.backend.decode_steps_by_count(engine.model.config, engine.kv):
-        pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 9.0)")
+        pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 8.0)")
     assert engine.capture_decode_steps() == N_SLOTS
     assert all(not held for held in engine.kv.resident)
     decode_keys = [("step", 1, (-1, None, None)), *(("decode", k) for k in range(2, N_SLOTS + 1))]

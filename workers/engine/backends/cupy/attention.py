@@ -1,7 +1,8 @@
 """Attention on the device: the K/V write, prefill attention on the tensor cores, decode attention split over
-the keys (a block a KV head and split, or on compute capability 9.0 a cluster of blocks a KV head that also
-does the q/k norm, RoPE and the K/V store: attention_dec, and attention_decn or attention_decb for every
-one-token segment of a step in one launch). Kernels in kernels/attention.cu and attend.cuh."""
+the keys (a block a KV head and split, or from compute capability 8.0 ATT_CL blocks a KV head that also do the
+q/k norm, RoPE and the K/V store: attention_dec, a cluster on 9.0, attention_decg merged through global memory on
+8.x, and attention_decn, attention_decgn or attention_decb for every one-token segment of a step in one launch,
+all of them the same numbers). Kernels in kernels/attention.cu and attend.cuh."""
 
 from __future__ import annotations
 
@@ -197,10 +198,11 @@ class CupyAttention(CupyCore):
         slot: int,
         pos0: int,
     ) -> Any:
-        """One token on Hopper and later: q/k norm, RoPE, the K/V store and attention in one launch of
-        attention_dec (attention.cu: a cluster of blocks per KV head, merged in distributed shared memory), which also
-        codes its output as the dp4a products' input: `matmul` of this very array uses that code (so the array
-        must not be changed in place before it; layers.forward only multiplies it)."""
+        """One token from compute capability 8.0: q/k norm, RoPE, the K/V store and attention in one launch of
+        attention_dec (attention.cu: ATT_CL blocks per KV head, merged in distributed shared memory as a cluster on
+        9.0, through global memory as attention_decg on 8.x), which also codes its output as the products' input:
+        `matmul` of this very array uses that code (so the array must not be changed in place before it;
+        layers.forward only multiplies it)."""
         cp = self.xp
         H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
         group = H // Hkv
@@ -214,7 +216,9 @@ class CupyAttention(CupyCore):
         x8 = cp.empty(2 * cols + cols // 4, dtype=cp.int8) if cols <= Q8_MAX_COLS else None
         self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
-        self._op(f"attention_dec_{group}_{hd // 32}")(
+        assert self._dec_ops is not None
+        parts, done = self._dec_scratch(1, Hkv, group, hd)
+        self._op(f"{self._dec_ops[0]}_{group}_{hd // 32}")(
             (Hkv * ATTENTION_CLUSTER,),
             (32 * _dec_warps(group, hd // 32, self.tuning.dec_max_warps),),
             (
@@ -235,16 +239,37 @@ class CupyAttention(CupyCore):
                 np.float32(cfg.attn_scale),
                 np.float32(cfg.attn_logit_softcap),
                 *_slot_bytes(kv),
+                parts,
+                done,
             ),
         )
         return out
 
+    def _dec_scratch(self, rows: int, n_kv: int, group: int, hd: int) -> tuple[Any, Any]:
+        """The global merge's scratch (attention_decg and attention_decgn, 8.x; NULLs for the cluster kernels):
+        the blocks' states, [rows][n_kv][ATT_CL][group hd + 2 group] floats, and the merge counters (zero between
+        launches: the kernel resets them; shared with the split-K kernels'). Sized for the most one-token rows a
+        step stages (reserve_steps), so that a step of more streams does not make the captured ones stale."""
+        if self._dec_ops is None or self._dec_ops[0] != "attention_decg":
+            return np.uint64(0), np.uint64(0)
+        cp = self.xp
+        rows = max(rows, self._dec.size // 3)
+        floats = rows * n_kv * ATTENTION_CLUSTER * (group * hd + 2 * group)
+        if self._dec_parts.size < floats:
+            self._dec_parts = cp.empty(floats, dtype=cp.float32)
+            self._version += 1  # captured steps hold the old buffer
+        if self._done.size < rows * n_kv:
+            self._done = cp.zeros(rows * n_kv, dtype=cp.int32)
+            self._version += 1
+        return self._dec_parts, self._done
+
     def _dec_kernel_takes(self, cfg: ModelConfig, lc: LayerConfig, kv: LayerKV) -> bool:
-        """attention_dec (a cluster a KV head, Hopper) runs this layer's one-token attention."""
+        """attention_dec (ATT_CL blocks a KV head: a cluster on 9.0, attention_decg on 8.x) runs this layer's
+        one-token attention."""
         H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
         return (
             self.tuning.use_clusters
-            and self._clusters
+            and self._dec_ops is not None
             and kv.k.dtype != self.xp.float32
             and hd == hdv
             and hd % 32 == 0
@@ -270,9 +295,10 @@ class CupyAttention(CupyCore):
     def decode_attention(
         self, qkv: Any, cfg: ModelConfig, lc: LayerConfig, qk_norm: Any, kv: LayerKV, batch: Batch
     ) -> Any:
-        """Every one-token segment's attention_dec in one launch (attention_decn: a row of clusters a segment,
-        its row, slot and position from the buffer stage_batch filled; from tuning.decb_min_blocks rows x KV
-        heads attention_decb, a block a row and KV head, the same numbers), written into its row of the output.
+        """Every one-token segment's attention_dec in one launch (attention_decn: a row of clusters a segment, or
+        on 8.x attention_decgn, a row of ATT_CL blocks a KV head merged through global memory; its row, slot and
+        position from the buffer stage_batch filled; from tuning.decb_min_blocks rows x KV heads attention_decb, a
+        block a row and KV head; all the same numbers), written into its row of the output.
         When every row is a one-token segment's, the kernel also codes the output as the rows path's q8_input
         would (rows.q8_rows: the n-token layout), and the o product (rows.matmul of this very array) takes that
         code."""
@@ -289,13 +315,16 @@ class CupyAttention(CupyCore):
         x8 = x8_quads(cp, n_dec, H * hd) if n_dec == qkv.shape[0] > 1 and (H * hd) % 128 == 0 else None
         self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
+        parts = done = null
         if n_dec * Hkv >= self.tuning.decb_min_blocks:  # a block a row and KV head (attention.cu's attention_decb)
             threads, smem = _decb_shape(group, hd // 32, self.tuning)
             kernel, grid, block = self._op(f"attention_decb_{group}_{hd // 32}"), (Hkv, n_dec), (threads,)
             kernel.allow_smem(smem)
-        else:  # a cluster a row and KV head
-            kernel, smem = self._op(f"attention_decn_{group}_{hd // 32}"), 0
+        else:  # ATT_CL blocks a row and KV head (a cluster, or merged through global memory)
+            assert self._dec_ops is not None
+            kernel, smem = self._op(f"{self._dec_ops[1]}_{group}_{hd // 32}"), 0
             grid, block = (Hkv * ATTENTION_CLUSTER, n_dec), (32 * _decn_warps(group, hd // 32, self.tuning),)
+            parts, done = self._dec_scratch(n_dec, Hkv, group, hd)
         kernel(
             grid,
             block,
@@ -322,6 +351,8 @@ class CupyAttention(CupyCore):
                 np.int32(lc.sliding_window),
                 np.float32(cfg.attn_scale),
                 np.float32(cfg.attn_logit_softcap),
+                parts,
+                done,
             ),
             smem,
         )

@@ -67,8 +67,29 @@ class CupyCore(NumpyBackend):
         self.xp = cupy
         super().__init__(block_kernels=False)  # its own kernels; the CPU ones are never built here
         self.tuning = tuning or CupyTuning()
-        self._module = kernel_module(*QUANT_SOURCES, options=self.tuning.options("quant"))
-        self._ops = kernel_module(*OPS_SOURCES, options=self.tuning.options("ops"))
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+        self.n_sm = int(props["multiProcessorCount"])
+        self._smem_per_sm = int(props["sharedMemPerMultiprocessor"])
+        self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        # the kernel paths of this capability; GENIE_CUDA_COMPAT (sm87, 8.7) takes an older GPU's on a newer one.
+        # Compute capability 9.0 and later: programmatic dependent launch in captured steps (pdl.py) and thread-block
+        # clusters (one-token attention as attention_dec). 8.0 and later: Q4_K/Q6_K products on the tensor cores
+        # (mma.sync), their weights streamed by bulk copies on 9.0 (gemv1m, gemvn*) and by cp.async before it
+        # (gemv1mc, gemvnc*), the same numbers either way (gemv1q, dp4a, where they do not apply)
+        self.capability = compat_capability((int(props["major"]), int(props["minor"])), env.cuda_compat())
+        hopper = self.capability >= (9, 0)
+        self._pdl = dependent_launcher() if hopper else None
+        self._clusters = hopper
+        # one-token decode attention (q/k norm, RoPE, the K/V store, attention) in one launch, and every one-token
+        # row of a step in one: ATT_CL blocks a KV head merged as a cluster (9.0) or through global memory (8.x),
+        # the same numbers (attention.cu); None: not built (before 8.0)
+        ops = {True: ("attention_dec", "attention_decn"), False: ("attention_decg", "attention_decgn")}
+        self._dec_ops = ops[hopper] if self.capability >= (8, 0) else None
+        self._dec_parts = cupy.empty(0, dtype=cupy.float32)  # attention_decg's blocks' states
+        self._mma = self.capability >= (8, 0)
+        self._mma_ops = ("gemv1m", "gemvn") if hopper else ("gemv1mc", "gemvnc")  # one token, n tokens
+        self._module = kernel_module(*QUANT_SOURCES, options=self._options("quant", self.tuning))
+        self._ops = kernel_module(*OPS_SOURCES, options=self._options("ops", self.tuning))
         for module in (self._module, self._ops):
             module.compile()  # now, not mid-generation: a compile failure is a start-up error
         self._kernels: dict[str, Kernel] = {}
@@ -104,24 +125,15 @@ class CupyCore(NumpyBackend):
         self._copy_stream = cupy.cuda.Stream(non_blocking=True)  # start_to_host's copies (host_copies.py)
         self._staging = PinnedStaging(cupy)  # ... and the pinned buffer they go through
         self._gather_tables: dict[tuple[int, ...], tuple[Any, int]] = {}  # gather_slot's, by the arrays' addresses
-        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
-        self.n_sm = int(props["multiProcessorCount"])
-        self._smem_per_sm = int(props["sharedMemPerMultiprocessor"])
-        self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        # the kernel paths of this capability; GENIE_CUDA_COMPAT (sm87, 8.7) takes an older GPU's on a newer one.
-        # Compute capability 9.0 and later: programmatic dependent launch in captured steps (pdl.py) and thread-block
-        # clusters (one-token attention as attention_dec). 8.0 and later: Q4_K/Q6_K products on the tensor cores
-        # (mma.sync), their weights streamed by bulk copies on 9.0 (gemv1m, gemvn*) and by cp.async before it
-        # (gemv1mc, gemvnc*), the same numbers either way (gemv1q, dp4a, where they do not apply)
-        self.capability = compat_capability((int(props["major"]), int(props["minor"])), env.cuda_compat())
-        hopper = self.capability >= (9, 0)
-        self._pdl = dependent_launcher() if hopper else None
-        self._clusters = hopper
-        self._mma = self.capability >= (8, 0)
-        self._mma_ops = ("gemv1m", "gemvn") if hopper else ("gemv1mc", "gemvnc")  # one token, n tokens
         self._coded: Coded | None = None  # the last product's output coded for its consumer, until one takes it
         self._late_out: Any = None  # the last rows product's output, when its consumer codes it late (rows.py)
         self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
+
+    def _options(self, module: str, tuning: CupyTuning) -> tuple[str, ...]:
+        """A module's build options: the tuning's sizes, and the kernel family of the capability whose paths run
+        (PATHS_90: bulk copies and clusters, 9.0; else cp.async and the global merge, 8.x): each module holds one
+        family's kernels, not both (the 8.x attention kernels tripled its compile time)."""
+        return (*tuning.options(module), f"-DPATHS_90={int(self._clusters)}")
 
     @property
     def captures_steps(self) -> bool:  # type: ignore[override]
@@ -177,7 +189,7 @@ class CupyCore(NumpyBackend):
         modules = {"quant": QUANT_SOURCES, "ops": OPS_SOURCES}
         for module, files in modules.items():
             if tuning.options(module) != self.tuning.options(module):
-                built = kernel_module(*files, options=tuning.options(module))
+                built = kernel_module(*files, options=self._options(module, tuning))
                 built.compile()
                 if module == "quant":
                     self._module = built

@@ -27,7 +27,8 @@ class CupyTuning:
     gemv_blocks_per_sm: int = 2
     gemv_max_rows: int = GEMV1_ROWS
     gemv_split_warps: int = 32  # rows split over warps below this many warps per SM (0: never split)
-    use_clusters: bool = True  # one-token attention as attention_dec, a cluster a KV head (9.0)
+    # one-token attention as attention_dec, ATT_CL blocks a KV head (a cluster on 9.0, attention_decg on 8.x)
+    use_clusters: bool = True
     use_decode_rows: bool = True  # a step's one-token segments' attention in one launch (attention_decn)
     # ... as attention_decb (a block a row and KV head, no clusters) from this many rows x KV heads: at 16 streams
     # of 4B (128 blocks, one wave) attention_decn's 128 clusters of 8 ran in three waves (62 fit at once)

@@ -237,23 +237,31 @@ GQA_INSTANTIATE(8, 4)
 // (INT8), write it to out [n_heads * HD] and, when x8 is not NULL, code it there as the o product's input
 // (q8_code: the buffer q8_input would write for these values). Needs hd == hdv == 32 DPL, G <= ATT_CL, no v
 // norm and, for NEOX RoPE, rope_dim / 2 a power of two (the backend checks).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Before 9.0 (no clusters) attention_decg is the same kernel with the blocks' states merged through global
+// memory (DEC_GLOBAL below): the same arithmetic in the same order, so the same numbers to the bit.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #ifndef ATT_CL
 #define ATT_CL 8
 #endif
 __device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
+    unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
     return r;
 }
 __device__ __forceinline__ void cluster_sync() {  // every thread of every block of the cluster
+#if __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
 }
 __device__ __forceinline__ float ld_peer(const float* p, unsigned rank) {  // *p in block `rank`'s shared memory
+    float v = 0.f;
+#if __CUDA_ARCH__ >= 900
     unsigned b;
-    float v;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_u32(p)), "r"(rank));
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(b) : "memory");
+#endif
     return v;
 }
 
@@ -481,11 +489,19 @@ __device__ __forceinline__ void dec_head(int g, int kvh, float* out, const signe
 // warps; physical warp p runs p, p + P, ...): P == WARPS for one stream, fewer for a step of many streams, whose
 // blocks are then small enough for several an SM. A virtual warp's tasks, online softmax, and its place in the
 // merges are the same for every P, so a stream's numbers do not depend on it.
-template <int G, int DPL, int WARPS, int P = WARPS>
+// DEC_GLOBAL (attention_decg, attention_decgn; compute capability 8.x): the ATT_CL blocks of a KV head are no
+// cluster; each writes its state (max and sum per head, merged accumulator) to `parts` [row][n_kv][ATT_CL]
+// [DecPart], and the last of them to count itself in done[row n_kv + kvh] (which it then zeroes for the next
+// launch) merges every head over the ranks in rank order, a warp a head, as the cluster's blocks would.
+template <int G, int DPL>
+struct DecPart {
+    static constexpr int FLOATS = G * 32 * DPL + 2 * G;  // the accumulator [G][HD], then m [G], then l [G]
+};
+template <int G, int DPL, int WARPS, int P = WARPS, bool DEC_GLOBAL = false>
 __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out,
                               signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t,
                               const float* sin_t, int rope_dim, int neox, const int* pos0p, int window, float scale,
-                              float softcap, long long x8_token = -1) {
+                              float softcap, long long x8_token = -1, float* parts = nullptr, int* done = nullptr) {
     constexpr int HD = 32 * DPL;
     static_assert(WARPS >= G + 2, "a warp for each query head, the key and the value");
     static_assert(P <= WARPS && WARPS % P == 0, "physical warps run whole sets of virtual ones");
@@ -495,7 +511,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     __shared__ float ms[WARPS][G], ls[WARPS][G];
     __shared__ float bm[G], bl[G];  // the block's max and sum per head, read by peers
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned rank = cluster_rank();
+    const unsigned rank = DEC_GLOBAL ? blockIdx.x % ATT_CL : cluster_rank();
     const int kvh = blockIdx.x / ATT_CL;
     const bool int8 = k_scale != nullptr;
     // Before the wait for the QKV product, what does not depend on it: this block's share of the keys [lo, qpos]
@@ -576,17 +592,43 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         for (int w = 0; w < n_m; ++w) sum += accs[w][i];
         accs[0][i] = sum;
     }
-    cluster_sync();  // every block's state is complete
-    if (rank < G && warp == 0) {  // head g = rank over the cluster, by one warp, peers in rank order
-        const int g = rank;
-        const int cols = n_heads * HD;  // x8_token >= 0: that token of an n-token product's input
-        const X8At xa = x8_token < 0 ? x8_row(x8, cols) : x8_quad(x8, x8_token, cols);
-        dec_head<G, DPL>(
-            g, kvh, out, x8, xa, n_heads, int8, kvb, [&](int p) { return ld_peer(&bm[g], p); },
-            [&](int p) { return ld_peer(&bl[g], p); },
-            [&](int p, int e) { return ld_peer(&accs[0][g * HD + lane * DPL + e], p); });
+    const int cols = n_heads * HD;  // x8_token >= 0: that token of an n-token product's input
+    const X8At xa = x8_token < 0 ? x8_row(x8, cols) : x8_quad(x8, x8_token, cols);
+    if constexpr (DEC_GLOBAL) {
+        constexpr int PF = DecPart<G, DPL>::FLOATS;
+        float* kv_parts = parts + ((long long)blockIdx.y * n_kv + kvh) * ATT_CL * PF;
+        __shared__ int last;
+        __syncthreads();  // row 0 of accs complete
+        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) kv_parts[rank * PF + i] = accs[0][i];
+        if (threadIdx.x < G) {
+            kv_parts[rank * PF + G * HD + threadIdx.x] = bm[threadIdx.x];
+            kv_parts[rank * PF + G * HD + G + threadIdx.x] = bl[threadIdx.x];
+        }
+        __threadfence();  // this block's state before its count
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(&done[(long long)blockIdx.y * n_kv + kvh], 1) == ATT_CL - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();  // the others' states after their counts
+        for (int g = warp; g < G; g += P) {  // head g over the ranks in rank order, as the cluster's block g
+            dec_head<G, DPL>(
+                g, kvh, out, x8, xa, n_heads, int8, &accs[0][g * HD],
+                [&](int p) { return __ldcg(kv_parts + p * PF + G * HD + g); },
+                [&](int p) { return __ldcg(kv_parts + p * PF + G * HD + G + g); },
+                [&](int p, int e) { return __ldcg(kv_parts + p * PF + g * HD + lane * DPL + e); });
+        }
+        if (threadIdx.x == 0) done[(long long)blockIdx.y * n_kv + kvh] = 0;
+    } else {
+        cluster_sync();  // every block's state is complete
+        if (rank < G && warp == 0) {  // head g = rank over the cluster, by one warp, peers in rank order
+            const int g = rank;
+            dec_head<G, DPL>(
+                g, kvh, out, x8, xa, n_heads, int8, kvb, [&](int p) { return ld_peer(&bm[g], p); },
+                [&](int p) { return ld_peer(&bl[g], p); },
+                [&](int p, int e) { return ld_peer(&accs[0][g * HD + lane * DPL + e], p); });
+        }
+        cluster_sync();  // no block leaves while a peer may still read its shared memory
     }
-    cluster_sync();  // no block leaves while a peer may still read its shared memory
 }
 
 // attention_decb: a step's decode rows as attention_decn computes them, without clusters: a block a (row, KV
@@ -615,7 +657,8 @@ template <int G, int DPL, int WARPS, int P, int RG>
 __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out,
                                signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps,
                                const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* pos0p,
-                               int window, float scale, float softcap, long long x8_token) {
+                               int window, float scale, float softcap, long long x8_token, float* = nullptr,
+                               int* = nullptr) {  // (DEC_ROWS's parts and done: attention_decgn's)
     constexpr int HD = 32 * DPL, NW = P * RG;
     static_assert(NW >= G, "a warp for each head's merge over the ranks");
     static_assert(WARPS % P == 0 && ATT_CL % RG == 0, "groups run whole sets of virtual warps and ranks");
@@ -725,49 +768,60 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
 #define DECB_RG(G, DPL) DECB_RG_(DPL, DECN_P(G, DPL))
 #define DECB_WARPS(G, DPL) (DECN_P(G, DPL) * DECB_RG(G, DPL))
 // as many blocks an SM as leave a thread attention_dec's registers (128 for DPL <= 4 at 16 warps, else 255 at 8)
-// A kernel over a step's decode rows (attention_decn_*, attention_decb_*): blockIdx.y's row, its slot's pools and
-// its position, into FN (attention_dec run on fewer warps, or attention_decb)
+// A kernel over a step's decode rows (attention_decn_*, attention_decgn_*, attention_decb_*): blockIdx.y's row, its
+// slot's pools and its position, into FN (attention_dec run on fewer warps, or attention_decb); parts and done:
+// attention_decgn's merge through global memory (NULL for the others)
 #define DEC_ROWS(NAME, DPL, FN)                                                                                       \
     NAME(const float* qkv, char* k_pools, char* v_pools, float* k_scales, float* v_scales, float* out, signed char* x8, \
          int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t, const float* sin_t, int rope_dim, \
          int neox, const int* dec, int n_dec, long long kv_stride, long long scale_stride, int window, float scale,    \
-         float softcap) {                                                                                             \
+         float softcap, float* parts, int* done) {                                                                    \
         const int* d = dec + blockIdx.y;                                                                              \
         const long long row = d[0], slot = d[n_dec];                                                                  \
         const long long qkv_cols = (long long)(n_heads + 2 * n_kv) * 32 * DPL;                                       \
         FN(qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                              \
            k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr,   \
            out + row * n_heads * 32 * DPL, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox, d + 2 * n_dec, \
-           window, scale, softcap, row);                                                                              \
+           window, scale, softcap, row, parts, done);                                                                 \
     }
-#define DEC_INSTANTIATE(G, DPL)                                                                                       \
-    extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1) __launch_bounds__(32 * DEC_WARPS(G, DPL), 1)           \
-        attention_dec_##G##_##DPL(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale,      \
-                                  float* out, signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps, \
-                                  const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* pos0p,     \
-                                  int window, float scale, float softcap, long long k_slot, long long v_slot,           \
-                                  long long s_slot) {                                                                   \
+// One token (the slot and position staged: AT_SLOT) into FN; parts, done: attention_decg's (NULL for attention_dec)
+#define DEC_ONE(NAME, FN)                                                                                             \
+    NAME(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out, signed char* x8,    \
+         int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t, const float* sin_t, int rope_dim, \
+         int neox, const int* pos0p, int window, float scale, float softcap, long long k_slot, long long v_slot,        \
+         long long s_slot, float* parts, int* done) {                                                                  \
         AT_SLOT(pos0p, k_pool, v_pool, k_scale, v_scale, k_slot, v_slot, s_slot);                                     \
-        attention_dec<G, DPL, DEC_WARPS(G, DPL)>(qkv, k_pool, v_pool, k_scale, v_scale, out, x8, n_heads, n_kv,       \
-                                                 qk_norm, eps, cos_t, sin_t, rope_dim, neox, pos0p, window, scale,     \
-                                                 softcap);                                                             \
-    }                                                                                                                 \
+        FN(qkv, k_pool, v_pool, k_scale, v_scale, out, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox,  \
+           pos0p, window, scale, softcap, -1, parts, done);                                                            \
+    }
+// 9.0: a cluster of ATT_CL blocks a KV head (attention_dec, attention_decn)
+#define DEC_INSTANTIATE_CLUSTER(G, DPL)                                                                               \
+    extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1) __launch_bounds__(32 * DEC_WARPS(G, DPL), 1)           \
+        DEC_ONE(attention_dec_##G##_##DPL, (attention_dec<G, DPL, DEC_WARPS(G, DPL)>))                                  \
     extern "C" __global__ void __cluster_dims__(ATT_CL, 1, 1)                                                       \
         __launch_bounds__(32 * DECN_P(G, DPL), ((DPL) <= 4 ? 16 : 8) / DECN_P(G, DPL))                                  \
-        DEC_ROWS(attention_decn_##G##_##DPL, DPL, (attention_dec<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL)>))           \
+        DEC_ROWS(attention_decn_##G##_##DPL, DPL, (attention_dec<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL)>))
+// 8.x: the same blocks merged through global memory (attention_decg, attention_decgn)
+#define DEC_INSTANTIATE_GLOBAL(G, DPL)                                                                                \
+    extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS(G, DPL), 1)                                          \
+        DEC_ONE(attention_decg_##G##_##DPL, (attention_dec<G, DPL, DEC_WARPS(G, DPL), DEC_WARPS(G, DPL), true>))        \
+    extern "C" __global__ void __launch_bounds__(32 * DECN_P(G, DPL), ((DPL) <= 4 ? 16 : 8) / DECN_P(G, DPL))         \
+        DEC_ROWS(attention_decgn_##G##_##DPL, DPL, (attention_dec<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL), true>))
+// both families: attention_decb (a block a row and KV head)
+#define DEC_INSTANTIATE_B(G, DPL)                                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * DECB_WARPS(G, DPL), 1)                                          \
         DEC_ROWS(attention_decb_##G##_##DPL, DPL,                                                                     \
                  (attention_decb<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL), DECB_RG(G, DPL)>))
-DEC_INSTANTIATE(1, 2)
-DEC_INSTANTIATE(1, 4)
-DEC_INSTANTIATE(1, 8)
-DEC_INSTANTIATE(2, 2)
-DEC_INSTANTIATE(2, 4)
-DEC_INSTANTIATE(2, 8)
-DEC_INSTANTIATE(4, 2)
-DEC_INSTANTIATE(4, 4)
-DEC_INSTANTIATE(4, 8)
-DEC_INSTANTIATE(8, 2)
+// the (query heads a KV head, head dim / 32) the decode kernels are built for (DEC_KERNELS in attention.py)
+#define DEC_SHAPES(X) X(1, 2) X(1, 4) X(1, 8) X(2, 2) X(2, 4) X(2, 8) X(4, 2) X(4, 4) X(4, 8) X(8, 2)
+DEC_SHAPES(DEC_INSTANTIATE_B)
+#if PATHS_90
+#if __CUDA_ARCH__ >= 900
+DEC_SHAPES(DEC_INSTANTIATE_CLUSTER)
+#endif
+#else
+DEC_SHAPES(DEC_INSTANTIATE_GLOBAL)
+#endif
 #endif
 
 // Prefill attention on the tensor cores (FlashAttention-2's scheme with mma.sync): the queries of a prompt

@@ -3,6 +3,12 @@
 // no #include of it or of the other .cuh files.
 #include <cuda_fp16.h>
 
+// The kernel family a module holds (the backend's -DPATHS_90): 1, compute capability 9.0's (bulk copies, clusters);
+// 0, 8.x's (cp.async, attention merged through global memory), also on a newer GPU told to take 8.x's paths.
+#ifndef PATHS_90
+#define PATHS_90 0
+#endif
+
 // Programmatic dependent launch (sm_90 and later; pdl.py launches the kernels of a step being captured with
 // it). grid_dep_wait() returns once the kernel before this one in the stream has finished and its writes are
 // visible: every kernel of quant.cu, layer_ops.cu and attention.cu calls it before it reads what an earlier kernel wrote or

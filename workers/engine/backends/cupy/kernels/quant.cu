@@ -942,8 +942,11 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
     INSTANTIATE_N(14, 1, q6_k, OPN, BULK)        \
     INSTANTIATE_N(14, 2, q6_k, OPN, BULK)        \
     INSTANTIATE_N(14, 4, q6_k, OPN, BULK)
+#if PATHS_90
 INSTANTIATE_MMA(gemv1m, gemvn, true)
+#else
 INSTANTIATE_MMA(gemv1mc, gemvnc, false)
+#endif
 
 // The one-token products of the dp4a types, on an x8 buffer from q8_input or a producer's epilogue:
 // gemv1q_q4_k, gemv1q_q6_k (gemv1m_* above is the tensor-core form, for compute capability 9.0).
