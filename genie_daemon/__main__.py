@@ -13,7 +13,7 @@ from pathlib import Path
 from genie_common import __version__
 from genie_common.config import DaemonConfig, default_config_path, load_config
 
-from .log_limit import install as install_log_limit
+from .log_limit import limited as limited_log
 from .server import Daemon
 
 
@@ -63,7 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-http", dest="http", action="store_false", default=None, help="no HTTP API")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
-    limits = install_log_limit(logging.getLogger().handlers)  # one line a second of each kind (log_limit.py)
+    with limited_log(logging.getLogger().handlers):  # one line a second of each kind (log_limit.py)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(
             args.config,
@@ -97,11 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    try:
-        return asyncio.run(_serve(config))
-    finally:
-        for limit in limits:
-            limit.flush()
+    return asyncio.run(_serve(config))
 
 
 async def _serve(config: DaemonConfig) -> int:

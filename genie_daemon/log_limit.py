@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 INTERVAL_S = 1.0
@@ -80,11 +81,17 @@ class RepeatLimit(logging.Filter):
             self._summaries.writing = False
 
 
-def install(handlers: list[logging.Handler]) -> list[RepeatLimit]:
-    """Puts a RepeatLimit on each of `handlers` (the root logger's, once logging is set up)."""
-    limits = []
-    for handler in handlers:
-        limit = RepeatLimit(handler)
-        handler.addFilter(limit)
-        limits.append(limit)
-    return limits
+@contextmanager
+def limited(handlers: list[logging.Handler]) -> Iterator[list[RepeatLimit]]:
+    """A RepeatLimit on each of `handlers` (the root logger's, once logging is set up) while the block runs;
+    then the counts not written yet are, and the handlers are left as they were (main() run in process, as
+    tests do, left its filters on pytest's own handlers, which then dropped other tests' repeated lines)."""
+    limits = [RepeatLimit(handler) for handler in handlers]
+    for limit in limits:
+        limit.handler.addFilter(limit)
+    try:
+        yield limits
+    finally:
+        for limit in limits:
+            limit.flush()
+            limit.handler.removeFilter(limit)

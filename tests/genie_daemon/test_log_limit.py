@@ -8,6 +8,7 @@ import logging
 import re
 import signal
 import socket
+import sys
 import time
 
 from genie_daemon.log_limit import RepeatLimit
@@ -105,3 +106,22 @@ def test_a_flood_of_malformed_requests_logs_a_line_a_second_through_the_daemon(t
     assert len(shown) <= elapsed + 2, f"{len(shown)} lines in {elapsed:.1f} s"
     assert len(shown) + sum(counts) == n, (len(shown), counts)
     assert proc.returncode == 0
+
+
+def test_main_in_process_leaves_the_root_handlers_as_they_were(tmp_path, monkeypatch):
+    """genie-daemon's main() run in process (tests do) put its filters on the root logger's handlers and left
+    them there: pytest's own handlers then dropped every later test's repeated log lines, and five KV-store and
+    HTTP tests that count lines failed after test_config's. Its filters go when it returns, however it returns."""
+    from genie_daemon import __main__ as cli
+
+    async def serve(config) -> int:
+        return 0
+
+    monkeypatch.setattr(cli, "_serve", serve)
+    monkeypatch.setitem(sys.modules, "uvloop", None)
+    root = logging.getLogger()
+    before = {h: list(h.filters) for h in root.handlers}
+    none = str(tmp_path / "none.toml")
+    assert cli.main(["--config", none]) == 0
+    assert cli.main(["--config", none, "--parallel", "-1"]) == 2
+    assert {h: list(h.filters) for h in root.handlers} == before
