@@ -87,9 +87,11 @@ class KvStoreHandle:
             delay,
         )
         waits = [asyncio.ensure_future(self._sleep(delay)), asyncio.ensure_future(self._hurried.wait())]
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for w in waits:
-            w.cancel()
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # (also when this restart is cancelled: neither wait is left behind)
+            for w in waits:
+                w.cancel()
         await self.start()
 
     def hurry(self) -> None:
