@@ -250,7 +250,7 @@ class CupyAttention(CupyCore):
         the blocks' states, [rows][n_kv][ATT_CL][group hd + 2 group] floats, and the merge counters (zero between
         launches: the kernel resets them; shared with the split-K kernels'). Sized for the most one-token rows a
         step stages (reserve_steps), so that a step of more streams does not make the captured ones stale."""
-        if self._dec_ops is None or self._dec_ops[0] != "attention_decg":
+        if self._clusters:
             return np.uint64(0), np.uint64(0)
         cp = self.xp
         rows = max(rows, self._dec.size // 3)

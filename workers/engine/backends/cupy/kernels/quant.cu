@@ -515,7 +515,7 @@ struct MmaStream {
         whole = ncs == 1;
         row_step = whole ? nb * UB : ROW;
     }
-    // stage s by cp.async: 16-byte line c of row r is item 16-byte line r * lines + c of the stage
+    // stage s by cp.async, the threads taking its 16-byte lines in turn (line c of row r: item r * lines + c)
     __device__ void issue_async(int s) {
         const int tile = tile0 + s / ncs, cs = s % ncs, ub = cs * cu, nu = min(cu, nb - ub);
         const int nr = min(16, rows - 16 * tile);
