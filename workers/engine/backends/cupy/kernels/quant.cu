@@ -474,9 +474,9 @@ template <> __device__ __forceinline__ void mma_item<14>(const u8* r0, const u8*
 
 // cp.async (compute capability 8.0): 16 bytes from global to shared memory, completing in the issuing thread's
 // groups (commit_group; wait_group N: all but the N newest of its groups are complete)
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {  // dst: a shared address (smem_u32)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -515,23 +515,31 @@ struct MmaStream {
         whole = ncs == 1;
         row_step = whole ? nb * UB : ROW;
     }
-    // stage s by cp.async, the threads taking its 16-byte lines in turn (line c of row r: item r * lines + c)
+    // stage s by cp.async: a tile of whole rows as one run of 16-byte lines, the threads taking them in turn;
+    // else blockDim.x / 16 threads a row, each its row's lines c0, c0 + that, ... The copies are most of what
+    // the 8.x form executes beside the products' own work (ncu: the first form, a division and a 64-bit unit a
+    // line, made gate_up 26 % more instructions than the bulk copies' 9.0 form), so a line costs a copy and
+    // two additions here.
     __device__ void issue_async(int s) {
         const int tile = tile0 + s / ncs, cs = s % ncs, ub = cs * cu, nu = min(cu, nb - ub);
         const int nr = min(16, rows - 16 * tile);
-        u8* dst = ring + (s % MMA_STAGES) * STAGE;
+        const unsigned dst = smem_u32(ring + (s % MMA_STAGES) * STAGE);
         if (whole) {
-            const u8* src = W + (long long)16 * tile * nb * UB;
-            for (int i = threadIdx.x; i < nr * nb * UB / 16; i += blockDim.x) cp_async16(dst + 16 * i, src + 16 * i);
+            const int n = nr * nb * UB / 16, step = 16 * blockDim.x;
+            const u8* src = W + (long long)16 * tile * nb * UB + 16 * threadIdx.x;
+            unsigned d = dst + 16 * threadIdx.x;
+#pragma unroll 4
+            for (int i = threadIdx.x; i < n; i += blockDim.x, src += step, d += step) cp_async16(d, src);
             return;
         }
-        const int lines = (nu * UB + 30) / 16;  // a row's lines at most: its bytes and up to 15 before them
-        for (int i = threadIdx.x; i < nr * lines; i += blockDim.x) {
-            const int r = i / lines, c = i - r * lines;
-            const long long unit = (long long)(16 * tile + r) * nb + ub;
-            const int off = mma_off(unit, UB);
-            if (16 * c < off + nu * UB) cp_async16(dst + r * ROW + 16 * c, W + unit * UB - off + 16 * c);
-        }
+        const int tpr = blockDim.x >> 4, r = threadIdx.x / tpr, c0 = threadIdx.x - r * tpr, step = 16 * tpr;
+        if (r >= nr) return;
+        const long long unit = (long long)(16 * tile + r) * nb + ub;
+        const int off = mma_off(unit, UB), end = off + nu * UB;  // the row's bytes from the line it starts in
+        const u8* src = W + unit * UB - off + 16 * c0;
+        unsigned d = dst + r * ROW + 16 * c0;
+#pragma unroll 4
+        for (int c = 16 * c0; c < end; c += step, src += step, d += step) cp_async16(d, src);
     }
     // stage s: tile s / ncs, units [cs * cu, min(nb, cs * cu + cu)) of its rows, a row a lane of warp 0
     __device__ void issue(int s, int lane) {
