@@ -14,8 +14,8 @@ from workers.engine.backends.cupy.tuning import DEFINES
 
 def test_defaults_compile_in_nothing_and_a_changed_size_is_a_define():
     assert CupyTuning().options("quant") == () and CupyTuning().options("ops") == ()
-    t = CupyTuning(mma_stages=4, pf_warps=2, use_mma=False)
-    assert t.options("quant") == ("-DMMA_STAGES=4",)
+    t = CupyTuning(octet_units=4, pf_warps=2, use_mma=False)
+    assert t.options("quant") == ("-DOCTET_UNITS=4",)
     assert t.options("ops") == ("-DPF_WARPS=2",)
     # every compiled knob's default is the one its kernel source states
     sources = {"quant": kernel_source(*QUANT_SOURCES), "ops": kernel_source(*OPS_SOURCES)}
@@ -63,3 +63,46 @@ def test_the_n_token_products_groups_a_block_by_matrix_and_tokens():
     wide_off = CupyTuning(gemvn_groups_wide=2)
     assert groups_a_block(wide_off, Q.Q4_K, *gate_up, 16, slots) == 2
     assert groups_a_block(t, Q.Q4_K, *gate_up, 16, 4 * slots) == 2  # a GPU with four times the slots
+
+
+@pytest.mark.parametrize(("paths_90", "stages"), [(True, 3), (False, 2)])
+def test_the_products_ring_is_the_kernel_familys_unless_a_bench_asks_another(paths_90, stages):
+    """quant.cu states no ring of its own (MMA_STAGES): the backend builds it with its family's, 3 stages of bulk
+    copies on 9.0 and 2 of cp.async on 8.x, or a benchmark's; a changed ring is a changed build (retune)."""
+    backend = CupyBackend.__new__(CupyBackend)  # no GPU: only the build options are exercised
+    backend._clusters = paths_90
+    built = backend._options("quant", CupyTuning())
+    assert f"-DMMA_STAGES={stages}" in built and f"-DPATHS_90={int(paths_90)}" in built
+    assert "-DMMA_STAGES=4" in backend._options("quant", CupyTuning(mma_stages=4))
+    assert not any("MMA_STAGES" in o for o in backend._options("ops", CupyTuning()))
+    assert "#define MMA_STAGES" not in kernel_source(*QUANT_SOURCES)
+
+
+# (shared memory an SM, the most a block may opt in to) as the GPUs report them (cudaDeviceProp)
+RTX_30, ORIN = (102_400, 101_376), (167_936, 166_912)
+
+
+def products_on(smem: tuple[int, int], **tuning) -> CupyBackend:
+    backend = CupyBackend.__new__(CupyBackend)  # no GPU: only the launch shapes are exercised
+    backend.tuning = CupyTuning(**tuning)
+    backend._clusters, backend.n_sm = False, 8
+    backend._smem_per_sm, backend._smem_per_block = smem
+    return backend
+
+
+def test_the_tensor_core_products_take_only_the_shared_memory_the_gpu_has():
+    """The 8.x ring (2 stages) fits a Q6_K down matrix with its input in an RTX 30's block, where 3 stages
+    (107 KiB) do not: that matrix takes the dp4a kernel then instead of failing to launch; an Orin fits both."""
+    from gguf import GGMLQuantizationType as Q
+
+    from workers.engine.backends.cupy import QuantWeight
+    from workers.engine.backends.cupy.rows import groups_that_fit
+
+    down = QuantWeight(None, Q.Q6_K, 2560, 9728)
+    assert products_on(RTX_30)._mma_fits(down)
+    assert not products_on(RTX_30, mma_stages=3)._mma_fits(down)
+    assert products_on(ORIN, mma_stages=3)._mma_fits(down) and products_on(ORIN)._mma_fits(down)
+    # gemvn at 16 warps: four groups of tokens a block need 32 KiB of sums beside the ring; an RTX 30 fits two
+    assert groups_that_fit(products_on(RTX_30), down, 512, 4) == 2
+    assert groups_that_fit(products_on(ORIN), down, 512, 4) == 4
+    assert groups_that_fit(products_on(RTX_30), down, 256, 4) == 4

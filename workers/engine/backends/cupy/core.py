@@ -27,6 +27,7 @@ from .kernels import (
     dependent_launcher,
     kernel_module,
 )
+from .quant_consts import MMA_STAGES_8X, MMA_STAGES_90
 from .tuning import CupyTuning
 
 # float32 weight scratch of the prefill path: the GPU memory bound allows no more. A captured prefill chunk keeps
@@ -70,6 +71,7 @@ class CupyCore(NumpyBackend):
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
         self.n_sm = int(props["multiProcessorCount"])
         self._smem_per_sm = int(props["sharedMemPerMultiprocessor"])
+        self._smem_per_block = int(props["sharedMemPerBlockOptin"])  # dynamic and static, opted in
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         # the kernel paths of this capability; GENIE_CUDA_COMPAT (sm87, 8.7) takes an older GPU's on a newer one.
         # Compute capability 9.0 and later: programmatic dependent launch in captured steps (pdl.py) and thread-block
@@ -130,10 +132,16 @@ class CupyCore(NumpyBackend):
         self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
 
     def _options(self, module: str, tuning: CupyTuning) -> tuple[str, ...]:
-        """A module's build options: the tuning's sizes, and the kernel family of the capability whose paths run
-        (PATHS_90: bulk copies and clusters, 9.0; else cp.async and the global merge, 8.x): each module holds one
-        family's kernels, not both (the 8.x attention kernels tripled its compile time)."""
-        return (*tuning.options(module), f"-DPATHS_90={int(self._clusters)}")
+        """A module's build options: the tuning's sizes, the products' ring (MMA_STAGES), and the kernel family
+        of the capability whose paths run (PATHS_90: bulk copies and clusters, 9.0; else cp.async and the global
+        merge, 8.x): each module holds one family's kernels, not both (the 8.x attention kernels tripled its
+        compile time)."""
+        ring = (f"-DMMA_STAGES={self._stages(tuning)}",) if module == "quant" else ()
+        return (*tuning.options(module), *ring, f"-DPATHS_90={int(self._clusters)}")
+
+    def _stages(self, tuning: CupyTuning) -> int:
+        """gemv1m's and gemvn's ring of weight stages: the tuning's, else the kernel family's."""
+        return tuning.mma_stages or (MMA_STAGES_90 if self._clusters else MMA_STAGES_8X)
 
     @property
     def captures_steps(self) -> bool:  # type: ignore[override]
@@ -188,7 +196,7 @@ class CupyCore(NumpyBackend):
         tuning = replace(self.tuning, **changes)
         modules = {"quant": QUANT_SOURCES, "ops": OPS_SOURCES}
         for module, files in modules.items():
-            if tuning.options(module) != self.tuning.options(module):
+            if self._options(module, tuning) != self._options(module, self.tuning):
                 built = kernel_module(*files, options=self._options(module, tuning))
                 built.compile()
                 if module == "quant":

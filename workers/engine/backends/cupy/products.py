@@ -109,14 +109,27 @@ class CupyProducts(CupyWeights):
             return 0
         if w.data.data.ptr % 16 or x8.data.ptr % 16 or w.rows * w.row_bytes % 16:  # no copy past the end
             return 0
+        if not self._mma_fits(w):
+            return 0
         tiles = -(-w.rows // 16)
         per_block = -(-tiles // (self.n_sm * self._mma_shape(w)[0]))
         return 0 if then is not None and 16 * per_block > EP_MAX_ROWS else per_block
 
+    def _ring_bytes(self, w: QuantWeight) -> int:
+        """gemv1m's and gemvn's ring of weight stages in shared memory, for w's type."""
+        return self._stages(self.tuning) * 16 * MMA_ROW_BYTES[w.qtype]
+
+    def _mma_fits(self, w: QuantWeight) -> bool:
+        """Whether a block of gemv1m for w, and of gemvn for w at one group of tokens (it takes fewer groups a
+        block where more do not fit), fits the shared memory a block may have on this GPU (an RTX 30: 99 KiB; an
+        Orin: 163 KiB; 9.0: 227 KiB)."""
+        _, threads, smem = self._mma_shape(w)
+        return max(smem, rows.gemvn_smem(self, w, threads, 1)) + MMA_STATIC_SMEM <= self._smem_per_block
+
     def _mma_shape(self, w: QuantWeight) -> tuple[int, int, int]:
         """gemv1m's blocks an SM, threads a block and dynamic shared memory for w: mma_blocks_per_sm blocks of
         mma_threads where their rings fit an SM, else fewer blocks of more threads (the same warps an SM)."""
-        smem = self.tuning.mma_stages * 16 * MMA_ROW_BYTES[w.qtype] + 2 * w.cols + w.cols // 4  # the ring, x8
+        smem = self._ring_bytes(w) + 2 * w.cols + w.cols // 4  # the ring, x8
         if w.qtype == GGMLQuantizationType.Q6_K:
             smem += w.cols // 2  # x8's 16-value sums of codes
         fit = self._smem_per_sm // (smem + MMA_STATIC_SMEM)

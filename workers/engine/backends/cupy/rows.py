@@ -32,7 +32,7 @@ from .quant_consts import (
     _EP_NORM,
     ACTIVATIONS,
     EP_MAX_ROWS,
-    MMA_ROW_BYTES,
+    MMA_STATIC_SMEM,
     MMA_UNITS,
     Q8_THREADS,
 )
@@ -181,6 +181,20 @@ def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any
     return x8, ss
 
 
+def gemvn_smem(gpu: CupyProducts, w: QuantWeight, threads: int, ng: int) -> int:
+    """gemvn's dynamic shared memory: the ring, then a block's tile sums, [2][warps][16 rows][4 ng tokens]."""
+    return gpu._ring_bytes(w) + 2 * (threads // 32) * 16 * 4 * ng * 4
+
+
+def groups_that_fit(gpu: CupyProducts, w: QuantWeight, threads: int, ng: int) -> int:
+    """ng groups of four tokens a block of gemvn, halved until the block fits the shared memory a block may have
+    on this GPU (an RTX 30's 99 KiB: 2 groups of a Q6_K matrix at 16 warps). A token's numbers do not depend on
+    the groups beside it."""
+    while ng > 1 and gemvn_smem(gpu, w, threads, ng) + MMA_STATIC_SMEM > gpu._smem_per_block:
+        ng //= 2
+    return ng
+
+
 def groups_a_block(tuning: CupyTuning, qtype: GGMLQuantizationType, tiles: int, cols: int, n: int, slots: int) -> int:
     """Groups of four tokens a block of gemvn takes for n tokens of a matrix of `tiles` tiles of 16 rows of
     `cols` values, with `slots` blocks resident on the GPU at once: 1, 2 or 4, at most the groups there are.
@@ -210,7 +224,7 @@ def gemvn(
     blocks, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
     tiles, slots = -(-w.rows // 16), gpu.n_sm * blocks
-    ng = groups_a_block(gpu.tuning, w.qtype, tiles, w.cols, n, slots)
+    ng = groups_that_fit(gpu, w, threads, groups_a_block(gpu.tuning, w.qtype, tiles, w.cols, n, slots))
     sets = -(-groups // ng)
     tpb = -(-tiles * sets // slots)  # a tile's numbers do not depend on the block that takes it
     null = np.uint64(0)
@@ -228,7 +242,7 @@ def gemvn(
         if gpu._ep_cnt.size < sets * width // 32:  # a set's counters each, zero between launches
             gpu._ep_cnt = cp.zeros(sets * width // 32, dtype=cp.int32)
             gpu._version += 1  # captured steps hold the old counters
-    smem = gpu.tuning.mma_stages * 16 * MMA_ROW_BYTES[w.qtype] + 2 * (threads // 32) * 16 * 4 * ng * 4
+    smem = gemvn_smem(gpu, w, threads, ng)
     kernel = gpu._kernel(f"{gpu._mma_ops[1]}{ng}", w.qtype)
     kernel.allow_smem(smem)
     kernel(

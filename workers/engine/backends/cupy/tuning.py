@@ -11,7 +11,6 @@ GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
 # the knobs compiled into a module (-DNAME=value): module, define, its default in the source
 DEFINES = {
     "octet_units": ("quant", "OCTET_UNITS", 2),
-    "mma_stages": ("quant", "MMA_STAGES", 3),
     "pf_warps": ("ops", "PF_WARPS", 4),
     "dec_max_warps": ("ops", "DEC_MAX_WARPS", 16),
     "decn_warps": ("ops", "DECN_WARPS", 4),
@@ -51,7 +50,7 @@ class CupyTuning:
     gemvn_groups_wide: int = 4
     # compiled in (DEFINES)
     octet_units: int = 2  # blocks a lane of the dp4a GEMV loads before using any (OCTET_UNITS)
-    mma_stages: int = 3  # gemv1m's ring of stages (MMA_STAGES)
+    mma_stages: int = 0  # gemv1m's ring of stages (MMA_STAGES); 0: its kernel family's (quant_consts.py)
     pf_warps: int = 4  # the prefill attention's warps a block, 16 query rows each (PF_WARPS)
     dec_max_warps: int = 16  # attention_dec's warps a block at most (DEC_MAX_WARPS)
     decn_warps: int = 4  # attention_decn's warps a block (DECN_WARPS: 4, 8 or 16; at most attention_dec's)

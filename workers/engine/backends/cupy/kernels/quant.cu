@@ -350,7 +350,7 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 // up to MMA_U units) is one contiguous run: one copy, rows packed. Warp w takes the (unit, half) items w,
 // w + n_warps, ... of a stage, and a tile's sums meet in shared memory in warp order: nothing depends on timing.
 #ifndef MMA_STAGES
-#define MMA_STAGES 3
+#error "MMA_STAGES: the backend builds this module with its kernel family's ring (quant_consts.py)"
 #endif
 #define MMA_U 10  // units a stage row: a Qwen3 row of 2 560 values in one stage
 template <int T> struct MmaRow;
