@@ -17,9 +17,9 @@ from testkit.quant_blocks import random_blocks, rel_err
 from testkit.tiny_models import write_tiny_gemma4, write_tiny_model
 from workers.engine.backends.cupy import CupyBackend, QuantWeight, cupy_available
 from workers.engine.backends.cupy.attention import PREFILL_ATTENTION_MIN_TOKENS
+from workers.engine.backends.cupy.family import AMPERE
 from workers.engine.backends.cupy.kernels import KERNEL_TYPES
 from workers.engine.backends.cupy.products import OCTET_TYPES
-from workers.engine.backends.cupy.quant_consts import MMA_STAGES_8X
 from workers.engine.backends.cupy.rows import x8_row_bytes
 
 pytestmark = pytest.mark.skipif(not cupy_available(), reason="needs CuPy and an NVIDIA GPU")
@@ -118,7 +118,7 @@ def test_tensor_core_products_match_the_dp4a_kernel(gpu, qtype, shape):
     sampled rows match the float64 product."""
     import cupy as cp
 
-    if not gpu._mma:
+    if gpu.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
     rng = np.random.default_rng()
     rows, cols = shape
@@ -159,7 +159,7 @@ def test_a_retuned_compiled_size_builds_its_module_again_with_the_same_numbers(g
     for bit."""
     import cupy as cp
 
-    if not gpu._mma:
+    if gpu.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
     rng = np.random.default_rng(1)
     rows, cols = 2560, 9728
@@ -192,7 +192,7 @@ def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, 
 
     from workers.engine.backends.cupy.rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows
 
-    if not gpu._mma:
+    if gpu.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
     rng = np.random.default_rng(5)
     rows, cols = shape
@@ -250,7 +250,7 @@ def test_the_n_token_product_reads_no_quad_past_its_input(gpu):
     import sys
     from pathlib import Path
 
-    if not gpu._mma:
+    if gpu.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
     found = sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer"))
     tool = shutil.which("compute-sanitizer") or (found[-1] if found else None)
@@ -282,7 +282,7 @@ def test_the_n_token_product_codes_its_consumers_input_as_q8_input_does(gpu, qty
     from workers.engine.backends.cupy.quant_consts import Q8_MAX_COLS
     from workers.engine.backends.cupy.rows import X_GATED, X_NORM_LATE, RowsInput, gemvn, q8_rows
 
-    if not gpu._mma:
+    if gpu.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
     rng = np.random.default_rng(9)
     w = QuantWeight(cp.asarray(random_blocks(qtype, rows, cols, rng).reshape(-1)), qtype, rows, cols)
@@ -804,7 +804,7 @@ def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
     from workers.engine.kv_cache import KVCache, KVCacheConfig
     from workers.engine.model_config import LayerConfig, ModelConfig
 
-    if gpu._dec_ops is None:
+    if gpu.family.decode_attention is None:
         pytest.skip("attention_dec needs compute capability 8.0")
     rng = np.random.default_rng()
     n_ctx = 1100
@@ -891,7 +891,7 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
     from workers.engine.kv_cache import KVCache, KVCacheConfig
     from workers.engine.model_config import LayerConfig, ModelConfig
 
-    if gpu._dec_ops is None:
+    if gpu.family.decode_attention is None:
         pytest.skip("attention_dec needs compute capability 8.0")
     rng = np.random.default_rng(7)
     n_ctx, depths = 2700, (0, 7, 100, 1029, 2600)
@@ -971,7 +971,7 @@ def test_every_module_compiles_for_the_jetson_and_the_rtx_30(sources, arch):
 
     code = gpu_package.kernel_source(*getattr(gpu_package, sources))
     include = os.path.join(cp.cuda.get_cuda_path() or "/usr/local/cuda", "include")  # cuda_fp16.h
-    ring = f"-DMMA_STAGES={MMA_STAGES_8X}"  # as CupyCore._options gives the 8.x family
+    ring = f"-DMMA_STAGES={AMPERE.mma_stages}"  # as CupyCore._options gives the 8.x family
     out = cp.cuda.compiler.compile_using_nvrtc(code, options=("-std=c++17", f"-I{include}", ring), arch=arch)
     code_out = out[0] if isinstance(out, tuple) else out  # (code, name mapping) in CuPy 13 and later
     if isinstance(code_out, str):
@@ -1003,8 +1003,9 @@ def test_the_older_paths_can_be_forced_on_a_newer_gpu(monkeypatch):
     native = first_tokens()
     monkeypatch.setenv("GENIE_CUDA_COMPAT", "sm87")
     old = CupyBackend()
-    assert old.capability == (8, 7) and old._mma_ops == ("gemv1mc", "gemvnc") and not (old._clusters or old._pdl)
-    assert old._dec_ops == ("attention_decg", "attention_decgn")
+    assert old.capability == (8, 7) and old.family is AMPERE and not (old.family.paths_90 or old._pdl)
+    assert old.family.products == ("gemv1mc", "gemvnc")
+    assert old.family.decode_attention == ("attention_decg", "attention_decgn")
     assert "GENIE_CUDA_COMPAT=8.7" in old.device_name
     assert first_tokens() == native
     monkeypatch.setenv("GENIE_CUDA_COMPAT", "sm95")

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from workers.engine.backends.cupy import OPS_SOURCES, QUANT_SOURCES, CupyBackend, CupyTuning, kernel_source
+from workers.engine.backends.cupy.family import AMPERE, HOPPER, OLDER, family_of
 from workers.engine.backends.cupy.tuning import DEFINES
 
 
@@ -65,14 +66,14 @@ def test_the_n_token_products_groups_a_block_by_matrix_and_tokens():
     assert groups_a_block(t, Q.Q4_K, *gate_up, 16, 4 * slots) == 2  # a GPU with four times the slots
 
 
-@pytest.mark.parametrize(("paths_90", "stages"), [(True, 3), (False, 2)])
-def test_the_products_ring_is_the_kernel_familys_unless_a_bench_asks_another(paths_90, stages):
+@pytest.mark.parametrize(("family", "stages"), [(HOPPER, 3), (AMPERE, 2)], ids=lambda f: getattr(f, "name", f))
+def test_the_products_ring_is_the_kernel_familys_unless_a_bench_asks_another(family, stages):
     """quant.cu states no ring of its own (MMA_STAGES): the backend builds it with its family's, 3 stages of bulk
     copies on 9.0 and 2 of cp.async on 8.x, or a benchmark's; a changed ring is a changed build (retune)."""
     backend = CupyBackend.__new__(CupyBackend)  # no GPU: only the build options are exercised
-    backend._clusters = paths_90
+    backend.family = family
     built = backend._options("quant", CupyTuning())
-    assert f"-DMMA_STAGES={stages}" in built and f"-DPATHS_90={int(paths_90)}" in built
+    assert f"-DMMA_STAGES={stages}" in built and f"-DPATHS_90={int(family.paths_90)}" in built
     assert "-DMMA_STAGES=4" in backend._options("quant", CupyTuning(mma_stages=4))
     assert not any("MMA_STAGES" in o for o in backend._options("ops", CupyTuning()))
     assert "#define MMA_STAGES" not in kernel_source(*QUANT_SOURCES)
@@ -85,7 +86,7 @@ RTX_30, ORIN = (102_400, 101_376), (167_936, 166_912)
 def products_on(smem: tuple[int, int], **tuning) -> CupyBackend:
     backend = CupyBackend.__new__(CupyBackend)  # no GPU: only the launch shapes are exercised
     backend.tuning = CupyTuning(**tuning)
-    backend._clusters, backend.n_sm = False, 8
+    backend.family, backend.n_sm = AMPERE, 8
     backend._smem_per_sm, backend._smem_per_block = smem
     return backend
 
@@ -106,3 +107,12 @@ def test_the_tensor_core_products_take_only_the_shared_memory_the_gpu_has():
     assert groups_that_fit(products_on(RTX_30), down, 512, 4) == 2
     assert groups_that_fit(products_on(ORIN), down, 512, 4) == 4
     assert groups_that_fit(products_on(RTX_30), down, 256, 4) == 4
+
+
+def test_a_gpu_runs_the_kernel_family_of_its_compute_capability():
+    """One value a capability, chosen once: an H100/H200 the 9.0 paths, a Jetson Orin, an RTX 30/40 or an A100
+    the 8.x ones (the same products and attention without bulk copies, clusters or PDL), a T4 or a V100 dp4a."""
+    assert family_of((9, 0)) is HOPPER and family_of((10, 0)) is HOPPER
+    assert all(family_of(c) is AMPERE for c in ((8, 0), (8, 6), (8, 7), (8, 9)))
+    assert family_of((7, 5)) is OLDER and OLDER.products is None and OLDER.decode_attention is None
+    assert not AMPERE.paths_90 and AMPERE.products == ("gemv1mc", "gemvnc")

@@ -216,9 +216,9 @@ class CupyAttention(CupyCore):
         x8 = cp.empty(2 * cols + cols // 4, dtype=cp.int8) if cols <= Q8_MAX_COLS else None
         self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
-        assert self._dec_ops is not None
+        assert self.family.decode_attention is not None
         parts, done = self._dec_scratch(1, Hkv, group, hd)
-        self._op(f"{self._dec_ops[0]}_{group}_{hd // 32}")(
+        self._op(f"{self.family.decode_attention[0]}_{group}_{hd // 32}")(
             (Hkv * ATTENTION_CLUSTER,),
             (32 * _dec_warps(group, hd // 32, self.tuning.dec_max_warps),),
             (
@@ -250,7 +250,7 @@ class CupyAttention(CupyCore):
         the blocks' states, [rows][n_kv][ATT_CL][group hd + 2 group] floats, and the merge counters (zero between
         launches: the kernel resets them; shared with the split-K kernels'). Sized for the most one-token rows a
         step stages (reserve_steps), so that a step of more streams does not make the captured ones stale."""
-        if self._clusters:
+        if self.family.paths_90:
             return np.uint64(0), np.uint64(0)
         cp = self.xp
         rows = max(rows, self._dec.size // 3)
@@ -269,7 +269,7 @@ class CupyAttention(CupyCore):
         H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
         return (
             self.tuning.use_clusters
-            and self._dec_ops is not None
+            and self.family.decode_attention is not None
             and kv.k.dtype != self.xp.float32
             and hd == hdv
             and hd % 32 == 0
@@ -321,8 +321,8 @@ class CupyAttention(CupyCore):
             kernel, grid, block = self._op(f"attention_decb_{group}_{hd // 32}"), (Hkv, n_dec), (threads,)
             kernel.allow_smem(smem)
         else:  # ATT_CL blocks a row and KV head (a cluster, or merged through global memory)
-            assert self._dec_ops is not None
-            kernel, smem = self._op(f"{self._dec_ops[1]}_{group}_{hd // 32}"), 0
+            assert self.family.decode_attention is not None
+            kernel, smem = self._op(f"{self.family.decode_attention[1]}_{group}_{hd // 32}"), 0
             grid, block = (Hkv * ATTENTION_CLUSTER, n_dec), (32 * _decn_warps(group, hd // 32, self.tuning),)
             parts, done = self._dec_scratch(n_dec, Hkv, group, hd)
         kernel(

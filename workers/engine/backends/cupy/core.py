@@ -16,6 +16,7 @@ from ...model_config import ModelConfig
 from ..base import Backend, NextInput
 from ..numpy_backend import NumpyBackend
 from .capture_gemm import CaptureGemm
+from .family import family_of
 from .host_copies import PinnedStaging
 from .kernels import (
     COMPAT_ENV,
@@ -27,7 +28,6 @@ from .kernels import (
     dependent_launcher,
     kernel_module,
 )
-from .quant_consts import MMA_STAGES_8X, MMA_STAGES_90
 from .tuning import CupyTuning
 
 # float32 weight scratch of the prefill path: the GPU memory bound allows no more. A captured prefill chunk keeps
@@ -73,23 +73,11 @@ class CupyCore(NumpyBackend):
         self._smem_per_sm = int(props["sharedMemPerMultiprocessor"])
         self._smem_per_block = int(props["sharedMemPerBlockOptin"])  # dynamic and static, opted in
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        # the kernel paths of this capability; GENIE_CUDA_COMPAT (sm87, 8.7) takes an older GPU's on a newer one.
-        # Compute capability 9.0 and later: programmatic dependent launch in captured steps (pdl.py) and thread-block
-        # clusters (one-token attention as attention_dec). 8.0 and later: Q4_K/Q6_K products on the tensor cores
-        # (mma.sync), their weights streamed by bulk copies on 9.0 (gemv1m, gemvn*) and by cp.async before it
-        # (gemv1mc, gemvnc*), the same numbers either way (gemv1q, dp4a, where they do not apply)
+        # the kernel paths of this capability (family.py); GENIE_CUDA_COMPAT (sm87, 8.7) takes an older GPU's
         self.capability = compat_capability((int(props["major"]), int(props["minor"])), env.cuda_compat())
-        hopper = self.capability >= (9, 0)
-        self._pdl = dependent_launcher() if hopper else None
-        self._clusters = hopper
-        # one-token decode attention (q/k norm, RoPE, the K/V store, attention) in one launch, and every one-token
-        # row of a step in one: ATT_CL blocks a KV head merged as a cluster (9.0) or through global memory (8.x),
-        # the same numbers (attention.cu); None: not built (before 8.0)
-        ops = {True: ("attention_dec", "attention_decn"), False: ("attention_decg", "attention_decgn")}
-        self._dec_ops = ops[hopper] if self.capability >= (8, 0) else None
+        self.family = family_of(self.capability)
+        self._pdl = dependent_launcher() if self.family.paths_90 else None
         self._dec_parts = cupy.empty(0, dtype=cupy.float32)  # attention_decg's blocks' states
-        self._mma = self.capability >= (8, 0)
-        self._mma_ops = ("gemv1m", "gemvn") if hopper else ("gemv1mc", "gemvnc")  # one token, n tokens
         self._module = kernel_module(*QUANT_SOURCES, options=self._options("quant", self.tuning))
         self._ops = kernel_module(*OPS_SOURCES, options=self._options("ops", self.tuning))
         for module in (self._module, self._ops):
@@ -137,11 +125,11 @@ class CupyCore(NumpyBackend):
         merge, 8.x): each module holds one family's kernels, not both (the 8.x attention kernels tripled its
         compile time)."""
         ring = (f"-DMMA_STAGES={self._stages(tuning)}",) if module == "quant" else ()
-        return (*tuning.options(module), *ring, f"-DPATHS_90={int(self._clusters)}")
+        return (*tuning.options(module), *ring, f"-DPATHS_90={int(self.family.paths_90)}")
 
     def _stages(self, tuning: CupyTuning) -> int:
         """gemv1m's and gemvn's ring of weight stages: the tuning's, else the kernel family's."""
-        return tuning.mma_stages or (MMA_STAGES_90 if self._clusters else MMA_STAGES_8X)
+        return tuning.mma_stages or self.family.mma_stages
 
     @property
     def captures_steps(self) -> bool:  # type: ignore[override]

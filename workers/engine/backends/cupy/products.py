@@ -105,7 +105,7 @@ class CupyProducts(CupyWeights):
     def _mma_tiles(self, w: QuantWeight, x8: Any, then: NextInput | None) -> int:
         """Tiles of 16 rows a block of gemv1m (quant.cu: Q4_K and Q6_K on the tensor cores) takes for w, or 0
         where that kernel does not apply: compute capability 8.0 or later, 16-byte aligned weights and x8."""
-        if not (self._mma and self.tuning.use_mma) or w.qtype not in MMA_ROW_BYTES:
+        if self.family.products is None or not self.tuning.use_mma or w.qtype not in MMA_ROW_BYTES:
             return 0
         if w.data.data.ptr % 16 or x8.data.ptr % 16 or w.rows * w.row_bytes % 16:  # no copy past the end
             return 0
@@ -181,8 +181,8 @@ class CupyProducts(CupyWeights):
                 self._version += 1  # captured steps hold the old counters
         residual = None if then is None else then.residual
         grid = ((w.rows + rows_per_block - 1) // rows_per_block,)
-        if mma_tiles:
-            kernel = self._kernel(self._mma_ops[0], w.qtype)
+        if mma_tiles and self.family.products is not None:  # _mma_tiles is 0 where the family has none
+            kernel = self._kernel(self.family.products[0], w.qtype)
             _, threads, smem = self._mma_shape(w)
             kernel.allow_smem(smem)
             head: tuple = (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int32(mma_tiles))

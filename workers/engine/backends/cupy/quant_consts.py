@@ -10,10 +10,6 @@ Q8_THREADS = 1024  # q8_input's block (a block an input row)
 EP_MAX_ROWS = 224  # rows a block of a product with an epilogue (EP_MAX_GROUPS in quant.cu: 8 groups a run)
 MMA_UNITS = 10  # MMA_U: 256-value units a column stage of gemv1m and gemvn (a Qwen3 row of 2 560 values is one)
 MMA_ROW_BYTES = {GGMLQuantizationType.Q4_K: MMA_UNITS * 144 + 32, GGMLQuantizationType.Q6_K: 2128}
-# gemv1m's ring of stages (MMA_STAGES, passed at every build): 3 with bulk copies (9.0); 2 with cp.async (8.x),
-# where the smaller ring measured 41 -> 47 tok/s decode on 8 SMs of the H200 and 370 -> 384 on all 132 (4B;
-# bench/NOTES.md v23), and lets a Q6_K ring with its x8 fit an RTX 30's 99 KiB a block (3 stages: 107 KiB)
-MMA_STAGES_90, MMA_STAGES_8X = 3, 2
 MMA_STATIC_SMEM = 4096  # gemv1m's static shared memory (2 208 bytes) and the 1 KiB the GPU reserves a block
 MMA_MAX_THREADS = 512  # its __launch_bounds__
 Q8_MAX_COLS = 16 * Q8_THREADS  # Q8_MAX values per thread

@@ -243,7 +243,8 @@ def gemvn(
             gpu._ep_cnt = cp.zeros(sets * width // 32, dtype=cp.int32)
             gpu._version += 1  # captured steps hold the old counters
     smem = gemvn_smem(gpu, w, threads, ng)
-    kernel = gpu._kernel(f"{gpu._mma_ops[1]}{ng}", w.qtype)
+    assert gpu.family.products is not None  # gemvn runs where _mma_tiles found the tensor-core products
+    kernel = gpu._kernel(f"{gpu.family.products[1]}{ng}", w.qtype)
     kernel.allow_smem(smem)
     kernel(
         (-(-w.rows // (16 * tpb)) * sets,),

@@ -1,0 +1,39 @@
+"""The kernel family a GPU runs: the paths of its compute capability, one value chosen at start (family_of), which
+every part of the CuPy backend asks instead of comparing capabilities. Each kernel module is built for one
+family (PATHS_90), so a family's kernels are the ones its module holds.
+
+- 9.0 and later (H100, H200): the Q4_K/Q6_K products on the tensor cores with their weights streamed by bulk
+  copies (gemv1m, gemvn*), one-token attention as thread-block clusters (attention_dec, attention_decn), and
+  programmatic dependent launch in captured steps (pdl.py).
+- 8.x (Jetson Orin 8.7, RTX 30 8.6, RTX 40 8.9, A100 8.0): the same products streamed by cp.async (gemv1mc,
+  gemvnc*), the same attention merged through global memory (attention_decg, attention_decgn), the same numbers.
+- Before 8.0: the dp4a products (gemv1q) and the per-layer attention kernels only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    name: str
+    paths_90: bool  # bulk copies, clusters and programmatic dependent launch; the modules' -DPATHS_90
+    products: tuple[str, str] | None  # the tensor-core products' kernels: one token, n tokens (None: dp4a only)
+    decode_attention: tuple[str, str] | None  # one-token attention in one launch: one row, a step's rows
+    # the products' ring of weight stages (MMA_STAGES): 3 with bulk copies; 2 with cp.async, where the smaller
+    # ring measured 41 -> 47 tok/s decode on 8 SMs of the H200 and 370 -> 384 on all 132 (4B; bench/NOTES.md
+    # v23), and lets a Q6_K ring with its input fit an RTX 30's 99 KiB a block (3 stages: 107 KiB)
+    mma_stages: int
+
+
+HOPPER = KernelFamily("9.0", True, ("gemv1m", "gemvn"), ("attention_dec", "attention_decn"), 3)
+AMPERE = KernelFamily("8.x", False, ("gemv1mc", "gemvnc"), ("attention_decg", "attention_decgn"), 2)
+OLDER = KernelFamily("before 8.0", False, None, None, 2)
+
+
+def family_of(capability: tuple[int, int]) -> KernelFamily:
+    """The family whose paths a GPU of this compute capability runs (GENIE_CUDA_COMPAT gives an older one)."""
+    if capability >= (9, 0):
+        return HOPPER
+    return AMPERE if capability >= (8, 0) else OLDER
