@@ -104,7 +104,8 @@ class CupyProducts(CupyWeights):
 
     def _mma_tiles(self, w: QuantWeight, x8: Any, then: NextInput | None) -> int:
         """Tiles of 16 rows a block of gemv1m (quant.cu: Q4_K and Q6_K on the tensor cores) takes for w, or 0
-        where that kernel does not apply: compute capability 8.0 or later, 16-byte aligned weights and x8."""
+        where that kernel does not apply: a kernel family with tensor-core products (8.0 or later), 16-byte
+        aligned weights and x8, and a block that fits the GPU's shared memory (_mma_fits)."""
         if self.family.products is None or not self.tuning.use_mma or w.qtype not in MMA_ROW_BYTES:
             return 0
         if w.data.data.ptr % 16 or x8.data.ptr % 16 or w.rows * w.row_bytes % 16:  # no copy past the end
