@@ -4,6 +4,7 @@ first token for short prompts, in-process, beside llama.cpp's batched numbers.
     python bench/batch.py [--models qwen3-4b qwen3-0.6b gemma4-e2b] [--kv int8 f16] [--streams 1 2 4 8 16]
                           [--prompt 128] [--gen 128] [--ttft 8 33 128 512] [--voice 7] [--backend auto] [--whole]
                           [--tune KNOB:VALUE[,KNOB:VALUE...]] [--launch-ahead auto|on|off] [--repeats 3] [--out DIR]
+                          [--llama DIR/llama.json]
 
 GPU models are the synthetic files of the exact shapes (bench/synthetic.py, written into --out); on a CPU
 pass the real ones (`--models smollm2-135m gemma3-270m`). Each stream gets its own random prompt of
@@ -14,8 +15,8 @@ admitted over several steps, so the first ones end first, and the steps after th
 llama.cpp's `llama-batched-bench` reports as S_TG, where every stream decodes in every step), its ratio to
 genie's one stream, and llama.cpp's figure with the ratio to it; the median of --repeats runs (their range
 beside it), after an untimed run of 8 tokens that captures the steps of that many streams (else the first run
-pays a capture, ~30 ms, inside its timed steps): the numbers
-in ../shared/ANCHORS.md measured on the same H200 (none for E2B yet, none on a CPU). TTFT: median of 7 of
+pays a capture, ~30 ms, inside its timed steps): the numbers of --llama (bench/llama_gpu.py, the same call),
+else those in ../shared/ANCHORS.md measured on the same H200 (none for E2B there, none on a CPU). TTFT: median of 7 of
 submit -> first token sampled, on an idle engine holding nothing of the prompt. --voice N: a voice request
 (33-token prompt, 16 tokens) while N background streams decode: its TTFT (median of 5) against the same on an
 idle engine, and the background streams' tok/s together while it runs against before it came. --tune: the
@@ -209,7 +210,15 @@ def main() -> None:
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs a stream count, the median reported")
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
+    p.add_argument("--llama", type=Path, help="llama.cpp's figures of this call (bench/llama_gpu.py's llama.json)")
     args = p.parse_args()
+    anchors, ttft_anchors = ANCHORS, TTFT_ANCHOR_MS
+    if args.llama:
+        from llama_gpu import load as load_llama
+
+        same_run = load_llama(args.llama)
+        anchors = {m: {n: round(v) for n, v in r["s_tg"].items()} for m, r in same_run.items()}
+        ttft_anchors = {(m, n): round(ms, 1) for m, r in same_run.items() for n, ms in r["ttft_ms"].items()}
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -235,7 +244,7 @@ def main() -> None:
                 runs = [aggregate(engine, n, args.prompt, args.gen, rng, args.whole) for _ in range(args.repeats)]
                 tok_s = statistics.median(runs)
                 one = one or (tok_s if n == 1 else None)
-                ref = ANCHORS.get(model, {}).get(n)
+                ref = anchors.get(model, {}).get(n)
                 ratio = f"{tok_s / one:.2f}" if one else "-"
                 vs = f"{tok_s / ref:.2f}" if ref else "-"
                 spread = f"{min(runs):,.0f}-{max(runs):,.0f}"
@@ -244,7 +253,7 @@ def main() -> None:
                 print("\n| prompt tokens | TTFT ms (median of 7) | llama.cpp ms |")
                 print("|---|---|---|")
                 for n_prompt in args.ttft:
-                    ref = TTFT_ANCHOR_MS.get((model, n_prompt))
+                    ref = ttft_anchors.get((model, n_prompt))
                     print(f"| {n_prompt} | {ttft_ms(engine, n_prompt, rng):.1f} | {ref or '-'} |", flush=True)
             if args.voice:
                 voice_under_load(engine, args.voice, rng)

@@ -3,11 +3,12 @@
 KV; none for E2B yet, so its row has no ratio).
 
     python bench/gpu.py [--models qwen3-0.6b qwen3-4b gemma4-e2b] [--kv int8 f16] [--depths 0 1024 4096]
-                        [--repeats 3] [--out DIR]
+                        [--repeats 3] [--out DIR] [--llama DIR/llama.json]
 
 Writes the synthetic GGUFs (bench/synthetic.py) into --out (default /tmp/genie-bench), then for each model
 and KV type prints pp512 (prefill of 512 tokens) and tg128 (128 greedy tokens, decode steps replayed as
-CUDA graphs) after a prompt of each depth, the ratio to llama.cpp, and the GPU memory the process holds.
+CUDA graphs) after a prompt of each depth, the ratio to llama.cpp (--llama: bench/llama_gpu.py's figures of the
+same call, for every model it ran; else ANCHORS below), and the GPU memory the process holds.
 bench/NOTES.md keeps each version's numbers (the fused one-launch decode step's among them, v7-v10: it left
 the product, slower than these separate kernels at depth).
 """
@@ -90,8 +91,14 @@ def main() -> None:
     p.add_argument("--depths", nargs="+", type=int, default=[0, 1024, 4096])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
+    p.add_argument("--llama", type=Path, help="llama.cpp's figures of this call (bench/llama_gpu.py's llama.json)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    anchors = ANCHORS
+    if args.llama:
+        from llama_gpu import load as load_llama
+
+        anchors = {m: {"pp512": r["pp512"], **r["tg"]} for m, r in load_llama(args.llama).items()}
     from workers.engine.backends.cupy import CupyBackend
     from workers.engine.model import Model
 
@@ -102,7 +109,7 @@ def main() -> None:
         model = Model.load(path, backend)
         for kv in args.kv:
             r = bench_model(model, path, kv, args.depths, args.repeats)
-            a = ANCHORS.get(name, {})
+            a = anchors.get(name, {})
             tg = " | ".join(
                 f"{r['tg'][d]:.0f} ({r['tg'][d] / a[d]:.2f}x)" if d in a else f"{r['tg'][d]:.0f}" for d in args.depths
             )
