@@ -1,5 +1,5 @@
 """The daemon: requests from its fronts (the ZMQ client and admin sockets, zmq_fronts.py; HTTP,
-http_server.py) sent to the worker as the scheduler (scheduler.py) says, the worker's answers relayed to
+http_server.py) sent to the worker as its request queue (request_queue.py) says, the worker's answers relayed to
 whoever asked; the worker and the KV store supervised, models loaded and switched."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from .kv_store_handle import KvStoreHandle
 from .metrics import DaemonMetrics
 from .model_info import ModelInfo, describe, known_at_once
 from .model_store import ModelStore
-from .scheduler import ReplyFn, Request, Scheduler, Switch
+from .request_queue import ReplyFn, Request, RequestQueue, Switch
 from .socket_dir import PRIVATE_SOCKET_MODE, SocketDir
 from .worker_handle import WorkerHandle
 from .zmq_fronts import ZmqFronts
@@ -77,7 +77,7 @@ class Daemon:
         self.fronts = ZmqFronts(self, self.clients, self.admin)
         self.worker = WorkerHandle(config)
         self.kv = KvStoreHandle(config, self.ctx) if config.kv_store else None
-        self.scheduler = Scheduler()
+        self.queue = RequestQueue()
         self._ids = itertools.count(1)
         self.started = time.monotonic()
         self.served = 0
@@ -145,7 +145,7 @@ class Daemon:
     async def unload(self, only_if_idle: bool = False) -> None:
         """Stops the worker; queued requests end with ERROR(unloaded). `only_if_idle`: not while another
         request runs or waits (an HTTP client's keep_alive 0 must not cut off the others)."""
-        if only_if_idle and not self.scheduler.is_idle():
+        if only_if_idle and not self.queue.is_idle():
             return
         if self.wanted:
             self.wanted = False
@@ -159,7 +159,7 @@ class Daemon:
         deadline = time.monotonic() + timeout_s
         target = model or self.config.model
         while target != self.config.model or not self.wanted:
-            if not self.wanted or self.scheduler.is_idle():
+            if not self.wanted or self.queue.is_idle():
                 self.load(target)
                 break
             if self.stopping.is_set():
@@ -226,7 +226,7 @@ class Daemon:
             await self.worker.start()
 
     async def _unload(self) -> None:
-        for req in self.scheduler.take_waiting():
+        for req in self.queue.take_waiting():
             await self.fail(req, "unloaded", "the model was unloaded")
         await self.worker.stop()
         await self._drop_in_flight("unloaded", "the model was unloaded during this request")
@@ -242,7 +242,7 @@ class Daemon:
             refusal = ("shutting_down", "genie is stopping")
         elif self.load_error and model in (None, self.config.model):
             refusal = ("model_unavailable", self.load_error)
-        elif self.scheduler.waiting() >= self.config.max_queue + self._free_slots():
+        elif self.queue.waiting() >= self.config.max_queue + self._free_slots():
             # max_queue counts the requests that wait: one that takes a free slot at once waits for nothing
             refusal = ("overloaded", f"{self.config.max_queue} requests are already waiting")
         if refusal:
@@ -251,16 +251,16 @@ class Daemon:
         if isinstance(msg, Generate) and "max_tokens" not in msg.params:  # no limit asked: still an end
             msg = replace(msg, params={**msg.params, "max_tokens": self.config.max_tokens_default})
         req = Request(owner, reply, msg.request_id, msg, f"q{next(self._ids)}", model)
-        self.scheduler.add(req, req.priority)
+        self.queue.add(req, req.priority)
         await self.dispatch()
 
     async def cancel(self, owner: Hashable, rid: str) -> None:
         """Idempotent: a queued request ends at once, one in flight at its next chunk or step."""
-        req = self.scheduler.withdraw(owner, rid)
+        req = self.queue.withdraw(owner, rid)
         if req is not None:
             await req.reply(Done(request_id=rid, finish_reason="cancelled"))
             return
-        run = self.scheduler.find_running(owner, rid)
+        run = self.queue.find_running(owner, rid)
         if run is not None:
             await self._cancel_in_flight(run)
 
@@ -281,12 +281,12 @@ class Daemon:
             return False
 
     async def dispatch(self) -> None:
-        """Sends the worker what the scheduler says may run now, as long as it has a free slot (its READY
-        said how many); loads the model the next request names when that is the scheduler's answer (the
+        """Sends the worker what the request queue says may run now, as long as it has a free slot (its READY
+        said how many); loads the model the next request names when that is the queue's answer (the
         READY dispatches again). Called whenever a request arrives, ends or a worker is ready."""
         while True:
             identity = self.worker.identity if self.worker.ready else None
-            step = self.scheduler.next(self._slots(), self.config.model if self.wanted else None)
+            step = self.queue.next(self._slots(), self.config.model if self.wanted else None)
             if isinstance(step, Switch):
                 self.load(step.model)
                 return
@@ -301,11 +301,11 @@ class Daemon:
             except (ProtocolError, ValueError, TypeError, OverflowError) as e:
                 await self.fail(req, "bad_request", f"the request cannot be encoded: {e}")
                 continue
-            self.scheduler.start(req)
+            self.queue.start(req)
             if not await self._to_worker(identity, frames):  # not connected: it waits for the worker
-                self.scheduler.finish(req.internal_id)
+                self.queue.finish(req.internal_id)
                 req.runs -= 1  # it never reached one
-                self.scheduler.requeue([req])
+                self.queue.requeue([req])
                 self._dispatch_later(UNREACHABLE_RETRY_S)
                 return
 
@@ -326,7 +326,7 @@ class Daemon:
         return self.worker.capacity if self.worker.ready and self.worker.identity is not None else 0
 
     def _free_slots(self) -> int:
-        return max(0, self._slots() - len(self.scheduler.running))
+        return max(0, self._slots() - len(self.queue.running))
 
     # -- the worker ---------------------------------------------------------------------------------------
     async def worker_loop(self) -> None:
@@ -369,11 +369,11 @@ class Daemon:
         log.error("event=worker_dead reason=%r", msg.reason)
 
     async def _on_answer(self, msg: Delta | Done | Error) -> None:
-        if msg.request_id in self.scheduler.running:  # else a request already ended here (cancelled, dropped)
+        if msg.request_id in self.queue.running:  # else a request already ended here (cancelled, dropped)
             await self.relay(msg.request_id, msg)
 
     async def relay(self, internal_id: str, msg: Delta | Done | Error) -> None:
-        req = self.scheduler.running[internal_id]
+        req = self.queue.running[internal_id]
         body = msg.body()
         body["request_id"] = req.client_rid
         await req.reply(type(msg)(**body))  # checked when it arrived: not again
@@ -385,7 +385,7 @@ class Daemon:
         elif isinstance(msg, Error):
             self.metrics.observe_error(msg.code)
         if isinstance(msg, (Done, Error)):
-            self.scheduler.finish(internal_id)
+            self.queue.finish(internal_id)
             self.served += 1
             await self.dispatch()
 
@@ -442,7 +442,7 @@ class Daemon:
         next one, for another model, may then load its own."""
         self.load_error = error
         log.error("event=load_failed model=%r error=%r", self.config.model, error)
-        for req in self.scheduler.take_waiting(self.config.model, also_unnamed=True):
+        for req in self.queue.take_waiting(self.config.model, also_unnamed=True):
             await self.fail(req, "model_unavailable", error)
         await self.dispatch()
 
@@ -451,18 +451,18 @@ class Daemon:
         DELTA) is run again on the next worker, once: its client sees a slower answer, not an error. One
         that had output, or that a worker died under before, ends with ERROR(worker_died)."""
         again: list[Request] = []
-        for req in self.scheduler.take_running():
+        for req in self.queue.take_running():
             if req.answered or req.runs > 1:
                 await self.fail(req, "worker_died", "the worker stopped during this request; it is being restarted")
             else:
                 again.append(req)
         if again:
             log.warning("event=requests_run_again n=%d", len(again))
-            self.scheduler.requeue(again)
+            self.queue.requeue(again)
 
     async def _drop_in_flight(self, code: str, message: str) -> None:
         """Every request in flight ends with ERROR(code): its worker is gone or going."""
-        for req in self.scheduler.take_running():
+        for req in self.queue.take_running():
             await self.fail(req, code, message)
 
     def status(self) -> dict[str, Any]:
@@ -480,9 +480,9 @@ class Daemon:
             "worker_pid": self.worker.pid,
             "worker_restarts": self.worker.restarts,
             "kv_store_pid": self.kv.pid if self.kv else None,
-            "queue": self.scheduler.waiting(),
-            "running": len(self.scheduler.running),  # requests in flight on the worker
-            "slots": {"in_use": len(self.scheduler.running), "total": self.worker.capacity},
+            "queue": self.queue.waiting(),
+            "running": len(self.queue.running),  # requests in flight on the worker
+            "slots": {"in_use": len(self.queue.running), "total": self.worker.capacity},
             "requests_served": self.served,
             "recent_decode_tok_s": round(self.recent_tok_s, 1),
             "loaded_model": self.config.model if self.wanted else None,
@@ -512,8 +512,8 @@ class Daemon:
         log.info(
             "event=stopping reason=%s running=%d queued=%d",
             self.stop_reason,
-            len(self.scheduler.running),
-            self.scheduler.waiting(),
+            len(self.queue.running),
+            self.queue.waiting(),
         )
         await self.drain()
         for t in tasks:
@@ -544,9 +544,9 @@ class Daemon:
     async def drain(self) -> None:
         """SIGTERM: queued requests end as cancelled; those in flight go on for drain_timeout_s (default 0),
         then are cancelled, and their DONE is awaited a bounded time (the worker saves their KV after it)."""
-        for req in self.scheduler.take_waiting():
+        for req in self.queue.take_waiting():
             await req.reply(Done(request_id=req.client_rid, finish_reason="cancelled"))
-        running = self.scheduler.running
+        running = self.queue.running
         deadline = time.monotonic() + self.config.drain_timeout_s
         while running and time.monotonic() < deadline:
             await asyncio.sleep(0.02)

@@ -467,7 +467,7 @@ def test_a_generate_without_max_tokens_gets_the_default_cap(tmp_path):
                 Prewarm(request_id="c", prompt="x"),
             ):
                 await daemon.submit("owner", reply, msg)
-            return refused, [req.msg for req in daemon.scheduler.queues["voice"]]
+            return refused, [req.msg for req in daemon.queue.queues["voice"]]
         finally:
             await daemon.shutdown()
 

@@ -334,7 +334,7 @@ def test_a_request_the_worker_cannot_be_sent_waits_for_it_not_running_for_ever(t
             await asyncio.sleep(0.3)  # the ROUTER notices the disconnect
             lost = await rig.ask("lost")
             await asyncio.sleep(0.3)
-            assert lost.empty() and not rig.daemon.scheduler.running and rig.daemon.status()["queue"] == 1
+            assert lost.empty() and not rig.daemon.queue.running and rig.daemon.status()["queue"] == 1
             rig.inbound = rig._dealer(rig.worker.identities[0])
             await rig.inbound.send_multipart(encode(Heartbeat(seq=1)))
             sent = await rig.sent()

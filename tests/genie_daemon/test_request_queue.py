@@ -1,11 +1,11 @@
-"""The scheduler's decisions (scheduler.py): what the worker gets next, how many at once, when a model
+"""The request queue's decisions (request_queue.py): what the worker gets next, how many at once, when a model
 switch may happen. tests/genie_daemon/test_slots.py drives them through the daemon's sockets."""
 
 from __future__ import annotations
 
 import itertools
 
-from genie_daemon.scheduler import Request, Scheduler, Switch
+from genie_daemon.request_queue import Request, RequestQueue, Switch
 from protocol.messages import Generate
 
 _ids = itertools.count()
@@ -13,12 +13,12 @@ _ids = itertools.count()
 
 def req(rid: str, owner: str = "a", model: str | None = None) -> Request:
     async def reply(msg: object) -> None:
-        raise AssertionError("the scheduler never answers")
+        raise AssertionError("the queue never answers")
 
     return Request(owner, reply, rid, Generate(request_id=rid, prompt="x"), f"q{next(_ids)}", model)
 
 
-def started(s: Scheduler, slots: int, served: str | None = "m") -> list[str]:
+def started(s: RequestQueue, slots: int, served: str | None = "m") -> list[str]:
     """Takes what `next` gives, as the daemon's dispatch does, until it gives no request."""
     out = []
     while isinstance(step := s.next(slots, served), Request):
@@ -28,7 +28,7 @@ def started(s: Scheduler, slots: int, served: str | None = "m") -> list[str]:
 
 
 def test_voice_before_background_each_in_arrival_order_up_to_the_slots():
-    s = Scheduler()
+    s = RequestQueue()
     for rid, priority in (("b1", "background"), ("v1", "voice"), ("b2", "background"), ("v2", "voice")):
         s.add(req(rid), priority)
     assert started(s, 3) == ["v1", "v2", "b1"]
@@ -40,7 +40,7 @@ def test_voice_before_background_each_in_arrival_order_up_to_the_slots():
 
 
 def test_no_slot_while_no_worker_is_ready():
-    s = Scheduler()
+    s = RequestQueue()
     s.add(req("v1"), "voice")
     assert s.next(0, "m") is None and s.waiting() == 1
 
@@ -48,7 +48,7 @@ def test_no_slot_while_no_worker_is_ready():
 def test_another_model_is_loaded_only_when_nothing_is_in_flight_and_blocks_those_behind():
     """The worker runs one model: a request naming another waits for the requests in flight on the old
     one, and those queued behind it wait too (queue order), even with slots free."""
-    s = Scheduler()
+    s = RequestQueue()
     s.add(req("v1"), "voice")
     s.add(req("other", model="n"), "voice")
     s.add(req("v3"), "voice")
@@ -60,13 +60,13 @@ def test_another_model_is_loaded_only_when_nothing_is_in_flight_and_blocks_those
 
 
 def test_after_an_unload_a_request_naming_a_model_loads_it():
-    s = Scheduler()
+    s = RequestQueue()
     s.add(req("v1", model="m"), "voice")
     assert s.next(1, None) == Switch("m")
 
 
 def test_withdraw_find_and_take():
-    s = Scheduler()
+    s = RequestQueue()
     s.add(req("x", owner="a"), "voice")
     s.add(req("x", owner="b", model="n"), "background")
     s.add(req("y", owner="a", model="n"), "voice")

@@ -39,7 +39,7 @@ class Switch:
     model: str
 
 
-class Scheduler:
+class RequestQueue:
     def __init__(self) -> None:
         self.queues: dict[str, deque[Request]] = {p: deque() for p in PRIORITIES}
         self.running: dict[str, Request] = {}  # in flight on the worker, by internal id
