@@ -117,11 +117,6 @@ def daemon_values(opts: AddonOptions) -> dict[str, Any]:
     }
 
 
-def options_to_toml(options: dict[str, Any]) -> str:
-    """genie.toml for the add-on's options; ValueError for bad ones."""
-    return render_toml(parse_options(options))
-
-
 def render_toml(opts: AddonOptions) -> str:
     values = daemon_values(opts)
     return HEADER + "".join(f"{key} = {toml_value(value)}\n" for key, value in values.items())

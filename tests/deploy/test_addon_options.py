@@ -17,8 +17,8 @@ from genie_daemon.addon_options import (
     KV_CACHE_DIR,
     MODELS_DIR,
     main,
-    options_to_toml,
     parse_options,
+    render_toml,
     toml_string,
 )
 
@@ -60,7 +60,7 @@ EDGE_CASES = [
 
 @pytest.mark.parametrize("options", EDGE_CASES)
 def test_toml_keys_are_daemon_config_fields(options, tmp_path):
-    text = options_to_toml(options)
+    text = render_toml(parse_options(options))
     values = tomllib.loads(text)
     assert set(values) <= FIELDS | HTTP_KEYS
     c = _load(text, tmp_path, drop=HTTP_KEYS - FIELDS)  # whatever DaemonConfig has today
@@ -80,7 +80,7 @@ def test_toml_keys_are_daemon_config_fields(options, tmp_path):
 @needs_http_keys
 @pytest.mark.parametrize("options", EDGE_CASES)
 def test_load_config_accepts_the_whole_toml(options, tmp_path):
-    c = _load(options_to_toml(options), tmp_path)
+    c = _load(render_toml(parse_options(options)), tmp_path)
     assert (c.http, c.http_host, c.http_port) == (True, "0.0.0.0", 11434)
     assert c.api_key == (options.get("api_key") or "")
 
@@ -118,7 +118,7 @@ def test_load_config_accepts_the_whole_toml(options, tmp_path):
 )
 def test_bad_options_name_the_option(options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        options_to_toml(options)
+        render_toml(parse_options(options))
 
 
 def test_options_must_be_an_object():

@@ -113,9 +113,6 @@ class MetaReader:
         self.meta, self.arch, self.path = meta, arch, path
         self.tensors: Mapping[str, TensorInfo] = tensors or {}
 
-    def has(self, key: str) -> bool:
-        return f"{self.arch}.{key}" in self.meta
-
     def _number(self, key: str, default: Any, kind: type) -> Any:
         full = f"{self.arch}.{key}"
         value = self.meta.get(full, default)

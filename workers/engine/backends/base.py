@@ -292,14 +292,9 @@ class Backend(ABC):
     def softcap(self, x: Array, cap: float) -> Array:
         """cap * tanh(x / cap)."""
 
-    def greedy_token(self, logits: Array) -> int:
-        """The index of the largest value in the last row of `logits` (the first of equals), or -1 when any
-        value of that row is not finite. A device backend computes it there and copies back one int."""
-        row = self.to_host(logits)[-1]
-        return int(np.argmax(row)) if np.isfinite(row).all() else -1
-
     def greedy_tokens(self, logits: Array, rows: list[int]) -> list[int]:
-        """greedy_token of each of these rows of `logits` (a device backend: in one launch and one copy)."""
+        """The index of the largest value in each of these rows of `logits` (the first of equals), or -1 for a row
+        with a value that is not finite (a device backend: in one launch and one copy back)."""
         host = self.to_host(logits)
         return [int(np.argmax(host[r])) if np.isfinite(host[r]).all() else -1 for r in rows]
 

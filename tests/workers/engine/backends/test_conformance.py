@@ -209,9 +209,9 @@ def test_softcap_greedy_token_and_rows(backend):
     assert rel_err(host(backend, backend.softcap(xp.asarray(x), 30.0)), 30 * np.tanh(x.astype(np.float64) / 30)) < 1e-6
     logits = rng.standard_normal((2, 1000), dtype=np.float32)
     logits[-1, 17] = logits[-1, 900] = 9.0  # a tie: the first
-    assert backend.greedy_token(xp.asarray(logits)) == 17
+    assert backend.greedy_tokens(xp.asarray(logits), [1]) == [17]
     logits[-1, 5] = np.nan
-    assert backend.greedy_token(xp.asarray(logits)) == -1
+    assert backend.greedy_tokens(xp.asarray(logits), [1]) == [-1]
     many = rng.standard_normal((4, 3000), dtype=np.float32)
     many[1, 7] = many[1, 2900] = 50.0  # a tie: the first
     many[2, 11] = np.inf  # a row with a value that is not finite: -1, the others unaffected

@@ -937,24 +937,24 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
 
 
 def test_greedy_token_on_the_device(gpu):
-    """argmax_row: numpy.argmax of the last row (the first of equal maxima), -1 for any non-finite value."""
+    """argmax_rows: numpy.argmax of a row (the first of equal maxima), -1 for any non-finite value in it."""
     import cupy as cp
 
     rng = np.random.default_rng()
     for n in (151936, 262144, 1000, 7):
         logits = rng.standard_normal((2, n), dtype=np.float32)
-        assert gpu.greedy_token(cp.asarray(logits)) == int(np.argmax(logits[-1]))
+        assert gpu.greedy_tokens(cp.asarray(logits), [1]) == [int(np.argmax(logits[-1]))]
         tied = logits.copy()
         first, second = sorted(rng.choice(n, 2, replace=False))
         tied[-1, first] = tied[-1, second] = tied[-1].max() + 1  # equal maxima: the first one
-        assert gpu.greedy_token(cp.asarray(tied)) == first
+        assert gpu.greedy_tokens(cp.asarray(tied), [1]) == [first]
         for bad in (np.nan, np.inf, -np.inf):
             poisoned = logits.copy()
             poisoned[-1, rng.integers(n)] = bad
-            assert gpu.greedy_token(cp.asarray(poisoned)) == -1
+            assert gpu.greedy_tokens(cp.asarray(poisoned), [1]) == [-1]
         poisoned = logits.copy()
-        poisoned[0, 0] = np.nan  # only the last row counts
-        assert gpu.greedy_token(cp.asarray(poisoned)) == int(np.argmax(logits[-1]))
+        poisoned[0, 0] = np.nan  # only the row asked for counts
+        assert gpu.greedy_tokens(cp.asarray(poisoned), [1]) == [int(np.argmax(logits[-1]))]
 
 
 @pytest.mark.parametrize("arch", ["87", "86"])

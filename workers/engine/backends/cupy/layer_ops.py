@@ -126,9 +126,6 @@ class CupyLayerOps(CupyCore):
             self._op("gather_slot_rows")((8, len(arrays)), (256,), (table, np.int64(slot), np.int64(n), out))
         return out
 
-    def greedy_token(self, logits: Any) -> int:
-        return self.greedy_tokens(logits, [logits.shape[0] - 1])[0]
-
     def greedy_tokens(self, logits: Any, rows: list[int]) -> list[int]:
         """Every row's argmax in one launch (argmax_rows: a row a grid row) and one copy back."""
         return [int(t) for t in self.xp.asnumpy(self._argmax_rows(logits, rows))]

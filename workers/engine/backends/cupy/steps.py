@@ -1,5 +1,5 @@
 """A step's inputs staged on the device, and steps captured as CUDA graphs and replayed: the token ids,
-positions and per-segment rows live in buffers the graphs read, replaced (and `buffer_version` bumped) only
+positions and per-segment rows live in buffers the graphs read, replaced (and `_version` bumped) only
 when they must grow; every capture allocates from one pool no eager code is handed."""
 
 from __future__ import annotations
@@ -33,20 +33,6 @@ class _Captured:
 
 class CupySteps(CupyCore):
     # -- steps and CUDA graphs ---------------------------------------------------------------------------
-    def rope_table(self, base: float, scale: float, rope_dim: int, n_pos: int) -> Any:
-        """The cos/sin tables [>= n_pos, rope_dim / 2] on the device (replacing one bumps `buffer_version`)."""
-        return self._rope_table(base, scale, rope_dim, n_pos)
-
-    def staged_inputs(self) -> tuple[Any, Any]:
-        """The device buffers stage_inputs fills: token ids (int64), and the first position and the K/V slot
-        (int32)."""
-        return self._ids, self._pos
-
-    @property
-    def buffer_version(self) -> int:
-        """Bumped whenever a buffer that captured steps point to is replaced."""
-        return self._version
-
     def reserve_steps(self, max_tokens: int, max_segments: int, n_ctx: int) -> None:
         """The buffers captured steps read, sized for the engine's largest step now: grown later, each would
         make every captured step stale (its next use an eager pass and a capture, 30-50 ms of a 4B step on the
