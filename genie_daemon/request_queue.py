@@ -9,10 +9,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
-from protocol.messages import Generate, Message, Prewarm
+from protocol.messages import PRIORITIES, Generate, Message, Prewarm, Priority
 
 ReplyFn = Callable[[Message], Awaitable[None]]
-PRIORITIES = ("voice", "background")  # the order queues are served in
 
 
 @dataclass
@@ -28,8 +27,8 @@ class Request:
     runs: int = 0  # times it was sent to a worker
 
     @property
-    def priority(self) -> str:
-        return self.msg.priority if isinstance(self.msg, Generate) else "voice"
+    def priority(self) -> Priority:
+        return self.msg.priority
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class RequestQueue:
         """Nothing in flight and nothing waiting."""
         return not self.running and not self.waiting()
 
-    def add(self, req: Request, priority: str) -> None:
+    def add(self, req: Request, priority: Priority) -> None:
         self.queues[priority].append(req)
 
     def next(self, slots: int, served: str | None) -> Request | Switch | None:

@@ -6,10 +6,19 @@ answered by progress REPLYs, then a last REPLY or ERROR."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 from .errors import BAD_MESSAGE, ProtocolError
 from .schema import Field, rules_of, validate, wire
+
+# How an answer ended (DONE.finish_reason): its stop (EOS or a stop string), its token cap, cancelled, or an error
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
+# GENERATE.priority, in the order the daemon's queues and the engine's prefills serve them; a GENERATE that names
+# none is a voice request (DEFAULT_PRIORITY), and so is an engine sequence that names none
+Priority = Literal["voice", "background"]
+PRIORITIES: tuple[Priority, ...] = get_args(Priority)
+DEFAULT_PRIORITY: Priority = "voice"
 
 # Sampling parameters a GENERATE may carry (all optional; the engine's defaults apply, but the daemon sets
 # max_tokens when it is absent: SPEC.md).
@@ -69,7 +78,7 @@ class Generate(Message):
     params: dict[str, Any] = wire("dict", default_factory=dict)
     conv_id: str | None = wire("conv_id", default=None)
     stream: bool = wire("bool", default=True)
-    priority: str = wire("enum:voice|background", default="voice")
+    priority: Priority = wire("enum:" + "|".join(PRIORITIES), default=DEFAULT_PRIORITY)
     think: bool = wire("bool", default=False)
     tools: list[dict[str, Any]] | None = wire(
         "tools", default=None
@@ -117,7 +126,7 @@ class Delta(Message):
 class Done(Message):
     TYPE = 0x03
     request_id: str = wire("id")
-    finish_reason: str = wire("enum:stop|length|cancelled|error")
+    finish_reason: FinishReason = wire("enum:" + "|".join(FINISH_REASONS))
     usage: dict[str, int] = wire("dict", default_factory=dict)  # prompt_tokens, cached_tokens, completion_tokens
     timings: dict[str, float] = wire(
         "dict", default_factory=dict
@@ -145,6 +154,7 @@ class Prewarm(Message):
     messages: list[dict[str, Any]] | None = wire("messages", default=None)
     prompt: str | None = wire("str", default=None)
     conv_id: str | None = wire("conv_id", default=None)
+    priority: ClassVar[Priority] = "voice"  # served as a voice request (the wake word came): not on the wire
 
 
 @dataclass

@@ -289,8 +289,7 @@ class Worker:
             constraint = self.engine.json_constraint(fmt) if fmt is not None else None
             # SIGTERM (the daemon stopping, or the daemon gone: exit_with_parent) ends the turn like a CANCEL
             cancel = lambda: rid in self.cancelled or self.stopping  # noqa: E731
-            priority = msg.priority if isinstance(msg, Generate) else "voice"
-            seq = self.engine.sequence(ids, params, cancel, constraint, priority, n_ctx=n_ctx)  # type: ignore[arg-type]
+            seq = self.engine.sequence(ids, params, cancel, constraint, msg.priority, n_ctx=n_ctx)
         except GenieError as e:  # the request's fault: reply and go on
             self.send(Error(request_id=rid, code="bad_request", message=str(e)))
             self.cancelled.pop(rid, None)

@@ -19,6 +19,7 @@ import numpy as np
 from genie_common import defaults
 from genie_common.errors import BackendUnsupportedError, ModelError, RequestError
 from genie_common.registry import DEFAULT_MODEL, resolve_model
+from protocol.messages import DEFAULT_PRIORITY, Priority
 
 from .arch.layers import forward, forward_batch
 from .backends import BACKEND_CHOICES, select_backend
@@ -35,7 +36,7 @@ from .model_config import ModelConfig
 from .next_tokens import NextTokens
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Completion, Delta, Failed, Priority, Sequence
+from .sequence import Completion, Delta, Failed, Sequence
 
 log = logging.getLogger("genie.engine")
 DEFAULT_SAMPLING = SamplingParams()
@@ -387,7 +388,7 @@ class Engine:
         params: SamplingParams = DEFAULT_SAMPLING,
         cancel: Callable[[], bool] = lambda: False,
         constraint: JsonConstraint | None = None,
-        priority: Priority = "background",
+        priority: Priority = DEFAULT_PRIORITY,
         slot: int | None = None,
         n_ctx: int | None = None,
     ) -> Sequence:

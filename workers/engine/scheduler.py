@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from genie_common.errors import ModelError
+from protocol.messages import FinishReason
 
 from .arch.layers import Interrupted
 from .batch import Segment
@@ -337,11 +338,11 @@ class Scheduler:
         return segments, seqs
 
     # -- ends -------------------------------------------------------------------------------------------
-    def _end(self, seq: Sequence, reason: str | None) -> list[tuple[Sequence, Event]]:
+    def _end(self, seq: Sequence, reason: FinishReason | None) -> list[tuple[Sequence, Event]]:
         self._release(seq)
         return self._ending(seq, reason)
 
-    def _ending(self, seq: Sequence, reason: str | None) -> list[tuple[Sequence, Event]]:
+    def _ending(self, seq: Sequence, reason: FinishReason | None) -> list[tuple[Sequence, Event]]:
         """The sequence's last events (the flushed text, the Completion), or Failed when making them raises."""
         try:
             return [(seq, ev) for ev in seq.end(reason)]

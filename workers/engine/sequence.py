@@ -12,18 +12,17 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
+
+from protocol.messages import DEFAULT_PRIORITY, PRIORITIES, FinishReason, Priority
 
 from .constraint import JsonConstraint
 from .sampling import Sampler, SamplingParams
 from .text_filters import StopMatcher
 from .tokenizer import Tokenizer
 
-FinishReason = str  # "stop" | "length" | "cancelled"
-Priority = Literal["voice", "background"]
-PRIORITY_RANK = {"voice": 0, "background": 1}  # a voice prompt's prefill goes first
+PRIORITY_RANK = {p: rank for rank, p in enumerate(PRIORITIES)}  # a voice prompt's prefill goes first
 _arrivals = itertools.count()
 
 
@@ -74,7 +73,7 @@ class Sequence:
         tokenizer: Tokenizer,
         cancel: Callable[[], bool] = lambda: False,
         constraint: JsonConstraint | None = None,
-        priority: Priority = "background",
+        priority: Priority = DEFAULT_PRIORITY,
         slot: int | None = None,
         n_ctx: int = 0,
     ) -> None:

@@ -305,8 +305,8 @@ def test_a_voice_prompt_is_prefilled_first(tmp_path: Path) -> None:
     """A long background prompt and a short voice one arrive together: the voice stream's first token
     comes from the first step, which runs its prompt alone, before the background prompt's first chunk."""
     engine = make(model_path(tmp_path, "llama"), "f16")
-    background = engine.sequence(prompt(21, 40), greedy(4))
-    voice = engine.sequence(prompt(22, CHUNK), greedy(4), priority="voice")
+    background = engine.sequence(prompt(21, 40), greedy(4), priority="background")
+    voice = engine.sequence(prompt(22, CHUNK), greedy(4))  # a sequence that names none is a voice one
     steps: list[list[int]] = []  # the slots of each step's segments
     run_step = engine.run_step
 
