@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from protocol.kv_messages import KvSaveCounts
+from protocol.messages import Timings, Usage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -44,7 +45,7 @@ class DaemonMetrics:
         self._state = _StateCollector()
         r.register(self._state)
 
-    def observe_done(self, finish_reason: str, usage: dict[str, Any], timings: dict[str, Any]) -> None:
+    def observe_done(self, finish_reason: str, usage: Usage, timings: Timings) -> None:
         self.requests.labels(finish_reason).inc()
         self.prompt_tokens.inc(max(0, int(usage.get("prompt_tokens", 0))))
         self.cached_tokens.inc(max(0, int(usage.get("cached_tokens", 0))))

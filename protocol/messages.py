@@ -6,7 +6,7 @@ answered by progress REPLYs, then a last REPLY or ERROR."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, TypedDict, get_args
 
 from .errors import BAD_MESSAGE, ProtocolError
 from .schema import Field, rules_of, validate, wire
@@ -19,6 +19,27 @@ FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 Priority = Literal["voice", "background"]
 PRIORITIES: tuple[Priority, ...] = get_args(Priority)
 DEFAULT_PRIORITY: Priority = "voice"
+
+
+class Usage(TypedDict, total=False):
+    """DONE.usage (SPEC.md); an answer that ended before the worker ran it (cancelled while queued) has none."""
+
+    prompt_tokens: int
+    cached_tokens: int  # of prompt_tokens, hydrated from saved KV or kept in the slot
+    completion_tokens: int
+    dropped_messages: int  # the oldest messages left out so that a conversation fits the context
+    ctx: int  # the context it had: GENERATE's ctx, at most the worker's
+
+
+class Timings(TypedDict, total=False):
+    """DONE.timings (SPEC.md), as Usage."""
+
+    ttft_ms: float
+    prefill_ms: float
+    decode_ms: float
+    prefill_tok_s: float
+    decode_tok_s: float
+
 
 # Sampling parameters a GENERATE may carry (all optional; the engine's defaults apply, but the daemon sets
 # max_tokens when it is absent: SPEC.md).
@@ -127,10 +148,8 @@ class Done(Message):
     TYPE = 0x03
     request_id: str = wire("id")
     finish_reason: FinishReason = wire("enum:" + "|".join(FINISH_REASONS))
-    usage: dict[str, int] = wire("dict", default_factory=dict)  # prompt_tokens, cached_tokens, completion_tokens
-    timings: dict[str, float] = wire(
-        "dict", default_factory=dict
-    )  # ttft_ms, prefill_ms, decode_ms, prefill/decode_tok_s
+    usage: Usage = wire("dict", default_factory=Usage)
+    timings: Timings = wire("dict", default_factory=Timings)
 
 
 @dataclass
