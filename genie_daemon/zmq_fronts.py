@@ -1,19 +1,21 @@
 """The daemon's two ZeroMQ fronts, as http_server.py is its HTTP one: the client socket (GENERATE, PREWARM
 and CANCEL from voice pipelines and GenieClient, STATUS and HEALTH) and genie-ctl's admin socket (STATUS,
 HEALTH, METRICS, LOAD, UNLOAD, the KV store's calls, PULL). Each decodes a frame, answers a malformed one
-with ERROR, and hands the rest to the daemon (server.py), which owns the sockets."""
+with ERROR, and hands the rest to the daemon (server.py), which owns the sockets, through the narrow interface
+below (ZmqService): the fronts import nothing of the daemon's."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import zmq.asyncio
 
+from genie_common.config import DaemonConfig
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -35,10 +37,30 @@ from protocol.messages import (
     Unload,
 )
 
+from .kv_store_handle import KvStoreHandle
+from .metrics import DaemonMetrics
+from .model_store import ModelStore
+
 log = logging.getLogger("genie.daemon")
 
-if TYPE_CHECKING:
-    from .server import Daemon
+
+class ZmqService(Protocol):
+    """What the ZeroMQ fronts need from the daemon: requests in and out, its state, the KV store and the
+    models directory it owns, and the admin calls that load, unload and stop."""
+
+    config: DaemonConfig
+    metrics: DaemonMetrics
+    kv: KvStoreHandle | None
+    store: ModelStore
+
+    async def submit(self, owner: Hashable, reply: Any, msg: Generate | Prewarm, model: str | None = None) -> None: ...
+    async def cancel(self, owner: Hashable, rid: str) -> None: ...
+    def status(self) -> dict[str, Any]: ...
+    async def kv_metrics(self) -> dict[str, Any]: ...
+    def is_current(self, model: str) -> bool: ...
+    def load(self, model: str) -> None: ...
+    async def unload(self, only_if_idle: bool = False) -> None: ...
+    def stop(self, reason: str) -> None: ...
 
 
 def _unsupported(msg: Message) -> Error:
@@ -47,7 +69,7 @@ def _unsupported(msg: Message) -> Error:
 
 
 class ZmqFronts:
-    def __init__(self, daemon: Daemon, clients: zmq.asyncio.Socket, admin: zmq.asyncio.Socket) -> None:
+    def __init__(self, daemon: ZmqService, clients: zmq.asyncio.Socket, admin: zmq.asyncio.Socket) -> None:
         self.daemon = daemon
         self.clients = clients
         self.admin = admin
