@@ -21,9 +21,8 @@ class KernelFamily:
     paths_90: bool  # bulk copies, clusters and programmatic dependent launch; the modules' -DPATHS_90
     products: tuple[str, str] | None  # the tensor-core products' kernels: one token, n tokens (None: dp4a only)
     decode_attention: tuple[str, str] | None  # one-token attention in one launch: one row, a step's rows
-    # the products' ring of weight stages (MMA_STAGES): 3 with bulk copies; 2 with cp.async, where the smaller
-    # ring measured 41 -> 47 tok/s decode on 8 SMs of the H200 and 370 -> 384 on all 132 (4B; bench/NOTES.md
-    # v23), and lets a Q6_K ring with its input fit an RTX 30's 99 KiB a block (3 stages: 107 KiB)
+    # the products' ring of weight stages (MMA_STAGES): 3 with bulk copies; 2 with cp.async, faster on few SMs
+    # and on many (bench/NOTES.md v23), and a Q6_K ring with its input then fits an RTX 30's 99 KiB a block
     mma_stages: int
 
 

@@ -350,7 +350,7 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 // up to MMA_U units) is one contiguous run: one copy, rows packed. Warp w takes the (unit, half) items w,
 // w + n_warps, ... of a stage, and a tile's sums meet in shared memory in warp order: nothing depends on timing.
 #ifndef MMA_STAGES
-#error "MMA_STAGES: the backend builds this module with its kernel family's ring (quant_consts.py)"
+#error "MMA_STAGES: the backend builds this module with its kernel family's ring (family.py)"
 #endif
 #define MMA_U 10  // units a stage row: a Qwen3 row of 2 560 values in one stage
 template <int T> struct MmaRow;
@@ -516,10 +516,8 @@ struct MmaStream {
         row_step = whole ? nb * UB : ROW;
     }
     // stage s by cp.async: a tile of whole rows as one run of 16-byte lines, the threads taking them in turn;
-    // else blockDim.x / 16 threads a row, each its row's lines c0, c0 + that, ... The copies are most of what
-    // the 8.x form executes beside the products' own work (ncu: the first form, a division and a 64-bit unit a
-    // line, made gate_up 26 % more instructions than the bulk copies' 9.0 form), so a line costs a copy and
-    // two additions here.
+    // else blockDim.x / 16 threads a row (a block is whole warps), each its row's lines c0, c0 + that, ...: a
+    // line costs a copy and two additions, its row's unit and offset found once a stage (bench/NOTES.md v23)
     __device__ void issue_async(int s) {
         const int tile = tile0 + s / ncs, cs = s % ncs, ub = cs * cu, nu = min(cu, nb - ub);
         const int nr = min(16, rows - 16 * tile);
