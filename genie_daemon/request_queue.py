@@ -40,7 +40,7 @@ class Switch:
 
 class RequestQueue:
     def __init__(self) -> None:
-        self.queues: dict[str, deque[Request]] = {p: deque() for p in PRIORITIES}
+        self.queues: dict[Priority, deque[Request]] = {p: deque() for p in PRIORITIES}
         self.running: dict[str, Request] = {}  # in flight on the worker, by internal id
 
     def waiting(self) -> int:

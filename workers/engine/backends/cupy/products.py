@@ -182,7 +182,8 @@ class CupyProducts(CupyWeights):
                 self._version += 1  # captured steps hold the old counters
         residual = None if then is None else then.residual
         grid = ((w.rows + rows_per_block - 1) // rows_per_block,)
-        if mma_tiles and self.family.products is not None:  # _mma_tiles is 0 where the family has none
+        if mma_tiles:
+            assert self.family.products is not None  # _mma_tiles is 0 where the family has none
             kernel = self._kernel(self.family.products[0], w.qtype)
             _, threads, smem = self._mma_shape(w)
             kernel.allow_smem(smem)
