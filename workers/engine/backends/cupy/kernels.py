@@ -85,8 +85,10 @@ class Kernel:
         self.raw.max_dynamic_shared_size_bytes = value
 
     def allow_smem(self, smem: int) -> None:
-        """Opts in to `smem` bytes of dynamic shared memory past the default 48 KiB (Hopper: up to 227 KiB)."""
-        if smem > 48 * 1024 and self.max_dynamic_shared_size_bytes < smem:
+        """Opts in to `smem` bytes of dynamic shared memory where the kernel's limit is lower: by default it is
+        48 KiB less the kernel's static shared memory, so a launch below 48 KiB of dynamic memory may need it
+        too (gemv1mc's 2-stage Q4_K ring for 768 values, 47.7 KiB beside 2.2 KiB static, failed without it)."""
+        if self.max_dynamic_shared_size_bytes < smem:
             self.max_dynamic_shared_size_bytes = smem
 
 
