@@ -9,7 +9,8 @@ The binaries come from ../shared/tools/llama-cpp-gpu.sh (`fetch` here, `build` o
 device call). Flash attention on, F16 KV (llama.cpp's default), all layers on the GPU. Prints a table and writes
 DIR/llama.json, which gpu.py and batch.py read for their ratio columns in place of ../shared/ANCHORS.md's
 figures: model -> {"pp33", "pp512", "tg": {depth: tok/s}, "s_tg": {streams: tok/s}, "ttft_ms": {33: ms}}.
-TTFT as llama.cpp has it for a 33-token prompt: its pp33 time and one decode step at depth 0.
+TTFT as llama.cpp has it for a 33-token prompt: its pp33 time (the prompt's pass, which gives the last token's
+logits, as genie's TTFT is its prompt's pass; until 2026-12-05 a decode step was added to it as well).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def main() -> None:
     for model, gguf in files.items():
         r = single(args.bin / "llama-bench", gguf, args.depths, args.repeats)
         r["s_tg"] = batched(args.bin / "llama-batched-bench", gguf, args.streams, 128, 128)
-        r["ttft_ms"] = {33: 1000 * (33 / r["pp33"] + 1 / r["tg"][0])}
+        r["ttft_ms"] = {33: 1000 * 33 / r["pp33"]}
         results[model] = r
         print(f"{model}: {json.dumps(r)}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -182,6 +182,58 @@ def test_a_retuned_compiled_size_builds_its_module_again_with_the_same_numbers(g
     np.testing.assert_array_equal(product(), first)
 
 
+def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatch):
+    """On 8.x, a layer's o -> gate/up -> down -> next layer's q/k and v (each coding the next one's input) go out as
+    one gemv1_chainc launch of five products (chain.py), and every output is what the five launches alone give, bit
+    for bit; a product that nothing reads next sends what is held at once."""
+    import cupy as cp
+
+    from workers.engine.backends.base import NextInput
+    from workers.engine.backends.cupy import GroupWeight
+    from workers.engine.backends.cupy.chain import Chain
+
+    if not gpu.family.chains:
+        pytest.skip("products are chained on the 8.x paths (GENIE_CUDA_COMPAT=sm87 on a 9.0 GPU)")
+    rng = np.random.default_rng(7)
+    d, ffn, eps = 1024, 2048, 1e-6
+
+    def matrix(qtype, rows, cols):
+        return QuantWeight(cp.asarray(random_blocks(qtype, rows, cols, rng).reshape(-1)), qtype, rows, cols)
+
+    wo, gate_up, down = matrix(Q.Q4_K, d, d), matrix(Q.Q4_K, 2 * ffn, d), matrix(Q.Q6_K, d, ffn)
+    qkv = GroupWeight([matrix(Q.Q4_K, d + 256, d), matrix(Q.Q6_K, 256, d)])
+    x, attn = (cp.asarray(rng.standard_normal((1, d), dtype=np.float32)) for _ in range(2))
+    norm1, norm2 = (cp.asarray(rng.uniform(0.5, 1.5, d).astype(np.float32)) for _ in range(2))
+    launched: list[int] = []
+    launch = Chain._launch
+
+    def counted(self, grid, threads, smem, table):
+        launched.append(int(table["n"]))
+        launch(self, grid, threads, smem, table)
+
+    monkeypatch.setattr(Chain, "_launch", counted)
+
+    def layer():
+        o = gpu.matmul(attn, wo, NextInput(residual=x, norm=norm1, eps=eps))
+        x1, gu = gpu.add_norm_matmul(x, o, norm1, eps, gate_up, NextInput(act="silu"))
+        ffn_out = gpu.gated_matmul(gu, "silu", down, NextInput(residual=x1, norm=norm2, eps=eps))
+        x2, q = gpu.add_norm_matmul(x1, ffn_out, norm2, eps, qkv)
+        return [cp.asnumpy(a) for a in (o, x1, gu, ffn_out, x2, q)]
+
+    default = gpu.tuning.use_chains
+    try:
+        gpu.retune(use_chains=True)
+        chained = layer()
+        assert launched == [5]
+        gpu.retune(use_chains=False)
+        alone = layer()
+        assert launched == [5]
+    finally:
+        gpu.retune(use_chains=default)
+    for got, want in zip(chained, alone, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("shape", MMA_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, shape):

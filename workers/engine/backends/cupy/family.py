@@ -6,7 +6,8 @@ family (PATHS_90), so a family's kernels are the ones its module holds.
   copies (gemv1m, gemvn*), one-token attention as thread-block clusters (attention_dec, attention_decn), and
   programmatic dependent launch in captured steps (pdl.py).
 - 8.x (Jetson Orin 8.7, RTX 30 8.6, RTX 40 8.9, A100 8.0): the same products streamed by cp.async (gemv1mc,
-  gemvnc*), the same attention merged through global memory (attention_decg, attention_decgn), the same numbers.
+  gemvnc*), the same attention merged through global memory (attention_decg, attention_decgn), the same numbers;
+  one-token products that feed each other chained into one launch (chain.py).
 - Before 8.0: the dp4a products (gemv1q) and the per-layer attention kernels only.
 """
 
@@ -24,11 +25,14 @@ class KernelFamily:
     # the products' ring of weight stages (MMA_STAGES): 3 with bulk copies; 2 with cp.async, faster on few SMs
     # and on many (bench/NOTES.md v23), and a Q6_K ring with its input then fits an RTX 30's 99 KiB a block
     mma_stages: int
+    # one-token products that feed each other in one launch (chain.py, gemv1_chainc): 8.x, which has no
+    # programmatic dependent launch to start a product's weights before its predecessor ends
+    chains: bool
 
 
-HOPPER = KernelFamily("9.0", True, ("gemv1m", "gemvn"), ("attention_dec", "attention_decn"), 3)
-AMPERE = KernelFamily("8.x", False, ("gemv1mc", "gemvnc"), ("attention_decg", "attention_decgn"), 2)
-OLDER = KernelFamily("before 8.0", False, None, None, 2)
+HOPPER = KernelFamily("9.0", True, ("gemv1m", "gemvn"), ("attention_dec", "attention_decn"), 3, False)
+AMPERE = KernelFamily("8.x", False, ("gemv1mc", "gemvnc"), ("attention_decg", "attention_decgn"), 2, True)
+OLDER = KernelFamily("before 8.0", False, None, None, 2, False)
 
 
 def family_of(capability: tuple[int, int]) -> KernelFamily:

@@ -70,6 +70,7 @@ class Kernel:
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
         b = self._backend
+        b._chain.flush()  # products held for a chained launch (chain.py) run first
         if b.dependent_launch:
             assert b._pdl is not None
             b._pdl.launch(self.raw, grid, block, args, shared_mem)

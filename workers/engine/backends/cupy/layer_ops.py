@@ -101,9 +101,11 @@ class CupyLayerOps(CupyCore):
         return out
 
     def to_host(self, x: Any) -> np.ndarray:
+        self._chain.flush()
         return self.xp.asnumpy(x)
 
     def start_to_host(self, x: Any) -> HostCopy:
+        self._chain.flush()
         return start_to_host(self.xp, x, self._copy_stream, self._staging)
 
     def gather_slot(self, arrays: list[Any], slot: int, n: int) -> Any:

@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType
 from ..base import NextInput
 from . import core, rows
 from .capture_gemm import CaptureGemm
+from .chain import Product
 from .core import Coded
 from .kernels import THREADS
 from .quant_consts import (
@@ -189,6 +190,8 @@ class CupyProducts(CupyWeights):
             kernel.allow_smem(smem)
             head: tuple = (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int32(mma_tiles))
             launch = partial(kernel, grid, (threads,), shared_mem=smem)
+            if self.family.chains and self.tuning.use_chains:  # held for one launch with its consumer (chain.py)
+                launch = partial(self._hold, kernel, int(w.qtype), grid[0], threads, smem)
         else:
             head = (
                 w.data,
@@ -218,6 +221,9 @@ class CupyProducts(CupyWeights):
             ),
         )
         return coded
+
+    def _hold(self, kernel: Any, qtype: int, grid: int, threads: int, smem: int, args: tuple) -> None:
+        self._chain.add(Product(kernel, args, qtype, grid, threads, smem))
 
     def _epilogue_for(self, then: NextInput | None, parts: list[QuantWeight]) -> NextInput | None:
         """`then` where one product's kernel can code its consumer's input: a single matrix whose output (act:
@@ -319,7 +325,9 @@ class CupyProducts(CupyWeights):
         for part in parts:
             coded = self._gemv1q(part, x8, out[0, col0:], norm_ss, eps, then)
             col0 += part.rows
-        if then is not None:
+        if then is None:  # `out` is for anyone: the products held with those that fed it go out now (chain.py)
+            self._chain.flush()
+        else:
             assert coded is not None
             coded.out = out  # the consumer is handed `out` itself, not the part's view
             self._coded = coded

@@ -171,7 +171,9 @@ class CupySteps(CupyCore):
                 stream.begin_capture(mode=cp.cuda.runtime.streamCaptureModeRelaxed)
                 try:
                     out = run()
+                    self._chain.flush()  # products still held (chain.py) are the step's too
                 finally:
+                    self._chain.clear()
                     graph = stream.end_capture()
         finally:
             self._capturing = False

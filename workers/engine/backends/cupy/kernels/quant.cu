@@ -190,7 +190,7 @@ __device__ __forceinline__ void ep_code(const float* y, int len, int g, const Ep
         v = gated(__ldcg(y + i), __ldcg(y + len + i), ep.act);
     } else {
         v = __ldcg(y + i);
-        if (res) v += res[i];
+        if (res) v += __ldcg(res + i);  // through L2: a chain's earlier product may have written it (gemv1_chainc)
         xnew[i] = v;
         const float sq = warp_sum(__fmul_rn(v, v));  // as q8_input's X_NORM_LATE
         if (lane == 0) ss[g] = sq;
@@ -198,10 +198,10 @@ __device__ __forceinline__ void ep_code(const float* y, int len, int g, const Ep
     }
     q8_code(v, g, lane, x8);
 }
-__device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue& ep) {
+__device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue& ep, int blk) {
     __shared__ int groups[EP_MAX_GROUPS], codes[EP_MAX_GROUPS];
     const int len = ep.mode == EP_GATED ? rows / 2 : rows;
-    const int n = ep_groups(rows, rpb, blockIdx.x, ep, groups, codes);
+    const int n = ep_groups(rows, rpb, blk, ep, groups, codes);
     const int warp = threadIdx.x >> 5;
     for (int k = warp; k < n; k += blockDim.x >> 5) {
         if (!codes[k]) continue;
@@ -302,7 +302,7 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
             y[r0] = s * inv;
         }
     }
-    if (ep.mode != EP_NONE) gemv_epilogue(y, rows, ((blockDim.x >> 5) / ks) * rpw, ep);
+    if (ep.mode != EP_NONE) gemv_epilogue(y, rows, ((blockDim.x >> 5) / ks) * rpw, ep, blockIdx.x);
 }
 // Shared-memory staging of the one-token products' weights (Hopper): bulk copies (cp.async.bulk) that complete
 // on an mbarrier, so one lane can keep tens of KB in flight without holding them in registers.
@@ -615,9 +615,11 @@ struct MmaStream {
 
 // dynamic shared memory: MMA_STAGES * 16 * MmaRow<T>::bytes (the ring), x8 (2 cols + cols / 4 bytes), then for
 // Q6_K cols / 16 int2 sums of codes
-template <int T, bool BULK>
+// blk: the block's place in the product's grid; wait_input(): returns once the product's inputs (x8g, nss, the
+// epilogue's residual) are written, called after the first weight stages are issued (weights are constants)
+template <int T, bool BULK, class Wait>
 __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int rows, int cols, int tpb, const float* nss,
-                          int n_ss, float eps, const Epilogue& ep) {
+                          int n_ss, float eps, const Epilogue& ep, int blk, Wait wait_input) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
     if constexpr (BULK) __trap();  // bulk copies are 9.0's; 8.x launches the cp.async form
@@ -625,13 +627,13 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
     extern __shared__ __align__(16) u8 smem[];
     __shared__ unsigned long long full[MMA_STAGES];
     __shared__ float red[2][16][16], inv_s;  // a tile's sums: [tile parity][warp][row]
-    MmaStream<T, BULK> st(W, smem, full, rows, cols, tpb, blockIdx.x);
+    MmaStream<T, BULK> st(W, smem, full, rows, cols, tpb, blk);
     signed char* x8 = reinterpret_cast<signed char*>(smem + MMA_STAGES * MmaStream<T, BULK>::STAGE);
     int2* gs = reinterpret_cast<int2*>(x8 + 2 * cols + cols / 4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int n_warps = blockDim.x >> 5;
     st.start(warp, lane);
-    GRID_DEP_START();
+    wait_input();
     const int x8_lines = (2 * cols + cols / 4) / 16;
     for (int i = threadIdx.x; i < x8_lines; i += blockDim.x)
         reinterpret_cast<int4*>(x8)[i] = __ldcg(reinterpret_cast<const int4*>(x8g) + i);
@@ -688,7 +690,7 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
             if (row < rows) y[row] = v * inv;
         }
     }
-    if (ep.mode != EP_NONE) gemv_epilogue(y, rows, 16 * tpb, ep);
+    if (ep.mode != EP_NONE) gemv_epilogue(y, rows, 16 * tpb, ep, blk);
 #endif
 }
 
@@ -929,7 +931,7 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
         float eps, int ep_mode, int ep_act, signed char* ep_x8, int* ep_cnt, const float* ep_res, const float* ep_w, \
         float* ep_xnew, float* ep_ss) {                                                                           \
         const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                          \
-        gemv1_mma<T, BULK>(W, x8, y, rows, cols, tpb, nss, n_ss, eps, ep);                                        \
+        gemv1_mma<T, BULK>(W, x8, y, rows, cols, tpb, nss, n_ss, eps, ep, blockIdx.x, [] { GRID_DEP_START(); });  \
     }
 #define INSTANTIATE_N(T, NG, NAME, OP, BULK)                                                                      \
     extern "C" __global__ void __launch_bounds__(512) OP##NG##_##NAME(                                             \
@@ -952,6 +954,78 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
 INSTANTIATE_MMA(gemv1m, gemvn, true)
 #else
 INSTANTIATE_MMA(gemv1mc, gemvnc, false)
+
+// Several one-token products in one launch (8.x, which has no programmatic dependent launch): a decode layer's
+// o, gate/up and down and the next layer's q/k and v, each coding the next one's input in its epilogue. Every
+// block of the launch is resident at once (the backend checks the occupancy), and block b runs block b of each
+// product's own grid in turn: it issues its first weight stages of product k, then waits until every block of
+// the product k reads from (dep) has counted itself done, as gemv1mc waits for its predecessor kernel; so the
+// next product's weights are on their way while the last blocks of this one finish, which a kernel boundary
+// does not allow. A product's numbers are gemv1mc's for the same block. sync: CHAIN_MAX done counters, then
+// CHAIN_MAX counters of blocks past a wait, zero between launches (the last block past a product's last
+// reader's wait zeroes both).
+#define CHAIN_MAX 8
+struct ChainOp {  // one product: gemv1mc's arguments, and its place in the chain
+    const u8* W;
+    const signed char* x8;
+    float* y;
+    const float* nss;
+    signed char* ep_x8;
+    int* ep_cnt;
+    const float* ep_res;
+    const float* ep_w;
+    float* ep_xnew;
+    float* ep_ss;
+    int rows, cols, tpb, type, n_ss, ep_mode, ep_act;
+    int grid;       // its blocks (<= the launch's)
+    int dep;        // the product whose output it reads (-1: written before the launch)
+    int counted;    // a later product reads its output: its blocks count themselves done
+    int last_wait;  // the last product that waits for dep: the last block past its wait zeroes the counters
+    float eps;
+};
+struct Chain {
+    ChainOp op[CHAIN_MAX];
+    int* sync;
+    int n;
+};
+__device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+extern "C" __global__ void __launch_bounds__(512) gemv1_chainc(const Chain c) {
+    int* done = c.sync;
+    int* passed = c.sync + CHAIN_MAX;
+    GRID_DEP_START();
+    for (int k = 0; k < c.n; ++k) {
+        const ChainOp& o = c.op[k];
+        auto wait = [&] {
+            if (o.dep < 0) return;
+            if (threadIdx.x == 0) {
+                const int want = c.op[o.dep].grid;
+                while (ld_acquire(done + o.dep) < want) __nanosleep(32);
+                if (o.last_wait && atomicAdd(passed + k, 1) == (int)gridDim.x - 1) done[o.dep] = 0, passed[k] = 0;
+            }
+            __syncthreads();
+        };
+        if ((int)blockIdx.x >= o.grid) {  // no rows of this product: past its wait all the same (the counters)
+            wait();
+            continue;
+        }
+        const Epilogue ep{o.ep_mode, o.ep_act, o.ep_x8, o.ep_cnt, o.ep_res, o.ep_w, o.ep_xnew, o.ep_ss};
+        if (o.type == 12)
+            gemv1_mma<12, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, ep, blockIdx.x, wait);
+        else
+            gemv1_mma<14, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, ep, blockIdx.x, wait);
+        if (o.counted) {
+            __syncthreads();  // the block's rows and codes are written
+            if (threadIdx.x == 0) {
+                __threadfence();
+                atomicAdd(done + k, 1);
+            }
+        }
+    }
+}
 #endif
 
 // The one-token products of the dp4a types, on an x8 buffer from q8_input or a producer's epilogue:

@@ -1,0 +1,129 @@
+"""Which one-token products chain.py holds for one gemv1_chainc launch, what each waits for, and when it lets
+them go as their own kernels: the bookkeeping, with no GPU (test_cupy_backend.py runs the launch on one)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from workers.engine.backends.cupy.chain import CHAIN_MAX, Chain, Product
+
+NULL = np.uint64(0)
+
+
+class Buf:
+    """A device array as a Product reads it: its address."""
+
+    _next = 0x1000
+
+    def __init__(self) -> None:
+        Buf._next += 0x1000
+        self.data = SimpleNamespace(ptr=Buf._next)
+
+
+class Recorder(Chain):
+    """A Chain whose launches are recorded, on a GPU of n_sm SMs that fits `fit` blocks an SM."""
+
+    def __init__(self, n_sm: int = 4, fit: int = 2) -> None:
+        super().__init__(SimpleNamespace(zeros=lambda n, dtype: Buf(), int32=np.int32), lambda: None, n_sm)
+        self.fit, self.chains, self.alone = fit, [], []
+
+    def _blocks_fit(self, threads: int, smem: int) -> int:
+        return self.fit
+
+    def _launch(self, grid: int, threads: int, smem: int, table: np.ndarray) -> None:
+        self.chains.append((grid, threads, smem, table.copy()))
+
+
+def product(chain: Recorder, x8, nss=None, res=None, epilogue: int = 0, grid: int = 8, threads: int = 256, smem=1000):
+    """A product of x8 (and nss, res) whose output, and with an epilogue its consumer's input, are new buffers."""
+    y, ep_x8, xnew, ss = Buf(), Buf(), Buf(), Buf()
+    args = (Buf(), x8, y, np.int32(64), np.int32(256), np.int32(1), nss or NULL, np.int32(8), np.float32(1e-6))
+    args += (np.int32(epilogue), np.int32(0), ep_x8 if epilogue else NULL, Buf(), res or NULL, Buf(), NULL, NULL)
+    if epilogue == 2:  # a norm: x_new and the sums of squares too
+        args = (*args[:15], xnew, ss)
+    kernel = lambda *a, **k: chain.alone.append(a[0])  # noqa: E731
+    return Product(kernel, args, 12, grid, threads, smem), SimpleNamespace(y=y, x8=ep_x8, xnew=xnew, ss=ss)
+
+
+def test_a_layer_from_o_to_the_next_q_k_v_is_one_launch_each_product_waiting_for_its_input():
+    chain = Recorder()
+    attn_x8, x = Buf(), Buf()
+    o, o_out = product(chain, attn_x8, res=x, epilogue=2)
+    gu, gu_out = product(chain, o_out.x8, nss=o_out.ss, epilogue=1, grid=6)
+    down, down_out = product(chain, gu_out.x8, res=o_out.xnew, epilogue=2)
+    qk, _ = product(chain, down_out.x8, nss=down_out.ss)
+    v, _ = product(chain, down_out.x8, nss=down_out.ss, grid=3, smem=3000)
+    for p in (o, gu, down, qk, v):
+        chain.add(p)
+    assert len(chain) == 5 and not chain.chains
+    chain.flush()
+    assert len(chain) == 0 and not chain.alone
+    ((grid, threads, smem, table),) = chain.chains
+    assert (grid, threads, smem, int(table["n"])) == (8, 256, 3000, 5)
+    ops = table["op"][:5]
+    assert list(ops["dep"]) == [-1, 0, 1, 2, 2]  # v waits for down, not for q/k beside it
+    assert list(ops["counted"]) == [1, 1, 1, 0, 0]
+    assert list(ops["last_wait"]) == [0, 1, 1, 0, 1]  # v is down's last reader: it zeroes down's counter
+    assert list(ops["grid"]) == [8, 6, 8, 8, 3]
+    assert ops["x8"][3] == down_out.x8.data.ptr and ops["ep_res"][2] == o_out.xnew.data.ptr
+
+
+def test_a_product_reading_two_held_products_that_do_not_wait_for_each_other_sends_them_first():
+    chain = Recorder()
+    a, a_out = product(chain, Buf())
+    b, b_out = product(chain, Buf())  # reads nothing held: a chain of two unrelated products
+    chain.add(a)
+    chain.add(b)
+    c, _ = product(chain, a_out.y, nss=b_out.y)
+    chain.add(c)
+    assert len(chain.chains) == 1 and int(chain.chains[0][3]["n"]) == 2
+    assert len(chain) == 1  # c waits in a chain of its own, for nothing held
+
+
+def test_an_epilogue_waits_for_every_held_epilogue_before_it_as_they_share_the_group_counters():
+    chain = Recorder()
+    a, _ = product(chain, Buf(), epilogue=2)
+    b, _ = product(chain, Buf(), epilogue=2)  # b does not read a, but shares its counters
+    chain.add(a)
+    chain.add(b)
+    chain.flush()
+    assert list(chain.chains[0][3]["op"]["dep"][:2]) == [-1, 0]
+
+
+def test_a_product_of_another_block_size_or_past_chain_max_starts_a_new_chain():
+    chain = Recorder()
+    first, out = product(chain, Buf(), epilogue=1)
+    chain.add(first)
+    wide, _ = product(chain, out.x8, threads=512)
+    chain.add(wide)
+    assert len(chain.chains) == 0 and chain.alone == [(8,)] and len(chain) == 1  # one product: its own kernel
+    chain.flush()
+    x8 = Buf()
+    for _ in range(CHAIN_MAX + 1):
+        p, out = product(chain, x8, epilogue=1)
+        chain.add(p)
+        x8 = out.x8
+    assert int(chain.chains[0][3]["n"]) == CHAIN_MAX and len(chain) == 1
+
+
+@pytest.mark.parametrize(("n_sm", "fit"), [(4, 1), (2, 2)])
+def test_blocks_that_cannot_all_be_resident_go_out_as_their_own_kernels(n_sm, fit):
+    chain = Recorder(n_sm=n_sm, fit=fit)  # 8 blocks a product, 4 resident at once: a wait would never end
+    a, out = product(chain, Buf(), epilogue=1)
+    b, _ = product(chain, out.x8)
+    chain.add(a)
+    chain.add(b)
+    chain.flush()
+    assert not chain.chains and chain.alone == [(8,), (8,)]
+
+
+def test_clear_forgets_what_is_held():
+    chain = Recorder()
+    a, _ = product(chain, Buf(), epilogue=1)
+    chain.add(a)
+    chain.clear()
+    chain.flush()
+    assert not chain.chains and not chain.alone

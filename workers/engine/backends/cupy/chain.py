@@ -1,0 +1,164 @@
+"""One-token products chained into one launch on compute capability 8.x (quant.cu's gemv1_chainc).
+
+8.x has no programmatic dependent launch, so each product kernel of a decode step starts only once the one
+before has drained, and its first weights are requested only then. A product whose output only the next
+product reads (it codes that product's input in its epilogue: NextInput) is not launched at once but held
+here; the products that follow join it, and the whole run goes out as one launch when anything else is
+launched (Kernel.__call__ flushes first) or a product's output is wanted by other code (a product without
+`then`). In that launch each block runs its block of every product in turn and waits, its next weights already
+requested, only for the blocks of the product whose output it reads: a layer's o, gate/up and down and the
+next layer's q/k and v become one launch. Every block must be resident at once, which `flush` checks with the
+driver's occupancy; where it is not, or for a single product, the products go out as their own kernels.
+
+Each held product keeps its arrays (so CuPy's pool hands none of their memory to later work before the launch);
+a product may depend on one earlier product only, and on whatever that one waited for, so a product whose
+inputs come from two unrelated products, or whose epilogue would share the group counters with one it does not
+wait for, flushes the chain first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+CHAIN_MAX = 8  # quant.cu's CHAIN_MAX: products a launch
+# quant.cu's ChainOp and Chain, field for field (C alignment: align=True)
+_POINTERS = ("W", "x8", "y", "nss", "ep_x8", "ep_cnt", "ep_res", "ep_w", "ep_xnew", "ep_ss")
+_INTS = ("rows", "cols", "tpb", "type", "n_ss", "ep_mode", "ep_act", "grid", "dep", "counted", "last_wait")
+OP = np.dtype([*((n, "<u8") for n in _POINTERS), *((n, "<i4") for n in _INTS), ("eps", "<f4")], align=True)
+CHAIN = np.dtype([("op", OP, (CHAIN_MAX,)), ("sync", "<u8"), ("n", "<i4")], align=True)
+
+
+@dataclass(frozen=True)
+class Product:
+    """One gemv1mc launch: its kernel and arguments (in gemv1mc's order) and shape."""
+
+    kernel: Any  # the product's own Kernel (kernels.py), for a launch alone
+    args: tuple
+    qtype: int  # 12 (Q4_K) or 14 (Q6_K): gemv1_mma's T
+    grid: int
+    threads: int
+    smem: int
+
+    def ptr(self, i: int) -> int:
+        a = self.args[i]
+        return 0 if isinstance(a, np.generic) else int(a.data.ptr)
+
+    @property
+    def inputs(self) -> tuple[int, ...]:  # x8, nss, the epilogue's residual
+        return tuple(p for p in (self.ptr(1), self.ptr(6), self.ptr(13)) if p)
+
+    @property
+    def outputs(self) -> tuple[int, ...]:  # y, the epilogue's x8, x_new and sums of squares
+        return tuple(p for p in (self.ptr(2), self.ptr(11), self.ptr(15), self.ptr(16)) if p)
+
+    @property
+    def has_epilogue(self) -> bool:
+        return int(self.args[9]) != 0
+
+
+class Chain:
+    """The products held for one launch (add, flush)."""
+
+    def __init__(self, xp: Any, kernel: Callable[[], Any], n_sm: int) -> None:
+        self._xp = xp
+        self._kernel = kernel  # gemv1_chainc's Kernel, built on first use
+        self._n_sm = n_sm
+        self._sync = xp.zeros(2 * CHAIN_MAX, dtype=xp.int32)
+        self._held: list[Product] = []
+        self._deps: list[int] = []
+        self._fits: dict[tuple[int, int], int] = {}  # (threads, smem) -> blocks an SM
+        self._driver: Any = None
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def add(self, p: Product) -> None:
+        """Hold p for the next launch, after the held products it reads from."""
+        dep = self._dep(p)
+        if dep is None or (self._held and p.threads != self._held[0].threads) or len(self._held) == CHAIN_MAX:
+            self.flush()
+            dep = -1
+        self._held.append(p)
+        self._deps.append(dep)
+
+    def _dep(self, p: Product) -> int | None:
+        """The held product p waits for (-1: none), or None where one is not enough."""
+        made = {ptr: i for i, q in enumerate(self._held) for ptr in q.outputs}
+        need = {made[ptr] for ptr in p.inputs if ptr in made}
+        if p.has_epilogue:  # the epilogues' group counters are shared: after every held epilogue
+            need |= {i for i, q in enumerate(self._held) if q.has_epilogue}
+        dep = max(need, default=-1)
+        return dep if need <= {dep, *self._ancestors(dep)} else None
+
+    def _ancestors(self, i: int) -> set[int]:
+        out: set[int] = set()
+        while i >= 0 and self._deps[i] >= 0:
+            i = self._deps[i]
+            out.add(i)
+        return out
+
+    def clear(self) -> None:
+        """Forget what is held (a step that failed: its products must not run after it)."""
+        self._held, self._deps = [], []
+
+    def flush(self) -> None:
+        """Launch what is held: one gemv1_chainc where every block fits at once, else each product alone."""
+        held, deps = self._held, self._deps
+        if not held:
+            return
+        self._held, self._deps = [], []
+        grid, threads, smem = max(p.grid for p in held), held[0].threads, max(p.smem for p in held)
+        if len(held) == 1 or grid > self._n_sm * self._blocks_fit(threads, smem):
+            for p in held:
+                p.kernel((p.grid,), (p.threads,), p.args, shared_mem=p.smem)
+            return
+        table = np.zeros((), dtype=CHAIN)
+        for k, (p, dep) in enumerate(zip(held, deps, strict=True)):
+            op = table["op"][k]
+            for i, name in enumerate(_POINTERS):
+                op[name] = p.ptr((0, 1, 2, 6, 11, 12, 13, 14, 15, 16)[i])
+            op["rows"], op["cols"], op["tpb"] = int(p.args[3]), int(p.args[4]), int(p.args[5])
+            op["type"], op["n_ss"], op["eps"] = p.qtype, int(p.args[7]), float(p.args[8])
+            op["ep_mode"], op["ep_act"], op["grid"], op["dep"] = int(p.args[9]), int(p.args[10]), p.grid, dep
+            op["counted"] = int(k in deps)
+            op["last_wait"] = int(dep >= 0 and k == max(j for j, d in enumerate(deps) if d == dep))
+        table["sync"], table["n"] = int(self._sync.data.ptr), len(held)
+        self._launch(grid, threads, smem, table)
+
+    def _blocks_fit(self, threads: int, smem: int) -> int:
+        if (threads, smem) not in self._fits:
+            kernel = self._kernel()
+            kernel.allow_smem(smem)
+            n = ctypes.c_int(0)
+            status = self._cuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                ctypes.byref(n), kernel.raw.kernel.ptr, threads, smem
+            )
+            self._fits[(threads, smem)] = n.value if status == 0 else 0
+        return self._fits[(threads, smem)]
+
+    def _launch(self, grid: int, threads: int, smem: int, table: np.ndarray) -> None:
+        kernel = self._kernel()
+        kernel.allow_smem(smem)
+        params = ctypes.create_string_buffer(table.tobytes(), CHAIN.itemsize)
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        stream = self._xp.cuda.get_current_stream().ptr
+        status = self._cuda().cuLaunchKernel(kernel.raw.kernel.ptr, grid, 1, 1, threads, 1, 1, smem, stream, args, None)
+        if status != 0:
+            raise RuntimeError(f"cuLaunchKernel of gemv1_chainc failed: CUresult {status}")
+
+    def _cuda(self) -> Any:
+        if self._driver is None:
+            cuda = ctypes.CDLL("libcuda.so.1")
+            u, p = ctypes.c_uint, ctypes.c_void_p
+            cuda.cuLaunchKernel.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
+            cuda.cuLaunchKernel.restype = ctypes.c_int
+            occupancy = cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor
+            occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), p, ctypes.c_int, ctypes.c_size_t]
+            occupancy.restype = ctypes.c_int
+            self._driver = cuda
+        return self._driver
