@@ -97,15 +97,15 @@ def aggregate(  # type: ignore[no-untyped-def]
         engine.scheduler.submit(seq)
     sched = engine.scheduler
     while any(not s.generated for s in seqs):
-        sched.step()
+        engine.step()
     sync(engine)
     t0, before = time.perf_counter(), sum(len(s.generated) for s in seqs)
     while all(len(s.generated) < n_gen for s in seqs) or (whole and not sched.idle):
-        sched.step()
+        engine.step()
     sync(engine)
     rate = (sum(len(s.generated) for s in seqs) - before) / (time.perf_counter() - t0)
     while not sched.idle:
-        sched.step()
+        engine.step()
     return rate
 
 
@@ -121,10 +121,10 @@ def ttft_ms(engine, n_prompt: int, rng: np.random.Generator) -> float:  # type: 
         seq = engine.sequence(random_prompt(rng, vocab, n_prompt), params)
         engine.scheduler.submit(seq)
         while not seq.generated:
-            engine.scheduler.step()
+            engine.step()
         times.append((seq.t_first - seq.t_start) * 1000)
         while not engine.scheduler.idle:
-            engine.scheduler.step()
+            engine.step()
     return statistics.median(times[1:])
 
 
@@ -138,7 +138,7 @@ def voice_under_load(engine, n_bg: int, rng: np.random.Generator, n_prompt: int 
     voice = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
     def step() -> list:  # type: ignore[type-arg]
-        return [(seq, ev) for seq, ev in sched.step() if isinstance(ev, Completion)]
+        return [(seq, ev) for seq, ev in engine.step() if isinstance(ev, Completion)]
 
     def ask() -> tuple[float, float]:
         """A voice request to its end: its TTFT in ms, and the seconds it took."""

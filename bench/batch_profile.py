@@ -68,9 +68,9 @@ def profile(engine, n: int, n_steps: int, rng: np.random.Generator, host_top: in
     for seq in seqs:
         sched.submit(seq)
     while any(not s.generated for s in seqs):
-        sched.step()
+        engine.step()
     for _ in range(WARM_STEPS):
-        sched.step()
+        engine.step()
     sync(engine)
     sampling = [0.0]
     real, real_ahead = engine.sample_rows, engine.greedy_ahead
@@ -93,7 +93,7 @@ def profile(engine, n: int, n_steps: int, rng: np.random.Generator, host_top: in
 
     t0 = time.perf_counter()
     for _ in range(n_steps):
-        sched.step()
+        engine.step()
     sync(engine)
     free = (time.perf_counter() - t0) / n_steps * 1000
     if host_top:
@@ -103,7 +103,7 @@ def profile(engine, n: int, n_steps: int, rng: np.random.Generator, host_top: in
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(n_steps):
-            sched.step()
+            engine.step()
         sync(engine)
         prof.disable()
         print(f"### {n} streams: the host's {n_steps} steps under cProfile, by own time")
@@ -112,12 +112,12 @@ def profile(engine, n: int, n_steps: int, rng: np.random.Generator, host_top: in
     slots = [s.slot for s in seqs]
     t0 = time.perf_counter()
     for _ in range(n_steps):
-        sched.step()
+        engine.step()
     sync(engine)
     wall = (time.perf_counter() - t0) / n_steps * 1000
     del engine.sample_rows, engine.greedy_ahead
     while not sched.idle:
-        sched.step()
+        engine.step()
     gpu = replay_ms(captured_step(engine, slots))
     row = {"free": free, "wall": wall, "gpu": gpu, "sample": sampling[0] / n_steps * 1000}
     for family in FAMILIES:

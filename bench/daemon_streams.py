@@ -152,7 +152,7 @@ def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, li
         for seq in seqs:
             engine.scheduler.submit(seq)
         while not engine.scheduler.idle:
-            for seq, ev in engine.scheduler.step():
+            for seq, ev in engine.step():
                 if isinstance(ev, Completion):  # its text is the whole answer
                     texts[seq] = ev.text
                     made += ev.completion_tokens

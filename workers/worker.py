@@ -182,7 +182,6 @@ class Worker:
         self.out = _dealer(self.ctx, config.endpoint, worker_identities(os.getpid())[1])  # the engine thread's own
         self.turns: dict[EngineSequence, _Turn] = {}  # the requests in the engine's scheduler
         self.saves: list[tuple[str | None, int]] = []  # (conv id, slot) of the turns a step ended, to save
-        engine.scheduler.prepare = self._prepare
         self.stopping = False
 
     def send(self, msg: Message) -> None:
@@ -222,13 +221,12 @@ class Worker:
         )
         self.io.greeting = (Hello(protocol_version=PROTOCOL_VERSION, pid=os.getpid()), ready)
         self.io.start()
-        scheduler = e.scheduler
         worked = False  # steps ran since the heap was last given back
         try:
             # on SIGTERM every turn ends as cancelled (a DONE each), then the loop ends
-            while not (self.stopping and scheduler.idle):
-                self._take_requests(wait=scheduler.idle and not self.stopping)
-                if scheduler.idle:
+            while not (self.stopping and e.idle):
+                self._take_requests(wait=e.idle and not self.stopping)
+                if e.idle:
                     self._forget_stale_cancels()
                     if worked:  # idle for a wait with nothing new: what the work freed goes back
                         heap.give_back()
@@ -236,15 +234,15 @@ class Worker:
                     continue
                 worked = True
                 self.io.busy = True
-                scheduler.limit = 1 if self.thermal.throttled else None  # hot: no new stream while one runs
+                limit = 1 if self.thermal.throttled else None  # hot: no new stream while one runs
                 t0 = time.monotonic()
-                for seq, ev in scheduler.step():
+                for seq, ev in e.step(limit, self._prepare):
                     self._on_event(seq, ev)
                 self._save_ended()
                 pause = self.thermal.pause_s(time.monotonic() - t0)
                 if pause:  # hot: as long again as the step took, half the speed
                     time.sleep(pause)
-                self.io.busy = not scheduler.idle
+                self.io.busy = not e.idle
             return 0
         except Exception as exc:  # fatal: tell the daemon, then exit for it to restart us
             self.send(Dead(reason=f"{type(exc).__name__}: {exc}"[:4000]))

@@ -132,7 +132,7 @@ def test_saves_beyond_the_socket_queue_wait_in_the_outbox_and_all_arrive(tmp_pat
         for seq in seqs:
             engine.scheduler.submit(seq)
         while not engine.scheduler.idle:
-            engine.scheduler.step()
+            engine.step()
         held = [engine.export_kv(seq.slot) for seq in seqs]
         assert all(link.save(f"c{i}", seq.slot) for i, seq in enumerate(seqs))
         deadline = time.monotonic() + 20

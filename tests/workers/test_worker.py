@@ -248,7 +248,7 @@ def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worke
 
     def drive() -> None:
         while not engine.scheduler.idle:
-            for seq, ev in engine.scheduler.step():
+            for seq, ev in engine.step():
                 worker._on_event(seq, ev)
 
     if fatal:
@@ -335,11 +335,10 @@ def test_turns_that_end_together_get_every_done_before_any_save(tmp_path):
     worker.turns, worker.saves = {}, []
     worker.config = type("C", (), {"stream_interval_s": 0.0})()
     worker.send = log.append  # type: ignore[method-assign]
-    engine.scheduler.prepare = worker._prepare
     for rid in ("a", "b"):
         worker._submit(Generate(request_id=rid, prompt="hi", params={"max_tokens": 3}, conv_id=f"c-{rid}"))
-    while not engine.scheduler.idle:
-        for seq, ev in engine.scheduler.step():
+    while not engine.idle:
+        for seq, ev in engine.step(prepare=worker._prepare):
             worker._on_event(seq, ev)
         worker._save_ended()
     ends = [m.request_id if isinstance(m, Done) else m[1] for m in log if isinstance(m, (Done, tuple))]

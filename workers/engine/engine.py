@@ -1,9 +1,11 @@
-"""The engine: one model on one backend with a KV pool of slots, and the scheduler that steps the sequences
-in them together (scheduler.py).
+"""The engine: one model on one backend with a KV pool of slots, and the scheduler that decides what the
+sequences in them run together (scheduler.py).
 
 `generate` streams one prompt's answer as a plain iterator of `Delta`s ending with one `Completion` (the
-CLI, tests); the worker submits `sequence`s to `scheduler` instead and steps it. A slot's longest common
-prefix with a new prompt is reused, the rest prefilled in chunks; `cancel()` is checked before every step.
+CLI, tests); the worker submits `sequence`s to `scheduler` instead and calls `step`. A step is the
+scheduler's plan, the pass the engine runs for it, and the scheduler's account of what that pass gave
+(scheduler.py); the engine calls the scheduler, never the other way. A slot's longest common prefix with a
+new prompt is reused, the rest prefilled in chunks; `cancel()` is checked before every step.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from genie_common.errors import BackendUnsupportedError, ModelError, RequestErro
 from genie_common.registry import DEFAULT_MODEL, resolve_model
 from protocol.messages import DEFAULT_PRIORITY, Priority
 
-from .arch.layers import forward, forward_batch
+from .arch.layers import Interrupted, forward, forward_batch
 from .backends import BACKEND_CHOICES, select_backend
 from .backends.numpy_backend import NumpyBackend
 from .batch import Batch, Segment
@@ -35,7 +37,7 @@ from .model import Model, ModelHeader
 from .model_config import ModelConfig
 from .next_tokens import NextTokens
 from .sampling import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import Events, Plan, Rows, Scheduler
 from .sequence import Completion, Delta, Failed, Sequence
 
 log = logging.getLogger("genie.engine")
@@ -112,7 +114,128 @@ class Engine:
         self._steps = CapturedSteps()  # the steps the backend captured for this engine's KV cache
         ahead = config.launch_ahead
         self.launch_ahead = self.backend.launches_ahead if ahead is None else ahead
-        self.scheduler = Scheduler(self)  # what runs in each step (scheduler.py)
+        self.scheduler = Scheduler(self.kv, self.n_ctx, config.prefill_chunk)  # what runs in each step
+        # launch_ahead: the pass launched and not yet sampled (its logits, the rows to sample), and the make-up
+        # of the last pass launched ahead
+        self._inflight: tuple[Any, Rows] | None = None
+        self._ahead_shape: tuple[int, ...] | None = None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits or runs (a pass launched ahead for sequences that have all ended since is dropped)."""
+        if self.scheduler.idle:
+            self._inflight = None
+            return True
+        return False
+
+    # -- steps ----------------------------------------------------------------------------------------
+    def step(self, limit: int | None = None, prepare: Callable[[Sequence], None] | None = None) -> Events:
+        """Ends what was cancelled, admits what fits (at most `limit` running; `prepare(seq)` once a sequence
+        has its slot: Scheduler.admit), runs one forward pass; every event it made, in order. A sequence whose
+        own handling raises ends with Failed; the others go on. With `launch_ahead` (a GPU's default), the pass
+        is launched before the tokens of the one before it are read into text: those come back from this call,
+        and the device runs the new pass meanwhile (and while the caller handles them)."""
+        if self.launch_ahead:
+            return self._step_ahead(limit, prepare)
+        s = self.scheduler
+        s.begin()
+        events = s.cancel()
+        events += s.admit(limit, prepare)
+        launched = self._run_plan(s.plan(), events)
+        if launched is not None:
+            events += s.accept(self.sample_rows(*launched), {}, [])
+        return events
+
+    def _step_ahead(self, limit: int | None, prepare: Callable[[Sequence], None] | None) -> Events:
+        """The pass in flight is sampled, the next one launched with those tokens as its input, and only then
+        are the tokens read into text. A token that surely ends its sequence (end of generation, its limit, a
+        full context) keeps it out of the next pass; one that ends it otherwise (a stop string, a complete JSON
+        value) leaves a row of the next pass unused, whose K/V, that token's, stays valid in the slot. When the
+        next pass differs in make-up from the last one launched, the tokens are read first and their events
+        returned before that pass (below)."""
+        s = self.scheduler
+        s.begin()
+        events: Events = []
+        sampled: list[tuple[Sequence, int | Exception]] = []
+        if self._inflight is not None:
+            logits, rows = self._inflight
+            self._inflight = None
+            rows = s.still_running(rows)
+            if s.chains(rows, self._ahead_shape):
+                return self._step_chained(logits, rows)
+            sampled = self.sample_rows(logits, rows) if rows else []
+        events += s.cancel()
+        sampled = [(seq, tok) for seq, tok in sampled if s.running.get(seq.slot) is seq]
+        held, pos = set(), {}  # sequences whose token ends them or failed; where each stood when sampled
+        for seq, tok in sampled:
+            pos[seq] = seq.pos
+            if isinstance(tok, Exception) or seq.ends_with(tok, self.n_ctx):
+                held.add(seq)
+            else:
+                seq.last_token = tok  # the next pass's input (accept sets the same)
+        events += s.admit(limit, prepare)
+        plan = s.plan(held)
+        if plan.shape != self._ahead_shape:
+            # a pass of another make-up than the last (a stream joined or left, a prompt chunk) may be captured
+            # or run eagerly first, tens of milliseconds of the host: the sampled tokens are read first and, when
+            # they made events, go back to the caller before that pass, which the next call plans and runs (a
+            # first token through the daemon waited 30-40 ms for such a capture while its DELTA sat in this
+            # call's events). Passes that repeat the last one's make-up replay a captured step: launched ahead.
+            events += s.accept(sampled, pos, [])
+            if events:
+                return events
+            plan = s.plan()
+            self._inflight = self._run_plan(plan, events)
+            self._ahead_shape = plan.shape
+            return events
+        launched = self._run_plan(plan, events)
+        self._inflight = launched
+        events += s.accept(sampled, pos, [] if launched is None else launched[1])
+        return events
+
+    def _step_chained(self, logits: Any, rows: Rows) -> Events:
+        """The next pass launched with the tokens of the pass in flight as its input before they are read
+        (run_ahead), then those tokens read into text. A token that ends its sequence (end of generation, a stop
+        string) leaves its row of the next pass unused; that row's K/V, the token's, stays valid in the slot."""
+        s = self.scheduler
+        seqs = [seq for seq, _ in rows]
+        at = {seq: seq.pos for seq in seqs}  # the tokens each slot holds as its token is sampled
+        ahead = self.greedy_ahead(logits, rows)
+        try:
+            out, tokens = self.run_ahead([Segment(seq.slot, seq.pos, (0,), True) for seq in seqs], ahead)
+        except Exception as e:  # as _run_plan: a step of decode rows alone fails them all
+            return s.failed(seqs, e)
+        launched = [(seq, i) for i, seq in enumerate(seqs)]
+        for seq in seqs:
+            seq.pos += 1
+        self._inflight = (out, launched)
+        sampled: list[tuple[Sequence, int | Exception]] = [
+            (seq, tok if tok >= 0 else ModelError("the model produced non-finite logits (corrupt weights?)"))
+            for seq, tok in zip(seqs, tokens, strict=True)
+        ]
+        return s.accept(sampled, at, launched)
+
+    def _run_plan(self, plan: Plan, events: Events) -> tuple[Any, Rows] | None:
+        """Runs (launches) the planned pass: its logits and the (sequence, row) pairs to sample from them, None
+        when nothing ran; the events of the sequences it ended go into `events`."""
+        if not plan.segments:
+            return None
+        seqs = plan.seqs
+        interrupt = (lambda: all(s.cancel() for s in seqs)) if plan.prefill else None
+        try:
+            logits = self.run_step(plan.segments, interrupt)
+        except Interrupted:  # every sequence of the step was cancelled
+            events += self.scheduler.interrupted(plan)
+            return None
+        except Exception as e:
+            # the prompts of the step fail (the likeliest cause: a chunk too large for the memory left); the
+            # streams that only decoded go on: their slots hold what they held, and the rows this step wrote
+            # past that are overwritten by their next step. A step of decode rows alone fails them all.
+            events += self.scheduler.failed([seq for seq in seqs if seq.prefilling] or seqs, e)
+            return None
+        rows, ended = self.scheduler.ran(plan)
+        events += ended
+        return logits, rows
 
     def capture_decode_steps(self) -> int:
         """The decode step of each count of streams up to the pool's slots captured now, where the backend
@@ -317,7 +440,7 @@ class Engine:
         by_count = self.backend.decode_steps_by_count(self.model.config, self.kv)
         return ("decode", len(segments)) if by_count else ("decode", tuple(seg.slot for seg in segments))
 
-    def greedy_ahead(self, logits: Any, rows: list[tuple[Sequence, int]]) -> NextTokens:
+    def greedy_ahead(self, logits: Any, rows: Rows) -> NextTokens:
         """sample_rows for sequences that sample on the device (Sequence.on_device), their tokens left where
         `run_ahead` takes them as the next step's input; nothing waits for them here."""
         if self._banned is not None:  # finite: the argmax reads -inf as corrupt weights
@@ -355,7 +478,7 @@ class Engine:
             out.append(Segment(seg.slot, seg.pos0, ids, seg.wants_logits, logit_row=seg.n - 1))
         return out, bucketed
 
-    def sample_rows(self, logits: Any, rows: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int | Exception]]:
+    def sample_rows(self, logits: Any, rows: Rows) -> list[tuple[Sequence, int | Exception]]:
         """Each sequence's next token from its row of a step's logits (or the error that ends it)."""
         if not rows:
             return []
@@ -412,7 +535,7 @@ class Engine:
         self.scheduler.submit(seq)
         try:
             while True:
-                for owner, ev in self.scheduler.step():
+                for owner, ev in self.step():
                     if owner is not seq:
                         continue
                     if isinstance(ev, Failed):

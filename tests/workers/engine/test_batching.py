@@ -117,7 +117,7 @@ def run_batched(
                 engine.scheduler.submit(seq)
         if step > max(at for at, _ in plan) and engine.scheduler.idle:
             break
-        for seq, ev in engine.scheduler.step():
+        for seq, ev in engine.step():
             events[seq].append(ev)
         step += 1
     del engine.sample_rows, engine.greedy_ahead
@@ -284,16 +284,16 @@ def test_a_cancelled_and_a_failing_stream_leave_the_others_untouched(tmp_path: P
 
     broken.sample_host = bad_sample  # type: ignore[method-assign]
     plan = [(0, seqs[0]), (0, doomed), (0, broken), (1, seqs[1])]
-    original = engine.scheduler.step
+    original = engine.step
 
     def step():  # the cancel arrives in the middle of the doomed stream's answer
         if len(doomed.generated) == 4:
             cancelled["now"] = True
         return original()
 
-    engine.scheduler.step = step  # type: ignore[method-assign]
+    engine.step = step  # type: ignore[method-assign]
     events, _ = run_batched(engine, plan)
-    del engine.scheduler.step
+    del engine.step
     assert completion(events[doomed]).finish_reason == "cancelled"
     assert len(completion(events[doomed]).token_ids) == 4
     assert isinstance(events[broken][-1], Failed) and "grammar broke" in str(events[broken][-1].error)
@@ -318,7 +318,7 @@ def test_a_voice_prompt_is_prefilled_first(tmp_path: Path) -> None:
     engine.scheduler.submit(background)
     engine.scheduler.submit(voice)
     while not engine.scheduler.idle:
-        engine.scheduler.step()
+        engine.step()
     assert steps[0] == [voice.slot] and len(voice.generated) == 4 and len(background.generated) == 4
 
 
@@ -391,16 +391,16 @@ def test_a_slot_freed_by_a_cancel_is_not_given_again_in_the_same_step(tmp_path: 
     second = engine.sequence(prompt(62, 6), greedy(3))
     sched = engine.scheduler
     sched.submit(first)
-    sched.step()
-    sched.step()
+    engine.step()
+    engine.step()
     held = list(engine.kv.resident[0])
     sched.submit(second)
     stop["now"] = True
-    ended = sched.step()
+    ended = engine.step()
     assert [type(ev).__name__ for s, ev in ended if s is first][-1] == "Completion"
     assert second in sched.waiting and engine.kv.resident[0] == held  # the slot still holds what it held
     while not sched.idle:
-        sched.step()
+        engine.step()
     assert second.done
 
 
@@ -572,18 +572,18 @@ def test_a_token_sampled_before_a_pass_of_another_make_up_is_returned_before_tha
     sched = engine.scheduler
     sched.submit(first)
     while len(first.generated) < 3:
-        sched.step()
+        engine.step()
     before = len(runs)
-    events = sched.step()  # a decode pass like the last: launched in the same call that reads a token
+    events = engine.step()  # a decode pass like the last: launched in the same call that reads a token
     assert len(runs) == before + 1 and runs[-1] == (1,) and any(seq is first for seq, _ in events)
     sched.submit(engine.sequence(prompt(82, 20), greedy(4)))
     before = len(runs)
-    events = sched.step()  # the next pass would be (1, 8): the token goes back first, nothing launched
+    events = engine.step()  # the next pass would be (1, 8): the token goes back first, nothing launched
     assert len(runs) == before and [seq for seq, _ in events] == [first]
-    events = sched.step()
+    events = engine.step()
     assert runs[before:] == [(1, CHUNK)]
     while not sched.idle:
-        sched.step()
+        engine.step()
 
 
 def plain_events(engine: Engine, ids: list[int], params: SamplingParams) -> list:

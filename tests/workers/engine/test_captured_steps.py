@@ -94,7 +94,7 @@ def test_an_engine_reserves_its_largest_step_and_its_steps_stay_within_it(tmp_pa
     for i in range(4):
         engine.scheduler.submit(engine.sequence(prompt(10 + i, 3), greedy(2)))
     while not engine.scheduler.idle:
-        engine.scheduler.step()
+        engine.step()
     assert max(backend.segments) == 4 and 4 * 16 in backend.rows  # the four padded chunks in one step
     assert max(backend.rows) <= backend.reserved[0][0]
 
