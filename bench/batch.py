@@ -89,8 +89,7 @@ def aggregate(  # type: ignore[no-untyped-def]
     from workers.engine.sampling import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=n_gen, ignore_eos=True)
-    for resident in engine.kv.resident:
-        resident.clear()
+    engine.kv.clear()
     vocab = engine.model.config.n_vocab
     seqs = [engine.sequence(random_prompt(rng, vocab, n_prompt), params) for _ in range(n)]
     for seq in seqs:
@@ -116,8 +115,7 @@ def ttft_ms(engine, n_prompt: int, rng: np.random.Generator) -> float:  # type: 
     times = []
     vocab = engine.model.config.n_vocab
     for _ in range(REPEATS + 1):  # the first compiles and captures
-        for resident in engine.kv.resident:
-            resident.clear()
+        engine.kv.clear()
         seq = engine.sequence(random_prompt(rng, vocab, n_prompt), params)
         engine.scheduler.submit(seq)
         while not seq.generated:
@@ -149,8 +147,7 @@ def voice_under_load(engine, n_bg: int, rng: np.random.Generator, n_prompt: int 
             pass
         return (seq.t_first - seq.t_start) * 1000, time.perf_counter() - t0
 
-    for resident in engine.kv.resident:
-        resident.clear()
+    engine.kv.clear()
     idle = statistics.median([ask()[0] for _ in range(6)][1:])  # the first compiles and captures
     stop = False
     long = SamplingParams(temperature=0, max_tokens=engine.n_ctx - 129, ignore_eos=True)

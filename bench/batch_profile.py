@@ -45,13 +45,13 @@ def captured_step(engine, slots: list[int]):  # type: ignore[no-untyped-def]
     engine._steps.clear()
     for _ in range(2):
         if len(slots) == 1:
-            pos = len(engine.kv.resident[slots[0]])
+            pos = engine.kv.n_held(slots[0])
             engine._run(slots[0], [1000], pos, slice(-1, None))
         else:
-            segs = [Segment(s, len(engine.kv.resident[s]), (1000,), True) for s in slots]
+            segs = [Segment(s, engine.kv.n_held(s), (1000,), True) for s in slots]
             engine.run_step(segs, None)
         for s in slots:
-            del engine.kv.resident[s][-1:]
+            engine.kv.truncate(s, engine.kv.n_held(s) - 1)
     (step,) = [v for v in engine._steps.values() if v is not False]
     return step
 
@@ -60,8 +60,7 @@ def profile(engine, n: int, n_steps: int, rng: np.random.Generator, host_top: in
     from workers.engine.sampling import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=WARM_STEPS + 3 * n_steps + 1, ignore_eos=True)
-    for resident in engine.kv.resident:
-        resident.clear()
+    engine.kv.clear()
     vocab = engine.model.config.n_vocab
     seqs = [engine.sequence(random_prompt(rng, vocab, 128), params) for _ in range(n)]
     sched = engine.scheduler

@@ -43,7 +43,7 @@ def child_genie(model: str, n_prompt: int, n_gen: int) -> dict:
     ids = prompt_tokens(lambda t: engine.tokenizer.encode(t, add_bos=True), n_prompt)
     prefill, decode = [], []
     for _ in range(REPEATS):
-        engine.kv.resident[0] = []  # cold: no prefix reuse between repeats
+        engine.kv.clear(0)  # cold: no prefix reuse between repeats
         done = None
         for ev in engine.generate(ids, SamplingParams(temperature=0, max_tokens=n_gen, ignore_eos=True)):
             done = ev

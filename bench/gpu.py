@@ -47,7 +47,7 @@ def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int) -> 
     out: dict = {"load_ms": model.load_ms}
 
     def run(engine: Engine, prompt: list[int], n_gen: int) -> Completion:
-        engine.kv.resident[0] = []
+        engine.kv.clear(0)
         done = None
         for ev in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=n_gen, ignore_eos=True)):
             done = ev
@@ -62,7 +62,7 @@ def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int) -> 
     pp = []
     for _ in range(repeats):
         prompt = list(rng.integers(300, vocab, 512))
-        engine.kv.resident[0] = []
+        engine.kv.clear(0)
         t0 = time.perf_counter()
         for _ in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=0)):
             pass

@@ -56,7 +56,7 @@ def replay_us(engine, pos: int, replays: int) -> float:
     engine._steps.clear()
     for _ in range(2):  # eager + capture, then one replay
         engine._run(0, [1000], pos, slice(-1, None))
-        del engine.kv.resident[0][-1:]
+        engine.kv.truncate(0, engine.kv.n_held(0) - 1)
     (step,) = [v for k, v in engine._steps.items() if k[1] == 1]
     return graph_ms(step, replays) * 1e3
 

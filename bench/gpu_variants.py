@@ -95,7 +95,7 @@ def main() -> None:
                 engine = Engine(config, model)
 
                 def run(prompt: list[int], n_gen: int, engine: Engine = engine) -> Completion:
-                    engine.kv.resident[0] = []
+                    engine.kv.clear(0)
                     done = None
                     params = SamplingParams(temperature=0, max_tokens=n_gen, ignore_eos=True)
                     for ev in engine.generate(prompt, params):
@@ -115,7 +115,7 @@ def main() -> None:
                 pp_ratio = f" ({pp512 / anchor['pp512']:.2f}x)" if "pp512" in anchor else ""
                 # logits of 8 replayed steps after two 512-token chunks (the second one replayed where
                 # prefill chunks are captured), the same tokens for every variant
-                engine.kv.resident[0] = []
+                engine.kv.clear(0)
                 for pos in (0, 512):
                     engine._run(0, rng.integers(300, vocab, 512).tolist(), pos, None)
                 steps = rng.integers(300, vocab, 8).tolist()

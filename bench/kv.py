@@ -57,9 +57,10 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="genie-kv-bench-"))
     store = KVStore(StoreConfig(directory, max_bytes=0), engine.model.fingerprint, engine_layout(engine))
 
-    engine.kv.resident[0] = []
+    engine.kv.clear(0)
     ttft_ms(engine, history)  # the history's KV, as a finished turn leaves it
-    engine.kv.resident[0] = history[:]  # what is saved: exactly the history (its last token's KV is written)
+    engine.kv.clear(0)
+    engine.kv.extend(0, history)  # what is saved: exactly the history (its last token's KV is written)
     saves = []
     for i in range(REPEATS):
         snap = engine.export_kv(0)
@@ -70,15 +71,16 @@ def main() -> None:
         raise SystemExit(f"the bench's save failed: {saved}")
     size = saved.bytes
 
-    engine.kv.resident[0] = []
+    engine.kv.clear(0)
     ttft_ms(engine, prompt)  # warm-up of both paths (first launches, allocator, CUDA graphs): untimed
-    engine.kv.resident[0] = history[:-1]
+    engine.kv.clear(0)
+    engine.kv.extend(0, history[:-1])
     ttft_ms(engine, prompt)
     cold, warm, reads, imports, firsts = [], [], [], [], []
     for i in range(REPEATS):
-        engine.kv.resident[0] = []
+        engine.kv.clear(0)
         cold.append(ttft_ms(engine, prompt)[0])
-        engine.kv.resident[0] = []  # as after a restart: nothing resident
+        engine.kv.clear(0)  # as after a restart: nothing resident
         t0 = time.perf_counter()
         snap = store.hydrate(prompt, conv_id=f"bench{i}")  # find, map, check the checksum
         t1 = time.perf_counter()

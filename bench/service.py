@@ -37,7 +37,7 @@ PROMPT = [1, 5, 6, 7, 8]
 
 def in_process(engine: Engine, n: int) -> tuple[float, float]:
     """Per token after the first, and the first token's time from the call (an empty slot)."""
-    engine.kv.resident[0] = []
+    engine.kv.clear(0)
     t_first = None
     t0 = time.perf_counter()
     for ev in engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)):

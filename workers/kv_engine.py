@@ -8,7 +8,6 @@ from kvstore.policy import ReusePolicy
 from kvstore.store import KVStore, NotSaved, Saved
 
 from .engine.engine import Engine
-from .engine.scheduler import common_prefix_len
 
 
 def engine_layout(engine: Engine) -> KVLayout:
@@ -28,7 +27,7 @@ def hydrate(
     """Loads the longest saved prefix of the prompt into `slot` when it beats what the slot already holds
     and recomputing it (`policy`); returns the tokens loaded (0: nothing better on disk)."""
     policy = policy or ReusePolicy()
-    held = common_prefix_len(engine.kv.resident[slot], prompt_ids)
+    held = engine.kv.prefix_len(slot, prompt_ids)
     if not policy.worth_looking_up(len(prompt_ids), held, conv_id or None):
         return 0
     snapshot = store.hydrate(prompt_ids, conv_id, longer_than=max(held, policy.shortest(conv_id or None) - 1))
@@ -43,6 +42,6 @@ def save(
 ) -> Saved | NotSaved | None:
     """Saves what `slot` holds (prompt + generated tokens), when hydrating it would beat recomputing it (None:
     not worth it; NotSaved: the store could not, and logged why)."""
-    if not (policy or ReusePolicy()).worth_saving(len(engine.kv.resident[slot]), conv_id or None):
+    if not (policy or ReusePolicy()).worth_saving(engine.kv.n_held(slot), conv_id or None):
         return None
     return store.save(engine.export_kv(slot), conv_id)

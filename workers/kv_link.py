@@ -35,8 +35,7 @@ from protocol.messages import Error
 from workers.kv_engine import engine_layout
 
 from .engine.engine import Engine
-from .engine.kv_cache import KVExport
-from .engine.scheduler import common_prefix_len
+from .engine.kv_cache import KVExport, common_prefix_len
 
 log = logging.getLogger("genie.worker")
 
@@ -115,7 +114,7 @@ class KvLink:
             return 0
 
     def _hydrate(self, prompt: list[int], conv_id: str | None, slot: int, timeout_s: float) -> int:
-        held = common_prefix_len(self.engine.kv.resident[slot], prompt)
+        held = self.engine.kv.prefix_len(slot, prompt)
         if not self.policy.worth_looking_up(len(prompt), held, conv_id):
             return 0
         if self._saved is not None:  # (a fresh worker has saved nothing: everything on disk may help it)
@@ -176,7 +175,7 @@ class KvLink:
         """Queues what `slot` holds for the store (when hydrating it would beat recomputing it): its rows are
         gathered on the device, the saver thread does the rest. Never waits, and never raises for the store's
         sake (the save is then lost, with a log line)."""
-        if not self.policy.worth_saving(len(self.engine.kv.resident[slot]), conv_id):
+        if not self.policy.worth_saving(self.engine.kv.n_held(slot), conv_id):
             return False
         if self._saves.unfinished_tasks >= SAVE_BACKLOG:
             self._dropped(f"{SAVE_BACKLOG} saves are waiting for the KV store")

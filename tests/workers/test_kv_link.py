@@ -96,14 +96,13 @@ def test_a_store_that_binds_after_a_fresh_worker_connected_answers_its_first_loo
             time.sleep(0.02)  # the saver thread sends it once the store is there
         assert first.counts.acked == 1
         stop_server(*servers.pop())
-        for resident in engine.kv.resident:
-            resident.clear()
+        engine.kv.clear()
         fresh = KvLink(ctx, endpoint, engine)  # connects before the store is back
         links.append(fresh)
         servers.append(serve_in_thread(config, delay_s=0.3))
         n = fresh.hydrate(prompt + [9, 9], "den")
         assert n >= len(prompt)
-        assert np.array_equal(np.asarray(engine.kv.resident[0][:n]), np.asarray((prompt + [9, 9])[:n]))
+        assert np.array_equal(np.asarray(engine.kv.held(0)[:n]), np.asarray((prompt + [9, 9])[:n]))
     finally:
         for link in links:
             link.close()
@@ -140,8 +139,7 @@ def test_saves_beyond_the_socket_queue_wait_in_the_outbox_and_all_arrive(tmp_pat
             time.sleep(0.01)
         assert (link.counts.acked, link.counts.dropped, link.counts.kept) == (n, 0, 0)
         for i, snap in enumerate(held):
-            for resident in engine.kv.resident:
-                resident.clear()
+            engine.kv.clear()
             got = link.hydrate([int(t) for t in snap.token_ids] + [5], f"c{i}", slot=0)
             assert got == snap.n_tokens
             back = engine.export_kv(0)

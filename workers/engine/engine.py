@@ -245,7 +245,7 @@ class Engine:
         counts it ran (a capture that fails leaves that count eager, as forward_step does at any step)."""
         if not self.backend.captures_steps or self.kv.config.dtype == "f32":
             return 0
-        empty = [s for s, held in enumerate(self.kv.resident) if not held]
+        empty = [s for s in range(self.kv.config.n_slots) if not self.kv.n_held(s)]
         counts = range(1, len(empty) + 1)
         if not self.backend.decode_steps_by_count(self.model.config, self.kv):
             counts = range(1, min(1, len(empty)) + 1)  # keyed by their slots: only one stream's step is shared
@@ -254,7 +254,7 @@ class Engine:
             for _ in range(2):  # (an engine's first step builds the RoPE tables as it runs: eager, not captured)
                 self.run_step(segments, None)
                 for slot in empty[:k]:
-                    self.kv.resident[slot].clear()
+                    self.kv.clear(slot)
                 if self._decode_key(segments) in self._steps:
                     break
         return len(counts)
@@ -383,7 +383,7 @@ class Engine:
             capturable = repeats and self.kv.config.dtype != "f32"
             batch = Batch((Segment(slot, pos0, tuple(int(t) for t in arr), logit_rows is not None),))
             out = self.backend.forward_step(self._steps, key, run, batch, capturable=capturable)
-        self.kv.resident[slot].extend(ids)
+        self.kv.extend(slot, ids)
         return out
 
     def _bucket(self, n: int, pos0: int) -> int:
@@ -427,7 +427,7 @@ class Engine:
             key = ("mixed", tuple((seg.n, seg.wants_logits) for seg in padded)) if by_shape else ("mixed",)
             out = self.backend.forward_step(self._steps, key, run, batch, capturable=by_shape)
         for seg in segments:
-            self.kv.resident[seg.slot].extend(seg.ids)
+            self.kv.extend(seg.slot, seg.ids)
         return out
 
     def _decode_key(self, segments: list[Segment]) -> tuple:
@@ -463,7 +463,7 @@ class Engine:
         if out is None:
             return self.run_step(ran, None), tokens
         for seg in ran:
-            self.kv.resident[seg.slot].extend(seg.ids)
+            self.kv.extend(seg.slot, seg.ids)
         return out, tokens
 
     def _padded(self, segments: list[Segment]) -> tuple[list[Segment], bool]:
@@ -550,7 +550,7 @@ class Engine:
     def token_nll(self, ids: Sequence_[int], rows_per_pass: int = 128, slot: int = 0) -> np.ndarray:
         """NLL (nats) of ids[1:], each given all ids before it: [len(ids) - 1] float64."""
         ids = self._check_ids(ids, 2, self.n_ctx)
-        self.kv.resident[slot] = []
+        self.kv.clear(slot)
         nll = np.empty(len(ids) - 1, dtype=np.float64)
         for pos in range(0, len(ids) - 1, rows_per_pass):
             chunk = ids[pos : pos + rows_per_pass]
@@ -567,7 +567,7 @@ class Engine:
 
     def start_export_kv(self, slot: int = 0, n_tokens: int | None = None) -> KVExport:
         """The slot's KV on its way to the host without waiting for it (a save while other streams decode)."""
-        n = len(self.kv.resident[slot]) if n_tokens is None else n_tokens
+        n = self.kv.n_held(slot) if n_tokens is None else n_tokens
         return self.kv.start_export(slot, n, self.backend.gather_slot, self.backend.start_to_host)
 
     def import_kv(self, snapshot: KVSnapshot, slot: int = 0) -> None:

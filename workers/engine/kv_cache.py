@@ -5,6 +5,7 @@ store use the same one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,14 @@ from .host_copy import HostCopy
 
 INT8_QMAX = 127.0
 __all__ = ["INT8_QMAX", "KVCache", "KVCacheConfig", "KVDtype", "KVExport", "KVSnapshot", "LayerKV", "kv_rotation"]
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def kv_rotation(head_dim: int) -> np.ndarray:
@@ -97,14 +106,39 @@ class KVCache:
             ks = zeros((c.n_slots, c.n_ctx, n_kv), np.float32) if scales else None
             vs = zeros((c.n_slots, c.n_ctx, n_kv), np.float32) if scales else None
             self.layers.append(LayerKV(k, v, ks, vs))
-        # token ids whose K/V are written at positions [0, len) of each slot
-        self.resident: list[list[int]] = [[] for _ in range(c.n_slots)]
+        # token ids whose K/V are written at positions [0, len) of each slot: written only by the methods below
+        self._held: list[list[int]] = [[] for _ in range(c.n_slots)]
+
+    # -- what each slot holds -----------------------------------------------------------------------
+    def held(self, slot: int) -> tuple[int, ...]:
+        """The token ids whose K/V positions [0, n) of `slot` hold."""
+        return tuple(self._held[slot])
+
+    def n_held(self, slot: int) -> int:
+        return len(self._held[slot])
+
+    def prefix_len(self, slot: int, ids: Sequence[int]) -> int:
+        """How many of `ids`, from the first, `slot` holds."""
+        return common_prefix_len(self._held[slot], ids)
+
+    def extend(self, slot: int, ids: Sequence[int]) -> None:
+        """A pass wrote the K/V of `ids` at the positions after what `slot` held."""
+        self._held[slot].extend(int(t) for t in ids)
+
+    def truncate(self, slot: int, n: int) -> None:
+        """`slot` keeps its first n tokens (the rows past them are garbage a later pass overwrites)."""
+        del self._held[slot][n:]
+
+    def clear(self, slot: int | None = None) -> None:
+        """`slot` (None: every slot) holds nothing reusable."""
+        for s in range(self.config.n_slots) if slot is None else (slot,):
+            self._held[s] = []
 
     def start_export(self, slot: int, n_tokens: int, gather: Any, start_to_host: Any) -> KVExport:
         """Positions [0, n) of `slot` on their way to host memory: the backend's `gather` takes every array's rows
         into one buffer of their own, behind the steps that wrote them (the slot may be given to another sequence
         at once), and its `start_to_host` copies that without waiting for it."""
-        resident = self.resident[slot]
+        resident = self._held[slot]
         if not 0 <= n_tokens <= len(resident):
             raise ValueError(f"slot {slot} holds {len(resident)} tokens, cannot export {n_tokens}")
         n = n_tokens
@@ -122,14 +156,14 @@ class KVCache:
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         """Make positions [0, n) of slot `dst` hold what they hold in slot `src` (a shared system prompt:
         rows copied instead of recomputed)."""
-        if not 0 <= n_tokens <= len(self.resident[src]):
-            raise ValueError(f"slot {src} holds {len(self.resident[src])} tokens, cannot copy {n_tokens}")
-        self.resident[dst] = []  # until every array is written, the slot holds nothing reusable
+        if not 0 <= n_tokens <= len(self._held[src]):
+            raise ValueError(f"slot {src} holds {len(self._held[src])} tokens, cannot copy {n_tokens}")
+        self._held[dst] = []  # until every array is written, the slot holds nothing reusable
         for layer in self.layers:
             for a in (layer.k, layer.v, layer.k_scale, layer.v_scale):
                 if a is not None:
                     a[dst, :n_tokens] = a[src, :n_tokens]
-        self.resident[dst] = list(self.resident[src][:n_tokens])
+        self._held[dst] = list(self._held[src][:n_tokens])
 
     def load(self, slot: int, snap: KVSnapshot) -> None:
         """Make positions [0, n) of `slot` hold `snap`; checks every shape before touching the pool."""
@@ -159,7 +193,7 @@ class KVCache:
                     raise ValueError("snapshot scale shapes do not match the cache")
         if len(snap.token_ids) != n:
             raise ValueError("snapshot token ids do not match its arrays")
-        self.resident[slot] = []  # until every array is written, the slot holds nothing reusable
+        self._held[slot] = []  # until every array is written, the slot holds nothing reusable
         xp = self.xp
         for i, layer in enumerate(self.layers):
             layer.k[slot, :n] = xp.asarray(snap.k[i])
@@ -168,4 +202,4 @@ class KVCache:
                 assert layer.k_scale is not None and layer.v_scale is not None
                 layer.k_scale[slot, :n] = xp.asarray(snap.k_scale[i])
                 layer.v_scale[slot, :n] = xp.asarray(snap.v_scale[i])
-        self.resident[slot] = [int(t) for t in snap.token_ids]
+        self._held[slot] = [int(t) for t in snap.token_ids]

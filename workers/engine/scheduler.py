@@ -51,14 +51,6 @@ class Plan:
         return any(s.prefilling for s in self.seqs)
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class Scheduler:
     def __init__(self, kv: KVCache, n_ctx: int, prefill_chunk: int) -> None:
         self.kv = kv
@@ -192,9 +184,8 @@ class Scheduler:
             except Exception as e:  # a lookup that failed oddly: the sequence fails, not the step
                 events += self.failed([seq], e)
                 continue
-            resident = self.kv.resident[slot]
-            seq.cached = min(common_prefix_len(resident, seq.prompt), len(seq.prompt) - 1)
-            del resident[seq.cached :]
+            seq.cached = min(self.kv.prefix_len(slot, seq.prompt), len(seq.prompt) - 1)
+            self.kv.truncate(slot, seq.cached)
             seq.pos = seq.cached
         return events
 
@@ -208,21 +199,18 @@ class Scheduler:
         free = [s for s in range(self.n_slots) if s not in self.running and s not in self._freed]
         if not free:
             return None
-        resident = self.kv.resident
+        kv = self.kv
         # the longest prefix held; among equals an empty slot, else the one that ended longest ago (recent ones
         # stay warm), else the lowest
-        return max(
-            free, key=lambda s: (common_prefix_len(resident[s], seq.prompt), not resident[s], -self._last_used[s], -s)
-        )
+        return max(free, key=lambda s: (kv.prefix_len(s, seq.prompt), not kv.n_held(s), -self._last_used[s], -s))
 
     def _reuse(self, seq: Sequence) -> None:
         """Copies the longest prefix of the prompt another slot holds, when longer than the own slot's."""
-        resident = self.kv.resident
         want = len(seq.prompt) - 1  # the prompt's last token always runs: its logits are needed
-        own = min(common_prefix_len(resident[seq.slot], seq.prompt), want)
+        own = min(self.kv.prefix_len(seq.slot, seq.prompt), want)
         best, best_len = None, own
         for s in range(self.n_slots):
-            if s != seq.slot and (n := min(common_prefix_len(resident[s], seq.prompt), want)) > best_len:
+            if s != seq.slot and (n := min(self.kv.prefix_len(s, seq.prompt), want)) > best_len:
                 best, best_len = s, n
         if best is not None:
             self.kv.copy_prefix(best, seq.slot, best_len)

@@ -91,8 +91,7 @@ def record_logits(engine: Engine) -> dict[Sequence, list[np.ndarray]]:
 
 def alone(engine: Engine, ids: list[int], params: SamplingParams) -> tuple[Completion, list[np.ndarray]]:
     """A sequence on its own, in a pool holding nothing."""
-    for resident in engine.kv.resident:
-        resident.clear()
+    engine.kv.clear()
     seen = record_logits(engine)
     *_, done = engine.generate(ids, params)
     del engine.sample_rows, engine.greedy_ahead
@@ -106,8 +105,7 @@ def run_batched(
 ) -> tuple[dict[Sequence, list], dict[Sequence, list[np.ndarray]]]:
     """Steps the scheduler, submitting each (step, sequence) of `plan` before that step; the events of
     each sequence, and the logits it sampled from."""
-    for resident in engine.kv.resident:
-        resident.clear()
+    engine.kv.clear()
     seen = record_logits(engine)
     events: dict[Sequence, list] = {seq: [] for _, seq in plan}
     step = 0
@@ -225,7 +223,7 @@ def test_steps_mixing_prompt_chunks_with_decode_rows_are_padded_to_their_buckets
         assert done.token_ids == solo.token_ids
         for got, want in zip(seen[seq], solo_rows, strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
-        assert engine.kv.resident[seq.slot] == [*ids, *done.token_ids[:-1]]
+        assert list(engine.kv.held(seq.slot)) == [*ids, *done.token_ids[:-1]]
 
 
 class EagerPaddingNumpy(PaddingNumpy):
@@ -345,7 +343,7 @@ def test_a_prewarm_among_streams_fills_its_slot_and_says_nothing(tmp_path: Path)
     events, _ = run_batched(engine, [(0, talk), (0, warm)])
     assert events[warm] == [completion(events[warm])]
     assert completion(events[warm]).finish_reason == "length"
-    assert engine.kv.resident[warm.slot] == warm_ids
+    assert list(engine.kv.held(warm.slot)) == warm_ids
     assert completion(events[talk]).token_ids == alone(engine, prompt(41, 10), greedy(8))[0].token_ids
 
 
@@ -393,12 +391,12 @@ def test_a_slot_freed_by_a_cancel_is_not_given_again_in_the_same_step(tmp_path: 
     sched.submit(first)
     engine.step()
     engine.step()
-    held = list(engine.kv.resident[0])
+    held = list(engine.kv.held(0))
     sched.submit(second)
     stop["now"] = True
     ended = engine.step()
     assert [type(ev).__name__ for s, ev in ended if s is first][-1] == "Completion"
-    assert second in sched.waiting and engine.kv.resident[0] == held  # the slot still holds what it held
+    assert second in sched.waiting and list(engine.kv.held(0)) == held  # the slot still holds what it held
     while not sched.idle:
         engine.step()
     assert second.done
@@ -446,7 +444,7 @@ def test_decode_steps_of_every_count_are_captured_before_any_request(tmp_path: P
     if not engine.backend.decode_steps_by_count(engine.model.config, engine.kv):
         pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 8.0)")
     assert engine.capture_decode_steps() == N_SLOTS
-    assert all(not held for held in engine.kv.resident)
+    assert all(not engine.kv.n_held(s) for s in range(engine.kv.config.n_slots))
     decode_keys = [("step", 1, (-1, None, None)), *(("decode", k) for k in range(2, N_SLOTS + 1))]
     assert sorted(engine._steps, key=str) == sorted(decode_keys, key=str)
     captured = {key: engine._steps[key] for key in decode_keys}
@@ -488,7 +486,7 @@ def test_an_export_started_before_its_slot_is_overwritten_holds_the_rows_it_had(
     engine._run(0, ids, 0, slice(-1, None))
     want = engine.export_kv(0)
     pending = engine.start_export_kv(0)
-    engine.kv.resident[0].clear()
+    engine.kv.clear(0)
     engine._run(0, prompt(5, 35), 0, slice(-1, None))  # the slot's next sequence, at the same positions
     got = pending.snapshot()
     assert list(got.token_ids) == ids
@@ -522,7 +520,7 @@ def test_steps_launched_ahead_give_each_stream_what_it_gets_alone(
         for got, want in zip(seen[seq], solo_rows, strict=True):
             np.testing.assert_array_equal(got, want)
         if last[seq.slot] is seq:  # (the fifth stream took over a slot another had)
-            assert engine.kv.resident[seq.slot] == [*ids, *done.token_ids[:-1]]  # the last token ended it: not run
+            assert list(engine.kv.held(seq.slot)) == [*ids, *done.token_ids[:-1]]  # the last token ended it: not run
 
 
 @pytest.mark.skipif(not cupy_available(), reason="needs a GPU")
@@ -587,8 +585,7 @@ def test_a_token_sampled_before_a_pass_of_another_make_up_is_returned_before_tha
 
 
 def plain_events(engine: Engine, ids: list[int], params: SamplingParams) -> list:
-    for resident in engine.kv.resident:
-        resident.clear()
+    engine.kv.clear()
     return list(engine.generate(ids, params))
 
 
@@ -621,7 +618,7 @@ def test_an_end_of_generation_read_after_the_next_pass_launched_ends_its_stream_
         done = completion(events[seq])
         assert (done.token_ids, done.finish_reason) == (free.token_ids[: cut + 1], "stop")
         assert completion(events[beside]).token_ids == plain_events(plain, other, greedy(16))[-1].token_ids
-        results[ahead] = (done.text, [e.text for e in events[seq]], list(engine.kv.resident[seq.slot]))
+        results[ahead] = (done.text, [e.text for e in events[seq]], list(engine.kv.held(seq.slot)))
     assert results[True][:2] == results[False][:2]
     held_ahead, held_plain = results[True][2], results[False][2]
     assert held_plain == [*ids, *free.token_ids[:cut]]  # not launching ahead, the end token never ran

@@ -18,7 +18,7 @@ def run(engine, ids, params=GREEDY, cancel=lambda: False) -> tuple[list[Delta], 
 
 
 def forget(engine):
-    engine.kv.resident[0] = []
+    engine.kv.clear(0)
 
 
 def test_deltas_add_up_to_the_text_and_tokens(make_engine):
@@ -99,7 +99,7 @@ def test_cancel_during_prefill_stops_between_chunks(make_engine):
 
     _, done = run(e, ids, cancel=cancel)
     assert done.finish_reason == "cancelled" and done.token_ids == []
-    assert len(e.kv.resident[0]) == e.config.prefill_chunk  # what was prefilled stays reusable
+    assert e.kv.n_held(0) == e.config.prefill_chunk  # what was prefilled stays reusable
     _, after = run(e, ids, SamplingParams(temperature=0, max_tokens=1))
     assert after.cached_tokens == e.config.prefill_chunk
 
@@ -120,7 +120,7 @@ def test_cancel_during_prefill_stops_after_the_layer_it_arrives_in(make_engine, 
     _, done = run(e, ids, cancel=cancel)
     assert done.finish_reason == "cancelled" and done.token_ids == []
     assert len(calls) == 4  # asked once more after that layer, and no layer ran after the answer
-    assert e.kv.resident[0] == []  # the chunk's half-written rows are not counted as held
+    assert e.kv.held(0) == ()  # the chunk's half-written rows are not counted as held
     _, after = run(e, ids, SamplingParams(temperature=0, max_tokens=1))
     assert after.cached_tokens == 0 and after.finish_reason == "length"
 
@@ -163,7 +163,7 @@ def test_export_import_continues_exactly(make_engine, kv_dtype):
     ids = e.text_prompt("The history of the Roman Empire")
     _, ref = run(e, ids)
     snap = e.export_kv()
-    assert snap.n_tokens == len(e.kv.resident[0])
+    assert snap.n_tokens == e.kv.n_held(0)
     assert snap.k[0].shape == (snap.n_tokens, e.model.config.n_kv_heads, e.model.config.head_dim)
     assert (snap.k_scale is not None) == (kv_dtype == "int8")
     forget(e)
@@ -240,7 +240,7 @@ def test_import_rejects_wrong_dtypes_and_short_scale_lists_without_touching_the_
         with pytest.raises(ValueError):
             e.import_kv(broken)
     e.import_kv(snap)
-    assert e.kv.resident[0] == list(snap.token_ids)
+    assert list(e.kv.held(0)) == list(snap.token_ids)
 
 
 def test_media_placeholders_the_model_writes_reach_the_token_ids_but_never_the_text(make_engine):

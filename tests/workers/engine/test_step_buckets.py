@@ -34,7 +34,7 @@ def engines(tmp_path_factory) -> tuple[Engine, Engine]:
 
 
 def logits_of(engine: Engine, ids: list[int]) -> np.ndarray:
-    engine.kv.resident[0] = []
+    engine.kv.clear(0)
     return engine.backend.to_host(engine._run(0, ids, 0, slice(-1, None)))
 
 
@@ -45,7 +45,7 @@ def test_a_padded_chunk_gives_the_unpadded_logits(engines: tuple[Engine, Engine]
     want, got = logits_of(plain, ids), logits_of(padding, ids)
     assert got.shape == want.shape == (1, plain.model.config.n_vocab)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())  # BLAS over more rows
-    assert padding.kv.resident[0] == ids  # the pad's rows are past what the slot holds
+    assert list(padding.kv.held(0)) == ids  # the pad's rows are past what the slot holds
 
 
 def test_answers_and_the_next_turn_match_unpadded(engines: tuple[Engine, Engine]) -> None:
@@ -54,7 +54,7 @@ def test_answers_and_the_next_turn_match_unpadded(engines: tuple[Engine, Engine]
     first = [1, *np.random.default_rng(1).integers(3, 380, 8).tolist()]
     answers = []
     for engine in engines:
-        engine.kv.resident[0] = []
+        engine.kv.clear(0)
         *_, done = engine.generate(first, params)
         *_, again = engine.generate(first + done.token_ids + [50, 51, 52, 53], params)
         assert again.cached_tokens == len(first) + len(done.token_ids) - 1

@@ -648,7 +648,7 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
             logits[use_graphs] = cp.asnumpy(engine._run(0, prompt[72:], 72, slice(-1, None)))
             if use_graphs:  # the first chunk ran eagerly and was captured, the next two replayed it
                 assert engine._steps.get(("step", 24, None)) not in (None, False)
-            engine.kv.resident[0] = []
+            engine.kv.clear(0)
             done = list(engine.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)))[-1]
             assert isinstance(done, Completion)
             tokens[use_graphs] = done.token_ids
