@@ -41,7 +41,7 @@ class DaemonConfig:
     fp16_kv: bool = False  # FP16 KV cache instead of INT8
     prefill_chunk: int = defaults.PREFILL_CHUNK  # prompt tokens per forward pass; cancel is checked between chunks
     parallel: int = 0  # requests the worker runs at once, each in a KV slot of its own; 0 = the worker's default
-    max_tokens_default: int = 1024  # an answer's token cap when a request sets none (a voice answer is far shorter)
+    max_tokens_default: int = defaults.MAX_TOKENS  # an answer's token cap when a request sets none
     stream_interval_ms: float = 5.0  # a request's DELTAs at most this often (first token, sentence ends at once)
     socket_dir: str = field(default_factory=lambda: str(default_socket_dir()))  # where the ipc:// sockets live
     # a group whose members may use the client socket: socket_dir 0750 and genie.sock 0660 of that group;

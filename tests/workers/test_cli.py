@@ -134,7 +134,7 @@ def test_help_lists_required_options(command: str) -> None:
 def test_help_shows_default_values() -> None:
     run = _help("run")
     assert "(default: 0.8)" in run["--temperature"]
-    assert "(default: 256)" in run["--max-tokens"]
+    assert "(default: 1024)" in run["--max-tokens"]
     assert "(default: 40)" in run["--top-k"]
     assert "(default: 512)" in _help("perplexity")["--ctx"]
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from genie_common import defaults
 from genie_common.errors import RequestError
 
 FLOAT32_BIG = float(np.finfo(np.float32).max) / 4  # penalized logits stay within this: differences stay finite
@@ -25,7 +26,7 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # 1 = off
     repeat_last_n: int = 64  # tokens the penalty looks back over
     seed: int | None = None  # None = a fresh random seed
-    max_tokens: int = 256
+    max_tokens: int = defaults.MAX_TOKENS  # the daemon's max_tokens_default too
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
 
