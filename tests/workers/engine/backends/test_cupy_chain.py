@@ -68,7 +68,8 @@ def test_a_layer_from_o_to_the_next_q_k_v_is_one_launch_each_product_waiting_for
     assert list(ops["counted"]) == [1, 1, 1, 0, 0]
     assert list(ops["last_wait"]) == [0, 1, 1, 0, 1]  # v is down's last reader: it zeroes down's counter
     assert list(ops["grid"]) == [8, 6, 8, 8, 3]
-    assert ops["x8"][3] == down_out.x8.data.ptr and ops["ep_res"][2] == o_out.xnew.data.ptr
+    assert ops["x8"][3] == down_out.x8.data.ptr and ops["ep"]["res"][2] == o_out.xnew.data.ptr
+    assert list(ops["ep"]["mode"]) == [2, 1, 2, 0, 0] and ops["ep"]["x8"][2] == down_out.x8.data.ptr
 
 
 def test_a_product_reading_two_held_products_that_do_not_wait_for_each_other_sends_them_first():

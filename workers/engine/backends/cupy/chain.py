@@ -26,11 +26,19 @@ from typing import Any
 import numpy as np
 
 CHAIN_MAX = 8  # quant.cu's CHAIN_MAX: products a launch
-# quant.cu's ChainOp and Chain, field for field (C alignment: align=True)
-_POINTERS = ("W", "x8", "y", "nss", "ep_x8", "ep_cnt", "ep_res", "ep_w", "ep_xnew", "ep_ss")
-_INTS = ("rows", "cols", "tpb", "type", "n_ss", "ep_mode", "ep_act", "grid", "dep", "counted", "last_wait")
-OP = np.dtype([*((n, "<u8") for n in _POINTERS), *((n, "<i4") for n in _INTS), ("eps", "<f4")], align=True)
+# quant.cu's Epilogue, ChainOp and Chain, field for field (C alignment: align=True), and where each field comes
+# from in gemv1mc's arguments (Product.args)
+EPILOGUE = np.dtype(
+    [("mode", "<i4"), ("act", "<i4"), *((n, "<u8") for n in ("x8", "cnt", "res", "w", "xnew", "ss"))], align=True
+)
+_INTS = ("rows", "cols", "tpb", "type", "n_ss", "grid", "dep", "counted", "last_wait")
+OP = np.dtype(
+    [*((n, "<u8") for n in ("W", "x8", "y", "nss")), ("ep", EPILOGUE), *((n, "<i4") for n in _INTS), ("eps", "<f4")],
+    align=True,
+)
 CHAIN = np.dtype([("op", OP, (CHAIN_MAX,)), ("sync", "<u8"), ("n", "<i4")], align=True)
+_OP_POINTERS = {"W": 0, "x8": 1, "y": 2, "nss": 6}
+_EP_POINTERS = {"x8": 11, "cnt": 12, "res": 13, "w": 14, "xnew": 15, "ss": 16}
 
 
 @dataclass(frozen=True)
@@ -120,11 +128,14 @@ class Chain:
         table = np.zeros((), dtype=CHAIN)
         for k, (p, dep) in enumerate(zip(held, deps, strict=True)):
             op = table["op"][k]
-            for i, name in enumerate(_POINTERS):
-                op[name] = p.ptr((0, 1, 2, 6, 11, 12, 13, 14, 15, 16)[i])
+            for name, i in _OP_POINTERS.items():
+                op[name] = p.ptr(i)
+            for name, i in _EP_POINTERS.items():
+                op["ep"][name] = p.ptr(i)
+            op["ep"]["mode"], op["ep"]["act"] = int(p.args[9]), int(p.args[10])
             op["rows"], op["cols"], op["tpb"] = int(p.args[3]), int(p.args[4]), int(p.args[5])
             op["type"], op["n_ss"], op["eps"] = p.qtype, int(p.args[7]), float(p.args[8])
-            op["ep_mode"], op["ep_act"], op["grid"], op["dep"] = int(p.args[9]), int(p.args[10]), p.grid, dep
+            op["grid"], op["dep"] = p.grid, dep
             op["counted"] = int(k in deps)
             op["last_wait"] = int(dep >= 0 and k == max(j for j, d in enumerate(deps) if d == dep))
         table["sync"], table["n"] = int(self._sync.data.ptr), len(held)

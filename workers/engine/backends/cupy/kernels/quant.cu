@@ -970,13 +970,8 @@ struct ChainOp {  // one product: gemv1mc's arguments, and its place in the chai
     const signed char* x8;
     float* y;
     const float* nss;
-    signed char* ep_x8;
-    int* ep_cnt;
-    const float* ep_res;
-    const float* ep_w;
-    float* ep_xnew;
-    float* ep_ss;
-    int rows, cols, tpb, type, n_ss, ep_mode, ep_act;
+    Epilogue ep;
+    int rows, cols, tpb, type, n_ss;
     int grid;       // its blocks (<= the launch's)
     int dep;        // the product whose output it reads (-1: written before the launch)
     int counted;    // a later product reads its output: its blocks count themselves done
@@ -988,6 +983,7 @@ struct Chain {
     int* sync;
     int n;
 };
+static_assert(sizeof(ChainOp) == 128 && sizeof(Chain) == 1040, "chain.py's OP and CHAIN describe these");
 __device__ __forceinline__ int ld_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -1012,11 +1008,10 @@ extern "C" __global__ void __launch_bounds__(512) gemv1_chainc(const Chain c) {
             wait();
             continue;
         }
-        const Epilogue ep{o.ep_mode, o.ep_act, o.ep_x8, o.ep_cnt, o.ep_res, o.ep_w, o.ep_xnew, o.ep_ss};
         if (o.type == 12)
-            gemv1_mma<12, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, ep, blockIdx.x, wait);
+            gemv1_mma<12, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blockIdx.x, wait);
         else
-            gemv1_mma<14, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, ep, blockIdx.x, wait);
+            gemv1_mma<14, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blockIdx.x, wait);
         if (o.counted) {
             __syncthreads();  // the block's rows and codes are written
             if (threadIdx.x == 0) {
