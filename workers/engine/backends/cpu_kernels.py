@@ -127,14 +127,10 @@ def load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_set_threads.argtypes = [ctypes.c_int]
     lib.genie_set_threads.restype = ctypes.c_int
-    lib.genie_blk_gemv.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64]
-    lib.genie_blk_gemv.restype = None
+    lib.genie_blk_gemv.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64]
+    lib.genie_blk_gemv.restype = ctypes.c_int
     lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64]
     lib.genie_blk_dequant.restype = None
-
-
-def _addr(a: np.ndarray | None) -> int | None:
-    return None if a is None else a.ctypes.data
 
 
 def limit_blas_threads(n: int) -> None:
@@ -162,13 +158,9 @@ class BlockKernels:
         rows = w.q.shape[0]
         if cols != w.q.shape[1] or cols % 32:  # the C code reads cols values of x for every row
             raise ValueError(f"x has {cols} columns, the weight {w.q.shape[1]}")
-        xsum = None
-        if w.offset is not None:
-            xsum = np.ascontiguousarray(x.reshape(n, cols // w.block, w.block).sum(axis=-1, dtype=np.float32))
         y = np.empty((n, rows), dtype=np.float32)
-        self.lib.genie_blk_gemv(
-            _addr(w.q), _addr(w.scale), _addr(w.offset), cols, w.block, _addr(x), _addr(xsum), n, _addr(y), rows
-        )
+        if self.lib.genie_blk_gemv(*w.addresses, cols, w.block, x.ctypes.data, n, y.ctypes.data, rows):
+            raise MemoryError(f"genie_blk_gemv: no memory for {n} x {cols // w.block} block sums")
         return y
 
     def dequantize(self, w: BlockWeight, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
@@ -179,7 +171,7 @@ class BlockKernels:
         if not (0 <= r0 <= r1 <= w.q.shape[0] and dst.shape == (r1 - r0, cols) and dst.dtype == np.float32):
             raise ValueError(f"dequantize rows [{r0}, {r1}) of {w.q.shape} into {out.shape} {out.dtype}")
         assert dst.flags.c_contiguous
-        self.lib.genie_blk_dequant(_addr(w.q), _addr(w.scale), _addr(w.offset), cols, w.block, _addr(dst), r0, r1)
+        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, dst.ctypes.data, r0, r1)
         return dst
 
     def gemm(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -111,11 +112,21 @@ static inline void row_gemv(const int8_t *qr, const float *sr, const float *orow
     }
 }
 
-// y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0.
-// xsum[i * nb + b] = sum of x[i] over block b (only read when offset != NULL).
-void genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs,
-                    const float *x, const float *xsum, int64_t n, float *y, int64_t rows) {
+// y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0. Returns
+// -1 (nothing written) when the offsets' block sums of x find no memory.
+int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs, const float *x,
+                   int64_t n, float *y, int64_t rows) {
     const int64_t nb = K / bs;
+    float *xsum = NULL;  // xsum[i * nb + b]: x[i] summed over block b, for the offsets' share
+    if (offset != NULL) {
+        xsum = malloc(sizeof(float) * (size_t)(n * nb));
+        if (xsum == NULL) return -1;
+        for (int64_t j = 0; j < n * nb; j++) {
+            float t = 0.0f;
+            for (int64_t k = 0; k < bs; k++) t += x[j * bs + k];
+            xsum[j] = t;
+        }
+    }
 // dynamic: rows are claimed in small runs, so a thread that another process holds up (a busy machine)
 // delays only its own run, not the whole product behind a static share
 #pragma omp parallel for schedule(dynamic, GEMV_ROWS_A_CLAIM) if (rows * K * n >= PARALLEL_MIN_WORK)
@@ -126,6 +137,8 @@ void genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, in
         else
             row_gemv(q + r * K, scale + r * nb, orow, K, 16, x, xsum, n, y, rows, r);
     }
+    free(xsum);
+    return 0;
 }
 
 // out[(r - r0) * K + k] = w[r, k] for rows r in [r0, r1): float32 rows for a BLAS GEMM. Exact: every
