@@ -37,8 +37,13 @@ OP = np.dtype(
     align=True,
 )
 CHAIN = np.dtype([("op", OP, (CHAIN_MAX,)), ("sync", "<u8"), ("n", "<i4")], align=True)
-_OP_POINTERS = {"W": 0, "x8": 1, "y": 2, "nss": 6}
-_EP_POINTERS = {"x8": 11, "cnt": 12, "res": 13, "w": 14, "xnew": 15, "ss": 16}
+# gemv1mc's arguments in order (products.py _gemv1q), and which of them are the op's and its epilogue's
+ARGS: tuple[str, ...] = ("W", "x8", "y", "rows", "cols", "tpb", "nss", "n_ss", "eps", "mode", "act")
+ARGS += ("ep_x8", "ep_cnt", "ep_res", "ep_w", "ep_xnew", "ep_ss")
+_AT = {name: i for i, name in enumerate(ARGS)}
+_OP_POINTERS = ("W", "x8", "y", "nss")
+_EP_FIELDS = {"mode": "mode", "act": "act", "x8": "ep_x8", "cnt": "ep_cnt", "res": "ep_res", "w": "ep_w"}
+_EP_FIELDS |= {"xnew": "ep_xnew", "ss": "ep_ss"}
 
 
 @dataclass(frozen=True)
@@ -52,21 +57,24 @@ class Product:
     threads: int
     smem: int
 
-    def ptr(self, i: int) -> int:
-        a = self.args[i]
-        return 0 if isinstance(a, np.generic) else int(a.data.ptr)
+    def arg(self, name: str) -> int | float:
+        """An argument as the kernel takes it: an array's address (0: NULL), a number."""
+        a = self.args[_AT[name]]
+        if isinstance(a, np.generic):
+            return float(a) if isinstance(a, np.floating) else int(a)
+        return int(a.data.ptr)
 
     @property
-    def inputs(self) -> tuple[int, ...]:  # x8, nss, the epilogue's residual
-        return tuple(p for p in (self.ptr(1), self.ptr(6), self.ptr(13)) if p)
+    def inputs(self) -> tuple[int, ...]:  # addresses of x8, the norm's sums and the epilogue's residual
+        return tuple(int(p) for p in map(self.arg, ("x8", "nss", "ep_res")) if p)
 
     @property
-    def outputs(self) -> tuple[int, ...]:  # y, the epilogue's x8, x_new and sums of squares
-        return tuple(p for p in (self.ptr(2), self.ptr(11), self.ptr(15), self.ptr(16)) if p)
+    def outputs(self) -> tuple[int, ...]:  # addresses of y and the epilogue's x8, x_new and sums of squares
+        return tuple(int(p) for p in map(self.arg, ("y", "ep_x8", "ep_xnew", "ep_ss")) if p)
 
     @property
     def has_epilogue(self) -> bool:
-        return int(self.args[9]) != 0
+        return self.arg("mode") != 0
 
 
 class Chain:
@@ -128,14 +136,11 @@ class Chain:
         table = np.zeros((), dtype=CHAIN)
         for k, (p, dep) in enumerate(zip(held, deps, strict=True)):
             op = table["op"][k]
-            for name, i in _OP_POINTERS.items():
-                op[name] = p.ptr(i)
-            for name, i in _EP_POINTERS.items():
-                op["ep"][name] = p.ptr(i)
-            op["ep"]["mode"], op["ep"]["act"] = int(p.args[9]), int(p.args[10])
-            op["rows"], op["cols"], op["tpb"] = int(p.args[3]), int(p.args[4]), int(p.args[5])
-            op["type"], op["n_ss"], op["eps"] = p.qtype, int(p.args[7]), float(p.args[8])
-            op["grid"], op["dep"] = p.grid, dep
+            for name in (*_OP_POINTERS, "rows", "cols", "tpb", "n_ss", "eps"):
+                op[name] = p.arg(name)
+            for field, name in _EP_FIELDS.items():
+                op["ep"][field] = p.arg(name)
+            op["type"], op["grid"], op["dep"] = p.qtype, p.grid, dep
             op["counted"] = int(k in deps)
             op["last_wait"] = int(dep >= 0 and k == max(j for j, d in enumerate(deps) if d == dep))
         table["sync"], table["n"] = int(self._sync.data.ptr), len(held)
