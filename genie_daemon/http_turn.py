@@ -20,7 +20,7 @@ from genie_common.models.local import LocalModel
 from genie_common.models.pull import PullProgress
 from protocol.codec import encode
 from protocol.errors import ProtocolError
-from protocol.messages import Delta, Done, Error, Generate, Message
+from protocol.messages import PARAMS, Delta, Done, Error, Generate, Message
 
 from .metrics import DaemonMetrics
 from .model_info import ModelInfo
@@ -84,6 +84,13 @@ ERROR_STATUS = {
 
 def error_status(err: Error) -> int:
     return ERROR_STATUS.get(err.code, 500)
+
+
+def param(body: dict[str, Any], key: str, name: str, where: str = "") -> Any:
+    """body[key] as GENERATE's sampling field `name` takes it (its kind from protocol.messages.PARAMS, where each
+    field is declared once; a float field takes any finite JSON number); absent or null: None."""
+    kind = PARAMS[name].kind
+    return get(body, key, "number" if kind == "float" else kind, where=where)
 
 
 def get(body: dict[str, Any], key: str, kind: str, default: Any = None, where: str = "") -> Any:

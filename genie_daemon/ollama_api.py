@@ -41,6 +41,7 @@ from .http_turn import (
     gather,
     get,
     model_name,
+    param,
     refuse_unsupported,
     stop_list,
     tool_call_in,
@@ -216,18 +217,18 @@ async def delete(request: web.Request) -> web.Response:
 
 
 # -- generation ---------------------------------------------------------------------------------------
-OPTIONS = {  # Ollama option -> (GENERATE param, kind)
-    "temperature": ("temperature", "number"),
-    "top_p": ("top_p", "number"),
-    "top_k": ("top_k", "int"),
-    "min_p": ("min_p", "number"),
-    "seed": ("seed", "int"),
-    "repeat_penalty": ("repeat_penalty", "number"),
+OPTIONS = {  # Ollama option -> GENERATE's sampling field (protocol.messages.PARAMS: its kind)
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "seed": "seed",
+    "repeat_penalty": "repeat_penalty",
 }
 
 
 # GENERATE's fields as this API names them, for build_generate's errors (those it does not list: the same)
-FIELD_NAMES = {f"params.{param}": f"options.{name}" for name, (param, _) in OPTIONS.items()} | {
+FIELD_NAMES = {f"params.{param}": f"options.{name}" for name, param in OPTIONS.items()} | {
     "params.max_tokens": "options.num_predict",
     "params.stop": "options.stop",
     "params.ignore_eos": "options.ignore_eos",
@@ -252,10 +253,10 @@ def _ctx(service: Service, body: dict[str, Any]) -> dict[str, Any]:
 def _params(body: dict[str, Any], ctx: int) -> dict[str, Any]:
     options = get(body, "options", "dict", {})
     params: dict[str, Any] = {}
-    for name, (param, kind) in OPTIONS.items():
-        value = get(options, name, kind, where="options.")
+    for name, field in OPTIONS.items():
+        value = param(options, name, field, where="options.")
         if value is not None:
-            params[param] = value
+            params[field] = value
     if params.get("seed", 0) < 0:  # -1 is Ollama's (and llama.cpp's) "a random seed"
         del params["seed"]
     n = get(options, "num_predict", "int", -1, where="options.")

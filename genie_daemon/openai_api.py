@@ -34,6 +34,7 @@ from .http_turn import (
     first_then_rest,
     gather,
     get,
+    param,
     refuse_unsupported,
     stop_list,
     tool_call_in,
@@ -89,8 +90,8 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
         if value is not None and not low <= value <= high:
             raise HttpError(400, f"{name} must be between {low:g} and {high:g}", param=name)
     params: dict[str, Any] = {}
-    for name, kind in (("temperature", "number"), ("top_p", "number"), ("seed", "int")):
-        value = get(body, name, kind)
+    for name in ("temperature", "top_p", "seed"):  # the sampling fields OpenAI's API has
+        value = param(body, name, name)
         if value is not None:
             params[name] = value
     if params.get("seed", 0) < 0:  # a negative seed: a random one, as llama.cpp's server takes it

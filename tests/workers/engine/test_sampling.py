@@ -77,3 +77,14 @@ def test_repeat_penalty_changes_greedy_choice():
 def test_bad_values_are_request_errors(kwargs):
     with pytest.raises(RequestError):
         SamplingParams(**kwargs)
+
+
+def test_the_engine_takes_exactly_the_sampling_fields_generate_declares():
+    """GENERATE's sampling fields are declared once, in protocol.messages.PARAMS (names, kinds, bounds): the
+    worker builds SamplingParams from them by name, so the two must name the same fields."""
+    from dataclasses import fields
+
+    from protocol.messages import PARAMS
+    from workers.engine.sampling import SamplingParams
+
+    assert {f.name for f in fields(SamplingParams)} == set(PARAMS)
