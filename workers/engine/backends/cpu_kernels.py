@@ -35,6 +35,7 @@ import numpy as np
 from genie_common import env
 from genie_common.atomic_file import atomic_path
 
+from ..kv_cache import LayerKV
 from .block_weight import BlockWeight
 
 log = logging.getLogger("genie.cpu")
@@ -43,6 +44,7 @@ SOURCE = "cpu_blocks.c"
 # the later ones for compilers without OpenMP or -march=native
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])
 COMPILE_TIMEOUT_S = 120
+ATTN1_MAX_DIM = 1024  # cpu_blocks.c's: head dims genie_attn1_i8 takes
 DEQUANT_CHUNK_BYTES = 1 << 20  # float32 rows a pool thread dequantizes and multiplies per claim, at most
 CLAIMS_PER_THREAD = 4  # at least this many runs of rows per thread, so a held-up thread delays little
 
@@ -71,7 +73,7 @@ def _cpu_id() -> str:
 
 def _build(cc: str, source: Path, target: Path, flags: list[str]) -> None:
     with atomic_path(target) as tmp:
-        cmd = [cc, *flags, "-std=c11", "-shared", "-fPIC", "-o", str(tmp), str(source)]
+        cmd = [cc, *flags, "-std=c11", "-shared", "-fPIC", "-o", str(tmp), str(source), "-lm"]
         subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=True)
 
 
@@ -131,6 +133,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_blk_gemv.restype = ctypes.c_int
     lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64]
     lib.genie_blk_dequant.restype = None
+    f = ctypes.c_float
+    lib.genie_attn1_i8.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, f, f, _ptr, _ptr]
+    lib.genie_attn1_i8.restype = None
 
 
 def limit_blas_threads(n: int) -> None:
@@ -162,6 +167,26 @@ class BlockKernels:
         if self.lib.genie_blk_gemv(*w.addresses, cols, w.block, x.ctypes.data, n, y.ctypes.data, rows):
             raise MemoryError(f"genie_blk_gemv: no memory for {n} x {cols // w.block} block sums")
         return y
+
+    def attention_one(
+        self, q: np.ndarray, kv: LayerKV, slot: int, lo: int, end: int, scale: float, softcap: float
+    ) -> np.ndarray:
+        """One token's attention [n_heads, hdv] over positions [lo, end) of `slot` in an INT8 layer pool (q
+        [n_heads, hd] rotated as the rows are; the output left rotated): genie_attn1_i8."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        n_heads, hd = q.shape
+        n_kv, hdv = kv.k.shape[2], kv.v.shape[3]
+        assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[3] == hd and 0 <= lo < end
+        assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and end <= kv.k.shape[1] and n_heads % n_kv == 0
+        assert hd <= ATTN1_MAX_DIM and hdv <= ATTN1_MAX_DIM and hd % 16 == 0 and hdv % 16 == 0
+        out = np.empty((n_heads, hdv), dtype=np.float32)
+        scratch = np.empty((n_heads // n_kv) * (end - lo), dtype=np.float32)
+        ks, vs = kv.k_scale[slot, lo:end], kv.v_scale[slot, lo:end]
+        self.lib.genie_attn1_i8(
+            q.ctypes.data, kv.k[slot, lo].ctypes.data, ks.ctypes.data, kv.v[slot, lo].ctypes.data, vs.ctypes.data,
+            end - lo, n_heads, n_kv, hd, hdv, scale, softcap, out.ctypes.data, scratch.ctypes.data,
+        )  # fmt: skip
+        return out
 
     def dequantize(self, w: BlockWeight, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
         """float32 rows [r0, r1) of w into out[: r1 - r0] (C-contiguous)."""

@@ -211,3 +211,30 @@ def test_gemm_rows_claimed_by_a_pool_of_threads(threads):
     ref = x.astype(np.float64) @ dequantize(raw, Q.Q6_K).astype(np.float64).T
     assert rel_err(pooled.gemm(x, w), ref) < 1e-5
     lib.genie_set_threads(cpu_kernels.default_threads())  # the module's other tests' setting
+
+
+@pytest.mark.parametrize(
+    ("n_heads", "n_kv", "hd", "hdv", "softcap", "window"),
+    [(9, 3, 64, 64, 0.0, 0), (8, 1, 256, 512, 50.0, 37), (4, 4, 32, 32, 0.0, 0)],
+)
+def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, n_kv, hd, hdv, softcap, window):
+    """The decode step's attention in C (genie_attn1_i8: the int8 rows read where they are) against NumpyBackend's
+    loop over KV heads (which widens them to float32), for grouped heads, Gemma 4's head dims with a softcap
+    and a sliding window, and plain multi-head attention."""
+    from workers.engine.kv_cache import LayerKV
+
+    rng = np.random.default_rng()
+    n_slots, n_ctx, slot, pos0 = 2, 300, 1, 211
+    layer = LayerKV(
+        rng.integers(-127, 128, (n_slots, n_ctx, n_kv, hd), dtype=np.int8),
+        rng.integers(-127, 128, (n_slots, n_ctx, n_kv, hdv), dtype=np.int8),
+        rng.uniform(0.001, 0.05, (n_slots, n_ctx, n_kv)).astype(np.float32),
+        rng.uniform(0.001, 0.05, (n_slots, n_ctx, n_kv)).astype(np.float32),
+    )
+    q = rng.standard_normal((1, n_heads, hd), dtype=np.float32)
+    with_c, without = NumpyBackend(), NumpyBackend()
+    without._blocks = None  # the loop the other one leaves for a single token
+    got = with_c.attention(q, layer, slot, pos0, window, 0.125, softcap)
+    want = without.attention(q, layer, slot, pos0, window, 0.125, softcap)
+    assert got.shape == (1, n_heads * hdv) and np.isfinite(got).all()
+    assert rel_err(got, want) < 1e-5

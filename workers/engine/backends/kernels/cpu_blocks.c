@@ -7,6 +7,7 @@
 // row loops run on OpenMP threads when the compiler has OpenMP. The dot product has an AVX2 path
 // (x86-64 since 2013) and a plain C one the compiler vectorizes as it can (NEON on a Jetson).
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -157,6 +158,64 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
             const float s = scale[r * nb + b];
             const float m = offset != NULL ? offset[r * nb + b] : 0.0f;
             for (int64_t k = 0; k < bs; k++) o[b * bs + k] = s * (float)qr[b * bs + k] + m;
+        }
+    }
+}
+
+// One query token's attention over a slot's INT8 K/V (the decode step): query heads [h * group, h * group + group)
+// read KV head h. k, v: the slot's rows from the first visible position, n_kv * hd (hdv) bytes a position, head
+// h at h * hd; ks, vs: their scales, n_kv floats a position. q [H, hd] is already rotated as the rows are; out
+// [H, hdv] is left rotated. The arithmetic is NumpyBackend.attention's for one token: scores (q . k) * scale *
+// k_scale, softcap, softmax, probabilities times v_scale, then their sum over the rows of v; but each int8
+// row is read once for the heads of its group, where the loop widened the whole slot to float32 for every
+// head. scratch: group * t floats; hd and hdv at most ATTN1_MAX_DIM, multiples of 16.
+#define ATTN1_MAX_DIM 1024  // head dims genie_attn1_i8 takes (a row widened once into a buffer of this size)
+
+static inline float dot_f32(const float *a, const float *b, int64_t n) {  // n % 16 == 0
+    float acc[16] = {0};  // sixteen partial sums: vectors of them, where one sum would be a chain of adds
+    for (int64_t d = 0; d < n; d += 16)
+        for (int i = 0; i < 16; i++) acc[i] += a[d + i] * b[d + i];
+    float sum = 0.0f;
+    for (int i = 0; i < 16; i++) sum += acc[i];
+    return sum;
+}
+
+void genie_attn1_i8(const float *q, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t t,
+                    int64_t n_heads, int64_t n_kv, int64_t hd, int64_t hdv, float scale, float softcap, float *out,
+                    float *scratch) {
+    const int64_t group = n_heads / n_kv, kstride = n_kv * hd, vstride = n_kv * hdv;
+    for (int64_t h = 0; h < n_kv; h++) {
+        const float *qh = q + h * group * hd;
+        float *o = out + h * group * hdv;
+        float row[ATTN1_MAX_DIM];  // a K or V row widened once for the heads of the group
+        for (int64_t j = 0; j < t; j++) {
+            const int8_t *kr = k + j * kstride + h * hd;
+            for (int64_t d = 0; d < hd; d++) row[d] = (float)kr[d];
+            const float f = ks[j * n_kv + h];
+            for (int64_t g = 0; g < group; g++) {
+                float s = dot_f32(qh + g * hd, row, hd) * scale * f;
+                if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
+                scratch[g * t + j] = s;
+            }
+        }
+        for (int64_t g = 0; g < group; g++) {
+            float *sg = scratch + g * t, mx = -INFINITY, sum = 0.0f;
+            for (int64_t j = 0; j < t; j++) mx = sg[j] > mx ? sg[j] : mx;
+            for (int64_t j = 0; j < t; j++) {
+                sg[j] = expf(sg[j] - mx);
+                sum += sg[j];
+            }
+            for (int64_t j = 0; j < t; j++) sg[j] = sg[j] / sum * vs[j * n_kv + h];
+        }
+        for (int64_t d = 0; d < group * hdv; d++) o[d] = 0.0f;
+        for (int64_t j = 0; j < t; j++) {
+            const int8_t *vr = v + j * vstride + h * hdv;
+            for (int64_t d = 0; d < hdv; d++) row[d] = (float)vr[d];
+            for (int64_t g = 0; g < group; g++) {
+                const float pj = scratch[g * t + j];
+                float *og = o + g * hdv;
+                for (int64_t d = 0; d < hdv; d++) og[d] += pj * row[d];
+            }
         }
     }
 }
