@@ -168,6 +168,11 @@ class BlockKernels:
             raise MemoryError(f"genie_blk_gemv: no memory for {n} x {cols // w.block} block sums")
         return y
 
+    @staticmethod
+    def takes_attention(hd: int, hdv: int) -> bool:
+        """Whether genie_attn1_i8 takes these head dims (multiples of 16, at most ATTN1_MAX_DIM)."""
+        return all(d % 16 == 0 and 0 < d <= ATTN1_MAX_DIM for d in (hd, hdv))
+
     def attention_one(
         self, q: np.ndarray, kv: LayerKV, slot: int, lo: int, end: int, scale: float, softcap: float
     ) -> np.ndarray:
@@ -178,7 +183,7 @@ class BlockKernels:
         n_kv, hdv = kv.k.shape[2], kv.v.shape[3]
         assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[3] == hd and 0 <= lo < end
         assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and end <= kv.k.shape[1] and n_heads % n_kv == 0
-        assert hd <= ATTN1_MAX_DIM and hdv <= ATTN1_MAX_DIM and hd % 16 == 0 and hdv % 16 == 0
+        assert self.takes_attention(hd, hdv)
         out = np.empty((n_heads, hdv), dtype=np.float32)
         scratch = np.empty((n_heads // n_kv) * (end - lo), dtype=np.float32)
         ks, vs = kv.k_scale[slot, lo:end], kv.v_scale[slot, lo:end]

@@ -274,8 +274,10 @@ class NumpyBackend(Backend):
         is_int8 = kv.k_scale is not None
         if is_int8:  # K and V rows are stored rotated (kv_rotation): rotate q alike, un-rotate the output
             q = q @ self._rotation(q.shape[-1])
-        if n == 1 and is_int8 and self._blocks is not None:  # a decode step: the int8 rows read where they are
-            out = self._blocks.attention_one(q[0], kv, slot, lo, end, scale, softcap)
+        blocks = self._blocks
+        if n == 1 and is_int8 and blocks is not None and blocks.takes_attention(q.shape[-1], v_dim):
+            # a decode step: the int8 rows read where they are (cpu_kernels.py)
+            out = blocks.attention_one(q[0], kv, slot, lo, end, scale, softcap)
             return (out @ self._rotation(v_dim)).reshape(n, n_heads * v_dim)
         out = xp.empty((n, n_heads, v_dim), dtype=np.float32)
         for h in range(n_kv_heads):

@@ -238,3 +238,8 @@ def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, 
     want = without.attention(q, layer, slot, pos0, window, 0.125, softcap)
     assert got.shape == (1, n_heads * hdv) and np.isfinite(got).all()
     assert rel_err(got, want) < 1e-5
+
+
+def test_head_dims_the_c_attention_does_not_take_keep_the_loop(kernels):
+    assert kernels.takes_attention(64, 64) and kernels.takes_attention(256, 512)
+    assert not kernels.takes_attention(72, 72) and not kernels.takes_attention(64, 2048)
