@@ -171,6 +171,24 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
 // head. scratch: group * t floats; hd and hdv at most ATTN1_MAX_DIM, multiples of 16.
 #define ATTN1_MAX_DIM 1024  // head dims genie_attn1_i8 takes (a row widened once into a buffer of this size)
 
+// e^x for x <= 0 (a score less its row's maximum), Cephes' expf (2^n times a polynomial, within ~2e-7 of
+// it): plain arithmetic, so the compiler makes a vector of it, where libm's expf is a call for each score
+static inline float exp_le0(float x) {
+    x = x < -87.0f ? -87.0f : x;                                        // e^-87 ~ 1.6e-38: still normal
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+    x = x - n * 0.693359375f + n * 2.12194440e-4f;                      // x - n ln 2, in two parts
+    const float z = x * x;
+    float y = 1.9875691500e-4f;
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * z + x + 1.0f;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+    return y * scale.f;
+}
+
 static inline float dot_f32(const float *a, const float *b, int64_t n) {  // n % 16 == 0
     float acc[16] = {0};  // sixteen partial sums: vectors of them, where one sum would be a chain of adds
     for (int64_t d = 0; d < n; d += 16)
@@ -201,10 +219,8 @@ void genie_attn1_i8(const float *q, const int8_t *k, const float *ks, const int8
         for (int64_t g = 0; g < group; g++) {
             float *sg = scratch + g * t, mx = -INFINITY, sum = 0.0f;
             for (int64_t j = 0; j < t; j++) mx = sg[j] > mx ? sg[j] : mx;
-            for (int64_t j = 0; j < t; j++) {
-                sg[j] = expf(sg[j] - mx);
-                sum += sg[j];
-            }
+            for (int64_t j = 0; j < t; j++) sg[j] = exp_le0(sg[j] - mx);
+            for (int64_t j = 0; j < t; j++) sum += sg[j];
             for (int64_t j = 0; j < t; j++) sg[j] = sg[j] / sum * vs[j * n_kv + h];
         }
         for (int64_t d = 0; d < group * hdv; d++) o[d] = 0.0f;
