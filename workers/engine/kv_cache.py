@@ -16,7 +16,17 @@ from genie_common.kv_types import KVCacheConfig, KVDtype, KVSnapshot
 from .host_copy import HostCopy
 
 INT8_QMAX = 127.0
-__all__ = ["INT8_QMAX", "KVCache", "KVCacheConfig", "KVDtype", "KVExport", "KVSnapshot", "LayerKV", "kv_rotation"]
+__all__ = [
+    "INT8_QMAX",
+    "KVCache",
+    "KVCacheConfig",
+    "KVDtype",
+    "KVExport",
+    "KVSnapshot",
+    "LayerKV",
+    "common_prefix_len",
+    "kv_rotation",
+]
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

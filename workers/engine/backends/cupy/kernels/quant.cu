@@ -1014,10 +1014,7 @@ extern "C" __global__ void __launch_bounds__(512) gemv1_chainc(const Chain c) {
             gemv1_mma<14, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blockIdx.x, wait);
         if (o.counted) {
             __syncthreads();  // the block's rows and codes are written
-            if (threadIdx.x == 0) {
-                __threadfence();
-                atomicAdd(done + k, 1);
-            }
+            if (threadIdx.x == 0) count_acq_rel(done + k);  // released, as the epilogues count their groups
         }
     }
 }
