@@ -166,9 +166,9 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
 // read KV head h. k, v: the slot's rows from the first visible position, n_kv * hd (hdv) bytes a position, head
 // h at h * hd; ks, vs: their scales, n_kv floats a position. q [H, hd] is already rotated as the rows are; out
 // [H, hdv] is left rotated. The arithmetic is NumpyBackend.attention's for one token: scores (q . k) * scale *
-// k_scale, softcap, softmax (its exponentials exp_le0's, below), probabilities times v_scale, then their sum over the rows of v; but each int8
-// row is read once for the heads of its group, where the loop widened the whole slot to float32 for every
-// head. scratch: group * t floats; hd and hdv at most ATTN1_MAX_DIM, multiples of 16.
+// k_scale, softcap, softmax (its exponentials exp_le0's, below), probabilities times v_scale, then their sum
+// over the rows of v; but each int8 row is read once for the heads of its group, where the loop widened the
+// whole slot to float32 for every head. scratch: group * t floats; hd and hdv at most ATTN1_MAX_DIM, multiples of 16.
 #define ATTN1_MAX_DIM 1024  // head dims genie_attn1_i8 takes (a row widened once into a buffer of this size)
 
 // e^x for x <= 0 (a score less its row's maximum), Cephes' expf (2^n times a polynomial, within ~2e-7 of
