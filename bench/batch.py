@@ -51,7 +51,7 @@ def load(  # type: ignore[no-untyped-def]
     model: str, kv: str, n_slots: int, backend: str, out: Path, n_ctx: int, ahead: bool | None = None
 ):
     from genie_common.registry import MODELS
-    from workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.engine import Engine, EngineConfig
 
     path = model
     if model not in MODELS and not Path(model).exists():
@@ -86,7 +86,7 @@ def aggregate(  # type: ignore[no-untyped-def]
     """Decode tok/s of n streams together: the steps from the one after every prompt has given its first
     token until one stream ends (all n decode in each); `whole`: until the last ends (the measure before
     2026-12-02, which counts the tail of fewer streams too)."""
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.sampling import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=n_gen, ignore_eos=True)
     engine.kv.clear()
@@ -109,7 +109,7 @@ def aggregate(  # type: ignore[no-untyped-def]
 
 
 def ttft_ms(engine, n_prompt: int, rng: np.random.Generator) -> float:  # type: ignore[no-untyped-def]
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.sampling import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     times = []
@@ -129,8 +129,8 @@ def ttft_ms(engine, n_prompt: int, rng: np.random.Generator) -> float:  # type: 
 def voice_under_load(engine, n_bg: int, rng: np.random.Generator, n_prompt: int = 33) -> None:  # type: ignore[no-untyped-def]
     """Prints the voice request's TTFT idle and under n_bg background streams, and their rate before and
     while it runs (issue 17's acceptance 4: at most 2x, at least 50 %)."""
-    from workers.engine.engine import Completion
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.engine import Completion
+    from genie_workers.engine.sampling import SamplingParams
 
     sched, vocab = engine.scheduler, engine.model.config.n_vocab
     voice = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)

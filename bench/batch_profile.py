@@ -40,7 +40,7 @@ def replay_ms(step) -> float:  # type: ignore[no-untyped-def]
 def captured_step(engine, slots: list[int]):  # type: ignore[no-untyped-def]
     """One decode step of these slots run directly (eager, then captured), its K/V rows taken back; the
     captured step."""
-    from workers.engine.batch import Segment
+    from genie_workers.engine.batch import Segment
 
     engine._steps.clear()
     for _ in range(2):
@@ -57,7 +57,7 @@ def captured_step(engine, slots: list[int]):  # type: ignore[no-untyped-def]
 
 
 def profile(engine, n: int, n_steps: int, rng: np.random.Generator, host_top: int = 0) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.sampling import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=WARM_STEPS + 3 * n_steps + 1, ignore_eos=True)
     engine.kv.clear()

@@ -10,6 +10,7 @@
 # (bench/gpu.py before v11 took --paths; commas become spaces).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source bench/tree_path.sh
 dir=scratch/commits
 case "${1:-}" in
 prepare)
@@ -35,7 +36,7 @@ run)
         for kv in ${GENIE_COMMIT_ARGS:-}; do [ "${kv%%=*}" = "$name" ] && extra="${kv#*=}"; done
         echo "### $name"
         # shellcheck disable=SC2086
-        (cd "$where" && PYTHONPATH=/tmp/site:$PWD timeout 300 "$@" --out "/tmp/genie-bench-$name" ${extra//,/ } 2>&1 | tail -n 30)
+        (cd "$where" && PYTHONPATH=/tmp/site:$(tree_path .) timeout 300 "$@" --out "/tmp/genie-bench-$name" ${extra//,/ } 2>&1 | tail -n 30)
     }
     one . working-tree "$@"
     for d in "$dir"/*/; do

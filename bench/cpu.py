@@ -36,8 +36,8 @@ def prompt_tokens(tokenizer_encode, n: int) -> list[int]:  # type: ignore[no-unt
 
 
 def child_genie(model: str, n_prompt: int, n_gen: int) -> dict:
-    from workers.engine.engine import Completion, Engine, EngineConfig
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_workers.engine.sampling import SamplingParams
 
     engine = Engine(EngineConfig(model=model, backend="numpy", n_ctx=n_prompt + n_gen + 8))
     ids = prompt_tokens(lambda t: engine.tokenizer.encode(t, add_bos=True), n_prompt)

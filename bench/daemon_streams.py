@@ -135,8 +135,8 @@ async def run(port: int, n: int, tokens: int) -> tuple[list[str], float]:
 def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, list[str], list[str]]:
     """The questions together on an engine in this process: tokens/s from the first submit to the last
     completion (the second time, as through the daemon), and the texts."""
-    from workers.engine.engine import Completion, Engine, EngineConfig
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_workers.engine.sampling import SamplingParams
 
     engine = Engine(EngineConfig(model=model, backend=backend, n_slots=n))
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)

@@ -37,8 +37,8 @@ ANCHORS = {
 def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int) -> dict:
     import cupy as cp
 
-    from workers.engine.engine import Completion, Engine, EngineConfig
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_workers.engine.sampling import SamplingParams
 
     n_ctx = max(depths) + 512 + 256
     backend = model.backend
@@ -99,8 +99,8 @@ def main() -> None:
         from llama_gpu import load as load_llama
 
         anchors = {m: {"pp512": r["pp512"], **r["tg"]} for m, r in load_llama(args.llama).items()}
-    from workers.engine.backends.cupy import CupyBackend
-    from workers.engine.model import Model
+    from genie_workers.engine.backends.cupy import CupyBackend
+    from genie_workers.engine.model import Model
 
     backend = CupyBackend()
     rows = []

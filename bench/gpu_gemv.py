@@ -96,7 +96,7 @@ def main() -> None:
 
     import cupy as cp
 
-    from workers.engine.backends.cupy import CupyBackend, QuantWeight
+    from genie_workers.engine.backends.cupy import CupyBackend, QuantWeight
 
     backend = CupyBackend()
     n_sm = backend.n_sm

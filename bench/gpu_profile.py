@@ -34,7 +34,7 @@ def workload(path: Path, kv: str, depth: int) -> None:
     import cupy as cp
     import numpy as np
 
-    from workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(model=str(path), backend="cupy", n_ctx=depth + 1024, kv_dtype=kv, prefill_chunk=512))
     engine.backend.retune(use_graphs=False)  # type: ignore[attr-defined]

@@ -38,7 +38,7 @@ class Skipped:
 
 def skip(backend, family: str | None) -> None:
     """Kernels whose name starts with `family` become no-ops on this backend (None: none do)."""
-    from workers.engine.backends.cupy import CupyBackend
+    from genie_workers.engine.backends.cupy import CupyBackend
 
     backend._kernels.clear()
     for attr in ("_kernel_named", "_op"):
@@ -90,9 +90,9 @@ def main() -> None:
 
     import numpy as np
 
-    from workers.engine.backends.cupy import CupyBackend, CupyTuning
-    from workers.engine.engine import Engine, EngineConfig
-    from workers.engine.model import Model
+    from genie_workers.engine.backends.cupy import CupyBackend, CupyTuning
+    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.model import Model
 
     backend = CupyBackend(CupyTuning(use_pdl=bool(args.pdl), use_epilogues=bool(args.epilogues)))
     args.out.mkdir(parents=True, exist_ok=True)

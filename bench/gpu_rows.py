@@ -54,8 +54,8 @@ def main() -> None:
     import cupy as cp
     from gpu_variants import apply, parse_variant
 
-    from workers.engine.backends.cupy import CupyBackend, QuantWeight
-    from workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q8_rows
+    from genie_workers.engine.backends.cupy import CupyBackend, QuantWeight
+    from genie_workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q8_rows
 
     backend = CupyBackend()
     names = ("gemvn_groups", "gemvn_groups_staged", "gemvn_groups_wide")

@@ -46,7 +46,7 @@ def apply(backend, knobs: dict[str, int]) -> None:
     kernel modules are built again only where a compiled size changed (CupyBackend.retune)."""
     from dataclasses import fields
 
-    from workers.engine.backends.cupy import CupyTuning
+    from genie_workers.engine.backends.cupy import CupyTuning
 
     types = {f.name: f.type for f in fields(CupyTuning)}
     changes = {f.name: getattr(CupyTuning(), f.name) for f in fields(CupyTuning)}
@@ -71,10 +71,10 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
-    from workers.engine.backends.cupy import CupyBackend
-    from workers.engine.engine import Completion, Engine, EngineConfig
-    from workers.engine.model import Model
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.backends.cupy import CupyBackend
+    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_workers.engine.model import Model
+    from genie_workers.engine.sampling import SamplingParams
 
     backend = CupyBackend()
     variants = [parse_variant(v) for v in args.variants]

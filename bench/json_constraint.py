@@ -24,8 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from genie_common.registry import resolve_model  # noqa: E402
-from workers.engine.constraint import JsonConstraint, _TokenizerView  # noqa: E402
-from workers.engine.model import Model  # noqa: E402
+from genie_workers.engine.constraint import JsonConstraint, _TokenizerView  # noqa: E402
+from genie_workers.engine.model import Model  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -125,7 +125,7 @@ def main() -> None:
     print("| library | model | vocab | setup s | mask + apply ms/token (median) | max ms |")
     print("|---|---|---|---|---|---|")
     for name in args.models:
-        from workers.engine.backends.numpy_backend import NumpyBackend
+        from genie_workers.engine.backends.numpy_backend import NumpyBackend
 
         tok = Model.load(resolve_model(name), NumpyBackend()).tokenizer
         ids = tok.encode_piece(ANSWER)

@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvstore.store import KVStore, Saved, StoreConfig  # noqa: E402
-from workers.engine.engine import Completion, Engine, EngineConfig  # noqa: E402
-from workers.engine.sampling import SamplingParams  # noqa: E402
-from workers.kv_engine import engine_layout  # noqa: E402
+from genie_kvstore.store import KVStore, Saved, StoreConfig  # noqa: E402
+from genie_workers.engine.engine import Completion, Engine, EngineConfig  # noqa: E402
+from genie_workers.engine.sampling import SamplingParams  # noqa: E402
+from genie_workers.kv_engine import engine_layout  # noqa: E402
 
 TEXT = ROOT / "testkit/fixtures/text/apache-2.0.txt"
 REPEATS = 5

@@ -56,8 +56,8 @@ def child(model: str, ctx: int, backend: str, budget_mb: int) -> dict:
 
     from genie_common.errors import RequestError
     from genie_common.registry import MODELS
-    from workers.engine.engine import Engine, EngineConfig
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.sampling import SamplingParams
 
     if model not in MODELS and not Path(model).exists():
         from synthetic import synthetic_file
@@ -77,7 +77,7 @@ def child(model: str, ctx: int, backend: str, budget_mb: int) -> dict:
     if backend == "cupy":
         import cupy as cp
 
-        from workers.engine.backends.cupy import CupyBackend
+        from genie_workers.engine.backends.cupy import CupyBackend
 
         cp.cuda.runtime.memGetInfo()  # the CUDA context exists before the baseline
         base = rss()

@@ -27,10 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from protocol.client import GenieClient  # noqa: E402
-from protocol.messages import Delta, Done, Reply  # noqa: E402
-from workers.engine.engine import Completion, Engine, EngineConfig  # noqa: E402
-from workers.engine.sampling import SamplingParams  # noqa: E402
+from genie_protocol.client import GenieClient  # noqa: E402
+from genie_protocol.messages import Delta, Done, Reply  # noqa: E402
+from genie_workers.engine.engine import Completion, Engine, EngineConfig  # noqa: E402
+from genie_workers.engine.sampling import SamplingParams  # noqa: E402
 
 PROMPT = [1, 5, 6, 7, 8]
 

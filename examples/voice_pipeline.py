@@ -15,8 +15,8 @@ import asyncio
 import time
 
 from genie_common.config import DaemonConfig
-from protocol.client import GenieClient
-from protocol.messages import Delta, Done, Error
+from genie_protocol.client import GenieClient
+from genie_protocol.messages import Delta, Done, Error
 
 
 async def speak(endpoint: str, question: str, barge_in_after: int) -> None:

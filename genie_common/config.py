@@ -15,7 +15,7 @@ from typing import Any
 from genie_common import defaults, env
 from genie_common.child_config import StorePart, WorkerPart, to_arg
 from genie_common.models.paths import default_models_dir
-from protocol.endpoints import client_endpoint, default_socket_dir
+from genie_protocol.endpoints import client_endpoint, default_socket_dir
 
 
 def _cache_dir() -> Path:
@@ -117,11 +117,11 @@ class DaemonConfig:
         return StorePart(self.kv_endpoint, self.kv_cache_dir, self.kv_cache_max_mb, self.kv_cache_stale_tmp_s)
 
     def worker_args(self) -> list[str]:
-        """`python -m workers.worker`'s arguments: its part, serialized (child_config.py)."""
+        """`python -m genie_workers.worker`'s arguments: its part, serialized (child_config.py)."""
         return ["--part", to_arg(self.worker_part())]
 
     def kv_store_args(self) -> list[str]:
-        """`python -m kvstore`'s arguments: its part, serialized (child_config.py)."""
+        """`python -m genie_kvstore`'s arguments: its part, serialized (child_config.py)."""
         return ["--part", to_arg(self.store_part())]
 
 

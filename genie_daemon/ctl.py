@@ -17,10 +17,10 @@ import zmq
 from genie_common import __version__
 from genie_common.config import DaemonConfig
 from genie_common.models.catalogue import CATALOGUE
-from protocol.client import GenieClient
-from protocol.codec import decode, encode
-from protocol.errors import ProtocolError
-from protocol.messages import (
+from genie_protocol.client import GenieClient
+from genie_protocol.codec import decode, encode
+from genie_protocol.errors import ProtocolError
+from genie_protocol.messages import (
     Cancel,
     Delta,
     Done,

@@ -18,9 +18,9 @@ from genie_common.config import DaemonConfig
 from genie_common.events import Event, Piece, ToolCall
 from genie_common.models.local import LocalModel
 from genie_common.models.pull import PullProgress
-from protocol.codec import encode
-from protocol.errors import ProtocolError
-from protocol.messages import PARAMS, Delta, Done, Error, Generate, Message
+from genie_protocol.codec import encode
+from genie_protocol.errors import ProtocolError
+from genie_protocol.messages import PARAMS, Delta, Done, Error, Generate, Message
 
 from .metrics import DaemonMetrics
 from .model_info import ModelInfo
@@ -87,7 +87,7 @@ def error_status(err: Error) -> int:
 
 
 def param(body: dict[str, Any], key: str, name: str, where: str = "") -> Any:
-    """body[key] as GENERATE's sampling field `name` takes it (its kind from protocol.messages.PARAMS, where each
+    """body[key] as GENERATE's sampling field `name` takes it (its kind from genie_protocol.messages.PARAMS, where each
     field is declared once; a float field takes any finite JSON number); absent or null: None."""
     kind = PARAMS[name].kind
     return get(body, key, "number" if kind == "float" else kind, where=where)

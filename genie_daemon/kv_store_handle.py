@@ -20,9 +20,9 @@ import zmq
 import zmq.asyncio
 
 from genie_common.config import DaemonConfig
-from protocol.codec import decode, encode
-from protocol.errors import ProtocolError
-from protocol.messages import Error, Message
+from genie_protocol.codec import decode, encode
+from genie_protocol.errors import ProtocolError
+from genie_protocol.messages import Error, Message
 
 log = logging.getLogger("genie.daemon")
 ADMIN_TIMEOUT_S = 2.0
@@ -64,7 +64,9 @@ class KvStoreHandle:
         return self.proc.pid if self.proc else None
 
     async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kvstore", *self.config.kv_store_args())
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "genie_kvstore", *self.config.kv_store_args()
+        )
         self._started_at = self._clock()
         log.info("event=kv_store_start pid=%s dir=%s", self.proc.pid, self.config.kv_cache_dir)
 
@@ -104,7 +106,7 @@ class KvStoreHandle:
         answers none for `timeout_s` (stuck: a FIFO in the directory, a hung disk), for the supervisor to
         restart it as it restarts one that exited. Without this a stuck store cost every turn its lookup
         timeout and lost every save, unnoticed."""
-        from protocol.messages import Metrics
+        from genie_protocol.messages import Metrics
 
         interval = timeout_s / 3
         silent_since: float | None = None

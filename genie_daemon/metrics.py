@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol.kv_messages import KvSaveCounts
-from protocol.messages import Timings, Usage
+from genie_protocol.kv_messages import KvSaveCounts
+from genie_protocol.messages import Timings, Usage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -20,7 +20,7 @@ from genie_common.models.catalogue import CATALOGUE
 from genie_common.models.local import LocalModel, ModelsDir, describe_gguf
 from genie_common.models.pull import PullProgress
 from genie_common.registry import MODELS, is_packaged_installed
-from protocol.messages import Cancel, Error, Message, Pull, Reply
+from genie_protocol.messages import Cancel, Error, Message, Pull, Reply
 
 from .model_catalog import ModelCatalog, listing
 from .model_info import ModelInfo

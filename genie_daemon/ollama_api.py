@@ -24,7 +24,7 @@ from genie_common.events import Piece, ToolCall
 from genie_common.models.local import LocalModel
 from genie_common.models.pull import PullProgress
 from genie_common.models.sources import parse_source
-from protocol.messages import Done, Error
+from genie_protocol.messages import Done, Error
 
 from .http_body import read_json
 from .http_turn import (
@@ -217,7 +217,7 @@ async def delete(request: web.Request) -> web.Response:
 
 
 # -- generation ---------------------------------------------------------------------------------------
-OPTIONS = {  # Ollama option -> GENERATE's sampling field (protocol.messages.PARAMS: its kind)
+OPTIONS = {  # Ollama option -> GENERATE's sampling field (genie_protocol.messages.PARAMS: its kind)
     "temperature": "temperature",
     "top_p": "top_p",
     "top_k": "top_k",

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from genie_common.events import Piece, ToolCall
-from protocol.messages import Done, Error
+from genie_protocol.messages import Done, Error
 
 from .http_body import read_json
 from .http_turn import (

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
-from protocol.messages import PRIORITIES, Generate, Message, Prewarm, Priority
+from genie_protocol.messages import PRIORITIES, Generate, Message, Prewarm, Priority
 
 ReplyFn = Callable[[Message], Awaitable[None]]
 

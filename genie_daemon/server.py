@@ -21,11 +21,11 @@ from genie_common.config import DaemonConfig
 from genie_common.errors import PullError
 from genie_common.models.local import LocalModel
 from genie_common.models.pull import PullProgress
-from protocol import PROTOCOL_VERSION
-from protocol.codec import Frame, decode, encode
-from protocol.errors import ProtocolError
-from protocol.kv_messages import KvSaveCounts
-from protocol.messages import (
+from genie_protocol import PROTOCOL_VERSION
+from genie_protocol.codec import Frame, decode, encode
+from genie_protocol.errors import ProtocolError
+from genie_protocol.kv_messages import KvSaveCounts
+from genie_protocol.messages import (
     Cancel,
     Dead,
     Delta,

@@ -9,8 +9,8 @@ import sys
 import time
 
 from genie_common.config import DaemonConfig
-from protocol.kv_messages import KvSaveCounts
-from protocol.messages import worker_identities
+from genie_protocol.kv_messages import KvSaveCounts
+from genie_protocol.messages import worker_identities
 
 log = logging.getLogger("genie.daemon")
 WORKER_ERROR = b"genie-worker: error: "  # how the worker's main() says why it could not start (exit code 2)
@@ -38,7 +38,7 @@ class WorkerHandle:
         self.ready, self.served, self.identity, self.last_error = False, False, None, None
         self.kv_saves = None
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "workers.worker", *self.config.worker_args(), stderr=asyncio.subprocess.PIPE
+            sys.executable, "-m", "genie_workers.worker", *self.config.worker_args(), stderr=asyncio.subprocess.PIPE
         )
         assert self.proc.stderr is not None
         self._relay = asyncio.create_task(self._relay_log(self.proc.stderr))

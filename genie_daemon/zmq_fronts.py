@@ -16,9 +16,9 @@ from typing import Any, Protocol
 import zmq.asyncio
 
 from genie_common.config import DaemonConfig
-from protocol.codec import decode, encode
-from protocol.errors import ProtocolError
-from protocol.messages import (
+from genie_protocol.codec import decode, encode
+from genie_protocol.errors import ProtocolError
+from genie_protocol.messages import (
     Cancel,
     Error,
     Generate,

@@ -1,4 +1,4 @@
-"""`python -m kvstore`: the KV-store process the daemon starts (kvstore/server.py)."""
+"""`python -m genie_kvstore`: the KV-store process the daemon starts (kvstore/server.py)."""
 
 from __future__ import annotations
 

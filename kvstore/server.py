@@ -6,7 +6,7 @@ or n_tokens 0). The daemon sends KV_LIST, KV_EVICT, KV_CLEAR and METRICS for `ge
 gets an ERROR and the loop goes on; so does a failed disk write (the save is lost, the store is not: METRICS
 counts it, and says what the last error was).
 
-    python -m kvstore --endpoint ipc:///run/genie/kv.sock --dir ~/.cache/genie/kv [--max-mb 1024]
+    python -m genie_kvstore --endpoint ipc:///run/genie/kv.sock --dir ~/.cache/genie/kv [--max-mb 1024]
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 import zmq
 
 from genie_common import heap
-from protocol.codec import decode, encode
-from protocol.errors import ProtocolError
-from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
-from protocol.messages import Error, KvClear, KvEvict, KvList, Message, Metrics, Reply, Status
+from genie_protocol.codec import decode, encode
+from genie_protocol.errors import ProtocolError
+from genie_protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
+from genie_protocol.messages import Error, KvClear, KvEvict, KvList, Message, Metrics, Reply, Status
 
 from .cache_dir import CacheDir
 from .format import KVLayout

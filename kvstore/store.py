@@ -29,7 +29,7 @@ import numpy as np
 
 from genie_common.config import KV_CACHE_MAX_MB, KV_CACHE_STALE_TMP_S
 from genie_common.kv_types import KVSnapshot
-from protocol.schema import CONV_ID
+from genie_protocol.schema import CONV_ID
 
 from .cache_dir import CacheDir, EntryFile
 from .format import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from genie_common.registry import resolve_model
-from workers.engine.backends.numpy_backend import NumpyBackend
-from workers.engine.engine import Engine, EngineConfig
-from workers.engine.model import Model
+from genie_workers.engine.backends.numpy_backend import NumpyBackend
+from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.model import Model
 
 _models: dict[str, Model] = {}
 _engines: dict[tuple[str, str, int], Engine] = {}

@@ -81,9 +81,9 @@ class _ConvCache:
 
     def __init__(self, engine: Engine, conv_id: str) -> None:
         from genie_common.config import load_config
-        from kvstore.policy import ReusePolicy
-        from kvstore.store import KVStore, StoreConfig, check_conv_id
-        from workers.kv_engine import engine_layout
+        from genie_kvstore.policy import ReusePolicy
+        from genie_kvstore.store import KVStore, StoreConfig, check_conv_id
+        from genie_workers.kv_engine import engine_layout
 
         try:
             self.conv_id = check_conv_id(conv_id)
@@ -96,12 +96,12 @@ class _ConvCache:
         self.policy = ReusePolicy()
 
     def before(self, ids: list[int]) -> None:
-        from workers.kv_engine import hydrate
+        from genie_workers.kv_engine import hydrate
 
         hydrate(self.engine, self.store, ids, self.conv_id, policy=self.policy)
 
     def after(self, completion: Completion) -> None:
-        from workers.kv_engine import save
+        from genie_workers.kv_engine import save
 
         n_prefilled = completion.prompt_tokens - completion.cached_tokens
         self.policy.observe_prefill(n_prefilled, completion.timings.prefill_ms / 1000)

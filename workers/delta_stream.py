@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from genie_common.events import Event, Piece, ToolCall
-from protocol.messages import Delta
+from genie_protocol.messages import Delta
 
 # a piece of text that ends a sentence (for TTS): terminal punctuation, closing quotes/brackets, or a newline
 SENTENCE_END = re.compile(r"([.!?…。！？][\"'”’)\]]*|\n)\s*$")

@@ -3,9 +3,9 @@ without) a daemon. The worker process does the same through the KV-store process
 
 from __future__ import annotations
 
-from kvstore.format import KVLayout
-from kvstore.policy import ReusePolicy
-from kvstore.store import KVStore, NotSaved, Saved
+from genie_kvstore.format import KVLayout
+from genie_kvstore.policy import ReusePolicy
+from genie_kvstore.store import KVStore, NotSaved, Saved
 
 from .engine.engine import Engine
 

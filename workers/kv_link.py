@@ -26,13 +26,13 @@ from typing import NamedTuple
 
 import zmq
 
-from kvstore.policy import ReusePolicy
-from kvstore.wire import layout_body, snapshot_from_frames
-from protocol.codec import decode, encode
-from protocol.errors import ProtocolError
-from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaveCounts, KvSaved
-from protocol.messages import Error
-from workers.kv_engine import engine_layout
+from genie_kvstore.policy import ReusePolicy
+from genie_kvstore.wire import layout_body, snapshot_from_frames
+from genie_protocol.codec import decode, encode
+from genie_protocol.errors import ProtocolError
+from genie_protocol.kv_messages import KvData, KvLookup, KvSave, KvSaveCounts, KvSaved
+from genie_protocol.messages import Error
+from genie_workers.kv_engine import engine_layout
 
 from .engine.engine import Engine
 from .engine.kv_cache import KVExport, common_prefix_len

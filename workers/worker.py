@@ -11,7 +11,7 @@ fatal error sends DEAD and the process exits, for the daemon to restart it. A fa
 fatal: the turn runs cold, the save is kept for the store's return or lost (kv_link.py); the heartbeat
 carries the counts.
 
-    python -m workers.worker --part '{...}'    (the daemon starts it: DaemonConfig.worker_args)
+    python -m genie_workers.worker --part '{...}'    (the daemon starts it: DaemonConfig.worker_args)
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from genie_common.child_config import WorkerPart, from_arg
 from genie_common.errors import GenieError
 from genie_common.lifetime import exit_with_parent
 from genie_common.models.local import ModelsDir
-from protocol import PROTOCOL_VERSION
-from protocol.codec import decode, encode
-from protocol.errors import ProtocolError
-from protocol.messages import (
+from genie_protocol import PROTOCOL_VERSION
+from genie_protocol.codec import decode, encode
+from genie_protocol.errors import ProtocolError
+from genie_protocol.messages import (
     Cancel,
     Dead,
     Done,

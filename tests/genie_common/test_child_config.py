@@ -38,7 +38,7 @@ def test_a_malformed_part_is_refused_with_its_reason(text, reason):
         from_arg(StorePart, text)
 
 
-@pytest.mark.parametrize("module", ["workers.worker", "kvstore"])
+@pytest.mark.parametrize("module", ["genie_workers.worker", "genie_kvstore"])
 def test_a_child_given_a_bad_part_exits_2_with_one_line(module):
     r = subprocess.run(
         [sys.executable, "-m", module, "--part", '{"endpoint": 1}'], capture_output=True, text=True, env=child_env()

@@ -14,12 +14,12 @@ from genie_common import families
 from genie_common.errors import PullError
 from genie_common.families import ChatMarkup, Family
 from genie_common.models.local import describe_gguf
+from genie_workers.engine.arch import ARCHITECTURES, llama
+from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.sampling import SamplingParams
+from genie_workers.engine.text_filters import ThinkFilter
+from genie_workers.output_parser import OutputParser, Piece, ToolCall
 from testkit.tiny_models import write_tiny_model
-from workers.engine.arch import ARCHITECTURES, llama
-from workers.engine.engine import Engine, EngineConfig
-from workers.engine.sampling import SamplingParams
-from workers.engine.text_filters import ThinkFilter
-from workers.output_parser import OutputParser, Piece, ToolCall
 
 TOY = Family("toyfam", ("toyfam",), ChatMarkup("<reason>", "</reason>", "<call>", "</call>"))
 

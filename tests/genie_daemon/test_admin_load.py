@@ -11,8 +11,8 @@ import msgpack
 import pytest
 import zmq
 
-from protocol.codec import decode, encode
-from protocol.messages import Error, Load, Message, Reply, Status
+from genie_protocol.codec import decode, encode
+from genie_protocol.messages import Error, Load, Message, Reply, Status
 from testkit.tiny_models import write_tiny_model
 from tests.genie_daemon.test_daemon import ctl, start_daemon
 

@@ -12,7 +12,7 @@ import pytest
 
 from genie_daemon import ctl
 from genie_daemon.metrics import DaemonMetrics
-from protocol.messages import Message, Metrics, Reply, Status
+from genie_protocol.messages import Message, Metrics, Reply, Status
 
 READY = {"ready": True, "model": "tiny", "loaded_model": "tiny", "load_error": None}
 

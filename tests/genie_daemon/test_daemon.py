@@ -14,9 +14,9 @@ import pytest
 
 from genie_common.config import DaemonConfig
 from genie_daemon.server import Daemon
-from protocol.client import GenieClient
-from protocol.codec import decode
-from protocol.messages import Delta, Done, Error, Generate, Prewarm, Reply
+from genie_protocol.client import GenieClient
+from genie_protocol.codec import decode
+from genie_protocol.messages import Delta, Done, Error, Generate, Prewarm, Reply
 from testkit.tiny_models import write_tiny_model
 from tests.child_env import child_env
 

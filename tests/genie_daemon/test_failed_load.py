@@ -13,8 +13,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from protocol.client import GenieClient
-from protocol.messages import Error
+from genie_protocol.client import GenieClient
+from genie_protocol.messages import Error
 from tests.genie_daemon.test_daemon import collect, ctl, start_daemon
 from tests.genie_daemon.test_http_live import free_port, get_json
 

@@ -10,8 +10,8 @@ import signal
 import time
 from pathlib import Path
 
-from protocol.client import GenieClient
-from protocol.messages import Delta, Done, Error
+from genie_protocol.client import GenieClient
+from genie_protocol.messages import Delta, Done, Error
 from tests.genie_daemon.test_daemon import collect, ctl, start_daemon
 
 

@@ -26,10 +26,10 @@ from genie_common.models.pull import PullProgress
 from genie_daemon.http_server import HttpFront
 from genie_daemon.metrics import DaemonMetrics
 from genie_daemon.model_info import ModelInfo, describe
-from protocol.messages import Delta, Done, Error, Generate
+from genie_protocol.messages import Delta, Done, Error, Generate
+from genie_workers.delta_stream import DeltaStream
+from genie_workers.output_parser import OutputParser
 from testkit.tiny_models import write_tiny_model
-from workers.delta_stream import DeltaStream
-from workers.output_parser import OutputParser
 
 QWEN_CALLS = [
     "<think>\nThe user wants the kitchen light on.\n</think>\n\n<tool",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import Error
+from genie_protocol.messages import Error
 from tests.genie_daemon.test_http_api import http, served  # noqa: F401  (served: the fixture)
 
 MSG = [{"role": "user", "content": "x"}]

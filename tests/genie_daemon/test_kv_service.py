@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol.client import GenieClient
-from protocol.messages import Done
+from genie_protocol.client import GenieClient
+from genie_protocol.messages import Done
 from tests.genie_daemon.test_daemon import collect, ctl, start_daemon
 
 PROMPT = [1] + [3 + (7 * i) % 290 for i in range(120)]

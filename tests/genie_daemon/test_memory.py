@@ -14,8 +14,8 @@ import signal
 import time
 from pathlib import Path
 
-from protocol.client import GenieClient
-from protocol.messages import Done
+from genie_protocol.client import GenieClient
+from genie_protocol.messages import Done
 from tests.genie_daemon.test_daemon import _rss_kb, collect, ctl, start_daemon
 
 WORDS = "the a kitchen light is on off turn please what time weather today tomorrow music play stop".split()

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from protocol.client import GenieClient
-from protocol.messages import Delta, Done
+from genie_protocol.client import GenieClient
+from genie_protocol.messages import Delta, Done
 from testkit.tiny_models import write_tiny_model
 from tests.genie_daemon.test_daemon import start_daemon, status
 from tests.genie_daemon.test_http_live import free_port

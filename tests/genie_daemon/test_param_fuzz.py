@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from protocol.client import GenieClient
-from protocol.errors import ProtocolError
-from protocol.messages import Delta, Done, Error
+from genie_protocol.client import GenieClient
+from genie_protocol.errors import ProtocolError
+from genie_protocol.messages import Delta, Done, Error
 from testkit.tiny_models import write_tiny_model
 from tests.child_env import child_env
 from tests.genie_daemon.test_daemon import ctl

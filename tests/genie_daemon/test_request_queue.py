@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from genie_daemon.request_queue import Request, RequestQueue, Switch
-from protocol.messages import Generate
+from genie_protocol.messages import Generate
 
 _ids = itertools.count()
 

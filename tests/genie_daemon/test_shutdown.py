@@ -8,8 +8,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from protocol.client import GenieClient
-from protocol.messages import Delta, Done
+from genie_protocol.client import GenieClient
+from genie_protocol.messages import Delta, Done
 from tests.genie_daemon.test_daemon import ctl, start_daemon
 
 PROMPT = "Write a long story about a lighthouse keeper and the storms of one winter." * 3
@@ -106,6 +106,6 @@ def test_every_command_prints_the_version():
 
     from genie_common import __version__
 
-    for module in ("workers.cli", "genie_daemon", "genie_daemon.ctl"):
+    for module in ("genie_workers.cli", "genie_daemon", "genie_daemon.ctl"):
         r = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and r.stdout.strip() == f"genie {__version__}", (module, r)

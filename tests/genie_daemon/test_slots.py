@@ -18,8 +18,8 @@ import zmq.asyncio
 from genie_common.config import DaemonConfig
 from genie_daemon.server import CANCEL_GRACE_S, Daemon
 from genie_daemon.worker_handle import WorkerHandle
-from protocol.codec import decode, encode
-from protocol.messages import Cancel, Delta, Done, Error, Generate, Heartbeat, Message, Ready, worker_identities
+from genie_protocol.codec import decode, encode
+from genie_protocol.messages import Cancel, Delta, Done, Error, Generate, Heartbeat, Message, Ready, worker_identities
 
 FIRST_PID = 4_000_000  # past any real pid: nothing is ever signalled
 

@@ -9,8 +9,8 @@ import signal
 import time
 from pathlib import Path
 
-from protocol.client import GenieClient
-from protocol.messages import Done
+from genie_protocol.client import GenieClient
+from genie_protocol.messages import Done
 from tests.genie_daemon.test_daemon import collect, start_daemon, status
 
 REQUEST = {"token_ids": [1, *range(40, 60)], "params": {"temperature": 0.0, "max_tokens": 120, "ignore_eos": True}}

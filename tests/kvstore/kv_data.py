@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvstore.format import KVLayout
-from workers.engine.kv_cache import KVSnapshot
+from genie_kvstore.format import KVLayout
+from genie_workers.engine.kv_cache import KVSnapshot
 
 FINGERPRINT = bytes(range(32))
 OTHER_MODEL = bytes(range(1, 33))

@@ -1,6 +1,6 @@
 """A cache directory on a disk of a few entries, for the KV-store tests that need a full disk without root.
 
-The fault is injected where the store writes an entry (`kvstore.store.write_entry`, the function every save
+The fault is injected where the store writes an entry (`genie_kvstore.store.write_entry`, the function every save
 calls): a write whose entry would not fit beside every file now in the directory (entries, temp files,
 anything) raises OSError(ENOSPC), as the kernel's write would; one that fits is the real write. So whatever
 frees space (evicting entries, removing a crashed writer's temp files) is the store's own code, measured on
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import kvstore.store
-from kvstore.format import entry_bytes
+import genie_kvstore.store
+from genie_kvstore.format import entry_bytes
 
 
 class SmallDisk:
@@ -24,7 +24,7 @@ class SmallDisk:
         self.directory = directory
         self.capacity = capacity
         self.refused = 0  # writes that met a full disk
-        real = kvstore.store.write_entry
+        real = genie_kvstore.store.write_entry
 
         def write_entry(path, fingerprint, layout, snapshot, conv_id="", created_ns=None):
             incoming = entry_bytes(layout, conv_id, snapshot.n_tokens)
@@ -33,7 +33,7 @@ class SmallDisk:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
             return real(path, fingerprint, layout, snapshot, conv_id, created_ns)
 
-        monkeypatch.setattr(kvstore.store, "write_entry", write_entry)
+        monkeypatch.setattr(genie_kvstore.store, "write_entry", write_entry)
 
     def used(self) -> int:
         """Bytes of the regular files now in the directory."""

@@ -16,11 +16,11 @@ import pytest
 import zmq
 
 from genie_common.child_config import StorePart, to_arg
-from kvstore.format import read_entry, read_header
-from kvstore.store import KVStore, StoreConfig
-from kvstore.wire import layout_body, snapshot_frames
-from protocol.codec import decode, encode
-from protocol.kv_messages import KvSave, KvSaved
+from genie_kvstore.format import read_entry, read_header
+from genie_kvstore.store import KVStore, StoreConfig
+from genie_kvstore.wire import layout_body, snapshot_frames
+from genie_protocol.codec import decode, encode
+from genie_protocol.kv_messages import KvSave, KvSaved
 from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
 
 ROOT = Path(__file__).parents[2]
@@ -41,7 +41,7 @@ def save_message(i: int) -> list:
 
 def start_store(directory: Path, endpoint: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "kvstore", "--part", to_arg(StorePart(endpoint, str(directory), 0, 60.0))],
+        [sys.executable, "-m", "genie_kvstore", "--part", to_arg(StorePart(endpoint, str(directory), 0, 60.0))],
         cwd=ROOT,
         stderr=subprocess.DEVNULL,
     )

@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvstore.format import entry_bytes
-from kvstore.server import KVStoreServer, ServerConfig
-from kvstore.store import KVStore, Saved, StoreConfig
-from kvstore.wire import layout_body, snapshot_frames
-from protocol.codec import encode
-from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
-from protocol.messages import Error, KvList, Metrics, Reply
+from genie_kvstore.format import entry_bytes
+from genie_kvstore.server import KVStoreServer, ServerConfig
+from genie_kvstore.store import KVStore, Saved, StoreConfig
+from genie_kvstore.wire import layout_body, snapshot_frames
+from genie_protocol.codec import encode
+from genie_protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
+from genie_protocol.messages import Error, KvList, Metrics, Reply
 from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
 from tests.kvstore.small_disk import SmallDisk
 
 if TYPE_CHECKING:
-    from kvstore.store import NotSaved
+    from genie_kvstore.store import NotSaved
 
 N_TOKENS = 100
 ROOT = Path(__file__).parents[2]
@@ -37,7 +37,7 @@ import os, signal, sys
 from pathlib import Path
 import numpy as np
 sys.path.insert(0, {root!r})
-from kvstore.store import KVStore, StoreConfig
+from genie_kvstore.store import KVStore, StoreConfig
 from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
 os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
 rng = np.random.default_rng(int(sys.argv[2]))

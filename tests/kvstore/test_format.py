@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from kvstore.format import (
+from genie_kvstore.format import (
     CHECKSUM_BYTES,
     EntryError,
     ForeignEntryError,
@@ -114,7 +114,7 @@ def test_streamed_checksum_equals_the_parallel_one(monkeypatch):
     """The writer feeds pieces of any size; the reader checks chunks in parallel: the same digest."""
     import os
 
-    import kvstore.format as fmt
+    import genie_kvstore.format as fmt
 
     monkeypatch.setattr(fmt, "CHECKSUM_CHUNK", 1000)
     data = os.urandom(10_500)

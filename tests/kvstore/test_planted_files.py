@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore.server import KVStoreServer, ServerConfig
-from kvstore.store import KVStore, NotSaved, StoreConfig
-from kvstore.wire import layout_body, snapshot_frames
-from protocol.codec import encode
-from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
-from protocol.messages import KvClear, KvEvict, KvList, Message, Metrics, Reply
+from genie_kvstore.server import KVStoreServer, ServerConfig
+from genie_kvstore.store import KVStore, NotSaved, StoreConfig
+from genie_kvstore.wire import layout_body, snapshot_frames
+from genie_protocol.codec import encode
+from genie_protocol.kv_messages import KvData, KvLookup, KvSave, KvSaved
+from genie_protocol.messages import KvClear, KvEvict, KvList, Message, Metrics, Reply
 from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
 
 N_TOKENS = 100

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvstore.policy import ReusePolicy
-from kvstore.store import CHUNK_TOKENS
+from genie_kvstore.policy import ReusePolicy
+from genie_kvstore.store import CHUNK_TOKENS
 
 
 def test_on_a_cpu_a_short_voice_turn_is_worth_saving():

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore.format import entry_bytes, read_entry, read_header, write_entry
-from kvstore.store import CHUNK_TOKENS, KVStore, NotSaved, StoreConfig
+from genie_kvstore.format import entry_bytes, read_entry, read_header, write_entry
+from genie_kvstore.store import CHUNK_TOKENS, KVStore, NotSaved, StoreConfig
 from tests.kvstore.kv_data import FINGERPRINT, OTHER_MODEL, assert_same, layout, snapshot
 
 ROOT = Path(__file__).parents[2]
@@ -202,7 +202,7 @@ WORKER = """
 import sys, numpy as np, random
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from kvstore.store import KVStore, StoreConfig
+from genie_kvstore.store import KVStore, StoreConfig
 from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
 directory, seed, n_ops, cap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rng = np.random.default_rng(seed)
@@ -353,7 +353,7 @@ SAVER = """
 import sys, numpy as np
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from kvstore.store import KVStore, StoreConfig
+from genie_kvstore.store import KVStore, StoreConfig
 from tests.kvstore.kv_data import FINGERPRINT, layout, snapshot
 directory, seed, n_saves, cap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rng = np.random.default_rng(seed)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvstore.wire import layout_body, layout_from_body, snapshot_frames, snapshot_from_frames
-from protocol.kv_messages import LAYOUT
-from protocol.schema import validate
+from genie_kvstore.wire import layout_body, layout_from_body, snapshot_frames, snapshot_from_frames
+from genie_protocol.kv_messages import LAYOUT
+from genie_protocol.schema import validate
 from tests.kvstore.kv_data import assert_same, layout, mixed_layout, snapshot
 
 
@@ -53,8 +53,8 @@ def test_frames_that_do_not_fit_the_layout_name_the_problem():
 def test_real_layer_counts_cross_the_codec_both_ways(n_layers, dtype):
     """A KV_SAVE (worker -> store) and a KV_DATA (store -> worker) of real models' layer counts decode
     whole: 4 frames a layer with INT8 were once refused by a flat 64-frame limit, silently."""
-    from protocol.codec import decode, encode
-    from protocol.kv_messages import KvData, KvSave
+    from genie_protocol.codec import decode, encode
+    from genie_protocol.kv_messages import KvData, KvSave
 
     lay = layout(dtype, n_layers=n_layers, n_kv_heads=1, head_dim=8)
     snap = snapshot(lay, np.arange(70), np.random.default_rng(n_layers))
@@ -67,9 +67,9 @@ def test_real_layer_counts_cross_the_codec_both_ways(n_layers, dtype):
 
 
 def test_more_side_frames_than_the_type_carries_are_refused_with_the_request_id():
-    from protocol.codec import decode, encode
-    from protocol.errors import ProtocolError
-    from protocol.messages import Cancel
+    from genie_protocol.codec import decode, encode
+    from genie_protocol.errors import ProtocolError
+    from genie_protocol.messages import Cancel
 
     with pytest.raises(ProtocolError, match="CANCEL carries at most 64") as e:
         decode(encode(Cancel(request_id="r7"), [b""] * 65))

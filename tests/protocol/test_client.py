@@ -13,9 +13,9 @@ import zmq
 import zmq.asyncio
 
 from genie_common.config import DaemonConfig
-from protocol.client import GenieClient
-from protocol.codec import decode, encode
-from protocol.messages import Delta, Done, Error, Generate
+from genie_protocol.client import GenieClient
+from genie_protocol.codec import decode, encode
+from genie_protocol.messages import Delta, Done, Error, Generate
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "protocol"
 
@@ -81,7 +81,7 @@ def test_answers_reach_their_request_in_order_and_silence_ends_in_a_timeout(tmp_
 
 
 def test_protocol_imports_nothing_else_of_genie():
-    others = {"genie_daemon", "workers", "kvstore"}
+    others = {"genie_daemon", "genie_workers", "genie_kvstore"}
     for path in PROTOCOL.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []

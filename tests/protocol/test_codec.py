@@ -9,10 +9,10 @@ import random
 import msgpack
 import pytest
 
-from protocol.codec import MAX_BODY_BYTES, MESSAGE_TYPES, decode, encode
-from protocol.errors import BAD_FRAME, BAD_MESSAGE, ProtocolError
-from protocol.kv_messages import KvData, KvLookup, KvSave, KvSaveCounts, KvSaved
-from protocol.messages import (
+from genie_protocol.codec import MAX_BODY_BYTES, MESSAGE_TYPES, decode, encode
+from genie_protocol.errors import BAD_FRAME, BAD_MESSAGE, ProtocolError
+from genie_protocol.kv_messages import KvData, KvLookup, KvSave, KvSaveCounts, KvSaved
+from genie_protocol.messages import (
     Cancel,
     Dead,
     Delta,

@@ -7,10 +7,10 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from protocol.codec import MESSAGE_TYPES
-from protocol.errors import ProtocolError
-from protocol.messages import Error, Generate, Load, Message
-from protocol.schema import Field, wire
+from genie_protocol.codec import MESSAGE_TYPES
+from genie_protocol.errors import ProtocolError
+from genie_protocol.messages import Error, Generate, Load, Message
+from genie_protocol.schema import Field, wire
 
 
 def test_rules_follow_the_declarations():

@@ -1,4 +1,4 @@
-"""The `genie` command line, run as `python -m workers.cli` in a subprocess: version, help, one-line
+"""The `genie` command line, run as `python -m genie_workers.cli` in a subprocess: version, help, one-line
 errors with exit code 2, tokenize (real models), run / chat / perplexity (a tiny random model)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 from genie_common.gguf_file import GGUFFile
 from genie_common.registry import resolve_model
+from genie_workers.engine.tokenizer import Tokenizer
 from testkit.tiny_models import write_tiny_model
-from workers.engine.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
@@ -23,7 +23,7 @@ TIMEOUT = 60
 
 def genie(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
+        [sys.executable, "-m", "genie_workers.cli", *args],
         cwd=ROOT,
         input=stdin,
         stdin=None if stdin is not None else subprocess.DEVNULL,

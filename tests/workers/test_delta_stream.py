@@ -1,6 +1,6 @@
 """DeltaStream: first piece and sentence ends at once, other text coalesced per interval, nothing lost."""
 
-from workers.delta_stream import DeltaStream
+from genie_workers.delta_stream import DeltaStream
 
 
 class Clock:
@@ -79,7 +79,7 @@ def test_the_answer_goes_out_typed_one_kind_a_delta_and_a_call_on_its_own():
     counts only in content (a voice pipeline speaks that), and a tool call goes at once in a DELTA of its own
     after the text before it; the tokens ride with the first text of their piece."""
     from genie_common.events import Piece, ToolCall
-    from protocol.codec import decode, encode
+    from genie_protocol.codec import decode, encode
 
     s, sent, clock = make()
     s.events([Piece("thinking", "The user wants light.")], [1, 2])
@@ -104,7 +104,7 @@ def test_a_call_with_an_integer_past_64_bits_still_goes_out():
     """JSON has no integer limit and a model may write one; msgpack carries 64 bits. The call goes out with
     the float a JSON reader makes of it (an unsendable DELTA would have ended the worker)."""
     from genie_common.events import ToolCall
-    from protocol.codec import decode, encode
+    from genie_protocol.codec import decode, encode
 
     s, sent, _ = make()
     s.call(ToolCall("set", {"level": 10**30, "n": [2**70, 5], "on": True, "ok": 2**63 - 1}))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.store import KVStore, StoreConfig
-from workers.engine.engine import Completion, Engine, EngineConfig
-from workers.engine.sampling import SamplingParams
-from workers.kv_engine import engine_layout, hydrate, save
+from genie_kvstore.store import KVStore, StoreConfig
+from genie_workers.engine.engine import Completion, Engine, EngineConfig
+from genie_workers.engine.sampling import SamplingParams
+from genie_workers.kv_engine import engine_layout, hydrate, save
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 TURNS = [
@@ -62,9 +62,9 @@ def test_saved_hydrated_conversation_continues_exactly(tmp_path, kv_dtype):
 def test_gemma4_pools_of_two_shapes_continue_exactly(tmp_path, kv_dtype):
     """The same with a tiny Gemma 4 (issue 7): 4 pools (three of head dim 32, one of 64) for 8 layers, the
     last 4 of which read earlier layers' K/V; format v4 keeps each pool's shape."""
+    from genie_workers.engine.backends.numpy_backend import NumpyBackend
+    from genie_workers.engine.model import Model
     from testkit.tiny_models import write_tiny_gemma4
-    from workers.engine.backends.numpy_backend import NumpyBackend
-    from workers.engine.model import Model
 
     path = tmp_path / "gemma4.gguf"
     write_tiny_gemma4(path, seed=0)

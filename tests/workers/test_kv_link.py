@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import zmq
 
-from kvstore.server import KVStoreServer, ServerConfig
-from kvstore.store import StoreConfig
+from genie_kvstore.server import KVStoreServer, ServerConfig
+from genie_kvstore.store import StoreConfig
+from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.sampling import SamplingParams
+from genie_workers.kv_link import KEEP_SAVES, OUTBOX_S, SAVE_BACKLOG, SAVE_QUEUE, STARTUP_WAIT_S, KvLink
 from testkit.tiny_models import write_tiny_model
-from workers.engine.engine import Engine, EngineConfig
-from workers.engine.sampling import SamplingParams
-from workers.kv_link import KEEP_SAVES, OUTBOX_S, SAVE_BACKLOG, SAVE_QUEUE, STARTUP_WAIT_S, KvLink
 
 
 @pytest.mark.timeout(60)  # with a queueing socket the lookup would wait its 600 s timeout: this fails it

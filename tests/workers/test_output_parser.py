@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.output_parser import OutputParser, Piece, ToolCall, parse_gemma4_call
+from genie_workers.output_parser import OutputParser, Piece, ToolCall, parse_gemma4_call
 
 QWEN = (
     "<think>\nThe user wants the kitchen light on.\n</think>\n\n"

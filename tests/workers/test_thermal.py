@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.thermal import MAX_PAUSE_S, ThermalGovernor, find_sensor, read_millidegrees
+from genie_workers.thermal import MAX_PAUSE_S, ThermalGovernor, find_sensor, read_millidegrees
 
 
 def test_throttles_above_and_resumes_at_or_below_with_a_gap_between() -> None:

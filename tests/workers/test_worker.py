@@ -1,4 +1,4 @@
-"""The worker process end to end: a real `python -m workers.worker` on a tiny model, with this test as
+"""The worker process end to end: a real `python -m genie_workers.worker` on a tiny model, with this test as
 the daemon (a ROUTER socket)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import zmq
 
 from genie_common.config import DaemonConfig
-from protocol.codec import decode, encode
-from protocol.messages import (
+from genie_protocol.codec import decode, encode
+from genie_protocol.messages import (
     Cancel,
     Delta,
     Done,
@@ -42,7 +42,7 @@ class FakeDaemon:
         self.router.bind(endpoint)
         # the worker's part as the daemon hands it over (DaemonConfig.worker_args), no KV store
         config = DaemonConfig(model=str(model), worker_endpoint=endpoint, ctx=512, kv_store=False, **options)
-        cmd = [sys.executable, "-m", "workers.worker", *config.worker_args()]
+        cmd = [sys.executable, "-m", "genie_workers.worker", *config.worker_args()]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, env=child_env())
         self.identity = worker_identities(self.proc.pid)[0]  # requests go to the worker's inbound socket
         self.last_from = b""  # the identity the last message came from
@@ -225,8 +225,8 @@ def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worke
     """A step that raises: its requests fail (`internal`; `out_of_memory` when an allocation failed, on the
     host or the GPU: the OOM guard) and the next request is served, unless the error leaves the device in
     doubt (then the worker dies, for the daemon to start a fresh one)."""
-    from workers.engine.engine import Engine, EngineConfig
-    from workers.worker import Worker, _Turn
+    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.worker import Worker, _Turn
 
     write_tiny_model("llama", tmp_path / "tiny.gguf")
     engine = Engine(EngineConfig(model=str(tmp_path / "tiny.gguf"), backend="numpy", n_ctx=64, n_slots=2))
@@ -268,9 +268,9 @@ def test_an_output_parser_that_fails_costs_its_answer_the_typing_not_the_worker(
     """The worker reads the model's markup (output_parser.py) on each answer; should that raise, the answer's
     rest, with what the parser held, goes out as plain content and the worker goes on (a step of the worker
     loop that raised would end the process)."""
-    from workers.delta_stream import DeltaStream
-    from workers.output_parser import OutputParser
-    from workers.worker import Worker, _Turn
+    from genie_workers.delta_stream import DeltaStream
+    from genie_workers.output_parser import OutputParser
+    from genie_workers.worker import Worker, _Turn
 
     sent: list = []
     parser = OutputParser(["light_on"])
@@ -296,7 +296,7 @@ def test_an_output_parser_that_fails_costs_its_answer_the_typing_not_the_worker(
 def test_a_message_that_cannot_be_encoded_ends_its_request_not_the_worker():
     """Text msgpack cannot carry (a lone surrogate) in a DELTA: the request gets ERROR(internal) naming why,
     and the worker goes on (an exception from send would have ended it)."""
-    from workers.worker import Worker
+    from genie_workers.worker import Worker
 
     frames: list = []
     worker = Worker.__new__(Worker)
@@ -313,8 +313,8 @@ def test_a_message_that_cannot_be_encoded_ends_its_request_not_the_worker():
 def test_turns_that_end_together_get_every_done_before_any_save(tmp_path):
     """Two streams ending in the same step: both DONEs go out, then both saves run (a save takes milliseconds
     on a GPU, and the second client waited for the first one's), before the next step can reuse the slots."""
-    from workers.engine.engine import Engine, EngineConfig
-    from workers.worker import Worker
+    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.worker import Worker
 
     write_tiny_model("llama", tmp_path / "tiny.gguf")
     engine = Engine(EngineConfig(model=str(tmp_path / "tiny.gguf"), backend="numpy", n_ctx=64, n_slots=2))

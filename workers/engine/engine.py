@@ -21,7 +21,7 @@ import numpy as np
 from genie_common import defaults
 from genie_common.errors import BackendUnsupportedError, ModelError, RequestError
 from genie_common.registry import DEFAULT_MODEL, resolve_model
-from protocol.messages import DEFAULT_PRIORITY, Priority
+from genie_protocol.messages import DEFAULT_PRIORITY, Priority
 
 from .arch.layers import Interrupted, forward, forward_batch
 from .backends import BACKEND_CHOICES, select_backend

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
-from protocol.messages import FinishReason
+from genie_protocol.messages import FinishReason
 
 from .batch import Segment
 from .kv_cache import KVCache

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocol.messages import DEFAULT_PRIORITY, PRIORITIES, FinishReason, Priority
+from genie_protocol.messages import DEFAULT_PRIORITY, PRIORITIES, FinishReason, Priority
 
 from .constraint import JsonConstraint
 from .sampling import Sampler, SamplingParams

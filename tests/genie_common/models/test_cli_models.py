@@ -28,7 +28,7 @@ def tiny_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 def genie(models_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
+        [sys.executable, "-m", "genie_workers.cli", *args],
         cwd=ROOT,
         env=child_env(GENIE_MODELS_DIR=str(models_dir), no_proxy="127.0.0.1", **env),
         stdin=subprocess.DEVNULL,

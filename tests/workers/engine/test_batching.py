@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from genie_workers.engine.backends.cupy import cupy_available
+from genie_workers.engine.backends.numpy_backend import NumpyBackend
+from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.sampling import SamplingParams
+from genie_workers.engine.sequence import Completion, Delta, Failed, Sequence
 from testkit.tiny_models import ARCH_PARAMS, write_tiny_gemma4, write_tiny_model
-from workers.engine.backends.cupy import cupy_available
-from workers.engine.backends.numpy_backend import NumpyBackend
-from workers.engine.engine import Engine, EngineConfig
-from workers.engine.sampling import SamplingParams
-from workers.engine.sequence import Completion, Delta, Failed, Sequence
 
 ROOT = Path(__file__).parents[3]
 ARCHS = [*ARCH_PARAMS, "gemma4", "llama-q4_k_m"]
@@ -175,7 +175,7 @@ MIXED_SPECS = [(0, 5, 14), (2, 37, 10), (4, 13, 12), (5, 20, 6)]  # (joins at st
 
 def on_backend(path: Path, backend: NumpyBackend) -> Engine:
     """An engine of 32-token chunks on this backend object (PaddingNumpy and its kin)."""
-    from workers.engine.model import Model
+    from genie_workers.engine.model import Model
 
     config = EngineConfig(
         model=str(path), backend="numpy", n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=N_SLOTS
@@ -408,7 +408,7 @@ def test_a_decode_step_captured_for_some_slots_replays_for_others(tmp_path: Path
     two streams is captured once, for slots 0 and 1, and replayed for slots 2 and 3 holding the same
     conversations: the same logits, bit for bit (streams that join and leave used to cost a capture for
     every new set of slots)."""
-    from workers.engine.batch import Segment
+    from genie_workers.engine.batch import Segment
 
     engine = make(model_path(tmp_path, "llama-q4_k_m"), "int8", backend="cupy")
     if not engine.backend.decode_steps_by_count(engine.model.config, engine.kv):

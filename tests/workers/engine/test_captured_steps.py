@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.engine.backends.cupy import cupy_available
-from workers.engine.captured_steps import CapturedSteps, shaped
-from workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.backends.cupy import cupy_available
+from genie_workers.engine.captured_steps import CapturedSteps, shaped
+from genie_workers.engine.engine import Engine, EngineConfig
 
 from .test_batching import PaddingNumpy, greedy, model_path, on_backend, prompt, run_mixed
 

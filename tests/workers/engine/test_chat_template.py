@@ -10,7 +10,7 @@ import pytest
 from genie_common.errors import RequestError
 from genie_common.gguf_file import GGUFFile
 from genie_common.registry import resolve_model
-from workers.engine.chat_template import CHATML_TEMPLATE, GEMMA_TEMPLATE, builtin_template, render_chat
+from genie_workers.engine.chat_template import CHATML_TEMPLATE, GEMMA_TEMPLATE, builtin_template, render_chat
 
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 USER = [{"role": "user", "content": "Hi"}]

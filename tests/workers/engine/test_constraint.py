@@ -8,11 +8,11 @@ import json
 import pytest
 
 from genie_common.errors import RequestError
+from genie_workers.engine.constraint import ANY_OBJECT
+from genie_workers.engine.engine import Completion, Engine, EngineConfig
+from genie_workers.engine.sampling import SamplingParams
 from testkit.tiny_models import write_tiny_model
 from tests.json_schema_check import violations
-from workers.engine.constraint import ANY_OBJECT
-from workers.engine.engine import Completion, Engine, EngineConfig
-from workers.engine.sampling import SamplingParams
 
 SWITCH = {
     "type": "object",

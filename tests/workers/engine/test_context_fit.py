@@ -8,7 +8,7 @@ import random
 import pytest
 
 from genie_common.errors import RequestError
-from workers.engine.context_fit import fit_messages
+from genie_workers.engine.context_fit import fit_messages
 
 
 def render(messages):

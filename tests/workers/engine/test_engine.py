@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from genie_common.errors import RequestError
-from workers.engine.engine import Completion, Delta
-from workers.engine.sampling import SamplingParams
+from genie_workers.engine.engine import Completion, Delta
+from genie_workers.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from genie_common.gguf_file import GGUFFile
+from genie_workers.engine.chat_template import chat_prompt_ids, fold_tool_results, folds_tool_results, render_chat
+from genie_workers.engine.tokenizer import Tokenizer
 from testkit.vocab_files import vocab_gguf
-from workers.engine.chat_template import chat_prompt_ids, fold_tool_results, folds_tool_results, render_chat
-from workers.engine.tokenizer import Tokenizer
 
 TOOLS = [
     {

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from genie_common.kv_types import KVCacheConfig
-from workers.engine.kv_cache import KVCache
+from genie_workers.engine.kv_cache import KVCache
 
 
 @pytest.fixture

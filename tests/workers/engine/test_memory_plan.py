@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from genie_workers.engine.backends.block_weight import BlockWeight
+from genie_workers.engine.backends.numpy_backend import NumpyBackend
+from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.memory_plan import CTX_STEP, GIB, MIB, BudgetError, plan_memory
+from genie_workers.engine.model import Model
 from testkit.tiny_models import write_tiny_gemma4, write_tiny_model
 from tests.child_env import child_env
 from tests.workers.test_cli import assert_one_line_error
-from workers.engine.backends.block_weight import BlockWeight
-from workers.engine.backends.numpy_backend import NumpyBackend
-from workers.engine.engine import Engine, EngineConfig
-from workers.engine.memory_plan import CTX_STEP, GIB, MIB, BudgetError, plan_memory
-from workers.engine.model import Model
 
 ROOT = Path(__file__).parents[3]
 Q4_K_M = ROOT / "testkit/fixtures/tiny/llama-q4_k_m.gguf"
@@ -99,7 +99,7 @@ def test_engine_sizes_its_context_from_the_budget(tmp_path: Path) -> None:
 def test_a_budget_below_the_weights_is_one_line_and_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "tiny.gguf"
     write_tiny_model("llama", path)
-    cmd = [sys.executable, "-m", "workers.cli", "run", "-m", str(path), "--mem-budget-mb", "1", "-p", "hi"]
+    cmd = [sys.executable, "-m", "genie_workers.cli", "run", "-m", str(path), "--mem-budget-mb", "1", "-p", "hi"]
     r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
     assert_one_line_error(r, "a memory budget of 1 MB cannot hold the model")
     cmd = [*cmd[:-4], "--mem-budget-mb", "400", "-n", "2", "-p", "hi"]

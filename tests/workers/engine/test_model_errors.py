@@ -23,9 +23,9 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from genie_common.errors import ModelFileError
 from genie_common.gguf_file import GGUFFile
+from genie_workers.engine.backends.numpy_backend import NumpyBackend
+from genie_workers.engine.model import Model
 from testkit.tiny_models import write_tiny_model
-from workers.engine.backends.numpy_backend import NumpyBackend
-from workers.engine.model import Model
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -418,9 +418,9 @@ def test_huge_block_count_fails_fast(tmp_path: Path) -> None:
     path = write_edited(tmp_path / "m.gguf", set_kv("llama.block_count", 0xFFFFFFFF, GGUFValueType.UINT32))
     code = textwrap.dedent(
         f"""
-        from workers.engine.backends.numpy_backend import NumpyBackend
+        from genie_workers.engine.backends.numpy_backend import NumpyBackend
         from genie_common.errors import ModelFileError
-        from workers.engine.model import Model
+        from genie_workers.engine.model import Model
         try:
             Model.load({str(path)!r}, NumpyBackend())
         except ModelFileError as e:

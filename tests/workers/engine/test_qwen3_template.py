@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from genie_workers.engine.chat_template import render_chat
 from testkit import FIXTURES
-from workers.engine.chat_template import render_chat
 
 TEMPLATE = (FIXTURES / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from genie_common.errors import RequestError
-from workers.engine.sampling import Sampler, SamplingParams, apply_repeat_penalty
+from genie_workers.engine.sampling import Sampler, SamplingParams, apply_repeat_penalty
 
 
 def logits(seed: int = 0, n: int = 1000) -> np.ndarray:
@@ -80,11 +80,11 @@ def test_bad_values_are_request_errors(kwargs):
 
 
 def test_the_engine_takes_exactly_the_sampling_fields_generate_declares():
-    """GENERATE's sampling fields are declared once, in protocol.messages.PARAMS (names, kinds, bounds): the
+    """GENERATE's sampling fields are declared once, in genie_protocol.messages.PARAMS (names, kinds, bounds): the
     worker builds SamplingParams from them by name, so the two must name the same fields."""
     from dataclasses import fields
 
-    from protocol.messages import PARAMS
-    from workers.engine.sampling import SamplingParams
+    from genie_protocol.messages import PARAMS
+    from genie_workers.engine.sampling import SamplingParams
 
     assert {f.name for f in fields(SamplingParams)} == set(PARAMS)

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from genie_workers.engine.backends.cupy import cupy_available
+from genie_workers.engine.backends.numpy_backend import NumpyBackend
+from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.model import Model
+from genie_workers.engine.sampling import SamplingParams
 from testkit.tiny_models import write_tiny_model
-from workers.engine.backends.cupy import cupy_available
-from workers.engine.backends.numpy_backend import NumpyBackend
-from workers.engine.engine import Engine, EngineConfig
-from workers.engine.model import Model
-from workers.engine.sampling import SamplingParams
 
 ROOT = Path(__file__).parents[3]
 

@@ -1,4 +1,4 @@
-from workers.engine.text_filters import StopMatcher, ThinkFilter
+from genie_workers.engine.text_filters import StopMatcher, ThinkFilter
 
 
 def feed_all(m: StopMatcher, pieces: list[str]) -> tuple[str, bool]:

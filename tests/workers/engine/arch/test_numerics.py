@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
+from genie_workers.engine.perplexity import perplexity
 from testkit import FIXTURES
-from workers.engine.perplexity import perplexity
 
 TEXT = (FIXTURES / "text/apache-2.0.txt").read_text(encoding="utf-8")
 MODELS = ("gemma3-270m", "smollm2-135m")

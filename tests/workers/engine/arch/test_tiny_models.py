@@ -18,12 +18,12 @@ ROOT = Path(__file__).resolve().parents[4]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from genie_workers.engine.arch.layers import forward  # noqa: E402
+from genie_workers.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
+from genie_workers.engine.engine import kv_cache_config  # noqa: E402
+from genie_workers.engine.kv_cache import KVCache  # noqa: E402
+from genie_workers.engine.model import Model  # noqa: E402
 from testkit.tiny_models import write_tiny_gemma4, write_tiny_model  # noqa: E402
-from workers.engine.arch.layers import forward  # noqa: E402
-from workers.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
-from workers.engine.engine import kv_cache_config  # noqa: E402
-from workers.engine.kv_cache import KVCache  # noqa: E402
-from workers.engine.model import Model  # noqa: E402
 
 FIXTURES = ROOT / "testkit" / "fixtures" / "tiny"
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
@@ -166,7 +166,7 @@ def test_tiny_gemma4_config(tmp_path: Path) -> None:
 
 def test_gemma4_kv_sharing_follows_both_rules() -> None:
     from genie_common.errors import ModelFileError
-    from workers.engine.arch.gemma4 import kv_sources
+    from genie_workers.engine.arch.gemma4 import kv_sources
 
     S, F = True, False
     assert kv_sources((S, S, S, F, S, S, S, F), 4, "m") == (0, 1, 2, 3, 2, 2, 2, 3)
@@ -190,7 +190,7 @@ def test_tiny_gemma4_writer_is_deterministic(tmp_path: Path) -> None:
 def test_tiny_gemma4_quantized_kv_close_to_f32(tmp_path: Path, kv_dtype: str, bound: float) -> None:
     """INT8 (rotated per pool head dim: 32 and 64) and FP16 KV pools of different shapes, one shared by
     several layers: per-token NLL close to the F32 cache's."""
-    from workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.engine import Engine, EngineConfig
 
     path = tmp_path / "gemma4.gguf"
     write_tiny_gemma4(path, seed=0)
@@ -206,8 +206,8 @@ def test_a_backend_that_refuses_a_model_is_left_for_numpy_under_auto(tmp_path: P
     """`--backend cupy` refuses a model its kernels cannot run with a clear error before loading any weight;
     `auto` then runs it on NumPy."""
     from genie_common.errors import BackendUnsupportedError
-    from workers.engine import engine as engine_module
-    from workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine import engine as engine_module
+    from genie_workers.engine.engine import Engine, EngineConfig
 
     class Refusing(NumpyBackend):
         name = "cupy"

@@ -12,11 +12,11 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from genie_common.gguf_file import TensorInfo
+from genie_workers.engine.backends import Backend
+from genie_workers.engine.backends.cupy import cupy_available
+from genie_workers.engine.backends.numpy_backend import NumpyBackend
+from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
 from testkit.quant_blocks import product_err, random_blocks, rel_err
-from workers.engine.backends import Backend
-from workers.engine.backends.cupy import cupy_available
-from workers.engine.backends.numpy_backend import NumpyBackend
-from workers.engine.kv_cache import KVCache, KVCacheConfig
 
 Q = GGMLQuantizationType
 TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -25,7 +25,7 @@ ROW_COUNTS = [1, 3, 40, 100]
 
 
 def _cupy_backend() -> Backend:
-    from workers.engine.backends.cupy import CupyBackend
+    from genie_workers.engine.backends.cupy import CupyBackend
 
     return CupyBackend()
 

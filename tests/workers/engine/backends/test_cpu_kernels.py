@@ -17,14 +17,14 @@ from gguf import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from genie_common.gguf_file import TensorInfo
+from genie_workers.engine.arch.layers import forward
+from genie_workers.engine.backends import cpu_kernels
+from genie_workers.engine.backends.block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
+from genie_workers.engine.backends.numpy_backend import GEMV_MAX_TOKENS, NumpyBackend
+from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
+from genie_workers.engine.model import Model
 from testkit.quant_blocks import F16_FIELDS, Q, product_err, random_blocks, rel_err
 from tests.child_env import child_env
-from workers.engine.arch.layers import forward
-from workers.engine.backends import cpu_kernels
-from workers.engine.backends.block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
-from workers.engine.backends.numpy_backend import GEMV_MAX_TOKENS, NumpyBackend
-from workers.engine.kv_cache import KVCache, KVCacheConfig
-from workers.engine.model import Model
 
 ROOT = Path(__file__).parents[4]
 # Gemma q, Gemma down, ragged rows, tall and narrow, one row
@@ -152,7 +152,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 PROBE = (
     "import logging; logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
-    "from workers.engine.backends.numpy_backend import NumpyBackend\n"
+    "from genie_workers.engine.backends.numpy_backend import NumpyBackend\n"
     "print(NumpyBackend().device_name)"
 )
 
@@ -176,7 +176,7 @@ def test_kernels_can_be_disabled_and_threads_set(tmp_path):
 
 BLAS_PROBE = """
 from threadpoolctl import threadpool_info
-from workers.engine.backends.numpy_backend import NumpyBackend
+from genie_workers.engine.backends.numpy_backend import NumpyBackend
 b = NumpyBackend()
 print(b.device_name, [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"])
 """
@@ -221,7 +221,7 @@ def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, 
     """The decode step's attention in C (genie_attn1_i8: the int8 rows read where they are) against NumpyBackend's
     loop over KV heads (which widens them to float32), for grouped heads, Gemma 4's head dims with a softcap
     and a sliding window, and plain multi-head attention."""
-    from workers.engine.kv_cache import LayerKV
+    from genie_workers.engine.kv_cache import LayerKV
 
     rng = np.random.default_rng()
     n_slots, n_ctx, slot, pos0 = 2, 300, 1, 211

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.engine.backends.cupy import compat_capability
+from genie_workers.engine.backends.cupy import compat_capability
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,15 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from genie_workers.engine.backends.cupy import CupyBackend, QuantWeight, cupy_available
+from genie_workers.engine.backends.cupy.attention import PREFILL_ATTENTION_MIN_TOKENS
+from genie_workers.engine.backends.cupy.family import AMPERE
+from genie_workers.engine.backends.cupy.kernels import KERNEL_TYPES
+from genie_workers.engine.backends.cupy.products import OCTET_TYPES
+from genie_workers.engine.backends.cupy.rows import x8_row_bytes
 from testkit import FIXTURES
 from testkit.quant_blocks import random_blocks, rel_err
 from testkit.tiny_models import write_tiny_gemma4, write_tiny_model
-from workers.engine.backends.cupy import CupyBackend, QuantWeight, cupy_available
-from workers.engine.backends.cupy.attention import PREFILL_ATTENTION_MIN_TOKENS
-from workers.engine.backends.cupy.family import AMPERE
-from workers.engine.backends.cupy.kernels import KERNEL_TYPES
-from workers.engine.backends.cupy.products import OCTET_TYPES
-from workers.engine.backends.cupy.rows import x8_row_bytes
 
 pytestmark = pytest.mark.skipif(not cupy_available(), reason="needs CuPy and an NVIDIA GPU")
 
@@ -188,9 +188,9 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
     for bit; a product that nothing reads next sends what is held at once."""
     import cupy as cp
 
-    from workers.engine.backends.base import NextInput
-    from workers.engine.backends.cupy import GroupWeight
-    from workers.engine.backends.cupy.chain import Chain
+    from genie_workers.engine.backends.base import NextInput
+    from genie_workers.engine.backends.cupy import GroupWeight
+    from genie_workers.engine.backends.cupy.chain import Chain
 
     if not gpu.family.chains:
         pytest.skip("products are chained on the 8.x paths (GENIE_CUDA_COMPAT=sm87 on a 9.0 GPU)")
@@ -242,7 +242,7 @@ def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, 
     groups of four and spill into a second launch; q8_input's rows code each token as its one-row launch does."""
     import cupy as cp
 
-    from workers.engine.backends.cupy.rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows
+    from genie_workers.engine.backends.cupy.rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows
 
     if gpu.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
@@ -276,8 +276,8 @@ import cupy as cp
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from testkit.quant_blocks import random_blocks
-from workers.engine.backends.cupy import CupyBackend, QuantWeight
-from workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q8_rows
+from genie_workers.engine.backends.cupy import CupyBackend, QuantWeight
+from genie_workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q8_rows
 
 gpu, rng = CupyBackend(), np.random.default_rng(0)
 for qtype, cols in ((Q.Q4_K, 512), (Q.Q4_K, 4096), (Q.Q6_K, 512)):
@@ -330,9 +330,9 @@ def test_the_n_token_product_codes_its_consumers_input_as_q8_input_does(gpu, qty
     with the counters left at zero for the next launch (run twice)."""
     import cupy as cp
 
-    from workers.engine.backends.base import NextInput
-    from workers.engine.backends.cupy.quant_consts import Q8_MAX_COLS
-    from workers.engine.backends.cupy.rows import X_GATED, X_NORM_LATE, RowsInput, gemvn, q8_rows
+    from genie_workers.engine.backends.base import NextInput
+    from genie_workers.engine.backends.cupy.quant_consts import Q8_MAX_COLS
+    from genie_workers.engine.backends.cupy.rows import X_GATED, X_NORM_LATE, RowsInput, gemvn, q8_rows
 
     if gpu.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
@@ -365,7 +365,7 @@ def test_the_n_token_product_codes_its_consumers_input_as_q8_input_does(gpu, qty
 def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
     import cupy as cp
 
-    from workers.engine.backends.cupy import core
+    from genie_workers.engine.backends.cupy import core
 
     monkeypatch.setattr(core, "PREFILL_SCRATCH_BYTES", 256 * 1024 * 4)  # tiles of 256 rows, a ragged last one
     rng = np.random.default_rng()
@@ -383,9 +383,9 @@ def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 def test_tiny_model_nll_matches_numpy(gpu, tmp_path, arch, kv_dtype):
-    from workers.engine.backends.numpy_backend import NumpyBackend
-    from workers.engine.engine import Engine, EngineConfig
-    from workers.engine.model import Model
+    from genie_workers.engine.backends.numpy_backend import NumpyBackend
+    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.model import Model
 
     path = tmp_path / f"{arch}.gguf"
     write_tiny_model(arch, path, seed=3)
@@ -412,10 +412,10 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
     shared K/V, per-layer embeddings, V norm, RoPE frequency factors, window 4 under a 48-token prompt. NLL
     per token against the NumPy backend (itself checked against transformers and llama.cpp) in passes of
     1, 5 and 32 rows, and greedy tokens with captured decode steps equal to eager ones."""
-    from workers.engine.backends.numpy_backend import NumpyBackend
-    from workers.engine.engine import Completion, Engine, EngineConfig
-    from workers.engine.model import Model
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.backends.numpy_backend import NumpyBackend
+    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_workers.engine.model import Model
+    from genie_workers.engine.sampling import SamplingParams
 
     path = tmp_path / "gemma4.gguf"
     # PLE width 32: the GPU kernels read rows in 32-value sub-blocks (the CPU fixture's model has 16); q/k
@@ -453,9 +453,9 @@ def test_q4_k_m_tiny_model_nll_matches_numpy(gpu, kv_dtype):
     """The committed Q4_K_M model: the decode path's int8-activation GEMVs and GQA attention (1 token a pass)
     and the tensor-core prefill (5 and 32) against NumPy."""
 
-    from workers.engine.backends.numpy_backend import NumpyBackend
-    from workers.engine.engine import Engine, EngineConfig
-    from workers.engine.model import Model
+    from genie_workers.engine.backends.numpy_backend import NumpyBackend
+    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.model import Model
 
     path = FIXTURE_Q4_K_M
     ids = list(np.random.default_rng().integers(3, 300, 48))
@@ -474,7 +474,7 @@ def test_q4_k_m_tiny_model_nll_matches_numpy(gpu, kv_dtype):
 
 @pytest.fixture(scope="module")
 def cpu():
-    from workers.engine.backends.numpy_backend import NumpyBackend
+    from genie_workers.engine.backends.numpy_backend import NumpyBackend
 
     return NumpyBackend()
 
@@ -539,7 +539,7 @@ def test_gated_act(gpu, cpu, kind):
 def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd, hdv):
     import cupy as cp
 
-    from workers.engine.kv_cache import KVCache, KVCacheConfig
+    from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
 
     rng = np.random.default_rng()
     config = KVCacheConfig(1, n_kv, hd, hdv, 600, n_slots=2, dtype=kv_dtype)
@@ -597,8 +597,8 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
 
     import cupy as cp
 
-    from workers.engine.engine import Engine, EngineConfig
-    from workers.engine.model import Model
+    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.model import Model
 
     if gpu.capability < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 (GENIE_CUDA_COMPAT may force older)")
@@ -631,9 +631,9 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
 
     import cupy as cp
 
-    from workers.engine.engine import Completion, Engine, EngineConfig
-    from workers.engine.model import Model
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_workers.engine.model import Model
+    from genie_workers.engine.sampling import SamplingParams
 
     path = FIXTURE_Q4_K_M
     model = Model.load(path, gpu)
@@ -666,9 +666,9 @@ def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
     """Greedy generation with captured decode steps equals eager generation, across positions and slots: the
     decode step and the padded prompt step captured in slot 0 replay in slot 1 (the kernels read the slot
     where it was staged)."""
-    from workers.engine.engine import Completion, Engine, EngineConfig
-    from workers.engine.model import Model
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_workers.engine.model import Model
+    from genie_workers.engine.sampling import SamplingParams
 
     path = tmp_path / "gemma3.gguf"
     write_tiny_model("gemma3", path, seed=5)  # sliding window 8: replays cross it
@@ -759,8 +759,8 @@ def test_prepare_qkv_is_the_unfused_sequence(gpu, cpu, kv_dtype, qk_norm, n, gem
 
     import cupy as cp
 
-    from workers.engine.kv_cache import KVCache, KVCacheConfig
-    from workers.engine.model_config import LayerConfig, ModelConfig
+    from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
+    from genie_workers.engine.model_config import LayerConfig, ModelConfig
 
     rng = np.random.default_rng()
     H, Hkv, hd = 8, 2, 128
@@ -813,7 +813,7 @@ def test_product_epilogues_code_the_next_input(gpu, down_type, d, ffn):
     fewer codes to average a flipped one out: the bound is 2e-4, the draws seeded)."""
     import cupy as cp
 
-    from workers.engine.backends.base import NextInput
+    from genie_workers.engine.backends.base import NextInput
 
     rng = np.random.default_rng(d)
     wo, _ = _quant_weight(Q.Q4_K, d, d, rng)
@@ -853,8 +853,8 @@ def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
     the cluster's blocks no keys, a few and many, with and without a window and a logit softcap."""
     import cupy as cp
 
-    from workers.engine.kv_cache import KVCache, KVCacheConfig
-    from workers.engine.model_config import LayerConfig, ModelConfig
+    from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
+    from genie_workers.engine.model_config import LayerConfig, ModelConfig
 
     if gpu.family.decode_attention is None:
         pytest.skip("attention_dec needs compute capability 8.0")
@@ -938,10 +938,10 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
     codes them for the o product."""
     import cupy as cp
 
-    from workers.engine.backends.cupy.rows import RowsInput, q8_rows
-    from workers.engine.batch import Batch, Segment
-    from workers.engine.kv_cache import KVCache, KVCacheConfig
-    from workers.engine.model_config import LayerConfig, ModelConfig
+    from genie_workers.engine.backends.cupy.rows import RowsInput, q8_rows
+    from genie_workers.engine.batch import Batch, Segment
+    from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
+    from genie_workers.engine.model_config import LayerConfig, ModelConfig
 
     if gpu.family.decode_attention is None:
         pytest.skip("attention_dec needs compute capability 8.0")
@@ -1019,7 +1019,7 @@ def test_every_module_compiles_for_the_jetson_and_the_rtx_30(sources, arch):
 
     import cupy as cp
 
-    from workers.engine.backends import cupy as gpu_package
+    from genie_workers.engine.backends import cupy as gpu_package
 
     code = gpu_package.kernel_source(*getattr(gpu_package, sources))
     include = os.path.join(cp.cuda.get_cuda_path() or "/usr/local/cuda", "include")  # cuda_fp16.h
@@ -1039,8 +1039,8 @@ def test_the_older_paths_can_be_forced_on_a_newer_gpu(monkeypatch):
     cp.async, not bulk copies; no clusters, no PDL), and a Q4_K_M model's first greedy tokens are those of the 9.0
     paths (the whole GPU suite run with the variable set is the test of the paths themselves)."""
 
-    from workers.engine.engine import Engine, EngineConfig
-    from workers.engine.sampling import SamplingParams
+    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.sampling import SamplingParams
 
     path = FIXTURE_Q4_K_M
     config = EngineConfig(model=str(path), backend="cupy", n_ctx=96, kv_dtype="int8", n_slots=1)

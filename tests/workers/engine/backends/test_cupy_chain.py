@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from workers.engine.backends.cupy.chain import CHAIN_MAX, Chain, Product
+from genie_workers.engine.backends.cupy.chain import CHAIN_MAX, Chain, Product
 
 NULL = np.uint64(0)
 

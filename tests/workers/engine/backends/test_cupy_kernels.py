@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from workers.engine.backends.cupy.kernels import Kernel
+from genie_workers.engine.backends.cupy.kernels import Kernel
 
 
 def raw_with_static(static: int) -> SimpleNamespace:

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from workers.engine.backends.cupy import OPS_SOURCES, QUANT_SOURCES, CupyBackend, CupyTuning, kernel_source
-from workers.engine.backends.cupy.family import AMPERE, HOPPER, OLDER, family_of
-from workers.engine.backends.cupy.tuning import DEFINES
+from genie_workers.engine.backends.cupy import OPS_SOURCES, QUANT_SOURCES, CupyBackend, CupyTuning, kernel_source
+from genie_workers.engine.backends.cupy.family import AMPERE, HOPPER, OLDER, family_of
+from genie_workers.engine.backends.cupy.tuning import DEFINES
 
 
 def test_defaults_compile_in_nothing_and_a_changed_size_is_a_define():
@@ -51,7 +51,7 @@ def test_the_n_token_products_groups_a_block_by_matrix_and_tokens():
     every choice follows the tuning."""
     from gguf import GGMLQuantizationType as Q
 
-    from workers.engine.backends.cupy.rows import groups_a_block
+    from genie_workers.engine.backends.cupy.rows import groups_a_block
 
     t, slots = CupyTuning(), 264
     gate_up, qk, o, down, out = (1216, 2560), (320, 2560), (160, 4096), (160, 9728), (9496, 2560)
@@ -96,8 +96,8 @@ def test_the_tensor_core_products_take_only_the_shared_memory_the_gpu_has():
     (107 KiB) do not: that matrix takes the dp4a kernel then instead of failing to launch; an Orin fits both."""
     from gguf import GGMLQuantizationType as Q
 
-    from workers.engine.backends.cupy import QuantWeight
-    from workers.engine.backends.cupy.rows import groups_that_fit
+    from genie_workers.engine.backends.cupy import QuantWeight
+    from genie_workers.engine.backends.cupy.rows import groups_that_fit
 
     down = QuantWeight(None, Q.Q6_K, 2560, 9728)
     assert products_on(RTX_30)._mma_fits(down)

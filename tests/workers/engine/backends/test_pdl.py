@@ -9,7 +9,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from workers.engine.backends.cupy.pdl import _arg, _LaunchAttribute, _LaunchConfig
+from genie_workers.engine.backends.cupy.pdl import _arg, _LaunchAttribute, _LaunchConfig
 
 
 def test_launch_structures_have_the_driver_layout():

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from genie_common.gguf_file import GGUFFile
+from genie_workers.engine.tokenizer import Tokenizer, TokenType
 from testkit import FIXTURES
 from testkit.vocab_files import vocab_gguf
-from workers.engine.tokenizer import Tokenizer, TokenType
 
 TOKENIZER_FIXTURES = FIXTURES / "tokenizer"
 MODELS = ("gemma3-270m", "smollm2-135m", "gemma-4")

@@ -16,9 +16,9 @@ import pytest
 
 from genie_common.errors import ModelFileError
 from genie_common.gguf_file import GGUFFile
+from genie_workers.engine.tokenizer import Tokenizer
+from genie_workers.engine.tokenizer.vocab import TokenType, vocab_from_metadata
 from testkit.vocab_files import vector_file, vocab_gguf
-from workers.engine.tokenizer import Tokenizer
-from workers.engine.tokenizer.vocab import TokenType, vocab_from_metadata
 
 # vocab name -> (tokenizer.ggml.model, pre-tokenizer genie uses)
 VOCABS = {"qwen2": ("gpt2", "qwen2"), "llama-bpe": ("gpt2", "llama-bpe"), "gemma-4": ("gemma4", "gemma4")}
