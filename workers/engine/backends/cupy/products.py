@@ -157,10 +157,13 @@ class CupyProducts(CupyWeights):
         eps: float = 0.0,
         then: NextInput | None = None,
         alone: NextInput | None = None,
+        hold: bool = False,
     ) -> Coded | None:
         """out = w @ x for x coded in x8 (times its RMS factor from the group sums of squares norm_ss, when
         given); with `then`, the kernel's epilogue codes the consumer's input (see Coded), which it returns.
-        `alone`: the `then` this row would have alone, when it differs (the rows path: the same kernel)."""
+        `alone`: the `then` this row would have alone, when it differs (the rows path: the same kernel).
+        `hold`: where the family chains, a tensor-core product may wait to go out in one launch with those that
+        read it (chain.py); its caller then sees that something launches or flushes before `out` is read."""
         mma_tiles = self._mma_tiles(w, x8, then if alone is None else alone)
         ks = self._row_split(w)
         rows_per_warp = self._rows_per_warp(w) if ks == 1 else 1
@@ -190,7 +193,7 @@ class CupyProducts(CupyWeights):
             kernel.allow_smem(smem)
             head: tuple = (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int32(mma_tiles))
             launch = partial(kernel, grid, (threads,), shared_mem=smem)
-            if self.family.chains and self.tuning.use_chains:  # held for one launch with its consumer (chain.py)
+            if hold and self.family.chains and self.tuning.use_chains:  # one launch with its consumer (chain.py)
                 launch = partial(self._hold, kernel, int(w.qtype), grid[0], threads, smem)
         else:
             head = (
@@ -323,7 +326,7 @@ class CupyProducts(CupyWeights):
         then = self._epilogue_for(then, parts)
         col0 = 0
         for part in parts:
-            coded = self._gemv1q(part, x8, out[0, col0:], norm_ss, eps, then)
+            coded = self._gemv1q(part, x8, out[0, col0:], norm_ss, eps, then, hold=True)
             col0 += part.rows
         if then is None:  # `out` is for anyone: the products held with those that fed it go out now (chain.py)
             self._chain.flush()

@@ -36,9 +36,8 @@ class CupyTuning:
     # 33.3 -> 17.7 ms to its first token (bench/NOTES.md v16)
     capture_mixed: bool = True
     use_epilogues: bool = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
-    # ... and, where the kernel family chains (8.x), run in one launch with it (chain.py). Off until it has run on
-    # a GPU: written 2026-12-05 without one (bench/NOTES.md v24)
-    use_chains: bool = False
+    # ... and, where the kernel family chains (8.x), run in one launch with it (chain.py; bench/NOTES.md v25)
+    use_chains: bool = True
     # Q4_K/Q6_K products on the tensor cores (gemv1m, gemvn; 8.0 and later)
     use_mma: bool = True
     mma_threads: int = 256
