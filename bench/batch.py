@@ -50,23 +50,17 @@ REPEATS = 7
 def load(  # type: ignore[no-untyped-def]
     model: str, kv: str, n_slots: int, backend: str, out: Path, n_ctx: int, ahead: bool | None = None
 ):
+    from genie_common.engine_options import EngineOptions
     from genie_common.registry import MODELS
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.engine import Engine
 
     path = model
     if model not in MODELS and not Path(model).exists():
         from synthetic import synthetic_file
 
         path = str(synthetic_file(model, out))
-    config = EngineConfig(
-        model=path,
-        backend=backend,
-        n_ctx=n_ctx,
-        kv_dtype=kv,
-        n_slots=n_slots,
-        launch_ahead=ahead,
-    )
-    return Engine(config)
+    options = EngineOptions(model=path, backend=backend, ctx=n_ctx, fp16_kv=kv == "f16", parallel=n_slots)
+    return Engine(options, launch_ahead=ahead)
 
 
 def random_prompt(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
@@ -203,7 +197,7 @@ def main() -> None:
         "--launch-ahead",
         choices=["auto", "on", "off"],
         default="auto",
-        help="EngineConfig.launch_ahead (scheduler.py; auto: on for a GPU backend)",
+        help="Engine(launch_ahead=...) (auto: on for a GPU backend)",
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs a stream count, the median reported")
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))

@@ -36,10 +36,11 @@ def prompt_tokens(tokenizer_encode, n: int) -> list[int]:  # type: ignore[no-unt
 
 
 def child_genie(model: str, n_prompt: int, n_gen: int) -> dict:
-    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Completion, Engine
     from genie_workers.engine.sampling import SamplingParams
 
-    engine = Engine(EngineConfig(model=model, backend="numpy", n_ctx=n_prompt + n_gen + 8))
+    engine = Engine(EngineOptions(model=model, backend="numpy", ctx=n_prompt + n_gen + 8, parallel=1))
     ids = prompt_tokens(lambda t: engine.tokenizer.encode(t, add_bos=True), n_prompt)
     prefill, decode = [], []
     for _ in range(REPEATS):

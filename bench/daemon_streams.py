@@ -135,10 +135,11 @@ async def run(port: int, n: int, tokens: int) -> tuple[list[str], float]:
 def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, list[str], list[str]]:
     """The questions together on an engine in this process: tokens/s from the first submit to the last
     completion (the second time, as through the daemon), and the texts."""
-    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Completion, Engine
     from genie_workers.engine.sampling import SamplingParams
 
-    engine = Engine(EngineConfig(model=model, backend=backend, n_slots=n))
+    engine = Engine(EngineOptions(model=model, backend=backend, parallel=n))
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     prompts = [engine.fit_chat([{"role": "user", "content": q}], tokens).ids for q in QUESTIONS[:n]]
     for ids in prompts:  # once alone each: compiles and captures, as the daemon's one-at-a-time pass did

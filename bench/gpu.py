@@ -37,7 +37,8 @@ ANCHORS = {
 def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int) -> dict:
     import cupy as cp
 
-    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Completion, Engine
     from genie_workers.engine.sampling import SamplingParams
 
     n_ctx = max(depths) + 512 + 256
@@ -55,7 +56,9 @@ def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int) -> 
         assert isinstance(done, Completion)
         return done
 
-    engine = Engine(EngineConfig(model=str(path), n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=512), model)
+    engine = Engine(
+        EngineOptions(model=str(path), ctx=n_ctx, fp16_kv=kv == "f16", prefill_chunk=512, parallel=1), model
+    )
     # warm-up: kernels compiled and loaded (cuBLAS loads a GEMM's kernels at its first use of a shape)
     run(engine, list(rng.integers(300, vocab, 64)), 4)
     run(engine, list(rng.integers(300, vocab, 512)), 4)

@@ -34,9 +34,14 @@ def workload(path: Path, kv: str, depth: int) -> None:
     import cupy as cp
     import numpy as np
 
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Engine
 
-    engine = Engine(EngineConfig(model=str(path), backend="cupy", n_ctx=depth + 1024, kv_dtype=kv, prefill_chunk=512))
+    engine = Engine(
+        EngineOptions(
+            model=str(path), backend="cupy", ctx=depth + 1024, fp16_kv=kv == "f16", prefill_chunk=512, parallel=1
+        )
+    )
     engine.backend.retune(use_graphs=False)  # type: ignore[attr-defined]
     rng = np.random.default_rng(0)
     vocab = engine.model.config.n_vocab

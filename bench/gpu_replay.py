@@ -90,8 +90,9 @@ def main() -> None:
 
     import numpy as np
 
+    from genie_common.engine_options import EngineOptions
     from genie_workers.engine.backends.cupy import CupyBackend, CupyTuning
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.engine import Engine
     from genie_workers.engine.model import Model
 
     backend = CupyBackend(CupyTuning(use_pdl=bool(args.pdl), use_epilogues=bool(args.epilogues)))
@@ -103,7 +104,10 @@ def main() -> None:
         model = Model.load(path, backend)
         rng = np.random.default_rng(0)
         for kv in args.kv:
-            engine = Engine(EngineConfig(model=str(path), n_ctx=args.depth + 64, kv_dtype=kv, prefill_chunk=512), model)
+            engine = Engine(
+                EngineOptions(model=str(path), ctx=args.depth + 64, fp16_kv=kv == "f16", prefill_chunk=512, parallel=1),
+                model,
+            )
             prompt = rng.integers(300, model.config.n_vocab, args.depth).tolist()
             for pos in range(0, args.depth, 512):
                 engine._run(0, prompt[pos : pos + 512], pos, None)

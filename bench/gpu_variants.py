@@ -71,8 +71,9 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
+    from genie_common.engine_options import EngineOptions
     from genie_workers.engine.backends.cupy import CupyBackend
-    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_workers.engine.engine import Completion, Engine
     from genie_workers.engine.model import Model
     from genie_workers.engine.sampling import SamplingParams
 
@@ -91,8 +92,8 @@ def main() -> None:
                 apply(backend, knobs)
                 rng = np.random.default_rng(0)
                 n_ctx = max(args.depths) + 1536  # the deepest run's 129 tokens, the check's 1 024 + 8
-                config = EngineConfig(model=str(path), n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=512)
-                engine = Engine(config, model)
+                options = EngineOptions(model=str(path), ctx=n_ctx, fp16_kv=kv == "f16", prefill_chunk=512, parallel=1)
+                engine = Engine(options, model)
 
                 def run(prompt: list[int], n_gen: int, engine: Engine = engine) -> Completion:
                     engine.kv.clear(0)

@@ -22,8 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from genie_common.engine_options import EngineOptions  # noqa: E402
 from genie_kvstore.store import KVStore, Saved, StoreConfig  # noqa: E402
-from genie_workers.engine.engine import Completion, Engine, EngineConfig  # noqa: E402
+from genie_workers.engine.engine import Completion, Engine  # noqa: E402
 from genie_workers.engine.sampling import SamplingParams  # noqa: E402
 from genie_workers.kv_engine import engine_layout  # noqa: E402
 
@@ -48,8 +49,8 @@ def main() -> None:
     p.add_argument("--fp16-kv", action="store_true")
     args = p.parse_args()
     n_ctx = args.history + args.new + 16
-    kv_dtype = "f16" if args.fp16_kv else "int8"
-    engine = Engine(EngineConfig(model=args.model, backend=args.backend, n_ctx=n_ctx, kv_dtype=kv_dtype))
+    options = EngineOptions(model=args.model, backend=args.backend, ctx=n_ctx, fp16_kv=args.fp16_kv, parallel=1)
+    engine = Engine(options)
     text_ids = engine.tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_bos=True)
     if len(text_ids) < args.history + args.new:
         raise SystemExit(f"the bench text has {len(text_ids)} tokens, fewer than {args.history + args.new}")
@@ -97,8 +98,8 @@ def main() -> None:
     c, w = statistics.median(cold), statistics.median(warm)
     mb = size / 1e6
     print(
-        f"{engine.model.name}, {engine.backend.device_name}, {kv_dtype} KV, history {args.history} + {args.new} new "
-        f"tokens, median of {REPEATS}\n"
+        f"{engine.model.name}, {engine.backend.device_name}, {engine.kv_dtype} KV, "
+        f"history {args.history} + {args.new} new tokens, median of {REPEATS}\n"
     )
     print("| measure | value | target |")
     print("|---|---|---|")

@@ -54,9 +54,10 @@ def child(model: str, ctx: int, backend: str, budget_mb: int) -> dict:
     sys.path.insert(0, str(ROOT / "bench"))
     import numpy as np
 
+    from genie_common.engine_options import EngineOptions
     from genie_common.errors import RequestError
     from genie_common.registry import MODELS
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.engine import Engine
     from genie_workers.engine.sampling import SamplingParams
 
     if model not in MODELS and not Path(model).exists():
@@ -85,7 +86,7 @@ def child(model: str, ctx: int, backend: str, budget_mb: int) -> dict:
         compile_peak = hwm() - base  # the load: the engine's backend then reads them from that cache
     reset_hwm()
     before, rss_before = used(), rss()
-    engine = Engine(EngineConfig(model=model, backend=backend, n_ctx=ctx, n_slots=1, mem_budget_mb=budget_mb))
+    engine = Engine(EngineOptions(model=model, backend=backend, ctx=ctx, parallel=1, mem_budget_mb=budget_mb))
     loaded = used()
     host_peak = hwm() - rss_before
     vocab = engine.model.config.n_vocab

@@ -27,9 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from genie_common.engine_options import EngineOptions  # noqa: E402
 from genie_protocol.client import GenieClient  # noqa: E402
 from genie_protocol.messages import Delta, Done, Reply  # noqa: E402
-from genie_workers.engine.engine import Completion, Engine, EngineConfig  # noqa: E402
+from genie_workers.engine.engine import Completion, Engine  # noqa: E402
 from genie_workers.engine.sampling import SamplingParams  # noqa: E402
 
 PROMPT = [1, 5, 6, 7, 8]
@@ -99,7 +100,7 @@ def main() -> None:
 
         model = str(tmp / "tiny.gguf")
         write_tiny_model("llama", model)
-    engine = Engine(EngineConfig(model=model, backend="numpy", n_ctx=512))
+    engine = Engine(EngineOptions(model=model, backend="numpy", ctx=512, parallel=1))
     sock_dir = tmp / "run"
     daemon = subprocess.Popen(
         [

@@ -8,20 +8,16 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
+from genie_common.engine_options import EngineOptions
+
 
 @dataclass(frozen=True)
 class WorkerPart:
     """The worker's part (workers/worker.py)."""
 
     endpoint: str  # the daemon's worker socket
-    model: str  # GGUF path, installed model name or a model of models_dir
-    models_dir: str
-    backend: str
-    ctx: int  # 0: auto
-    mem_budget_mb: int  # 0: what is free, less a tenth
-    fp16_kv: bool
-    parallel: int  # 0: the backend's default
-    prefill_chunk: int
+    engine: EngineOptions  # the daemon's, whole
+    models_dir: str  # where `engine.model` may be a pulled model's name
     stream_interval_ms: float
     kv_endpoint: str  # "": no KV store
     thermal_sensor: str
@@ -53,16 +49,27 @@ def from_arg(cls: type[Part], text: str) -> Part:
         data = json.loads(text)
     except ValueError as e:
         raise ValueError(f"--part is not JSON: {e}") from None
+    return _record(cls, data, "--part")
+
+
+RECORDS: dict[str, type] = {"EngineOptions": EngineOptions}  # the records a part holds, by their field type's name
+
+
+def _record(cls: type[Any], data: Any, where: str) -> Any:
     if not isinstance(data, dict):
-        raise ValueError("--part must be a JSON object")
-    names = {f.name: f.type for f in fields(cls)}
+        raise ValueError(f"{where} must be a JSON object")
+    names = {f.name: str(f.type) for f in fields(cls)}
     missing, unknown = set(names) - set(data), set(data) - set(names)
     if missing or unknown:
-        raise ValueError(f"--part: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        raise ValueError(f"{where}: missing {sorted(missing)}, unknown {sorted(unknown)}")
+    values: dict[str, Any] = {}
     for name, kind in names.items():
-        if not _is_a(data[name], str(kind)):
-            raise ValueError(f"--part: {name} = {data[name]!r} is not a {kind}")
-    values: dict[str, Any] = {k: float(v) if names[k] == "float" else v for k, v in data.items()}
+        if kind in RECORDS:
+            values[name] = _record(RECORDS[kind], data[name], f"{where}: {name}")
+        elif not _is_a(data[name], kind):
+            raise ValueError(f"{where}: {name} = {data[name]!r} is not a {kind}")
+        else:
+            values[name] = float(data[name]) if kind == "float" else data[name]
     return cls(**values)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from genie_common import defaults, env
 from genie_common.child_config import StorePart, WorkerPart, to_arg
+from genie_common.engine_options import EngineOptions
 from genie_common.models.paths import default_models_dir
 from genie_protocol.endpoints import client_endpoint, default_socket_dir
 
@@ -28,19 +29,15 @@ KV_CACHE_STALE_TMP_S = 60.0  # a temp file older than this is a crashed writer's
 
 
 @dataclass(frozen=True)
-class DaemonConfig:
-    model: str = defaults.MODEL  # GGUF path, installed model name or a model of models_dir
+class DaemonConfig(EngineOptions):
+    """The daemon's configuration: the engine's options (engine_options.py, handed to the worker whole) and the
+    daemon's own below."""
+
     models_dir: str = field(default_factory=lambda: str(default_models_dir()))  # pulled models (genie-ctl pull)
     auto_pull: bool = False  # at start, pull `model` into models_dir when it is not there (the add-on sets it)
-    backend: str = "auto"  # auto | numpy | cupy
-    ctx: int = 0  # context length in tokens; 0 = auto: the training context if mem_budget_mb holds it, else the most
-    mem_budget_mb: int = 0  # memory the worker's model, KV cache and step may take; 0 = what is free, less a tenth
     thermal_sensor: str = ""  # a file of millidegrees C the worker watches; empty: NVML on a GPU, else thermal zones
     thermal_throttle_c: float = 80.0  # above this the worker slows down (a pause between steps, one stream) ...
     thermal_resume_c: float = 70.0  # ... until the sensor reads this or less
-    fp16_kv: bool = False  # FP16 KV cache instead of INT8
-    prefill_chunk: int = defaults.PREFILL_CHUNK  # prompt tokens per forward pass; cancel is checked between chunks
-    parallel: int = 0  # requests the worker runs at once, each in a KV slot of its own; 0 = the worker's default
     max_tokens_default: int = defaults.MAX_TOKENS  # an answer's token cap when a request sets none
     stream_interval_ms: float = 5.0  # a request's DELTAs at most this often (first token, sentence ends at once)
     socket_dir: str = field(default_factory=lambda: str(default_socket_dir()))  # where the ipc:// sockets live
@@ -68,12 +65,9 @@ class DaemonConfig:
     http_max_body_mb: float = 8.0  # larger request bodies are refused (413)
 
     def __post_init__(self) -> None:
-        if self.max_queue < 0 or self.ctx < 0 or self.prefill_chunk < 1 or not self.stream_interval_ms >= 0:
-            raise ValueError("max_queue, ctx and stream_interval_ms must be >= 0, prefill_chunk >= 1")
-        if self.parallel < 0:
-            raise ValueError("parallel must be >= 0 (0: the worker's default)")
-        if self.mem_budget_mb < 0:
-            raise ValueError("mem_budget_mb must be >= 0 (0: what is free at start, less a tenth)")
+        super().__post_init__()
+        if self.max_queue < 0 or not self.stream_interval_ms >= 0:
+            raise ValueError("max_queue and stream_interval_ms must be >= 0")
         if not self.thermal_resume_c < self.thermal_throttle_c:
             raise ValueError("thermal_resume_c must be below thermal_throttle_c")
         if self.max_tokens_default < 1:
@@ -98,14 +92,8 @@ class DaemonConfig:
     def worker_part(self) -> WorkerPart:
         return WorkerPart(
             endpoint=self.worker_endpoint,
-            model=self.model,
+            engine=EngineOptions(**{f.name: getattr(self, f.name) for f in fields(EngineOptions)}),
             models_dir=self.models_dir,
-            backend=self.backend,
-            ctx=self.ctx,
-            mem_budget_mb=self.mem_budget_mb,
-            fp16_kv=self.fp16_kv,
-            parallel=self.parallel,
-            prefill_chunk=self.prefill_chunk,
             stream_interval_ms=self.stream_interval_ms,
             kv_endpoint=self.kv_endpoint if self.kv_store else "",
             thermal_sensor=self.thermal_sensor,

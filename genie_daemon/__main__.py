@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 from genie_common import __version__
@@ -69,29 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        config = load_config(
-            args.config,
-            {
-                "model": args.model,
-                "models_dir": args.models_dir,
-                "backend": args.backend,
-                "ctx": args.ctx,
-                "mem_budget_mb": args.mem_budget_mb,
-                "fp16_kv": args.fp16_kv,
-                "socket_dir": args.socket_dir,
-                "max_queue": args.max_queue,
-                "parallel": args.parallel,
-                "max_tokens_default": args.max_tokens_default,
-                "prefill_chunk": args.prefill_chunk,
-                "stream_interval_ms": args.stream_interval_ms,
-                "kv_cache_dir": args.kv_cache_dir,
-                "kv_cache_max_mb": args.kv_cache_max_mb,
-                "kv_store": args.kv_store,
-                "http_host": args.http_host,
-                "http_port": args.http_port,
-                "http": args.http,
-            },
-        )
+        flags = {f.name: getattr(args, f.name) for f in fields(DaemonConfig) if hasattr(args, f.name)}
+        config = load_config(args.config, flags)  # a flag's dest is its option's name
     except (ValueError, OSError) as e:
         print(f"genie-daemon: error: {e}", file=sys.stderr)
         return 2

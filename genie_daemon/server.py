@@ -471,7 +471,7 @@ class Daemon:
             "backend": self.worker.info.get("backend"),
             "device": self.worker.info.get("device"),
             "load_ms": self.worker.info.get("load_ms"),  # the serving worker's load (Ollama's load_duration)
-            "ctx": self.worker.info.get("n_ctx"),  # the context its KV slots hold (memory_plan.py sized it)
+            "ctx": self.worker.info.get("ctx"),  # the context its KV slots hold (memory_plan.py sized it)
             "memory": self.worker.info.get("memory"),  # its plan: weights, KV, scratch and budget, MB
             "thermal": self.worker.thermal,  # {temp_c, throttled} from its last heartbeat (workers/thermal.py)
             "ready": self.worker.ready,

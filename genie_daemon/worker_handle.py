@@ -94,7 +94,7 @@ class WorkerHandle:
             info.get("model"),
             info.get("backend"),
             self.capacity,
-            info.get("n_ctx"),
+            info.get("ctx"),
             # its plan: weights + KV + scratch = total of budget
             "+".join(str(memory.get(k)) for k in ("weights_mb", "kv_mb", "scratch_mb"))
             + f"={memory.get('total_mb')}/{memory.get('budget_mb')}",
@@ -102,9 +102,9 @@ class WorkerHandle:
 
     @property
     def capacity(self) -> int:
-        """Requests the worker runs at once: its READY's kv_capacity, one per KV slot. 1 until a worker has
+        """Requests the worker runs at once: its READY's `parallel`, one per KV slot. 1 until a worker has
         said (none is sent anything before its READY anyway) or when it says 0."""
-        slots = self.info.get("kv_capacity")
+        slots = self.info.get("parallel")
         return slots if isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1 else 1
 
     @property

@@ -1,3 +1,3 @@
 """genie's wire protocol: typed messages and their msgpack framing. Depends on nothing else in genie."""
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2

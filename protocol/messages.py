@@ -271,8 +271,8 @@ class Ready(Message):
 
     TYPE = 0x21
     model: str = wire("str", limit=4096)
-    n_ctx: int = wire("int")
-    kv_capacity: int = wire("int")  # sequences the KV pool holds
+    ctx: int = wire("int")  # the context a KV slot holds (memory_plan.py sized it)
+    parallel: int = wire("int")  # requests it serves at once, one per KV slot
     backend: str = wire("str", limit=256)
     device: str = wire("str", limit=256)
     load_ms: float = wire("float")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from genie_common.engine_options import EngineOptions
 from genie_common.registry import resolve_model
 from genie_workers.engine.backends.numpy_backend import NumpyBackend
-from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.engine import Engine
 from genie_workers.engine.model import Model
 
 _models: dict[str, Model] = {}
@@ -28,8 +29,8 @@ def make_engine():
     def get(model: str, kv_dtype: str = "int8", n_ctx: int = 1024) -> Engine:
         key = (model, kv_dtype, n_ctx)
         if key not in _engines:
-            config = EngineConfig(model=model, kv_dtype=kv_dtype, n_ctx=n_ctx)  # type: ignore[arg-type]
-            _engines[key] = Engine(config, model=load_model(model))
+            options = EngineOptions(model=model, ctx=n_ctx, parallel=1)
+            _engines[key] = Engine(options, model=load_model(model), kv_dtype=kv_dtype)  # type: ignore[arg-type]
         return _engines[key]
 
     return get

@@ -13,12 +13,13 @@ from types import FrameType
 from typing import Any
 
 from genie_common import model_commands
+from genie_common.engine_options import EngineOptions
 from genie_common.errors import GenieError, RequestError
 from genie_common.registry import DEFAULT_MODEL, MODELS
 
 from . import __version__
 from .engine.backends import BACKEND_CHOICES
-from .engine.engine import Completion, Delta, Engine, EngineConfig
+from .engine.engine import Completion, Delta, Engine
 from .engine.memory_plan import parse_ctx
 from .engine.perplexity import perplexity
 from .engine.sampling import SamplingParams
@@ -27,7 +28,7 @@ from .engine.text_filters import ThinkFilter
 D = SamplingParams()
 
 
-def _add_engine_options(p: argparse.ArgumentParser, ctx_default: int = EngineConfig.n_ctx) -> None:
+def _add_engine_options(p: argparse.ArgumentParser, ctx_default: int = EngineOptions.ctx) -> None:
     p.add_argument(
         "-m",
         "--model",
@@ -163,14 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    config = EngineConfig(
-        model=args.model,
-        backend=args.backend,
-        n_ctx=args.ctx,
-        kv_dtype="f16" if args.fp16_kv else "int8",
-        mem_budget_mb=args.mem_budget_mb,
-    )
-    engine = Engine(config)
+    try:  # one prompt at a time: one KV slot (the daemon's default is the backend's)
+        options = EngineOptions(
+            model=args.model,
+            backend=args.backend,
+            ctx=args.ctx,
+            mem_budget_mb=args.mem_budget_mb,
+            fp16_kv=args.fp16_kv,
+            parallel=1,
+        )
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    engine = Engine(options)
     print(f"genie: {engine.plan.line()}", file=sys.stderr)
     return engine
 
@@ -337,7 +342,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         print(json.dumps({"ppl": r.ppl, "n_scored": r.n_scored, "nll": [round(float(x), 6) for x in r.nll]}))
     else:
         print(file=sys.stderr)
-        print(f"perplexity {r.ppl:.4f} over {r.n_scored} tokens (ctx {engine.n_ctx}, {engine.config.kv_dtype} KV)")
+        print(f"perplexity {r.ppl:.4f} over {r.n_scored} tokens (ctx {engine.n_ctx}, {engine.kv_dtype} KV)")
     return 0
 
 

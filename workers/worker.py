@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import zmq
@@ -56,7 +56,7 @@ from genie_protocol.messages import (
 )
 
 from .delta_stream import DeltaStream
-from .engine.engine import Engine, EngineConfig
+from .engine.engine import Engine
 from .engine.sampling import SamplingParams
 from .engine.sequence import Delta, Event, Failed
 from .engine.sequence import Sequence as EngineSequence
@@ -72,7 +72,6 @@ STALE_CANCEL_S = 60.0  # a CANCEL whose request is not running after this long c
 @dataclass(frozen=True)
 class WorkerConfig:
     endpoint: str  # the daemon's worker-facing ROUTER socket
-    engine: EngineConfig
     # the rest is the daemon's configuration (its part: child_config.WorkerPart), whose defaults are DaemonConfig's
     stream_interval_s: float  # DELTAs of one request at most this often (delta_stream.py); 0: every token
     kv_endpoint: str  # the KV-store process (kv_link.py); empty: no persistent KV
@@ -212,8 +211,8 @@ class Worker:
             log.info("event=decode_steps_captured counts=%d ms=%.0f", captured, (time.monotonic() - t0) * 1000)
         ready = Ready(
             model=e.model.name,
-            n_ctx=e.n_ctx,
-            kv_capacity=e.kv.config.n_slots,  # requests served at once
+            ctx=e.n_ctx,
+            parallel=e.kv.config.n_slots,
             backend=e.backend.name,
             device=e.backend.device_name,
             load_ms=e.model.load_ms,
@@ -437,26 +436,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         part = from_arg(WorkerPart, args.part)
         # the daemon's models directory, not this process's default: a pulled name wins, as in the registry
-        pulled = ModelsDir(Path(part.models_dir)).get(part.model) if part.models_dir else None
-        engine_config = EngineConfig(
-            model=str(pulled.path) if pulled else part.model,
-            backend=part.backend,
-            n_ctx=part.ctx,
-            kv_dtype="f16" if part.fp16_kv else "int8",
-            prefill_chunk=part.prefill_chunk,
-            n_slots=part.parallel,
-            mem_budget_mb=part.mem_budget_mb,
-        )
+        pulled = ModelsDir(Path(part.models_dir)).get(part.engine.model) if part.models_dir else None
+        options = replace(part.engine, model=str(pulled.path)) if pulled else part.engine
         config = WorkerConfig(
             endpoint=part.endpoint,
-            engine=engine_config,
             stream_interval_s=part.stream_interval_ms / 1000,
             kv_endpoint=part.kv_endpoint,
             thermal_sensor=part.thermal_sensor,
             thermal_throttle_c=part.thermal_throttle_c,
             thermal_resume_c=part.thermal_resume_c,
         )
-        worker = Worker(config, Engine(engine_config))
+        worker = Worker(config, Engine(options))
     except (GenieError, ValueError) as e:
         print(f"genie-worker: error: {e}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ def test_precedence_and_worker_args(tmp_path, monkeypatch):
     c = load_config(toml, {"model": "from-flag", "max_queue": None})
     assert (c.model, c.ctx, c.stream_interval_ms, c.max_queue) == ("from-flag", 2048, 2.5, DaemonConfig.max_queue)
     part = c.worker_part()
-    assert (part.stream_interval_ms, part.ctx) == (2.5, 2048)
+    assert (part.stream_interval_ms, part.engine.ctx) == (2.5, 2048)
     assert from_arg(WorkerPart, c.worker_args()[1]) == part  # what the worker gets is exactly this
 
 
@@ -81,24 +81,24 @@ def test_parallel_from_toml_env_and_flag_reaches_the_worker_only_when_set(tmp_pa
     """`parallel` (issue 17): requests the worker runs at once. 0, the default, leaves the backend's own
     default; any other value is the worker's."""
     c = DaemonConfig()
-    assert c.parallel == 0 and c.worker_part().parallel == 0
+    assert c.parallel == 0 and c.worker_part().engine.parallel == 0
     toml = tmp_path / "genie.toml"
     toml.write_text("parallel = 3\n")
-    assert load_config(toml).worker_part().parallel == 3
+    assert load_config(toml).worker_part().engine.parallel == 3
     monkeypatch.setenv("GENIE_PARALLEL", "2")
     assert load_config(toml).parallel == 2
     assert load_config(toml, {"parallel": 5}).parallel == 5
-    assert load_config(toml, {"parallel": 0}).worker_part().parallel == 0
+    assert load_config(toml, {"parallel": 0}).worker_part().engine.parallel == 0
 
 
 def test_ctx_and_mem_budget_reach_the_worker(tmp_path, monkeypatch):
     """`ctx` 0 (the default) is the worker's auto; `mem_budget_mb` (issue 18) its budget."""
     part = DaemonConfig().worker_part()
-    assert (part.ctx, part.mem_budget_mb) == (0, 0)
+    assert (part.engine.ctx, part.engine.mem_budget_mb) == (0, 0)
     toml = tmp_path / "genie.toml"
     toml.write_text("ctx = 8192\nmem_budget_mb = 3500\n")
     part = load_config(toml).worker_part()
-    assert (part.ctx, part.mem_budget_mb) == (8192, 3500)
+    assert (part.engine.ctx, part.engine.mem_budget_mb) == (8192, 3500)
     monkeypatch.setenv("GENIE_MEM_BUDGET_MB", "900")
     assert load_config(toml).mem_budget_mb == 900
     with pytest.raises(ValueError, match="mem_budget_mb must be >= 0"):
@@ -153,7 +153,7 @@ def test_genie_daemon_flag(tmp_path, monkeypatch, capsys):
     assert cli.main(["--config", none, "--parallel", "3"]) == 0 and served[-1].parallel == 3
     assert cli.main(["--config", none, "--parallel", "-1"]) == 2
     err = capsys.readouterr().err
-    assert err.splitlines() == ["genie-daemon: error: parallel must be >= 0 (0: the worker's default)"]
+    assert err.splitlines() == ["genie-daemon: error: parallel must be >= 0 (0: the backend's default)"]
     with pytest.raises(SystemExit) as e:
         cli.main(["--config", none, "--parallel", "many"])
     assert e.value.code == 2 and "--parallel: invalid int value: 'many'" in capsys.readouterr().err

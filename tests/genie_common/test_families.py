@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from genie_common import families
+from genie_common.engine_options import EngineOptions
 from genie_common.errors import PullError
 from genie_common.families import ChatMarkup, Family
 from genie_common.models.local import describe_gguf
 from genie_workers.engine.arch import ARCHITECTURES, llama
-from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.engine import Engine
 from genie_workers.engine.sampling import SamplingParams
 from genie_workers.engine.text_filters import ThinkFilter
 from genie_workers.output_parser import OutputParser, Piece, ToolCall
@@ -37,7 +38,7 @@ def toyfam(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 def test_its_files_are_accepted_and_run(toyfam: Path) -> None:
     assert describe_gguf(toyfam, "toy.gguf")["architecture"] == "toyfam"  # what `genie pull` checks a file by
-    engine = Engine(EngineConfig(model=str(toyfam), backend="numpy", n_ctx=64))
+    engine = Engine(EngineOptions(model=str(toyfam), backend="numpy", ctx=64, parallel=1))
     done = list(engine.generate([3, 17, 40], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)))[-1]
     assert len(done.token_ids) == 5
 

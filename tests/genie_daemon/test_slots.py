@@ -1,5 +1,5 @@
 """The daemon's side of issue 17 against a worker this test plays on the daemon's own worker socket: how
-many requests the worker is sent at once (its READY's kv_capacity) and in which order, and what a cancel,
+many requests the worker is sent at once (its READY's parallel) and in which order, and what a cancel,
 a lost worker, a model switch and SIGTERM's drain do with several in flight. test_parallel_live.py drives
 the real worker."""
 
@@ -95,7 +95,7 @@ class Rig:
         await self.until(lambda: self.worker.starts == starts, f"worker start {starts}")
         inbound, outbound = (self._dealer(identity) for identity in self.worker.identities)
         self.inbound, self.outbound = inbound, outbound
-        ready = Ready(model=model, n_ctx=512, kv_capacity=self.slots, backend="numpy", device="cpu", load_ms=1.0)
+        ready = Ready(model=model, ctx=512, parallel=self.slots, backend="numpy", device="cpu", load_ms=1.0)
         await inbound.send_multipart(encode(ready))
         await self.until(lambda: self.worker.ready, "READY")
 
@@ -206,7 +206,7 @@ def test_voice_requests_take_a_free_slot_before_background_ones(tmp_path):
 
 
 def test_a_worker_that_says_no_capacity_gets_one_request_at_a_time(tmp_path):
-    """kv_capacity 0 (or a worker that never said) counts as one slot, never as none."""
+    """parallel 0 (or a worker that never said) counts as one slot, never as none."""
 
     async def go() -> None:
         async with Rig(tmp_path, slots=0) as rig:

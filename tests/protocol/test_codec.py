@@ -78,7 +78,7 @@ EXAMPLES = [
     Stop(request_id="a10"),
     Reply(request_id="a1", data={"model": "gemma3-270m", "queue": 0}),
     Hello(protocol_version=1, pid=1234),
-    Ready(model="gemma3-270m", n_ctx=4096, kv_capacity=1, backend="numpy", device="numpy", load_ms=5000.0),
+    Ready(model="gemma3-270m", ctx=4096, parallel=1, backend="numpy", device="numpy", load_ms=5000.0),
     Heartbeat(seq=3, busy=True),
     Heartbeat(seq=4, kv_saves=KvSaveCounts(acked=2, kept=1, handed_over=1).body()),
     Dead(reason="CUDA error: an illegal memory access"),

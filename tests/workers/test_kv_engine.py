@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from genie_common.engine_options import EngineOptions
 from genie_kvstore.store import KVStore, StoreConfig
-from genie_workers.engine.engine import Completion, Engine, EngineConfig
+from genie_workers.engine.engine import Completion, Engine
 from genie_workers.engine.sampling import SamplingParams
 from genie_workers.kv_engine import engine_layout, hydrate, save
 
@@ -31,21 +32,21 @@ def test_saved_hydrated_conversation_continues_exactly(tmp_path, kv_dtype):
     from tests.conftest import load_model
 
     model = load_model("smollm2-135m")
-    config = EngineConfig(model="smollm2-135m", kv_dtype=kv_dtype, n_ctx=1024)
+    options = EngineOptions(model="smollm2-135m", ctx=1024, parallel=1)
     # uninterrupted: one engine, turn 2 reuses the KV turn 1 left resident
-    a = Engine(config, model=model)
+    a = Engine(options, model=model, kv_dtype=kv_dtype)
     history = list(TURNS[0])
     _, text1, _ = run_turn(a, history)
     history2 = history + [{"role": "assistant", "content": text1}] + TURNS[1]
     _, want, done_a = run_turn(a, history2)
 
     # interrupted: turn 1, save, a fresh engine (a restart) hydrates from disk and runs turn 2
-    b = Engine(config, model=model)
+    b = Engine(options, model=model, kv_dtype=kv_dtype)
     store = KVStore(StoreConfig(tmp_path / "kv"), model.fingerprint, engine_layout(b))
     _, text1_b, _ = run_turn(b, history)
     assert text1_b == text1
     assert save(b, store, conv_id="bedroom") is not None
-    c = Engine(config, model=model)
+    c = Engine(options, model=model, kv_dtype=kv_dtype)
     store2 = KVStore(StoreConfig(tmp_path / "kv"), model.fingerprint, engine_layout(c))
     loaded = hydrate(c, store2, c.chat_prompt(history2), conv_id="bedroom")
     assert loaded > 40
@@ -53,7 +54,7 @@ def test_saved_hydrated_conversation_continues_exactly(tmp_path, kv_dtype):
     assert got == want
     assert done_c.cached_tokens == done_a.cached_tokens == loaded
     # and without the id, found from the prompt alone
-    d = Engine(config, model=model)
+    d = Engine(options, model=model, kv_dtype=kv_dtype)
     assert hydrate(d, store2, d.chat_prompt(history2)) == loaded
     assert run_turn(d, history2)[1] == want
 
@@ -69,7 +70,7 @@ def test_gemma4_pools_of_two_shapes_continue_exactly(tmp_path, kv_dtype):
     path = tmp_path / "gemma4.gguf"
     write_tiny_gemma4(path, seed=0)
     model = Model.load(path, NumpyBackend())
-    config = EngineConfig(model=str(path), backend="numpy", kv_dtype=kv_dtype, n_ctx=256)
+    options = EngineOptions(model=str(path), backend="numpy", ctx=256, parallel=1)
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     turn1 = [1] + [(i * 37 + 11) % 381 + 3 for i in range(70)]
 
@@ -78,18 +79,18 @@ def test_gemma4_pools_of_two_shapes_continue_exactly(tmp_path, kv_dtype):
         assert isinstance(done, Completion)
         return done.token_ids
 
-    a = Engine(config, model=model)
+    a = Engine(options, model=model, kv_dtype=kv_dtype)
     reply = continued(a, turn1)
     turn2 = turn1 + reply + [5, 17, 200, 33]
     want = continued(a, turn2)
 
-    b = Engine(config, model=model)
+    b = Engine(options, model=model, kv_dtype=kv_dtype)
     layout = engine_layout(b)
     assert layout.n_layers == 4 and layout.head_dim == (32, 32, 32, 64) and layout.windows == (4, 4, 4, 0)
     store = KVStore(StoreConfig(tmp_path / "kv"), model.fingerprint, layout)
     assert continued(b, turn1) == reply
     assert save(b, store, conv_id="g4") is not None
-    c = Engine(config, model=model)
+    c = Engine(options, model=model, kv_dtype=kv_dtype)
     loaded = hydrate(c, KVStore(StoreConfig(tmp_path / "kv"), model.fingerprint, engine_layout(c)), turn2, "g4")
     assert loaded == len(turn1) + len(reply) - 1  # what b held: the last reply token was never run
     assert continued(c, turn2) == want

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import zmq
 
+from genie_common.engine_options import EngineOptions
 from genie_kvstore.server import KVStoreServer, ServerConfig
 from genie_kvstore.store import StoreConfig
-from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.engine import Engine
 from genie_workers.engine.sampling import SamplingParams
 from genie_workers.kv_link import KEEP_SAVES, OUTBOX_S, SAVE_BACKLOG, SAVE_QUEUE, STARTUP_WAIT_S, KvLink
 from testkit.tiny_models import write_tiny_model
@@ -26,7 +27,7 @@ from testkit.tiny_models import write_tiny_model
 def test_absent_store_costs_nothing(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny_model("llama", path)
-    engine = Engine(EngineConfig(model=str(path), backend="numpy", n_ctx=256, kv_dtype="f32"))
+    engine = Engine(EngineOptions(model=str(path), backend="numpy", ctx=256, parallel=1), kv_dtype="f32")
     ctx = zmq.Context()
     link = KvLink(ctx, f"ipc://{tmp_path}/no-store.sock", engine, timeout_s=600)
     try:
@@ -77,7 +78,7 @@ def test_a_store_that_binds_after_a_fresh_worker_connected_answers_its_first_loo
     the worker's link connected; the first turn still hydrates what the last one saved."""
     path = tmp_path / "tiny.gguf"
     write_tiny_model("llama", path)
-    engine = Engine(EngineConfig(model=str(path), backend="numpy", n_ctx=256, kv_dtype="int8"))
+    engine = Engine(EngineOptions(model=str(path), backend="numpy", ctx=256, parallel=1))
     endpoint = f"ipc://{tmp_path}/kv.sock"
     config = ServerConfig(endpoint, StoreConfig(tmp_path / "kv", 64 << 20, 60.0))
     prompt = [1] + [3 + (i * 7) % 200 for i in range(150)]
@@ -119,7 +120,7 @@ def test_saves_beyond_the_socket_queue_wait_in_the_outbox_and_all_arrive(tmp_pat
     path = tmp_path / "tiny.gguf"
     write_tiny_model("llama", path)
     n = 2 * SAVE_QUEUE
-    engine = Engine(EngineConfig(model=str(path), backend="numpy", n_ctx=256, kv_dtype="int8", n_slots=n))
+    engine = Engine(EngineOptions(model=str(path), backend="numpy", ctx=256, parallel=n))
     endpoint = f"ipc://{tmp_path}/kv.sock"
     server = serve_in_thread(ServerConfig(endpoint, StoreConfig(tmp_path / "kv", 64 << 20, 60.0)))
     ctx = zmq.Context()
@@ -155,7 +156,7 @@ def test_a_save_whose_rows_cannot_be_gathered_is_dropped_and_the_link_goes_on(tm
     engine thread, and the next save is taken."""
     path = tmp_path / "tiny.gguf"
     write_tiny_model("llama", path)
-    engine = Engine(EngineConfig(model=str(path), backend="numpy", n_ctx=256, kv_dtype="int8"))
+    engine = Engine(EngineOptions(model=str(path), backend="numpy", ctx=256, parallel=1))
     for _ in engine.generate([1] + [3 + i for i in range(70)], SamplingParams(temperature=0, max_tokens=2)):
         pass
     ctx = zmq.Context()
@@ -182,7 +183,7 @@ def test_saves_the_store_does_not_take_are_kept_within_bounds_and_handed_to_it_w
     is written, and what became of every save is counted."""
     path = tmp_path / "tiny.gguf"
     write_tiny_model("llama", path)
-    engine = Engine(EngineConfig(model=str(path), backend="numpy", n_ctx=256, kv_dtype="int8"))
+    engine = Engine(EngineOptions(model=str(path), backend="numpy", ctx=256, parallel=1))
     for _ in engine.generate([1] + [3 + i % 200 for i in range(100)], SamplingParams(temperature=0, max_tokens=4)):
         pass
     endpoint = f"ipc://{tmp_path}/kv.sock"

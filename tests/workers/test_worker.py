@@ -95,7 +95,7 @@ def daemon(tmp_path_factory):
     hello = d.recv()
     assert isinstance(hello, Hello) and hello.pid == d.proc.pid
     ready = d.recv()
-    assert isinstance(ready, Ready) and ready.n_ctx == 512 and ready.backend in ("numpy", "cupy")
+    assert isinstance(ready, Ready) and ready.ctx == 512 and ready.backend in ("numpy", "cupy")
     # through the socket requests go to: once READY is here, the daemon's ROUTER can reach the worker
     assert d.last_from == d.identity
     yield d
@@ -225,11 +225,12 @@ def test_an_unexpected_error_fails_its_request_and_only_a_device_error_the_worke
     """A step that raises: its requests fail (`internal`; `out_of_memory` when an allocation failed, on the
     host or the GPU: the OOM guard) and the next request is served, unless the error leaves the device in
     doubt (then the worker dies, for the daemon to start a fresh one)."""
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Engine
     from genie_workers.worker import Worker, _Turn
 
     write_tiny_model("llama", tmp_path / "tiny.gguf")
-    engine = Engine(EngineConfig(model=str(tmp_path / "tiny.gguf"), backend="numpy", n_ctx=64, n_slots=2))
+    engine = Engine(EngineOptions(model=str(tmp_path / "tiny.gguf"), backend="numpy", ctx=64, parallel=2))
     sent: list = []
     worker = Worker.__new__(Worker)  # no sockets: what a step's failure does to the requests is under test
     worker.engine, worker.kv, worker.cancelled, worker.stopping = engine, None, {}, False
@@ -313,11 +314,12 @@ def test_a_message_that_cannot_be_encoded_ends_its_request_not_the_worker():
 def test_turns_that_end_together_get_every_done_before_any_save(tmp_path):
     """Two streams ending in the same step: both DONEs go out, then both saves run (a save takes milliseconds
     on a GPU, and the second client waited for the first one's), before the next step can reuse the slots."""
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Engine
     from genie_workers.worker import Worker
 
     write_tiny_model("llama", tmp_path / "tiny.gguf")
-    engine = Engine(EngineConfig(model=str(tmp_path / "tiny.gguf"), backend="numpy", n_ctx=64, n_slots=2))
+    engine = Engine(EngineOptions(model=str(tmp_path / "tiny.gguf"), backend="numpy", ctx=64, parallel=2))
     log: list = []
 
     class Store:  # the KV link: saves and prefill timings, recorded

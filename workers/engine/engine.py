@@ -13,14 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Sequence_
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from genie_common import defaults
+from genie_common.engine_options import EngineOptions
 from genie_common.errors import BackendUnsupportedError, ModelError, RequestError
-from genie_common.registry import DEFAULT_MODEL, resolve_model
+from genie_common.registry import resolve_model
 from genie_protocol.messages import DEFAULT_PRIORITY, Priority
 
 from .arch.layers import Interrupted, forward, forward_batch
@@ -45,29 +44,6 @@ DEFAULT_SAMPLING = SamplingParams()
 NEVER = float(np.finfo(np.float32).min)  # the logit of a token that is never sampled
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    model: str = DEFAULT_MODEL  # a GGUF path or the short name of an installed model
-    backend: str = "auto"  # auto | numpy | cupy
-    n_ctx: int = 0  # context length in tokens; 0 = auto: the training context if the budget holds it, else the most
-    kv_dtype: KVDtype = "int8"  # int8 (per-position, per-head scales) | f16 | f32
-    mem_budget_mb: int = 0  # memory the model may take (memory_plan.py); 0 = what is free now, less a reserve
-    prefill_chunk: int = defaults.PREFILL_CHUNK  # prompt tokens per forward pass; cancel is checked between chunks
-    n_slots: int = 1  # sequences the KV pool holds: requests run at once (the daemon's `parallel`); 0: the backend's
-    # each step launched before the tokens of the one before are read into text (scheduler.py): the host's work on
-    # them, and its caller's, overlaps the device's next step. None: where the backend's passes run on a device
-    # (Backend.launches_ahead); on the CPU a pass computes as it is called and a token would only come a step later
-    launch_ahead: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKEND_CHOICES:
-            raise RequestError(f"backend must be one of {', '.join(BACKEND_CHOICES)}")
-        if self.n_ctx < 0 or self.prefill_chunk < 1 or self.n_slots < 0 or self.mem_budget_mb < 0:
-            raise RequestError("n_ctx, n_slots and mem_budget_mb must be >= 0, prefill_chunk >= 1")
-        if self.kv_dtype not in ("int8", "f16", "f32"):
-            raise RequestError("kv_dtype must be int8, f16 or f32")
-
-
 def kv_cache_config(mc: ModelConfig, n_ctx: int, n_slots: int, dtype: KVDtype) -> KVCacheConfig:
     """A pool per layer that writes K/V, each shaped as that layer."""
     shapes = tuple((mc.layers[i].n_kv_heads, mc.layers[i].head_dim, mc.layers[i].v_head_dim) for i in mc.kv_layers)
@@ -78,16 +54,31 @@ def kv_cache_config(mc: ModelConfig, n_ctx: int, n_slots: int, dtype: KVDtype) -
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, model: Model | None = None) -> None:
-        """Loads `config.model`, or shares an already loaded `model` (whose backend is then used)."""
-        self.config = config
+    def __init__(
+        self,
+        options: EngineOptions,
+        model: Model | None = None,
+        *,
+        kv_dtype: KVDtype | None = None,
+        launch_ahead: bool | None = None,
+    ) -> None:
+        """Loads `options.model`, or shares an already loaded `model` (whose backend is then used).
+        `kv_dtype`: the KV pool's, where not options' (int8, or f16 with fp16_kv): f32 for references in tests.
+        `launch_ahead`: each step launched before the tokens of the one before are read into text: the host's
+        work on them, and its caller's, overlaps the device's next step. None: where the backend's passes run on
+        a device (Backend.launches_ahead); on the CPU a pass computes as it is called and a token would only come
+        a step later. Benches and tests set it."""
+        if options.backend not in BACKEND_CHOICES:
+            raise RequestError(f"backend must be one of {', '.join(BACKEND_CHOICES)}")
+        self.options = options
+        self.kv_dtype: KVDtype = kv_dtype or ("f16" if options.fp16_kv else "int8")
         if model is None:
-            self.backend = select_backend(config.backend)
-            path = resolve_model(config.model)
+            self.backend = select_backend(options.backend)
+            path = resolve_model(options.model)
             try:
                 model = Model.load(path, self.backend, self._plan_before_weights)
             except BackendUnsupportedError:
-                if config.backend != "auto" or self.backend.name == "numpy":
+                if options.backend != "auto" or self.backend.name == "numpy":
                     raise
                 log.warning("event=backend_fallback backend=%s model=%s: running it on numpy", self.backend.name, path)
                 self.backend = NumpyBackend()
@@ -99,12 +90,12 @@ class Engine:
         self.tokenizer = self.model.tokenizer
         mc = self.model.config
         self.n_ctx = self.plan.n_ctx
-        kv_config = kv_cache_config(mc, self.n_ctx, self.plan.n_slots, config.kv_dtype)
+        kv_config = kv_cache_config(mc, self.n_ctx, self.plan.n_slots, self.kv_dtype)
         self.kv = KVCache(kv_config, self.backend.xp, self.backend.kv_zeros)
         # the largest step: a budget of prompt tokens over the slots, each chunk padded to its step bucket (at
         # most twice its length, or the smallest bucket), decode rows padded to nothing
         smallest = min(self.backend.step_buckets, default=1)
-        most = 2 * config.prefill_chunk + smallest * self.plan.n_slots
+        most = 2 * options.prefill_chunk + smallest * self.plan.n_slots
         self.backend.reserve_steps(most, self.plan.n_slots, self.n_ctx)
         # never sampled: a text answer has no image or audio in it. Gemma 3 270M writes "<start_of_image>"
         # between sentences, which then printed as nothing glues them together ("people.But"); Google's own
@@ -112,9 +103,8 @@ class Engine:
         banned = np.asarray(self.tokenizer.vocab.media_ids, dtype=np.int64)
         self._banned = (banned, self.backend.xp.asarray(banned)) if banned.size else None
         self._steps = CapturedSteps()  # the steps the backend captured for this engine's KV cache
-        ahead = config.launch_ahead
-        self.launch_ahead = self.backend.launches_ahead if ahead is None else ahead
-        self.scheduler = Scheduler(self.kv, self.n_ctx, config.prefill_chunk)  # what runs in each step
+        self.launch_ahead = self.backend.launches_ahead if launch_ahead is None else launch_ahead
+        self.scheduler = Scheduler(self.kv, self.n_ctx, options.prefill_chunk)  # what runs in each step
         # launch_ahead: the pass launched and not yet sampled (its logits, the rows to sample), and the make-up
         # of the last pass launched ahead
         self._inflight: tuple[Any, Rows] | None = None
@@ -266,14 +256,14 @@ class Engine:
 
     def _plan(self, mc: ModelConfig, weight_bytes: int, loaded: bool) -> MemoryPlan:
         """The memory the model, its KV pool and a step take, and the context they leave room for."""
-        c = self.config
-        n_slots = c.n_slots or self.backend.default_parallel
-        kv_per_token = kv_cache_config(mc, 1, 1, c.kv_dtype).bytes_per_token
+        c = self.options
+        n_slots = c.parallel or self.backend.default_parallel
+        kv_per_token = kv_cache_config(mc, 1, 1, self.kv_dtype).bytes_per_token
         scratch, scratch_per_token = self.backend.scratch_bytes(mc, c.prefill_chunk, n_slots)
         free = self.backend.free_memory() + (weight_bytes if loaded else 0)
         budget = c.mem_budget_mb * MIB if c.mem_budget_mb else default_budget(free)
         return plan_memory(
-            weight_bytes, kv_per_token, scratch_per_token, scratch, budget, mc.n_ctx_train, c.n_ctx, n_slots
+            weight_bytes, kv_per_token, scratch_per_token, scratch, budget, mc.n_ctx_train, c.ctx, n_slots
         )
 
     # -- prompts ----------------------------------------------------------------------------------
@@ -379,7 +369,7 @@ class Engine:
             # shapes that repeat
             rows = None if logit_rows is None else (logit_rows.start, logit_rows.stop, logit_rows.step)
             key = ("step", len(arr), rows)
-            repeats = len(arr) in (1, self.config.prefill_chunk, *self.backend.step_buckets)
+            repeats = len(arr) in (1, self.options.prefill_chunk, *self.backend.step_buckets)
             capturable = repeats and self.kv.config.dtype != "f32"
             batch = Batch((Segment(slot, pos0, tuple(int(t) for t in arr), logit_rows is not None),))
             out = self.backend.forward_step(self._steps, key, run, batch, capturable=capturable)
@@ -392,7 +382,7 @@ class Engine:
         size may be captured twice (padded and not): one key for both would save that capture."""
         if n < 2 or self.kv.config.dtype == "f32" or not self.backend.step_buckets:
             return n
-        size = next((b for b in self.backend.step_buckets if n <= b <= self.config.prefill_chunk), n)
+        size = next((b for b in self.backend.step_buckets if n <= b <= self.options.prefill_chunk), n)
         return size if pos0 + size <= self.n_ctx else n
 
     def run_step(self, segments: list[Segment], interrupt: Callable[[], bool] | None) -> Any:

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from genie_common.engine_options import EngineOptions
 from genie_workers.engine.backends.cupy import cupy_available
 from genie_workers.engine.backends.numpy_backend import NumpyBackend
-from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.engine import Engine
 from genie_workers.engine.sampling import SamplingParams
 from genie_workers.engine.sequence import Completion, Delta, Failed, Sequence
 from testkit.tiny_models import ARCH_PARAMS, write_tiny_gemma4, write_tiny_model
@@ -40,16 +41,14 @@ def model_path(tmp_path: Path, arch: str) -> Path:
 
 
 def make(path: Path, kv_dtype: str, n_slots: int = N_SLOTS, backend: str = "numpy", ahead: bool = False) -> Engine:
-    config = EngineConfig(
+    options = EngineOptions(
         model=str(path),
         backend="cupy" if backend == "cupy-decb" else backend,
-        n_ctx=160,
-        kv_dtype=kv_dtype,
+        ctx=160,
         prefill_chunk=CHUNK,
-        n_slots=n_slots,
-        launch_ahead=ahead,
+        parallel=n_slots,
     )
-    engine = Engine(config)  # type: ignore[arg-type]
+    engine = Engine(options, kv_dtype=kv_dtype, launch_ahead=ahead)  # type: ignore[arg-type]
     if backend == "cupy-decb":
         engine.backend.retune(decb_min_blocks=0)  # type: ignore[attr-defined]
     return engine
@@ -177,10 +176,8 @@ def on_backend(path: Path, backend: NumpyBackend) -> Engine:
     """An engine of 32-token chunks on this backend object (PaddingNumpy and its kin)."""
     from genie_workers.engine.model import Model
 
-    config = EngineConfig(
-        model=str(path), backend="numpy", n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=N_SLOTS
-    )
-    return Engine(config, Model.load(str(path), backend))  # type: ignore[arg-type]
+    options = EngineOptions(model=str(path), backend="numpy", ctx=160, prefill_chunk=32, parallel=N_SLOTS)
+    return Engine(options, Model.load(str(path), backend))
 
 
 def each_as_alone(engine: Engine, specs: list, plan: list, events: dict, seen: dict) -> None:
@@ -216,7 +213,7 @@ def test_steps_mixing_prompt_chunks_with_decode_rows_are_padded_to_their_buckets
     assert any(n not in (1, 16) for key in mixed for n, _ in key[1])  # a chunk padded past the first bucket
     for key in mixed:
         assert all(n == 1 or n in PaddingNumpy.step_buckets for n, _ in key[1]), key
-    plain = Engine(engine.config)  # the same engine (NumPy) without the buckets: nothing padded
+    plain = Engine(engine.options)  # the same engine (NumPy) without the buckets: nothing padded
     for (_, ids, n), (_, seq) in zip(specs, plan, strict=True):
         done = completion(events[seq])
         solo, solo_rows = alone(plain, ids, greedy(n))
@@ -253,8 +250,7 @@ def test_captured_steps_mixing_prompt_chunks_with_decode_rows_give_each_stream_i
     """capture_mixed: steps mixing padded prompt chunks with decode rows captured by their shape and replayed
     for other slots and positions; every logit of every stream equals, bit for bit, the one it gets alone."""
     path = model_path(tmp_path, arch)
-    config = EngineConfig(model=str(path), backend="cupy", n_ctx=160, kv_dtype="int8", prefill_chunk=32, n_slots=4)
-    engine = Engine(config)  # type: ignore[arg-type]
+    engine = Engine(EngineOptions(model=str(path), backend="cupy", ctx=160, prefill_chunk=32, parallel=4))
     gpu = engine.backend
     if not gpu.decode_steps_by_count(engine.model.config, engine.kv):
         pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 8.0)")

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from genie_common.engine_options import EngineOptions
 from genie_workers.engine.backends.cupy import cupy_available
 from genie_workers.engine.captured_steps import CapturedSteps, shaped
-from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.engine import Engine
 
 from .test_batching import PaddingNumpy, greedy, model_path, on_backend, prompt, run_mixed
 
@@ -106,8 +107,7 @@ def test_larger_steps_after_the_first_leave_every_captured_step_current(tmp_path
     the steps captured first stay current (a replaced buffer used to make every one of them stale, so a burst of
     requests through the daemon paid an eager pass and a capture for a prompt it had captured before)."""
     path = model_path(tmp_path, "llama-q4_k_m")
-    config = EngineConfig(model=str(path), backend="cupy", n_ctx=160, kv_dtype="int8", prefill_chunk=64, n_slots=4)
-    engine = Engine(config)  # type: ignore[arg-type]
+    engine = Engine(EngineOptions(model=str(path), backend="cupy", ctx=160, prefill_chunk=64, parallel=4))
     gpu = engine.backend
     list(engine.generate(prompt(1, 5), greedy(3)))  # a chunk padded to 8 tokens and decode steps, captured
     first = {k: v for k, v in engine._steps.items() if v not in (None, False)}

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from genie_common.engine_options import EngineOptions
 from genie_common.errors import RequestError
 from genie_workers.engine.constraint import ANY_OBJECT
-from genie_workers.engine.engine import Completion, Engine, EngineConfig
+from genie_workers.engine.engine import Completion, Engine
 from genie_workers.engine.sampling import SamplingParams
 from testkit.tiny_models import write_tiny_model
 from tests.json_schema_check import violations
@@ -27,7 +28,7 @@ def tiny(request, tmp_path_factory) -> Engine:
     """Random weights: left alone they write anything; constrained they must write the schema."""
     path = tmp_path_factory.mktemp("c") / f"{request.param}.gguf"
     write_tiny_model(request.param, path, seed=4)
-    return Engine(EngineConfig(model=str(path), n_ctx=512, backend="numpy"))
+    return Engine(EngineOptions(model=str(path), ctx=512, backend="numpy", parallel=1))
 
 
 def run(engine: Engine, fmt, temperature: float, seed: int, max_tokens: int = 200) -> Completion:

@@ -99,9 +99,9 @@ def test_cancel_during_prefill_stops_between_chunks(make_engine):
 
     _, done = run(e, ids, cancel=cancel)
     assert done.finish_reason == "cancelled" and done.token_ids == []
-    assert e.kv.n_held(0) == e.config.prefill_chunk  # what was prefilled stays reusable
+    assert e.kv.n_held(0) == e.options.prefill_chunk  # what was prefilled stays reusable
     _, after = run(e, ids, SamplingParams(temperature=0, max_tokens=1))
-    assert after.cached_tokens == e.config.prefill_chunk
+    assert after.cached_tokens == e.options.prefill_chunk
 
 
 @pytest.mark.parametrize("model", ["gemma3-270m", "smollm2-135m"])

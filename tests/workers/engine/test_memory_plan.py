@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from genie_common.engine_options import EngineOptions
 from genie_workers.engine.backends.block_weight import BlockWeight
 from genie_workers.engine.backends.numpy_backend import NumpyBackend
-from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.engine import Engine
 from genie_workers.engine.memory_plan import CTX_STEP, GIB, MIB, BudgetError, plan_memory
 from genie_workers.engine.model import Model
 from testkit.tiny_models import write_tiny_gemma4, write_tiny_model
@@ -87,11 +88,11 @@ def test_a_context_or_budget_that_does_not_fit_is_refused() -> None:
 def test_engine_sizes_its_context_from_the_budget(tmp_path: Path) -> None:
     path = tmp_path / "tiny.gguf"
     write_tiny_model("llama", path)  # trained for 512 tokens
-    roomy = Engine(EngineConfig(model=str(path), backend="numpy"))
+    roomy = Engine(EngineOptions(model=str(path), backend="numpy", parallel=1))
     assert roomy.n_ctx == 512 and roomy.plan.n_ctx == 512
     p = roomy.plan
     room_for_300 = p.weights + p.scratch_fixed + 300 * (p.kv_per_token * p.n_slots + p.scratch_per_token)
-    tight = Engine(EngineConfig(model=str(path), backend="numpy", mem_budget_mb=-(-room_for_300 // MIB)))
+    tight = Engine(EngineOptions(model=str(path), backend="numpy", mem_budget_mb=-(-room_for_300 // MIB), parallel=1))
     assert tight.n_ctx == 256 and tight.kv.config.n_ctx == 256  # a multiple of CTX_STEP below 300 tokens
     assert tight.plan.total <= tight.plan.budget
 

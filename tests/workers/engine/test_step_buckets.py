@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from genie_common.engine_options import EngineOptions
 from genie_workers.engine.backends.cupy import cupy_available
 from genie_workers.engine.backends.numpy_backend import NumpyBackend
-from genie_workers.engine.engine import Engine, EngineConfig
+from genie_workers.engine.engine import Engine
 from genie_workers.engine.model import Model
 from genie_workers.engine.sampling import SamplingParams
 from testkit.tiny_models import write_tiny_model
@@ -28,8 +29,8 @@ def engines(tmp_path_factory) -> tuple[Engine, Engine]:
     write_tiny_model("qwen3", path, seed=5)
     made = []
     for backend in (NumpyBackend(), Padding()):
-        config = EngineConfig(model=str(path), n_ctx=48, kv_dtype="int8", prefill_chunk=32)
-        made.append(Engine(config, Model.load(path, backend)))
+        options = EngineOptions(model=str(path), ctx=48, prefill_chunk=32, parallel=1)
+        made.append(Engine(options, Model.load(path, backend)))
     return made[0], made[1]
 
 
@@ -74,7 +75,10 @@ def test_cupy_replays_one_captured_step_for_every_short_prompt() -> None:
     """Prompts of 9, 13 and 16 tokens all run as the captured 16-token step (one capture, then replays with
     other ids, positions and logit rows), each within TF32's error of the NumPy backend's logits."""
     path = ROOT / "testkit/fixtures/tiny/llama-q4_k_m.gguf"
-    engines = [Engine(EngineConfig(model=str(path), backend=b, n_ctx=128, prefill_chunk=64)) for b in ("cupy", "numpy")]
+    engines = [
+        Engine(EngineOptions(model=str(path), backend=b, ctx=128, prefill_chunk=64, parallel=1))
+        for b in ("cupy", "numpy")
+    ]
     gpu, cpu = engines
     for n in (9, 13, 16):
         ids = [1, *np.random.default_rng(n).integers(3, 200, n - 1).tolist()]

@@ -144,7 +144,7 @@ class Backend(ABC):
         the row count changes computes each group as it would alone, so every sequence gets in a batch the
         numbers it gets alone; others may ignore it."""
 
-    # requests served at once when the configuration does not say (EngineConfig.n_slots 0): as many as run
+    # requests served at once when the configuration does not say (EngineOptions.parallel 0): as many as run
     # together faster than one after the other
     default_parallel = 1
 
@@ -157,7 +157,7 @@ class Backend(ABC):
     captures_steps = False
 
     # whether a forward pass returns once launched, before the device has run it (a GPU): the scheduler then
-    # launches each step before reading the tokens of the one before into text (EngineConfig.launch_ahead)
+    # launches each step before reading the tokens of the one before into text (Engine(launch_ahead=...))
     launches_ahead = False
 
     def forward_step(

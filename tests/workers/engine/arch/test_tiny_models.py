@@ -190,14 +190,15 @@ def test_tiny_gemma4_writer_is_deterministic(tmp_path: Path) -> None:
 def test_tiny_gemma4_quantized_kv_close_to_f32(tmp_path: Path, kv_dtype: str, bound: float) -> None:
     """INT8 (rotated per pool head dim: 32 and 64) and FP16 KV pools of different shapes, one shared by
     several layers: per-token NLL close to the F32 cache's."""
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Engine
 
     path = tmp_path / "gemma4.gguf"
     write_tiny_gemma4(path, seed=0)
     ids = _gemma4_golden()["ids"].tolist()
     nll = {}
     for dtype in ("f32", kv_dtype):
-        engine = Engine(EngineConfig(model=str(path), backend="numpy", n_ctx=64, kv_dtype=dtype))
+        engine = Engine(EngineOptions(model=str(path), backend="numpy", ctx=64, parallel=1), kv_dtype=dtype)
         nll[dtype] = engine.token_nll(ids, rows_per_pass=7)
     assert np.abs(nll[kv_dtype] - nll["f32"]).mean() <= bound
 
@@ -205,9 +206,10 @@ def test_tiny_gemma4_quantized_kv_close_to_f32(tmp_path: Path, kv_dtype: str, bo
 def test_a_backend_that_refuses_a_model_is_left_for_numpy_under_auto(tmp_path: Path, monkeypatch) -> None:
     """`--backend cupy` refuses a model its kernels cannot run with a clear error before loading any weight;
     `auto` then runs it on NumPy."""
+    from genie_common.engine_options import EngineOptions
     from genie_common.errors import BackendUnsupportedError
     from genie_workers.engine import engine as engine_module
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.engine import Engine
 
     class Refusing(NumpyBackend):
         name = "cupy"
@@ -220,10 +222,10 @@ def test_a_backend_that_refuses_a_model_is_left_for_numpy_under_auto(tmp_path: P
     with pytest.raises(BackendUnsupportedError, match="the cupy backend does not run this model"):
         Model.load(path, Refusing())
     monkeypatch.setattr(engine_module, "select_backend", lambda name: Refusing())
-    engine = Engine(EngineConfig(model=str(path), backend="auto", n_ctx=64))
+    engine = Engine(EngineOptions(model=str(path), backend="auto", ctx=64, parallel=1))
     assert engine.backend.name == "numpy"
     with pytest.raises(BackendUnsupportedError):
-        Engine(EngineConfig(model=str(path), backend="cupy", n_ctx=64))
+        Engine(EngineOptions(model=str(path), backend="cupy", ctx=64, parallel=1))
 
 
 def test_rope_tables_are_filed_under_base_scale_dims_and_factors() -> None:

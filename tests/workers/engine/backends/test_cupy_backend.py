@@ -383,8 +383,9 @@ def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 def test_tiny_model_nll_matches_numpy(gpu, tmp_path, arch, kv_dtype):
+    from genie_common.engine_options import EngineOptions
     from genie_workers.engine.backends.numpy_backend import NumpyBackend
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.engine import Engine
     from genie_workers.engine.model import Model
 
     path = tmp_path / f"{arch}.gguf"
@@ -392,7 +393,9 @@ def test_tiny_model_nll_matches_numpy(gpu, tmp_path, arch, kv_dtype):
     ids = list(np.random.default_rng().integers(3, 300, 48))
     nll = {}
     for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
-        engine = Engine(EngineConfig(model=str(path), n_ctx=64, kv_dtype=kv_dtype), Model.load(path, backend))
+        engine = Engine(
+            EngineOptions(model=str(path), ctx=64, parallel=1), Model.load(path, backend), kv_dtype=kv_dtype
+        )
         # 1 row a pass: the one-token kernels; 5 and 32: dequantize + cuBLAS
         for rows in (1, 5, 32):
             nll[name, rows] = engine.token_nll([1, *ids], rows_per_pass=rows)
@@ -412,8 +415,9 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
     shared K/V, per-layer embeddings, V norm, RoPE frequency factors, window 4 under a 48-token prompt. NLL
     per token against the NumPy backend (itself checked against transformers and llama.cpp) in passes of
     1, 5 and 32 rows, and greedy tokens with captured decode steps equal to eager ones."""
+    from genie_common.engine_options import EngineOptions
     from genie_workers.engine.backends.numpy_backend import NumpyBackend
-    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_workers.engine.engine import Completion, Engine
     from genie_workers.engine.model import Model
     from genie_workers.engine.sampling import SamplingParams
 
@@ -424,7 +428,9 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
     ids = [2, *np.random.default_rng().integers(3, 300, 48).tolist()]
     nll = {}
     for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
-        engine = Engine(EngineConfig(model=str(path), n_ctx=96, kv_dtype=kv_dtype), Model.load(path, backend))
+        engine = Engine(
+            EngineOptions(model=str(path), ctx=96, parallel=1), Model.load(path, backend), kv_dtype=kv_dtype
+        )
         for rows in (1, 5, 32):
             nll[name, rows] = engine.token_nll(ids, rows_per_pass=rows)
     # single tokens: 8 layers (4 reading shared K/V) carry a rounding apart further than the other tiny
@@ -439,7 +445,7 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
     tokens = {}
     for use_graphs in (False, True):
         gpu.retune(use_graphs=use_graphs)
-        engine = Engine(EngineConfig(model=str(path), n_ctx=96, kv_dtype=kv_dtype), model)
+        engine = Engine(EngineOptions(model=str(path), ctx=96, parallel=1), model, kv_dtype=kv_dtype)
         done = list(engine.generate(ids[:12], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)))[-1]
         assert isinstance(done, Completion)
         tokens[use_graphs] = done.token_ids
@@ -453,15 +459,18 @@ def test_q4_k_m_tiny_model_nll_matches_numpy(gpu, kv_dtype):
     """The committed Q4_K_M model: the decode path's int8-activation GEMVs and GQA attention (1 token a pass)
     and the tensor-core prefill (5 and 32) against NumPy."""
 
+    from genie_common.engine_options import EngineOptions
     from genie_workers.engine.backends.numpy_backend import NumpyBackend
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_workers.engine.engine import Engine
     from genie_workers.engine.model import Model
 
     path = FIXTURE_Q4_K_M
     ids = list(np.random.default_rng().integers(3, 300, 48))
     nll = {}
     for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
-        engine = Engine(EngineConfig(model=str(path), n_ctx=64, kv_dtype=kv_dtype), Model.load(path, backend))
+        engine = Engine(
+            EngineOptions(model=str(path), ctx=64, parallel=1), Model.load(path, backend), kv_dtype=kv_dtype
+        )
         for rows in (1, 5, 32):
             nll[name, rows] = engine.token_nll([1, *ids], rows_per_pass=rows)
     # INT8 KV: a code that rounds apart moves a single token's NLL by up to ~0.1 nat (seen once at 0.108 through
@@ -597,7 +606,8 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
 
     import cupy as cp
 
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Engine
     from genie_workers.engine.model import Model
 
     if gpu.capability < (9, 0):
@@ -611,7 +621,7 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
     try:
         for use_pdl in (False, True):
             gpu.retune(use_pdl=use_pdl)
-            engine = Engine(EngineConfig(model=str(path), n_ctx=64, kv_dtype=kv_dtype), model)
+            engine = Engine(EngineOptions(model=str(path), ctx=64, parallel=1), model, kv_dtype=kv_dtype)
             engine._run(0, [1, *prompt], 0, None)
             rows = [cp.asnumpy(engine._run(0, [t], 18 + i, slice(-1, None))) for i, t in enumerate(steps)]
             # the first decode step ran eagerly and was captured; the others replayed it (the prompt is a padded step)
@@ -631,7 +641,8 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
 
     import cupy as cp
 
-    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Completion, Engine
     from genie_workers.engine.model import Model
     from genie_workers.engine.sampling import SamplingParams
 
@@ -642,7 +653,9 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
     try:
         for use_graphs in (False, True):
             gpu.retune(use_graphs=use_graphs)
-            engine = Engine(EngineConfig(model=str(path), n_ctx=128, kv_dtype=kv_dtype, prefill_chunk=24), model)
+            engine = Engine(
+                EngineOptions(model=str(path), ctx=128, prefill_chunk=24, parallel=1), model, kv_dtype=kv_dtype
+            )
             for pos in range(0, 72, 24):
                 assert engine._run(0, prompt[pos : pos + 24], pos, None) is None
             logits[use_graphs] = cp.asnumpy(engine._run(0, prompt[72:], 72, slice(-1, None)))
@@ -666,7 +679,8 @@ def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
     """Greedy generation with captured decode steps equals eager generation, across positions and slots: the
     decode step and the padded prompt step captured in slot 0 replay in slot 1 (the kernels read the slot
     where it was staged)."""
-    from genie_workers.engine.engine import Completion, Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Completion, Engine
     from genie_workers.engine.model import Model
     from genie_workers.engine.sampling import SamplingParams
 
@@ -677,7 +691,7 @@ def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
     tokens = {}
     for use_graphs in (False, True):
         gpu.retune(use_graphs=use_graphs)
-        engine = Engine(EngineConfig(model=str(path), n_ctx=128, kv_dtype=kv_dtype, n_slots=2), model)
+        engine = Engine(EngineOptions(model=str(path), ctx=128, parallel=2), model, kv_dtype=kv_dtype)
         for slot in (0, 1):
             done = list(
                 engine.generate(
@@ -1039,16 +1053,17 @@ def test_the_older_paths_can_be_forced_on_a_newer_gpu(monkeypatch):
     cp.async, not bulk copies; no clusters, no PDL), and a Q4_K_M model's first greedy tokens are those of the 9.0
     paths (the whole GPU suite run with the variable set is the test of the paths themselves)."""
 
-    from genie_workers.engine.engine import Engine, EngineConfig
+    from genie_common.engine_options import EngineOptions
+    from genie_workers.engine.engine import Engine
     from genie_workers.engine.sampling import SamplingParams
 
     path = FIXTURE_Q4_K_M
-    config = EngineConfig(model=str(path), backend="cupy", n_ctx=96, kv_dtype="int8", n_slots=1)
+    options = EngineOptions(model=str(path), backend="cupy", ctx=96, parallel=1)
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompts = [[3, 17, 99, 4, 250], [8, 41, 300, 2, 7, 7, 90, 12, 33], [5]]
 
     def first_tokens() -> list[list[int]]:
-        engine = Engine(config)
+        engine = Engine(options)
         return [list(engine.generate(p, greedy))[-1].token_ids[:3] for p in prompts]
 
     monkeypatch.delenv("GENIE_CUDA_COMPAT", raising=False)
