@@ -9,6 +9,10 @@ and taking medians, since a 2-core machine's speed drifts between runs. Then 10 
 CPU seconds of the daemon, its worker and its KV store from /proc. Default model: a tiny random llama written here,
 whose ~1 ms steps make the hop visible; -m gemma3-270m shows the same hop against a real step.
 `--stream-interval-ms 0` measures one DELTA per token (the daemon's default coalesces 5 ms of tokens).
+Beside the hop, in the same alternation: a bare round trip of one small message between this process and an echo
+process (pyzmq DEALER/ROUTER over ipc, asyncio, as the client and the daemon use them): the first message with the
+echo process idle since the last repeat, as the daemon's worker is before a request, then one with both awake.
+The hop to the first token crosses two round trips (client -> daemon -> worker and back).
 """
 
 from __future__ import annotations
@@ -34,6 +38,44 @@ from genie_workers.engine.engine import Completion, Engine  # noqa: E402
 from genie_workers.engine.sampling import SamplingParams  # noqa: E402
 
 PROMPT = [1, 5, 6, 7, 8]
+ECHO = """
+import asyncio, sys, zmq, zmq.asyncio
+async def main():
+    sock = zmq.asyncio.Context().socket(zmq.ROUTER)
+    sock.bind(sys.argv[1])
+    while True:
+        await sock.send_multipart(await sock.recv_multipart())
+try:
+    import uvloop
+    uvloop.install()
+except ImportError:
+    pass
+asyncio.run(main())
+"""
+
+
+async def bare_round_trips(endpoint: str) -> tuple[float, float]:
+    """A 64-byte message's round trip to the echo process: the first on a connection made 50 ms before (the
+    echo process idle since the last repeat, as the daemon's worker is before a request), then one right after
+    (both ends awake)."""
+    import zmq
+    import zmq.asyncio
+
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    try:
+        await asyncio.sleep(0.05)
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            await sock.send(b"x" * 64)
+            await sock.recv()
+            times.append(time.perf_counter() - t0)
+        return times[0], times[1]
+    finally:
+        sock.close(0)
+        ctx.term()
 
 
 def in_process(engine: Engine, n: int) -> tuple[float, float]:
@@ -125,15 +167,18 @@ def main() -> None:
         env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
     )
     endpoint = f"ipc://{sock_dir}/genie.sock"
+    echo_endpoint = f"ipc://{tmp}/echo.sock"
+    echo = subprocess.Popen([sys.executable, "-c", ECHO, echo_endpoint])
     try:
         info = asyncio.run(wait_ready(endpoint))
         # alternate the two, so drift in the machine's speed hits both alike; medians of the runs
         local_runs, remote_runs, worker_runs, delta_counts = [], [], [], []
-        first_local, first_remote, first_worker = [], [], []
+        first_local, first_remote, first_worker, bare = [], [], [], []
         for _ in range(args.repeats):
             per_token, first = in_process(engine, args.tokens)
             local_runs.append(per_token)
             first_local.append(first)
+            bare.append(asyncio.run(bare_round_trips(echo_endpoint)))
             wall, worker_engine, deltas, first, worker_first = asyncio.run(through_daemon(endpoint, args.tokens))
             remote_runs.append(wall)
             worker_runs.append(worker_engine)
@@ -147,6 +192,7 @@ def main() -> None:
         time.sleep(args.idle_s)
         used = sum(cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True))
     finally:
+        echo.kill()
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
     print(f"model {Path(model).name}, {args.tokens} tokens, median of {args.repeats} alternating runs each\n")
@@ -162,7 +208,11 @@ def main() -> None:
     print(f"| first token, in process (call → first event) | {t_local * 1e3:.2f} ms | |")
     print(f"| first token, through the daemon (send → first DELTA) | {t_remote * 1e3:.2f} ms | |")
     print(f"| … of which the worker's engine (its own timing) | {statistics.median(first_worker) * 1e3:.2f} ms | |")
-    print(f"| daemon hop to the first token | {(t_remote - t_local) * 1e3:.2f} ms | ≤ 1 ms |")
+    hop = t_remote - t_local
+    idle, awake = (statistics.median(b[i] for b in bare) for i in range(2))
+    rtts = f"{idle * 1e6:.0f} / {awake * 1e6:.0f} µs"
+    print(f"| bare round trip, pyzmq DEALER/ROUTER over ipc: the echo idle / awake | {rtts} | |")
+    print(f"| daemon hop to the first token | {hop * 1e3:.2f} ms = {hop / idle:.1f} idle round trips | ≤ 2 |")
     who = "daemon + worker + KV store" if len(pids) == 3 else "daemon + worker"
     print(f"| idle CPU, {who}, {args.idle_s:.0f} s | {100 * used / args.idle_s:.2f} % of a core | ≤ 1 % |")
 
