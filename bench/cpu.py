@@ -49,8 +49,8 @@ def child_genie(model: str, n_prompt: int, n_gen: int) -> dict:
         for ev in engine.generate(ids, SamplingParams(temperature=0, max_tokens=n_gen, ignore_eos=True)):
             done = ev
         assert isinstance(done, Completion)
-        prefill.append(done.timings.prefill_tok_s)
-        decode.append(done.timings.decode_tok_s)
+        prefill.append(done.timings["prefill_tok_s"])
+        decode.append(done.timings["decode_tok_s"])
     return {"load_ms": engine.model.load_ms, "prefill": prefill, "decode": decode}
 
 

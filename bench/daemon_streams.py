@@ -160,8 +160,8 @@ def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, li
                     t = ev.timings
                     lines.append(
                         f"first token {(seq.t_first - t0) * 1e3:6.1f} ms, done {(time.perf_counter() - t0) * 1e3:6.1f}"
-                        f" ms; prefill {t.prefill_ms:5.1f} ms, decode {t.decode_ms:6.1f} ms"
-                        f" ({t.decode_tok_s:.0f} tok/s)"
+                        f" ms; prefill {t['prefill_ms']:5.1f} ms, decode {t['decode_ms']:6.1f} ms"
+                        f" ({t['decode_tok_s']:.0f} tok/s)"
                     )
         rate = made / (time.perf_counter() - t0)
     del engine

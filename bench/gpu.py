@@ -75,7 +75,7 @@ def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int) -> 
     tg = {}
     for depth in depths:
         runs = [run(engine, list(rng.integers(300, vocab, depth + 1)), 128) for _ in range(repeats)]
-        tg[depth] = statistics.median(r.timings.decode_tok_s for r in runs)
+        tg[depth] = statistics.median(r.timings["decode_tok_s"] for r in runs)
     out["tg"] = tg
     out["kv_gib"] = engine.kv.config.bytes_per_token * n_ctx / 2**30
     out["pool_gib"] = cp.get_default_memory_pool().used_bytes() / 2**30  # arrays in use

@@ -36,7 +36,7 @@ FIRST_TOKEN = SamplingParams(temperature=0, max_tokens=1)
 def ttft_ms(engine: Engine, ids: list[int]) -> tuple[float, int]:
     for ev in engine.generate(ids, FIRST_TOKEN):
         if isinstance(ev, Completion):
-            return ev.timings.ttft_ms, ev.cached_tokens
+            return ev.timings["ttft_ms"], ev.cached_tokens
     raise AssertionError("no completion")
 
 

@@ -105,7 +105,7 @@ class _ConvCache:
         from genie_workers.kv_engine import save
 
         n_prefilled = completion.prompt_tokens - completion.cached_tokens
-        self.policy.observe_prefill(n_prefilled, completion.timings.prefill_ms / 1000)
+        self.policy.observe_prefill(n_prefilled, completion.timings["prefill_ms"] / 1000)
         save(self.engine, self.store, self.conv_id, policy=self.policy)
 
 
@@ -232,8 +232,8 @@ def _timings_line(engine: Engine, c: Completion) -> str:
     t = c.timings
     return (
         f"load {engine.model.load_ms:.0f} ms | prompt {c.prompt_tokens} tok, cached {c.cached_tokens} | "
-        f"prefill {t.prefill_tok_s:.1f} tok/s | TTFT {t.ttft_ms:.0f} ms | "
-        f"decode {t.decode_tok_s:.1f} tok/s ({c.completion_tokens} tok) | finish {c.finish_reason}"
+        f"prefill {t['prefill_tok_s']:.1f} tok/s | TTFT {t['ttft_ms']:.0f} ms | "
+        f"decode {t['decode_tok_s']:.1f} tok/s ({c.completion_tokens} tok) | finish {c.finish_reason}"
     )
 
 
@@ -260,9 +260,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             "finish_reason": c.finish_reason,
             "timings": {
                 "load_ms": round(engine.model.load_ms, 1),
-                "ttft_ms": round(c.timings.ttft_ms, 1),
-                "prefill_tok_s": round(c.timings.prefill_tok_s, 1),
-                "decode_tok_s": round(c.timings.decode_tok_s, 1),
+                "ttft_ms": round(c.timings["ttft_ms"], 1),
+                "prefill_tok_s": round(c.timings["prefill_tok_s"], 1),
+                "decode_tok_s": round(c.timings["decode_tok_s"], 1),
             },
         }
         print(json.dumps(out, ensure_ascii=False))

@@ -50,7 +50,6 @@ from genie_protocol.messages import (
     Message,
     Prewarm,
     Ready,
-    Timings,
     Usage,
     worker_identities,
 )
@@ -326,7 +325,7 @@ class Worker:
             self._failed(rid, ev.error)
             return
         if self.kv:
-            self.kv.observe_prefill(ev.prompt_tokens - ev.cached_tokens, ev.timings.prefill_ms / 1000)
+            self.kv.observe_prefill(ev.prompt_tokens - ev.cached_tokens, ev.timings["prefill_ms"] / 1000)
         usage = Usage(
             prompt_tokens=ev.prompt_tokens,
             cached_tokens=ev.cached_tokens,
@@ -334,15 +333,7 @@ class Worker:
             dropped_messages=turn.dropped,  # the oldest turns left out to fit the context
             ctx=seq.n_ctx,  # the context it had: what it asked for (Generate.ctx), at most the worker's
         )
-        t = ev.timings
-        timings = Timings(
-            ttft_ms=t.ttft_ms,
-            prefill_ms=t.prefill_ms,
-            decode_ms=t.decode_ms,
-            prefill_tok_s=t.prefill_tok_s,
-            decode_tok_s=t.decode_tok_s,
-        )
-        self.send(Done(request_id=rid, finish_reason=ev.finish_reason, usage=usage, timings=timings))
+        self.send(Done(request_id=rid, finish_reason=ev.finish_reason, usage=usage, timings=ev.timings))
         if self.kv:
             self.saves.append((turn.msg.conv_id, seq.slot))
 

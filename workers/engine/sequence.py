@@ -11,11 +11,11 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from genie_protocol.messages import DEFAULT_PRIORITY, PRIORITIES, FinishReason, Priority
+from genie_protocol.messages import DEFAULT_PRIORITY, PRIORITIES, FinishReason, Priority, Timings
 
 from .constraint import JsonConstraint
 from .sampling import Sampler, SamplingParams
@@ -33,22 +33,13 @@ class Delta:
 
 
 @dataclass
-class Timings:
-    ttft_ms: float = 0.0  # request start -> first token sampled
-    prefill_ms: float = 0.0
-    decode_ms: float = 0.0
-    prefill_tok_s: float = 0.0
-    decode_tok_s: float = 0.0
-
-
-@dataclass
 class Completion:
     finish_reason: FinishReason
     text: str
     token_ids: list[int]
     prompt_tokens: int
     cached_tokens: int
-    timings: Timings = field(default_factory=Timings)
+    timings: Timings  # DONE's, as the worker sends them (protocol/messages.py)
 
     @property
     def completion_tokens(self) -> int:
@@ -178,7 +169,7 @@ class Sequence:
         n_prefilled = len(self.prompt) - self.cached
         prefill_s, decode_s = self.t_prefill - self.t_start, t_end - self.t_first
         n = len(self.generated)
-        timings = Timings(
+        timings = Timings(  # ttft: the request's start to its first token sampled
             ttft_ms=(self.t_first - self.t_start) * 1000,
             prefill_ms=prefill_s * 1000,
             decode_ms=decode_s * 1000,
