@@ -3,7 +3,8 @@
 The daemon's configuration is an EngineOptions with the daemon's own fields beside (config.py), its worker is
 handed the record whole (child_config.WorkerPart.engine), `genie` builds one from its flags (workers/cli.py) and
 Engine takes it. Each field has one name everywhere: the TOML key and GENIE_<NAME> variable are the name, the
-flag is --name-with-dashes, the Home Assistant add-on's option the name.
+flag is --name-with-dashes. (The Home Assistant add-on's options are a schema of their own, which
+genie_daemon/addon_options.py writes into genie.toml: its `context` is ctx.)
 """
 
 from __future__ import annotations
