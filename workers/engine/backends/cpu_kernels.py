@@ -26,9 +26,11 @@ import os
 import platform
 import subprocess
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -48,6 +50,8 @@ ATTN1_MAX_DIM = 1024  # cpu_blocks.c's: head dims genie_attn1_i8 takes
 DEQUANT_CHUNK_BYTES = 1 << 20  # float32 rows a pool thread dequantizes and multiplies per claim, at most
 CLAIMS_PER_THREAD = 4  # at least this many runs of rows per thread, so a held-up thread delays little
 
+T = TypeVar("T")
+_DONE = object()  # each(): no item left
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
 
@@ -210,24 +214,32 @@ class BlockKernels:
         rows, cols = w.q.shape
         step = max(1, min(DEQUANT_CHUNK_BYTES // (cols * 4), -(-rows // (self.threads * CLAIMS_PER_THREAD))))
         y = np.empty((x.shape[0], rows), dtype=np.float32)
-        starts = iter(range(0, rows, step))
+
+        def work(r0: int) -> None:
+            r1 = min(rows, r0 + step)
+            np.matmul(x, self.dequantize(w, r0, r1, self._buffer(step, cols)).T, out=y[:, r0:r1])
+
+        self.each(work, range(0, rows, step))
+        return y
+
+    def each(self, fn: Callable[[T], None], items: Iterable[T]) -> None:
+        """fn(item) for every item, on the pool's threads and the caller's, each claiming the next item when it is
+        done with one (NumPy and the C kernels let go of the GIL while they compute)."""
+        todo = iter(items)
         claim = threading.Lock()
 
         def work() -> None:
-            buf = self._buffer(step, cols)
             while True:
                 with claim:
-                    r0 = next(starts, None)
-                if r0 is None:
+                    item = next(todo, _DONE)
+                if item is _DONE:
                     return
-                r1 = min(rows, r0 + step)
-                np.matmul(x, self.dequantize(w, r0, r1, buf).T, out=y[:, r0:r1])
+                fn(item)  # type: ignore[arg-type]
 
         helpers = [self._pool.submit(work) for _ in range(self.threads - 1)] if self._pool else []
         work()
         for f in helpers:
             f.result()
-        return y
 
     def _buffer(self, n_rows: int, cols: int) -> np.ndarray:
         buf = getattr(self._buffers, "buf", None)

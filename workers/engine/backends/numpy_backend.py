@@ -262,14 +262,14 @@ class NumpyBackend(Backend):
         group = n_heads // n_kv_heads
         end = pos0 + n
         lo = max(0, pos0 - window + 1) if window else 0  # first key any of these queries can see
-        masked = None  # a single query sees every key in [lo, end): no mask to build
-        if n > 1:
+        bias = None  # a single query sees every key in [lo, end): no mask to build
+        if n > 1:  # -inf where a query may not see a key (after it, or out of its window), added to its scores
             q_pos = np.arange(pos0, end)[:, None]
             k_pos = np.arange(lo, end)[None, :]
             masked = k_pos > q_pos
             if window:
                 masked |= q_pos - k_pos >= window
-            masked = xp.asarray(masked)
+            bias = xp.asarray(np.where(masked, np.float32(-np.inf), np.float32(0.0))[:, None, :])
         v_dim = kv.v.shape[3]
         is_int8 = kv.k_scale is not None
         if is_int8:  # K and V rows are stored rotated (kv_rotation): rotate q alike, un-rotate the output
@@ -280,23 +280,32 @@ class NumpyBackend(Backend):
             out = blocks.attention_one(q[0], kv, slot, lo, end, scale, softcap)
             return (out @ self._rotation(v_dim)).reshape(n, n_heads * v_dim)
         out = xp.empty((n, n_heads, v_dim), dtype=np.float32)
-        for h in range(n_kv_heads):
+        t = end - lo
+
+        def head(h: int) -> None:  # query heads [h * group, (h + 1) * group) over KV head h
             keys = kv.k[slot, lo:end, h].astype(np.float32)  # [T, hd]
             values = kv.v[slot, lo:end, h].astype(np.float32)  # [T, hdv]
-            qh = q[:, h * group : (h + 1) * group]  # [n, g, hd]
-            scores = (qh @ keys.T) * np.float32(scale)  # [n, g, T]
+            qh = q[:, h * group : (h + 1) * group].reshape(n * group, -1)  # [n * g, hd]: one GEMM, not n
+            scores = (qh @ keys.T).reshape(n, group, t)
+            scores *= np.float32(scale)
             if kv.k_scale is not None:
                 scores *= kv.k_scale[slot, lo:end, h]
             if softcap:
                 scores = np.float32(softcap) * xp.tanh(scores / np.float32(softcap))
-            if masked is not None:
-                scores[xp.broadcast_to(masked[:, None, :], scores.shape)] = -np.inf
+            if bias is not None:
+                scores += bias
             scores -= scores.max(axis=-1, keepdims=True)
-            probs = xp.exp(scores)
+            probs = xp.exp(scores, out=scores)
             probs /= probs.sum(axis=-1, keepdims=True)
             if kv.v_scale is not None:
                 probs *= kv.v_scale[slot, lo:end, h]
-            out[:, h * group : (h + 1) * group] = probs @ values
+            out[:, h * group : (h + 1) * group] = (probs.reshape(n * group, t) @ values).reshape(n, group, -1)
+
+        if blocks is not None and xp is np:  # a prompt's KV heads on genie's threads
+            blocks.each(head, range(n_kv_heads))
+        else:
+            for h in range(n_kv_heads):
+                head(h)
         if is_int8:
             out = out @ self._rotation(v_dim)
         return out.reshape(n, n_heads * v_dim)
