@@ -222,6 +222,19 @@ class BlockKernels:
         self.each(work, range(0, rows, step))
         return y
 
+    def rows_matmul(self, x: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """x [n, k] @ m [k, j] for a prompt's rows (rotations of q, K/V and attention outputs: BLAS here runs on one
+        thread), in runs of rows on genie's threads."""
+        n = x.shape[0]
+        y = np.empty((n, m.shape[1]), dtype=np.result_type(x, m))
+        step = max(1, -(-n // (self.threads * CLAIMS_PER_THREAD)))
+
+        def run(r0: int) -> None:
+            np.matmul(x[r0 : r0 + step], m, out=y[r0 : r0 + step])
+
+        self.each(run, range(0, n, step))
+        return y
+
     def each(self, fn: Callable[[T], None], items: Iterable[T]) -> None:
         """fn(item) for every item, on the pool's threads and the caller's, each claiming the next item when it is
         done with one (NumPy and the C kernels let go of the GIL while they compute)."""

@@ -37,6 +37,7 @@ GEMV_MAX_TOKENS = 15
 AFFINE_TYPES = frozenset({GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q4_K})
 AFFINE_TYPES |= {GGMLQuantizationType.Q5_K}  # the block types with an offset (a min) besides the scale
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
+ROTATE_ROWS_THREADED = 256  # rows of a K/V rotation from which they are split over genie's threads (a prompt's)
 
 
 def dequantize_tensor(tensor: TensorInfo, out: np.ndarray | None = None) -> np.ndarray:
@@ -110,6 +111,15 @@ class NumpyBackend(Backend):
         if head_dim not in self._rotations:
             self._rotations[head_dim] = self.xp.asarray(kv_rotation(head_dim))
         return self._rotations[head_dim]
+
+    def _rotate(self, x: Any) -> Any:
+        """x [..., d] @ kv_rotation(d): a prompt's rows on genie's threads (BLAS runs on one here), a decode
+        step's as they are."""
+        r = self._rotation(x.shape[-1])
+        rows = x.size // x.shape[-1]
+        if self._blocks is None or self.xp is not np or rows < ROTATE_ROWS_THREADED:
+            return x @ r
+        return self._blocks.rows_matmul(x.reshape(rows, -1), r).reshape(x.shape)
 
     def weight_bytes(self, tensors: list[TensorInfo], matrix: bool) -> int:
         n = sum(int(np.prod(t.shape)) for t in tensors)
@@ -244,12 +254,12 @@ class NumpyBackend(Backend):
         assert kv.v_scale is not None
         if k.shape[-1] == v.shape[-1]:  # one rotation and one quantize pass for K and V together
             h = k.shape[1]
-            q, s = quantize_int8(self.xp.concatenate([k, v], axis=1) @ self._rotation(k.shape[-1]), self.xp)
+            q, s = quantize_int8(self._rotate(self.xp.concatenate([k, v], axis=1)), self.xp)
             kv.k[slot, pos0 : pos0 + n], kv.v[slot, pos0 : pos0 + n] = q[:, :h], q[:, h:]
             kv.k_scale[slot, pos0 : pos0 + n], kv.v_scale[slot, pos0 : pos0 + n] = s[:, :h], s[:, h:]
             return
         for src, dst, dst_scale in ((k, kv.k, kv.k_scale), (v, kv.v, kv.v_scale)):
-            q, s = quantize_int8(src @ self._rotation(src.shape[-1]), self.xp)
+            q, s = quantize_int8(self._rotate(src), self.xp)
             dst[slot, pos0 : pos0 + n] = q
             dst_scale[slot, pos0 : pos0 + n] = s
 
@@ -273,7 +283,7 @@ class NumpyBackend(Backend):
         v_dim = kv.v.shape[3]
         is_int8 = kv.k_scale is not None
         if is_int8:  # K and V rows are stored rotated (kv_rotation): rotate q alike, un-rotate the output
-            q = q @ self._rotation(q.shape[-1])
+            q = self._rotate(q)
         blocks = self._blocks
         if n == 1 and is_int8 and blocks is not None and blocks.takes_attention(q.shape[-1], v_dim):
             # a decode step: the int8 rows read where they are (cpu_kernels.py)
@@ -307,7 +317,7 @@ class NumpyBackend(Backend):
             for h in range(n_kv_heads):
                 head(h)
         if is_int8:
-            out = out @ self._rotation(v_dim)
+            out = self._rotate(out)
         return out.reshape(n, n_heads * v_dim)
 
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
