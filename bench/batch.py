@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 # llama.cpp on the H200, 128-token prompts + 128 tokens each, aggregate decode tok/s by stream count
-# (../shared/ANCHORS.md, llama-batched-bench, F16 KV)
+# (../shared/ANCHORS.md of 2026-12-03, llama-batched-bench, F16 KV); a llama.json of the same call replaces them
 ANCHORS = {
-    "qwen3-4b": {1: 313, 2: 532, 4: 849, 8: 1208, 16: 2452},
-    "qwen3-0.6b": {1: 689, 2: 1174, 4: 1992, 8: 3265, 16: 4545},
+    "qwen3-4b": {1: 317, 2: 561, 4: 871, 8: 1226, 16: 2479},
+    "qwen3-0.6b": {1: 682, 2: 1194, 4: 2054, 8: 3391, 16: 4637},
 }
 TTFT_ANCHOR_MS = {("qwen3-4b", 33): 9.0}  # llama.cpp: pp33, 33 / 3 669 tok/s (../shared/ANCHORS.md; +-20-40 %)
 REPEATS = 7

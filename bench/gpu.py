@@ -1,5 +1,5 @@
 """GPU throughput on synthetic models with the exact shapes of Qwen3-0.6B, Qwen3-4B and Gemma 4 E2B
-(Q4_K_M), beside llama.cpp's numbers on the same H200 (../shared/ANCHORS.md, b11312, flash attention, F16
+(Q4_K_M), beside llama.cpp's numbers on the same H200 (../shared/ANCHORS.md, 2026-12-03, flash attention, F16
 KV; none for E2B yet, so its row has no ratio).
 
     python bench/gpu.py [--models qwen3-0.6b qwen3-4b gemma4-e2b] [--kv int8 f16] [--depths 0 1024 4096]
@@ -27,10 +27,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from synthetic import SHAPES, synthetic_file  # noqa: E402
 
-# llama.cpp b11312 on the H200, tokens/s (../shared/ANCHORS.md): pp512, tg at depth 0 / 1024 / 4096
+# llama.cpp on the H200, tokens/s (../shared/ANCHORS.md of 2026-12-03, the tree in llama-cpp-python 0.3.36's sdist):
+# pp512, tg at depth 0 / 1024 / 4096; a llama.json of the same call (--llama) replaces them
 ANCHORS = {
-    "qwen3-4b": {"pp512": 13_548, 0: 320, 1024: 312, 4096: 289},
-    "qwen3-0.6b": {"pp512": 36_826, 0: 690, 1024: 672, 4096: 626},
+    "qwen3-4b": {"pp512": 13_651, 0: 338, 1024: 329, 4096: 301},
+    "qwen3-0.6b": {"pp512": 35_399, 0: 754, 1024: 728, 4096: 642},
 }
 
 
