@@ -52,7 +52,7 @@ def from_arg(cls: type[Part], text: str) -> Part:
     return _record(cls, data, "--part")
 
 
-RECORDS: dict[str, type] = {"EngineOptions": EngineOptions}  # the records a part holds, by their field type's name
+RECORDS: dict[str, type] = {r.__name__: r for r in (EngineOptions,)}  # records a part holds, by type name
 
 
 def _record(cls: type[Any], data: Any, where: str) -> Any:
