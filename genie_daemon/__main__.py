@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from genie_common import __version__
+from genie_common import __version__, scheduling
 from genie_common.config import DaemonConfig, default_config_path, load_config
 
 from .log_limit import limited as limited_log
@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    scheduling.latency_sensitive()  # before its threads and children start: they inherit it (scheduling.py)
     try:
         flags = {f.name: getattr(args, f.name) for f in fields(DaemonConfig) if hasattr(args, f.name)}
         config = load_config(args.config, flags)  # a flag's dest is its option's name

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from genie_common import heap
+from genie_common import heap, scheduling
 from genie_common.child_config import StorePart, from_arg
 from genie_common.lifetime import exit_with_parent
 
@@ -23,6 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     exit_with_parent()
+    scheduling.latency_sensitive()  # its lookups are on a first token's path (scheduling.py)
     heap.map_large_blocks()  # before the first save's frames: each is a block of its own, returned when freed
     try:
         part = from_arg(StorePart, args.part)

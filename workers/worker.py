@@ -31,7 +31,7 @@ from pathlib import Path
 
 import zmq
 
-from genie_common import heap
+from genie_common import heap, scheduling
 from genie_common.child_config import WorkerPart, from_arg
 from genie_common.errors import GenieError
 from genie_common.lifetime import exit_with_parent
@@ -117,6 +117,7 @@ class _IoThread(threading.Thread):
         self.greeting: tuple[Message, ...] = ()  # HELLO and READY, sent first when the thread starts
 
     def run(self) -> None:
+        scheduling.latency_sensitive()  # a request or a CANCEL takes a core from the engine's threads at once
         # READY leaves through the socket requests come in by: the daemon's ROUTER can route to a peer only
         # once that peer's connection is through, and a READY from the outbound socket could arrive first,
         # so the first GENERATE went nowhere and its request stayed "running" for ever
@@ -170,6 +171,10 @@ class Worker:
         self.config = config
         self.engine = engine
         self.ctx: zmq.Context = zmq.Context.instance()
+        # the context's I/O thread starts with its first socket, this one, and carries every DELTA out: it takes a
+        # core from the engine's threads at once (scheduling.py)
+        with scheduling.latency_sensitive_starts():
+            self.out = _dealer(self.ctx, config.endpoint, worker_identities(os.getpid())[1])  # the engine thread's own
         self.inbox: queue.Queue[Message] = queue.Queue()
         self.cancelled: dict[str, float] = {}  # request id -> when its CANCEL came (the I/O thread writes it)
         source, read = find_sensor(config.thermal_sensor, gpu=engine.backend.name == "cupy")
@@ -177,7 +182,6 @@ class Worker:
         self.thermal = ThermalGovernor(read, config.thermal_throttle_c, config.thermal_resume_c)
         self.kv = KvLink(self.ctx, config.kv_endpoint, engine) if config.kv_endpoint else None
         self.io = _IoThread(self.ctx, config, self.inbox, self.cancelled, self.thermal, self.kv)
-        self.out = _dealer(self.ctx, config.endpoint, worker_identities(os.getpid())[1])  # the engine thread's own
         self.turns: dict[EngineSequence, _Turn] = {}  # the requests in the engine's scheduler
         self.saves: list[tuple[str | None, int]] = []  # (conv id, slot) of the turns a step ended, to save
         self.stopping = False
@@ -424,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # its events (the memory plan, the heat sensor) go to the daemon's log, in the daemon's format
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     exit_with_parent()
+    scheduling.compute()  # not the daemon's short slice: before the engine's threads start (scheduling.py)
     try:
         part = from_arg(WorkerPart, args.part)
         # the daemon's models directory, not this process's default: a pulled name wins, as in the registry

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from genie_common import scheduling
 from genie_common.config import DaemonConfig
 from genie_daemon.server import Daemon
 from genie_protocol.client import GenieClient
@@ -505,3 +506,18 @@ def test_a_conversation_longer_than_the_context_keeps_its_newest_turns(daemon):
 
     _, err = asyncio.run(refused())
     assert isinstance(err, Error) and "the system message and the last user message alone" in err.message
+
+
+@pytest.mark.skipif(not scheduling.slice_ns(), reason="this kernel gives ordinary threads no slice of their own")
+def test_the_daemon_and_its_store_run_with_the_least_slice_and_the_worker_with_the_kernels(daemon):
+    """genie_common/scheduling.py: a message that wakes the daemon or the store takes a core from the worker's
+    compute threads at once, and the worker's threads keep the default slice the daemon's would have given them."""
+    proc, endpoint = daemon
+    data = asyncio.run(status(endpoint)).data
+    short = scheduling.SHORT_SLICE_NS
+    assert scheduling.slice_ns(proc.pid) == scheduling.slice_ns(data["kv_store_pid"]) == short
+    worker = data["worker_pid"]
+    assert scheduling.slice_ns(worker) == scheduling.slice_ns() != short  # its main thread, the engine's
+    tasks = Path(f"/proc/{worker}/task")
+    io = [int(t.name) for t in tasks.iterdir() if (t / "comm").read_text().strip() == "ZMQbg/IO/0"]
+    assert io and all(scheduling.slice_ns(tid) == short for tid in io)
