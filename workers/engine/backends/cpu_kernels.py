@@ -138,8 +138,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64]
     lib.genie_blk_dequant.restype = None
     f = ctypes.c_float
-    lib.genie_attn1_i8.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, f, f, _ptr, _ptr]
-    lib.genie_attn1_i8.restype = None
+    lib.genie_attn1_i8.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, f, f, _ptr]
+    lib.genie_attn1_i8.restype = ctypes.c_int
 
 
 def limit_blas_threads(n: int) -> None:
@@ -189,12 +189,12 @@ class BlockKernels:
         assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and end <= kv.k.shape[1] and n_heads % n_kv == 0
         assert self.takes_attention(hd, hdv)
         out = np.empty((n_heads, hdv), dtype=np.float32)
-        scratch = np.empty((n_heads // n_kv) * (end - lo), dtype=np.float32)
         ks, vs = kv.k_scale[slot, lo:end], kv.v_scale[slot, lo:end]
-        self.lib.genie_attn1_i8(
+        if self.lib.genie_attn1_i8(
             q.ctypes.data, kv.k[slot, lo].ctypes.data, ks.ctypes.data, kv.v[slot, lo].ctypes.data, vs.ctypes.data,
-            end - lo, n_heads, n_kv, hd, hdv, scale, softcap, out.ctypes.data, scratch.ctypes.data,
-        )  # fmt: skip
+            end - lo, n_heads, n_kv, hd, hdv, scale, softcap, out.ctypes.data,
+        ):  # fmt: skip
+            raise MemoryError(f"genie_attn1_i8: no memory for the partial results of {end - lo} positions")
         return out
 
     def dequantize(self, w: BlockWeight, r0: int, r1: int, out: np.ndarray) -> np.ndarray:

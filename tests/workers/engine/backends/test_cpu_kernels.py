@@ -214,17 +214,23 @@ def test_gemm_rows_claimed_by_a_pool_of_threads(threads):
 
 
 @pytest.mark.parametrize(
-    ("n_heads", "n_kv", "hd", "hdv", "softcap", "window"),
-    [(9, 3, 64, 64, 0.0, 0), (8, 1, 256, 512, 50.0, 37), (4, 4, 32, 32, 0.0, 0)],
+    ("n_heads", "n_kv", "hd", "hdv", "softcap", "window", "pos0"),
+    [
+        (9, 3, 64, 64, 0.0, 0, 211),  # runs of 64 positions on one thread
+        (9, 3, 64, 64, 0.0, 0, 1100),  # ... on the OpenMP threads
+        (8, 1, 256, 512, 50.0, 37, 211),
+        (8, 1, 256, 512, 0.0, 0, 1100),
+        (4, 4, 32, 32, 0.0, 0, 211),
+    ],
 )
-def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, n_kv, hd, hdv, softcap, window):
+def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, n_kv, hd, hdv, softcap, window, pos0):
     """The decode step's attention in C (genie_attn1_i8: the int8 rows read where they are) against NumpyBackend's
     loop over KV heads (which widens them to float32), for grouped heads, Gemma 4's head dims with a softcap
-    and a sliding window, and plain multi-head attention."""
+    and a sliding window, and plain multi-head attention; short and long enough for the threads."""
     from genie_workers.engine.kv_cache import LayerKV
 
     rng = np.random.default_rng()
-    n_slots, n_ctx, slot, pos0 = 2, 300, 1, 211
+    n_slots, n_ctx, slot = 2, 1200, 1
     layer = LayerKV(
         rng.integers(-127, 128, (n_slots, n_ctx, n_kv, hd), dtype=np.int8),
         rng.integers(-127, 128, (n_slots, n_ctx, n_kv, hdv), dtype=np.int8),
@@ -238,6 +244,29 @@ def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, 
     want = without.attention(q, layer, slot, pos0, window, 0.125, softcap)
     assert got.shape == (1, n_heads * hdv) and np.isfinite(got).all()
     assert rel_err(got, want) < 1e-5
+
+
+def test_one_token_attention_is_the_same_on_one_thread_and_two(kernels):
+    """The runs of positions are fixed, not a share of the threads: the same sums, bit for bit."""
+    from genie_workers.engine.kv_cache import LayerKV
+
+    rng = np.random.default_rng(7)
+    n_ctx, n_kv, hd = 1500, 3, 64
+    layer = LayerKV(
+        rng.integers(-127, 128, (1, n_ctx, n_kv, hd), dtype=np.int8),
+        rng.integers(-127, 128, (1, n_ctx, n_kv, hd), dtype=np.int8),
+        rng.uniform(0.001, 0.05, (1, n_ctx, n_kv)).astype(np.float32),
+        rng.uniform(0.001, 0.05, (1, n_ctx, n_kv)).astype(np.float32),
+    )
+    q = rng.standard_normal((9, hd), dtype=np.float32)
+    outs = []
+    try:
+        for threads in (1, 2):
+            kernels.lib.genie_set_threads(threads)
+            outs.append(kernels.attention_one(q, layer, 0, 0, n_ctx, 0.125, 0.0))
+    finally:
+        kernels.lib.genie_set_threads(cpu_kernels.default_threads())
+    assert np.array_equal(outs[0], outs[1])
 
 
 def test_head_dims_the_c_attention_does_not_take_keep_the_loop(kernels):

@@ -170,6 +170,10 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
 // over the rows of v; but each int8 row is read once for the heads of its group, where the loop widened the
 // whole slot to float32 for every head. scratch: group * t floats; hd and hdv at most ATTN1_MAX_DIM, multiples of 16.
 #define ATTN1_MAX_DIM 1024  // head dims genie_attn1_i8 takes (a row widened once into a buffer of this size)
+#define ATTN1_RUN 64        // positions a thread takes at a time (fixed: the sums do not depend on the threads)
+// multiply-adds below which genie_attn1_i8 runs on one thread: sleeping threads take ~8 us to wake, one thread
+// does 2^18 of these in ~25 us (bench/NOTES.md, CPU note 2026-12-06)
+#define ATTN1_PARALLEL_MIN (1 << 18)
 
 // e^x for x <= 0 (a score less its row's maximum), Cephes' expf (2^n times a polynomial, within ~2e-7 of
 // it): plain arithmetic, so the compiler makes a vector of it, where libm's expf is a call for each score
@@ -198,40 +202,78 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {  // n %
     return sum;
 }
 
-void genie_attn1_i8(const float *q, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t t,
-                    int64_t n_heads, int64_t n_kv, int64_t hd, int64_t hdv, float scale, float softcap, float *out,
-                    float *scratch) {
-    const int64_t group = n_heads / n_kv, kstride = n_kv * hd, vstride = n_kv * hdv;
-    for (int64_t h = 0; h < n_kv; h++) {
-        const float *qh = q + h * group * hd;
-        float *o = out + h * group * hdv;
-        float row[ATTN1_MAX_DIM];  // a K or V row widened once for the heads of the group
-        for (int64_t j = 0; j < t; j++) {
-            const int8_t *kr = k + j * kstride + h * hd;
-            for (int64_t d = 0; d < hd; d++) row[d] = (float)kr[d];
-            const float f = ks[j * n_kv + h];
-            for (int64_t g = 0; g < group; g++) {
-                float s = dot_f32(qh + g * hd, row, hd) * scale * f;
-                if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
-                scratch[g * t + j] = s;
-            }
-        }
+// Positions [j0, j1) of KV head h for the `group` query heads qh: each head's scores less their maximum,
+// exponentiated, summed (sum) and weighted into a partial output (o [group, hdv]); max their maximum.
+static void attn1_part(const float *qh, const int8_t *k, const float *ks, const int8_t *v, const float *vs,
+                       int64_t j0, int64_t j1, int64_t h, int64_t n_kv, int64_t group, int64_t hd, int64_t hdv,
+                       float scale, float softcap, float *scores, float *o, float *max, float *sum) {
+    const int64_t n = j1 - j0, kstride = n_kv * hd, vstride = n_kv * hdv;
+    float row[ATTN1_MAX_DIM];  // a K or V row widened once for the heads of the group
+    for (int64_t j = 0; j < n; j++) {
+        const int8_t *kr = k + (j0 + j) * kstride + h * hd;
+        for (int64_t d = 0; d < hd; d++) row[d] = (float)kr[d];
+        const float f = ks[(j0 + j) * n_kv + h];
         for (int64_t g = 0; g < group; g++) {
-            float *sg = scratch + g * t, mx = -INFINITY, sum = 0.0f;
-            for (int64_t j = 0; j < t; j++) mx = sg[j] > mx ? sg[j] : mx;
-            for (int64_t j = 0; j < t; j++) sg[j] = exp_le0(sg[j] - mx);
-            for (int64_t j = 0; j < t; j++) sum += sg[j];
-            for (int64_t j = 0; j < t; j++) sg[j] = sg[j] / sum * vs[j * n_kv + h];
-        }
-        for (int64_t d = 0; d < group * hdv; d++) o[d] = 0.0f;
-        for (int64_t j = 0; j < t; j++) {
-            const int8_t *vr = v + j * vstride + h * hdv;
-            for (int64_t d = 0; d < hdv; d++) row[d] = (float)vr[d];
-            for (int64_t g = 0; g < group; g++) {
-                const float pj = scratch[g * t + j];
-                float *og = o + g * hdv;
-                for (int64_t d = 0; d < hdv; d++) og[d] += pj * row[d];
-            }
+            float s = dot_f32(qh + g * hd, row, hd) * scale * f;
+            if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
+            scores[g * n + j] = s;
         }
     }
+    for (int64_t g = 0; g < group; g++) {
+        float *sg = scores + g * n, mx = -INFINITY, total = 0.0f;
+        for (int64_t j = 0; j < n; j++) mx = sg[j] > mx ? sg[j] : mx;
+        for (int64_t j = 0; j < n; j++) sg[j] = exp_le0(sg[j] - mx);
+        for (int64_t j = 0; j < n; j++) total += sg[j];
+        for (int64_t j = 0; j < n; j++) sg[j] *= vs[(j0 + j) * n_kv + h];
+        max[g] = mx;
+        sum[g] = total;
+    }
+    for (int64_t d = 0; d < group * hdv; d++) o[d] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        const int8_t *vr = v + (j0 + j) * vstride + h * hdv;
+        for (int64_t d = 0; d < hdv; d++) row[d] = (float)vr[d];
+        for (int64_t g = 0; g < group; g++) {
+            const float pj = scores[g * n + j];
+            float *og = o + g * hdv;
+            for (int64_t d = 0; d < hdv; d++) og[d] += pj * row[d];
+        }
+    }
+}
+
+// One token's attention over t positions of INT8 K/V rows ([t, n_kv, hd], a scale per row and KV head): out
+// [n_heads, hdv]. The positions go in runs of ATTN1_RUN, each KV head's runs on the OpenMP threads, then each
+// head's runs merged in order (their maxima to the largest): the same sums whatever the threads. Returns -1
+// when the partial results find no memory.
+int genie_attn1_i8(const float *q, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t t,
+                   int64_t n_heads, int64_t n_kv, int64_t hd, int64_t hdv, float scale, float softcap, float *out) {
+    const int64_t group = n_heads / n_kv, runs = (t + ATTN1_RUN - 1) / ATTN1_RUN, parts = n_kv * runs;
+    const int64_t per = group * (ATTN1_RUN + hdv + 2);  // a part's scores, output, maxima and sums
+    float *buf = malloc(sizeof(float) * (size_t)(parts * per));
+    if (buf == NULL) return -1;
+#pragma omp parallel for schedule(dynamic, 1) if (parts > 1 && t * n_heads * (hd + hdv) >= ATTN1_PARALLEL_MIN)
+    for (int64_t p = 0; p < parts; p++) {
+        const int64_t h = p / runs, j0 = (p % runs) * ATTN1_RUN, j1 = j0 + ATTN1_RUN < t ? j0 + ATTN1_RUN : t;
+        float *scores = buf + p * per, *o = scores + group * ATTN1_RUN, *mx = o + group * hdv, *sum = mx + group;
+        attn1_part(q + h * group * hd, k, ks, v, vs, j0, j1, h, n_kv, group, hd, hdv, scale, softcap, scores, o,
+                   mx, sum);
+    }
+    for (int64_t h = 0; h < n_kv; h++)
+        for (int64_t g = 0; g < group; g++) {
+            float top = -INFINITY, total = 0.0f;
+            for (int64_t r = 0; r < runs; r++) {
+                const float m = buf[(h * runs + r) * per + group * (ATTN1_RUN + hdv) + g];
+                top = m > top ? m : top;
+            }
+            float *og = out + (h * group + g) * hdv;
+            for (int64_t d = 0; d < hdv; d++) og[d] = 0.0f;
+            for (int64_t r = 0; r < runs; r++) {
+                const float *part = buf + (h * runs + r) * per + group * ATTN1_RUN;
+                const float w = exp_le0(part[group * hdv + g] - top);
+                total += part[group * hdv + group + g] * w;
+                for (int64_t d = 0; d < hdv; d++) og[d] += part[g * hdv + d] * w;
+            }
+            for (int64_t d = 0; d < hdv; d++) og[d] /= total;
+        }
+    free(buf);
+    return 0;
 }
