@@ -20,6 +20,7 @@ from genie_protocol.codec import decode
 from genie_protocol.messages import Delta, Done, Error, Generate, Prewarm, Reply
 from testkit.tiny_models import write_tiny_model
 from tests.child_env import child_env
+from tests.genie_common.test_scheduling import DEFAULT, needs_slices
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = {"token_ids": [1] + [3 + i % 300 for i in range(200)], "params": {"max_tokens": 250, "ignore_eos": True}}
@@ -508,7 +509,7 @@ def test_a_conversation_longer_than_the_context_keeps_its_newest_turns(daemon):
     assert isinstance(err, Error) and "the system message and the last user message alone" in err.message
 
 
-@pytest.mark.skipif(not scheduling.slice_ns(), reason="this kernel gives ordinary threads no slice of their own")
+@needs_slices
 def test_the_daemon_and_its_store_run_with_the_least_slice_and_the_worker_with_the_kernels(daemon):
     """genie_common/scheduling.py: a message that wakes the daemon or the store takes a core from the worker's
     compute threads at once, and the worker's threads keep the default slice the daemon's would have given them."""
@@ -517,7 +518,7 @@ def test_the_daemon_and_its_store_run_with_the_least_slice_and_the_worker_with_t
     short = scheduling.SHORT_SLICE_NS
     assert scheduling.slice_ns(proc.pid) == scheduling.slice_ns(data["kv_store_pid"]) == short
     worker = data["worker_pid"]
-    assert scheduling.slice_ns(worker) == scheduling.slice_ns() != short  # its main thread, the engine's
+    assert scheduling.slice_ns(worker) == DEFAULT != short  # its main thread, the engine's
     tasks = Path(f"/proc/{worker}/task")
     io = [int(t.name) for t in tasks.iterdir() if (t / "comm").read_text().strip() == "ZMQbg/IO/0"]
     assert io and all(scheduling.slice_ns(tid) == short for tid in io)
