@@ -5,6 +5,7 @@ failure. Inputs are fresh random data every run; outputs are checked for NaN/inf
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -91,6 +92,56 @@ def test_kernel_products_match_float64(kernels, qtype, shape):
     assert product_err(kernels.gemm(x, w), x, dense) < 2e-6
     out = np.full((min(rows, 5), cols), np.nan, dtype=np.float32)
     np.testing.assert_array_equal(kernels.dequantize(w, 0, min(rows, 5), out), dense[:5].astype(np.float32))
+
+
+def _has_avx2() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx2 " in f" {line} " and " fma " in line for line in f)
+    except OSError:
+        return False
+
+
+# the kernel source's paths a CPU may take: this CPU's (AVX-512 here and in CI), AVX2 alone (most machines
+# without a GPU in a home), the compiler's plain C
+ISA_FLAGS = {
+    "native": ["-O3", "-march=native", "-fopenmp"],
+    "avx2": ["-O3", "-mavx2", "-mfma", "-mno-avx512f", "-fopenmp"],
+    "plain": ["-O3", "-fopenmp"],
+}
+
+
+@pytest.mark.parametrize("isa", list(ISA_FLAGS))
+def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_alone(isa, tmp_path):
+    """genie_blk_gemv built for each path (four weight rows at a time on AVX-512 and AVX2, a row at a time in
+    plain C): each product against float64, with a last group of fewer than four rows; and an input's sums
+    among five inputs bit for bit its sums alone (a stream's decode does not depend on who else decodes)."""
+    if isa == "avx2" and not (_has_avx2() and sys.platform == "linux"):
+        pytest.skip("this CPU does not run AVX2")
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        pytest.skip("no C compiler on this machine")
+    source = Path(cpu_kernels.__file__).parent / "kernels" / cpu_kernels.SOURCE
+    target = tmp_path / f"blocks-{isa}.so"
+    try:
+        cpu_kernels._build(cc, source, target, ISA_FLAGS[isa])
+    except subprocess.CalledProcessError as e:
+        pytest.skip(f"this compiler does not build {isa}: {e.stderr.strip()[-200:]}")
+    lib = ctypes.CDLL(str(target))
+    cpu_kernels._declare(lib)
+    kernels = cpu_kernels.BlockKernels(lib)
+    rng = np.random.default_rng()
+    for qtype in (Q.Q8_0, Q.Q4_1, Q.Q6_K):  # blocks of 32, of 32 with offsets, of 16
+        rows, cols = 37, fit(qtype, 512)
+        raw = signed_blocks(qtype, rows, cols, rng)
+        w = to_blocks(tensor_of(raw, qtype, rows, cols))
+        dense = dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+        x = rng.standard_normal((5, cols), dtype=np.float32)
+        together = kernels.gemv(x, w)
+        assert product_err(together, x, dense) < 2e-6
+        for i in range(5):
+            np.testing.assert_array_equal(kernels.gemv(x[i : i + 1], w)[0], together[i])
+    lib.genie_set_threads(cpu_kernels.default_threads())
 
 
 def test_gemm_in_chunks_of_rows(kernels, monkeypatch):
