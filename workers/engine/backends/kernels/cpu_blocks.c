@@ -90,34 +90,8 @@ static inline void rows_dot(const int8_t *qr, const float *sr, int64_t K, int64_
 }
 #endif
 
-// One weight row against the n inputs, four at a time, plus the offsets' share: offset[b] * (sum of x
-// over block b).
-static inline void row_gemv(const int8_t *qr, const float *sr, const float *orow, int64_t K, int64_t BS,
-                            const float *x, const float *xsum, int64_t n, float *y, int64_t ldy, int64_t r) {
-    const int64_t nb = K / BS;
-    float sums[4];
-    for (int64_t i0 = 0; i0 < n; i0 += 4) {
-        const float *xs0 = x + i0 * K;
-        switch (n - i0) {  // a constant R at each call: the inner loop unrolls, the accumulators stay in registers
-            case 1: rows_dot(qr, sr, K, BS, xs0, 1, sums); break;
-            case 2: rows_dot(qr, sr, K, BS, xs0, 2, sums); break;
-            case 3: rows_dot(qr, sr, K, BS, xs0, 3, sums); break;
-            default: rows_dot(qr, sr, K, BS, xs0, 4, sums); break;
-        }
-        const int64_t m = n - i0 < 4 ? n - i0 : 4;
-        for (int64_t i = i0; i < i0 + m; i++) {
-            float sum = sums[i - i0];
-            if (orow != NULL) {
-                const float *xs = xsum + i * nb;
-                for (int64_t b = 0; b < nb; b++) sum += orow[b] * xs[b];
-            }
-            y[i * ldy + r] = sum;
-        }
-    }
-}
-
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-#define GEMV_ROW_GROUP 4  // weight rows a call of four_rows_gemv takes
+#define GEMV_ROW_GROUP 4  // weight rows a call of four_rows_sums takes
 
 static inline __m512 load16_q8(const int8_t *p) {  // 16 int8 -> 16 float
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
@@ -211,24 +185,39 @@ static inline __attribute__((always_inline)) void four_rows_sums(const int8_t *q
 #define GEMV_ROW_GROUP 1
 #endif
 
+// The sums of rows [0, NR) of qr against R inputs into out[r * 4 + i]: four rows at a time where the CPU has a
+// kernel for it (NR = GEMV_ROW_GROUP), else one.
+static inline __attribute__((always_inline)) void row_sums(const int8_t *qr, const float *sr, int64_t K, int64_t BS,
+                                                           const float *x, int NR, int R, float *out) {
 #if GEMV_ROW_GROUP > 1
-// Rows [r, r + 4) against the n inputs, four at a time, plus the offsets' share (as row_gemv).
-static inline void four_rows_gemv(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t BS,
-                                  const float *x, const float *xsum, int64_t n, float *y, int64_t ldy, int64_t r) {
+    if (NR > 1) {
+        four_rows_sums(qr, sr, K, BS, x, R, out);
+        return;
+    }
+#endif
+    (void)NR;
+    rows_dot(qr, sr, K, BS, x, R, out);
+}
+
+// Rows [r, r + NR) against the n inputs, four at a time, plus the offsets' share: offset[b] * (sum of x over
+// block b).
+static inline __attribute__((always_inline)) void rows_gemv(const int8_t *q, const float *scale, const float *offset,
+                                                            int64_t K, int64_t BS, const float *x, const float *xsum,
+                                                            int64_t n, float *y, int64_t ldy, int64_t r, int NR) {
     const int64_t nb = K / BS;
-    float sums[16];
+    const int8_t *qr = q + r * K;
+    const float *sr = scale + r * nb;
+    float sums[16] = {0};
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         const float *xs0 = x + i0 * K;
-        const int8_t *qr = q + r * K;
-        const float *sr = scale + r * nb;
         switch (n - i0) {  // a constant R at each call: the loops unroll, the accumulators stay in registers
-            case 1: four_rows_sums(qr, sr, K, BS, xs0, 1, sums); break;
-            case 2: four_rows_sums(qr, sr, K, BS, xs0, 2, sums); break;
-            case 3: four_rows_sums(qr, sr, K, BS, xs0, 3, sums); break;
-            default: four_rows_sums(qr, sr, K, BS, xs0, 4, sums); break;
+            case 1: row_sums(qr, sr, K, BS, xs0, NR, 1, sums); break;
+            case 2: row_sums(qr, sr, K, BS, xs0, NR, 2, sums); break;
+            case 3: row_sums(qr, sr, K, BS, xs0, NR, 3, sums); break;
+            default: row_sums(qr, sr, K, BS, xs0, NR, 4, sums); break;
         }
         const int64_t m = n - i0 < 4 ? n - i0 : 4;
-        for (int64_t j = 0; j < 4; j++)
+        for (int64_t j = 0; j < NR; j++)
             for (int64_t i = i0; i < i0 + m; i++) {
                 float sum = sums[j * 4 + i - i0];
                 if (offset != NULL) {
@@ -239,7 +228,6 @@ static inline void four_rows_gemv(const int8_t *q, const float *scale, const flo
             }
     }
 }
-#endif
 
 // y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0. Returns
 // -1 (nothing written) when the offsets' block sums of x find no memory.
@@ -265,21 +253,12 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
     const int64_t groups = rows / GEMV_ROW_GROUP, tail = rows - groups * GEMV_ROW_GROUP;
 #pragma omp parallel for schedule(dynamic, GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP) if (rows * K * n >= PARALLEL_MIN_WORK)
     for (int64_t g = 0; g < groups + tail; g++) {
-#if GEMV_ROW_GROUP > 1
-        if (g < groups) {
-            if (bs == 32)
-                four_rows_gemv(q, scale, offset, K, 32, x, xsum, n, y, rows, g * GEMV_ROW_GROUP);
-            else
-                four_rows_gemv(q, scale, offset, K, 16, x, xsum, n, y, rows, g * GEMV_ROW_GROUP);
-            continue;
-        }
-#endif
-        const int64_t r = groups * GEMV_ROW_GROUP + (g - groups);
-        const float *orow = offset != NULL ? offset + r * nb : NULL;
+        const int64_t r = g < groups ? g * GEMV_ROW_GROUP : groups * GEMV_ROW_GROUP + (g - groups);
+        const int nr = g < groups ? GEMV_ROW_GROUP : 1;
         if (bs == 32)
-            row_gemv(q + r * K, scale + r * nb, orow, K, 32, x, xsum, n, y, rows, r);
+            rows_gemv(q, scale, offset, K, 32, x, xsum, n, y, rows, r, nr);
         else
-            row_gemv(q + r * K, scale + r * nb, orow, K, 16, x, xsum, n, y, rows, r);
+            rows_gemv(q, scale, offset, K, 16, x, xsum, n, y, rows, r, nr);
     }
     free(xsum);
     return 0;
