@@ -36,9 +36,9 @@ class CupyTuning:
     # 33.3 -> 17.7 ms to its first token (bench/NOTES.md v16)
     capture_mixed: bool = True
     use_epilogues: bool = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
-    # ... and, where the kernel family chains (8.x), run in one launch with it (chain.py). Measured +11 % decode on
-    # the 8.x paths with the same logits (bench/NOTES.md v25); off until the sm87 GPU suite has passed with it on
-    use_chains: bool = False
+    # ... and, where the kernel family chains (8.x), run in one launch with it (chain.py): +11 % decode on the 8.x
+    # paths with the same logits (bench/NOTES.md v25, and 2026-12-06 for the sm87 GPU suite with it on)
+    use_chains: bool = True
     # Q4_K/Q6_K products on the tensor cores (gemv1m, gemvn; 8.0 and later)
     use_mma: bool = True
     mma_threads: int = 256
