@@ -287,7 +287,8 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
 // [H, hdv] is left rotated. The arithmetic is NumpyBackend.attention's for one token: scores (q . k) * scale *
 // k_scale, softcap, softmax (its exponentials exp_le0's, below), probabilities times v_scale, then their sum
 // over the rows of v; but each int8 row is read once for the heads of its group, where the loop widened the
-// whole slot to float32 for every head. scratch: group * t floats; hd and hdv at most ATTN1_MAX_DIM, multiples of 16.
+// whole slot to float32 for every head, and the softmax runs in runs of positions merged at the end (flash
+// decoding's split). hd and hdv at most ATTN1_MAX_DIM, multiples of 16.
 #define ATTN1_MAX_DIM 1024  // head dims genie_attn1_i8 takes (a row widened once into a buffer of this size)
 #define ATTN1_RUN 64        // positions a thread takes at a time (fixed: the sums do not depend on the threads)
 // multiply-adds below which genie_attn1_i8 runs on one thread: sleeping threads take ~8 us to wake, one thread
