@@ -62,9 +62,3 @@ def cpu_kernels_enabled() -> bool:
 def cuda_compat() -> str | None:
     """GENIE_CUDA_COMPAT (sm87, 8.7): an older GPU's kernel paths on a newer one."""
     return os.environ.get("GENIE_CUDA_COMPAT") or None
-
-
-def prefer_passive_openmp() -> None:
-    """OMP_WAIT_POLICY=PASSIVE unless the user set it: idle OpenMP threads sleep instead of spinning (libgomp
-    reads it once, when it starts, so this is called before the first kernel library loads)."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

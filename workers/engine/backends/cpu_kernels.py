@@ -8,13 +8,14 @@ keeps float32 weights (slower, four times the memory), so nothing else changes. 
 forces that fallback.
 
 All threads are genie's, one setting (`GENIE_CPU_THREADS`, default one per core the process may use):
-the one-token products split their rows over OpenMP threads; the many-token products (prefill) run on a
-pool of as many Python threads, each claiming a run of weight rows, dequantizing it and multiplying it
-with single-threaded BLAS. BLAS's own threads are held to one with threadpoolctl: OpenBLAS splits a
+the one-token products split their rows over the C library's own threads; the many-token products
+(prefill) run on a pool of as many Python threads, each claiming a run of weight rows, dequantizing it and
+multiplying it with single-threaded BLAS. BLAS's own threads are held to one with threadpoolctl: OpenBLAS splits a
 product statically and spins while it waits, so on a machine with another busy process its threads
 held each other up, and a 14-token prefill took 2.6-16.8 s instead of 0.26 s (issue 16). Claimed runs
-leave a thread that the scheduler holds up only its own run to finish late. The OpenMP threads sleep
-between calls rather than spin.
+leave a thread that the scheduler holds up only its own run to finish late. The C library's threads spin
+for a moment between calls (a token's ~150 calls would otherwise wake a sleeping core each time), and not
+at all while the machine is busy (they were seen waiting for a core): cpu_blocks.c, "the threads".
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from .block_weight import BlockWeight
 log = logging.getLogger("genie.cpu")
 
 SOURCE = "cpu_blocks.c"
-# the later ones for compilers without OpenMP or -march=native
-FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])
+# the later one for compilers without -march=native
+FLAG_SETS = (["-O3", "-march=native", "-pthread"], ["-O3", "-pthread"])
 COMPILE_TIMEOUT_S = 120
 ATTN1_MAX_DIM = 1024  # cpu_blocks.c's: head dims genie_attn1_i8 takes
 DEQUANT_CHUNK_BYTES = 1 << 20  # float32 rows a pool thread dequantizes and multiplies per claim, at most
@@ -120,7 +121,6 @@ def load() -> ctypes.CDLL | None:
             if not env.cpu_kernels_enabled():
                 log.info("CPU kernels disabled (GENIE_CPU_KERNELS=0): float32 weights")
             else:
-                env.prefer_passive_openmp()
                 try:
                     lib = _compile()
                     _declare(lib)

@@ -105,9 +105,9 @@ def _has_avx2() -> bool:
 # the kernel source's paths a CPU may take: this CPU's (AVX-512 here and in CI), AVX2 alone (most machines
 # without a GPU in a home), the compiler's plain C
 ISA_FLAGS = {
-    "native": ["-O3", "-march=native", "-fopenmp"],
-    "avx2": ["-O3", "-mavx2", "-mfma", "-mno-avx512f", "-fopenmp"],
-    "plain": ["-O3", "-fopenmp"],
+    "native": ["-O3", "-march=native", "-pthread"],
+    "avx2": ["-O3", "-mavx2", "-mfma", "-mno-avx512f", "-pthread"],
+    "plain": ["-O3", "-pthread"],
 }
 
 
@@ -268,7 +268,7 @@ def test_gemm_rows_claimed_by_a_pool_of_threads(threads):
     ("n_heads", "n_kv", "hd", "hdv", "softcap", "window", "pos0"),
     [
         (9, 3, 64, 64, 0.0, 0, 211),  # runs of 64 positions on one thread
-        (9, 3, 64, 64, 0.0, 0, 1100),  # ... on the OpenMP threads
+        (9, 3, 64, 64, 0.0, 0, 1100),  # ... on the pool's threads
         (8, 1, 256, 512, 50.0, 37, 211),
         (8, 1, 256, 512, 0.0, 0, 1100),
         (4, 4, 32, 32, 0.0, 0, 211),
@@ -323,3 +323,69 @@ def test_one_token_attention_is_the_same_on_one_thread_and_two(kernels):
 def test_head_dims_the_c_attention_does_not_take_keep_the_loop(kernels):
     assert kernels.takes_attention(64, 64) and kernels.takes_attention(256, 512)
     assert not kernels.takes_attention(72, 72) and not kernels.takes_attention(64, 2048)
+
+
+def _pooled_product(rng: np.random.Generator) -> tuple[BlockWeight, np.ndarray]:
+    """A Q4_1 matrix large enough for the pool's threads (2 048 x 640: 64 claims of 32 rows) and two inputs."""
+    rows, cols = 2048, 640
+    return to_blocks(tensor_of(signed_blocks(Q.Q4_1, rows, cols, rng), Q.Q4_1, rows, cols)), rng.standard_normal(
+        (2, cols), dtype=np.float32
+    )
+
+
+def test_products_are_the_same_on_one_two_and_four_threads_and_from_two_callers_at_once(kernels):
+    """Rows are claimed by whichever thread is free, each row's sums its own: the same bits on any number of
+    threads; two Python threads calling at once (the second runs alone on its own thread) get what one gets."""
+    import threading
+
+    w, x = _pooled_product(np.random.default_rng())
+    outs = []
+    try:
+        for threads in (1, 2, 4):
+            kernels.lib.genie_set_threads(threads)
+            outs.append(kernels.gemv(x, w))
+        together: list[np.ndarray] = []
+
+        def call() -> None:
+            together.extend(kernels.gemv(x, w) for _ in range(200))
+
+        callers = [threading.Thread(target=call) for _ in range(2)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join()
+    finally:
+        kernels.lib.genie_set_threads(cpu_kernels.default_threads())
+    assert product_err(outs[0], x, w.dequantize().astype(np.float64)) < 2e-6
+    for got in outs[1:] + together:
+        np.testing.assert_array_equal(got, outs[0])
+    assert len(together) == 400
+
+
+def test_a_forked_child_runs_products_on_threads_of_its_own(kernels):
+    """The pool's threads are its process's: a child forked after they started (none of them in it) starts
+    its own (the child has two threads after a product on two) and gets the parent's numbers."""
+    import warnings
+
+    w, x = _pooled_product(np.random.default_rng())
+    kernels.lib.genie_set_threads(2)
+    want = kernels.gemv(x, w)  # the parent's worker thread is running now
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12 warns of fork in a process with threads
+        pid = os.fork()
+    if pid == 0:  # the child: a product, its bytes to the parent, and out without pytest's teardown
+        try:
+            product = kernels.gemv(x, w).tobytes()
+            os.write(write, len(os.listdir("/proc/self/task")).to_bytes(4, "little") + product)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        sent = f.read()
+    threads, got = int.from_bytes(sent[:4], "little"), np.frombuffer(sent[4:], dtype=np.float32)
+    _, status = os.waitpid(pid, 0)
+    kernels.lib.genie_set_threads(cpu_kernels.default_threads())
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert threads == 2
+    np.testing.assert_array_equal(got.reshape(want.shape), want)

@@ -4,30 +4,224 @@
 // block scales) instead of four, and a decode step reads a quarter of the bytes.
 //
 // Compiled at first use with the system C compiler (cpu_kernels.py) and called through ctypes; the
-// row loops run on OpenMP threads when the compiler has OpenMP. The dot product has an AVX2 path
+// row loops run on the threads of a pool of genie's own (below). The dot product has an AVX2 path
 // (x86-64 since 2013) and a plain C one the compiler vectorizes as it can (NEON on a Jetson).
 
+#define _GNU_SOURCE
+#include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include <time.h>
+#include <unistd.h>
 
 #define PARALLEL_MIN_WORK (1 << 16)  // multiply-adds below which one thread is faster than waking others
-#define GEMV_ROWS_A_CLAIM 32         // rows a thread takes at a time in the dynamic schedule
+#define GEMV_ROWS_A_CLAIM 32         // rows a thread takes at a time
 
-// Threads for the parallel loops (no-op without OpenMP); returns the number in effect.
-int genie_set_threads(int n) {
-#ifdef _OPENMP
-    if (n > 0) omp_set_num_threads(n);
-    return omp_get_max_threads();
-#else
-    (void)n;
-    return 1;
+// ---- the threads ----------------------------------------------------------------------------------------------
+// A decode token is ~120 products and ~30 attention calls, with a few to a few tens of microseconds of Python
+// between them. Threads that sleep between calls (OpenMP's passive wait, genie's until 2026-12-06) are woken
+// ~150 times a token, and a sleeping vCPU takes long to wake: two threads decoded no faster than one (SmolLM2,
+// 75 tok/s either way); spinning a little between calls made it 97-100. But a thread that spins on a busy
+// machine takes the core from the threads with work (beside one process spinning a core: 35 tok/s spinning
+// against 68 sleeping). So the pool's threads spin for POOL_SPIN_NS after a call, and not at all for
+// POOL_QUIET_NS once its threads were seen waiting for a core (their run delay, /proc/thread-self/schedstat,
+// more than POOL_BUSY of the time); without that file they never spin. bench/NOTES.md (CPU note 2026-12-06b).
+//
+// A call (pool_run) publishes its function and context, then one word: generation (24 bits), items (20 bits) and
+// the next item to claim (20 bits). Threads claim items by compare-and-swap on that word, so a thread that read
+// a later call's function claims nothing of it under the earlier generation, and a call ends when every item
+// it handed out is done: no thread is ever waited for except while it holds an item.
+#ifndef POOL_SPIN_NS
+#define POOL_SPIN_NS 200000          // a thread's spin for the next call before it sleeps (between tokens: asleep)
 #endif
+#define POOL_QUIET_NS 1000000000LL   // no spinning for this long once the threads were seen waiting for a core
+#define POOL_CHECK_NS 20000000LL     // run delays looked at every this long, at most
+#ifndef POOL_BUSY
+#define POOL_BUSY 0.25               // a share of the time a worker waited for a core (mean): a busy machine
+#endif
+#define POOL_MAX_THREADS 256
+#define POOL_ITEMS_MAX ((1 << 20) - 1)
+#define GEN_SHIFT 40
+#define ITEMS_SHIFT 20
+#define FIELD20 ((uint64_t)POOL_ITEMS_MAX)
+
+typedef void (*pool_fn)(const void *ctx, int64_t item);
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, finished;
+    _Atomic int threads;                // in effect, the caller included
+    int created;                        // workers started (in this process: pid)
+    pthread_mutex_t running;            // held by the call in progress (another thread's call runs alone)
+    pid_t pid;
+    _Atomic(pool_fn) fn;
+    _Atomic(const void *) ctx;
+    _Atomic uint64_t word;              // generation | items | next item
+    _Atomic int64_t done;               // items of the current call done
+    _Atomic int sleeping;               // workers asleep on `wake`
+    _Atomic int caller_waits;           // the caller asleep on `finished`
+    _Atomic int64_t quiet_until;        // no spinning before this time (ns)
+    int64_t last_check, last_delay;     // the caller's last look at the workers' run delays
+    _Atomic int delay_fd[POOL_MAX_THREADS];  // worker i's schedstat: -2 not opened yet, -1 not readable
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .finished = PTHREAD_COND_INITIALIZER,
+          .threads = 1, .running = PTHREAD_MUTEX_INITIALIZER};
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t run_delay(int fd) {  // -1 where it cannot be read
+    char buf[96];
+    const ssize_t n = fd < 0 ? -1 : pread(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    long long on_cpu, waited;
+    return sscanf(buf, "%lld %lld", &on_cpu, &waited) == 2 ? (int64_t)waited : -1;
+}
+
+// Whether the pool's threads spin between calls now; every POOL_CHECK_NS (the caller's thread) it looks at how
+// long they waited for a core since the last look, and stops the spinning for POOL_QUIET_NS if that was too much.
+static void pool_check_busy(void) {
+    const int64_t t = now_ns();
+    if (t - pool.last_check < POOL_CHECK_NS) return;
+    int64_t delay = 0;
+    for (int i = 1; i <= pool.created; i++) {
+        const int fd = atomic_load(&pool.delay_fd[i]);
+        if (fd == -2) return;  // a worker just started: look next time
+        const int64_t d = run_delay(fd);
+        if (d < 0) {  // no schedstat: never spin
+            atomic_store(&pool.quiet_until, INT64_MAX);
+            return;
+        }
+        delay += d;
+    }
+    const int spun = t >= atomic_load(&pool.quiet_until);
+    const double window = (double)(t - pool.last_check) * pool.created;
+    if (spun && pool.last_check && (double)(delay - pool.last_delay) > POOL_BUSY * window)
+        atomic_store(&pool.quiet_until, t + POOL_QUIET_NS);
+    pool.last_check = t;
+    pool.last_delay = delay;
+}
+
+// Items of the call whose word is w, claimed one at a time until none is left or another call began.
+static void pool_claim(uint64_t w) {
+    const uint64_t gen = w >> GEN_SHIFT;
+    for (;;) {
+        if (w >> GEN_SHIFT != gen || (w & FIELD20) >= ((w >> ITEMS_SHIFT) & FIELD20)) return;
+        const pool_fn fn = atomic_load(&pool.fn);
+        const void *ctx = atomic_load(&pool.ctx);
+        if (atomic_compare_exchange_weak(&pool.word, &w, w + 1)) {  // else w is the word now: look again
+            fn(ctx, (int64_t)(w & FIELD20));
+            const int64_t items = (int64_t)((w >> ITEMS_SHIFT) & FIELD20);
+            if (atomic_fetch_add(&pool.done, 1) + 1 == items && atomic_load(&pool.caller_waits)) {
+                pthread_mutex_lock(&pool.lock);
+                pthread_cond_signal(&pool.finished);
+                pthread_mutex_unlock(&pool.lock);
+            }
+            w = atomic_load(&pool.word);
+        }
+    }
+}
+
+static void *pool_worker(void *arg) {
+    const int index = (int)(intptr_t)arg;  // 1 .. created
+    atomic_store(&pool.delay_fd[index], open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC));
+    uint64_t seen = atomic_load(&pool.word) >> GEN_SHIFT;
+    for (;;) {
+        uint64_t w = atomic_load(&pool.word);
+        if (now_ns() >= atomic_load(&pool.quiet_until)) {
+            const int64_t until = now_ns() + POOL_SPIN_NS;
+            for (int i = 0; w >> GEN_SHIFT == seen; i++, w = atomic_load(&pool.word)) {
+                cpu_relax();
+                if ((i & 255) == 255 && now_ns() > until) break;
+            }
+        }
+        if (w >> GEN_SHIFT == seen) {
+            pthread_mutex_lock(&pool.lock);
+            atomic_fetch_add(&pool.sleeping, 1);
+            while ((w = atomic_load(&pool.word)) >> GEN_SHIFT == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+            atomic_fetch_sub(&pool.sleeping, 1);
+            pthread_mutex_unlock(&pool.lock);
+        }
+        seen = w >> GEN_SHIFT;
+        if (index < atomic_load(&pool.threads)) pool_claim(w);  // a worker past the threads in effect sits this call out
+    }
+    return NULL;
+}
+
+// fn(ctx, i) for i in [0, items) on the pool's threads and the caller's; returns when all are done. The items'
+// order among the threads is not fixed: each must write only its own part of the results. Runs on the caller's
+// thread alone with one thread, fewer than two items, more than POOL_ITEMS_MAX, or while another thread's call
+// holds the pool.
+static void pool_run(pool_fn fn, const void *ctx, int64_t items) {
+    if (atomic_load(&pool.threads) < 2 || items < 2 || items > POOL_ITEMS_MAX ||
+        pthread_mutex_trylock(&pool.running) != 0) {
+        for (int64_t i = 0; i < items; i++) fn(ctx, i);
+        return;
+    }
+    if (pool.pid != getpid()) {  // a forked child has none of its parent's threads (nor their schedstat)
+        for (int i = 1; i <= pool.created; i++) {
+            const int fd = atomic_load(&pool.delay_fd[i]);
+            if (fd >= 0) close(fd);
+        }
+        pool.pid = getpid();
+        pool.created = 0;
+        pool.last_check = 0;
+    }
+    for (int i = pool.created + 1; i < atomic_load(&pool.threads); i++) {
+        pthread_t t;
+        atomic_store(&pool.delay_fd[i], -2);
+        if (pthread_create(&t, NULL, pool_worker, (void *)(intptr_t)i) != 0) break;
+        pthread_detach(t);
+        pool.created = i;
+    }
+    pool_check_busy();
+    atomic_store(&pool.fn, fn);
+    atomic_store(&pool.ctx, ctx);
+    atomic_store(&pool.done, 0);
+    const uint64_t gen = ((atomic_load(&pool.word) >> GEN_SHIFT) + 1) & ((1u << 24) - 1);
+    const uint64_t w = gen << GEN_SHIFT | (uint64_t)items << ITEMS_SHIFT;
+    atomic_store(&pool.word, w);
+    if (atomic_load(&pool.sleeping)) {
+        pthread_mutex_lock(&pool.lock);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.lock);
+    }
+    pool_claim(w);
+    const int64_t until = now_ns() + POOL_SPIN_NS;
+    for (int i = 0; atomic_load(&pool.done) < items; i++) {
+        cpu_relax();
+        if ((i & 255) == 255 && now_ns() > until) {  // a thread holding an item is off its core: sleep
+            pthread_mutex_lock(&pool.lock);
+            atomic_store(&pool.caller_waits, 1);
+            while (atomic_load(&pool.done) < items) pthread_cond_wait(&pool.finished, &pool.lock);
+            atomic_store(&pool.caller_waits, 0);
+            pthread_mutex_unlock(&pool.lock);
+        }
+    }
+    pthread_mutex_unlock(&pool.running);
+}
+
+// Threads for the parallel loops, the caller's included (at most POOL_MAX_THREADS); returns the number in effect.
+int genie_set_threads(int n) {
+    if (n > 0) atomic_store(&pool.threads, n < POOL_MAX_THREADS ? n : POOL_MAX_THREADS);
+    return atomic_load(&pool.threads);
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -229,6 +423,29 @@ static inline __attribute__((always_inline)) void rows_gemv(const int8_t *q, con
     }
 }
 
+struct gemv_job {
+    const int8_t *q;
+    const float *scale, *offset, *x, *xsum;
+    int64_t K, bs, n, rows, groups, tail;
+    float *y;
+};
+
+// A claim of GEMV_ROWS_A_CLAIM rows: in groups of GEMV_ROW_GROUP where the CPU has a kernel for it, the last rows
+// of a product one at a time. Rows are claimed in small runs, so a thread that another process holds up (a busy
+// machine) delays only its own run, not the whole product behind a static share.
+static void gemv_claim(const void *ctx, int64_t item) {
+    const struct gemv_job *j = ctx;
+    const int64_t per = GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP, g1 = (item + 1) * per;
+    for (int64_t g = item * per; g < g1 && g < j->groups + j->tail; g++) {
+        const int64_t r = g < j->groups ? g * GEMV_ROW_GROUP : j->groups * GEMV_ROW_GROUP + (g - j->groups);
+        const int nr = g < j->groups ? GEMV_ROW_GROUP : 1;
+        if (j->bs == 32)
+            rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
+        else
+            rows_gemv(j->q, j->scale, j->offset, j->K, 16, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
+    }
+}
+
 // y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0. Returns
 // -1 (nothing written) when the offsets' block sums of x find no memory.
 int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs, const float *x,
@@ -247,18 +464,13 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
             xsum[j] = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
         }
     }
-// dynamic: rows are claimed in small runs, so a thread that another process holds up (a busy machine)
-// delays only its own run, not the whole product behind a static share
-// (rows in groups of GEMV_ROW_GROUP where the CPU has a kernel for it; the last rows of a product one at a time)
     const int64_t groups = rows / GEMV_ROW_GROUP, tail = rows - groups * GEMV_ROW_GROUP;
-#pragma omp parallel for schedule(dynamic, GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP) if (rows * K * n >= PARALLEL_MIN_WORK)
-    for (int64_t g = 0; g < groups + tail; g++) {
-        const int64_t r = g < groups ? g * GEMV_ROW_GROUP : groups * GEMV_ROW_GROUP + (g - groups);
-        const int nr = g < groups ? GEMV_ROW_GROUP : 1;
-        if (bs == 32)
-            rows_gemv(q, scale, offset, K, 32, x, xsum, n, y, rows, r, nr);
-        else
-            rows_gemv(q, scale, offset, K, 16, x, xsum, n, y, rows, r, nr);
+    const struct gemv_job job = {q, scale, offset, x, xsum, K, bs, n, rows, groups, tail, y};
+    const int64_t per = GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP, claims = (groups + tail + per - 1) / per;
+    if (rows * K * n >= PARALLEL_MIN_WORK) {
+        pool_run(gemv_claim, &job, claims);
+    } else {
+        for (int64_t c = 0; c < claims; c++) gemv_claim(&job, c);
     }
     free(xsum);
     return 0;
@@ -361,21 +573,35 @@ static void attn1_part(const float *qh, const int8_t *k, const float *ks, const 
 }
 
 // One token's attention over t positions of INT8 K/V rows ([t, n_kv, hd], a scale per row and KV head): out
-// [n_heads, hdv]. The positions go in runs of ATTN1_RUN, each KV head's runs on the OpenMP threads, then each
+// [n_heads, hdv]. The positions go in runs of ATTN1_RUN, each KV head's runs on the pool's threads, then each
 // head's runs merged in order (their maxima to the largest): the same sums whatever the threads. Returns -1
 // when the partial results find no memory.
+struct attn1_job {
+    const float *q, *ks, *vs;
+    const int8_t *k, *v;
+    int64_t t, runs, per, n_kv, group, hd, hdv;
+    float scale, softcap, *buf;
+};
+
+static void attn1_claim(const void *ctx, int64_t p) {  // part p: a run of positions of one KV head
+    const struct attn1_job *j = ctx;
+    const int64_t h = p / j->runs, j0 = (p % j->runs) * ATTN1_RUN, j1 = j0 + ATTN1_RUN < j->t ? j0 + ATTN1_RUN : j->t;
+    float *scores = j->buf + p * j->per, *o = scores + j->group * ATTN1_RUN, *mx = o + j->group * j->hdv;
+    attn1_part(j->q + h * j->group * j->hd, j->k, j->ks, j->v, j->vs, j0, j1, h, j->n_kv, j->group, j->hd, j->hdv,
+               j->scale, j->softcap, scores, o, mx, mx + j->group);
+}
+
 int genie_attn1_i8(const float *q, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t t,
                    int64_t n_heads, int64_t n_kv, int64_t hd, int64_t hdv, float scale, float softcap, float *out) {
     const int64_t group = n_heads / n_kv, runs = (t + ATTN1_RUN - 1) / ATTN1_RUN, parts = n_kv * runs;
     const int64_t per = group * (ATTN1_RUN + hdv + 2);  // a part's scores, output, maxima and sums
     float *buf = malloc(sizeof(float) * (size_t)(parts * per));
     if (buf == NULL) return -1;
-#pragma omp parallel for schedule(dynamic, 1) if (parts > 1 && t * n_heads * (hd + hdv) >= ATTN1_PARALLEL_MIN)
-    for (int64_t p = 0; p < parts; p++) {
-        const int64_t h = p / runs, j0 = (p % runs) * ATTN1_RUN, j1 = j0 + ATTN1_RUN < t ? j0 + ATTN1_RUN : t;
-        float *scores = buf + p * per, *o = scores + group * ATTN1_RUN, *mx = o + group * hdv, *sum = mx + group;
-        attn1_part(q + h * group * hd, k, ks, v, vs, j0, j1, h, n_kv, group, hd, hdv, scale, softcap, scores, o,
-                   mx, sum);
+    const struct attn1_job job = {q, ks, vs, k, v, t, runs, per, n_kv, group, hd, hdv, scale, softcap, buf};
+    if (t * n_heads * (hd + hdv) >= ATTN1_PARALLEL_MIN) {
+        pool_run(attn1_claim, &job, parts);
+    } else {
+        for (int64_t p = 0; p < parts; p++) attn1_claim(&job, p);
     }
     for (int64_t h = 0; h < n_kv; h++)
         for (int64_t g = 0; g < group; g++) {
