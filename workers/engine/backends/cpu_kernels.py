@@ -140,6 +140,28 @@ def _declare(lib: ctypes.CDLL) -> None:
     f = ctypes.c_float
     lib.genie_attn1_i8.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, f, f, _ptr]
     lib.genie_attn1_i8.restype = ctypes.c_int
+    i, i64 = ctypes.c_int, _i64
+    lib.genie_qkv_i8.argtypes = [
+        _ptr,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        _ptr,
+        f,
+        i,
+        _ptr,
+        _ptr,
+        i64,
+        i,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+        _ptr,
+    ]
+    lib.genie_qkv_i8.restype = None
 
 
 def limit_blas_threads(n: int) -> None:
@@ -196,6 +218,32 @@ class BlockKernels:
         ):  # fmt: skip
             raise MemoryError(f"genie_attn1_i8: no memory for the partial results of {end - lo} positions")
         return out
+
+    def qkv_i8(
+        self, qkv: np.ndarray, heads: tuple[int, int], qk_norm: np.ndarray | None, eps: float, v_norm: bool,
+        cos: np.ndarray, sin: np.ndarray, neox: bool, kv: LayerKV, slot: int, pos0: int,
+    ) -> np.ndarray:  # fmt: skip
+        """A layer's QKV rows [n, (H + Hkv) * hd + Hkv * hdv] (heads = (H, Hkv)): q and k normed (qk_norm rows [H +
+        Hkv, hd], if any) and turned by RoPE (cos, sin [n, rope_dim / 2] of the rows' positions), v normed when
+        v_norm; k and v rotated and coded into the INT8 pool `kv` at positions pos0.. of `slot`; returns q [n, H, hd]
+        rotated as the stored rows are (genie_qkv_i8: the same numbers for a row whatever rows share the call)."""
+        (H, Hkv), n = heads, qkv.shape[0]
+        hd, hdv = kv.k.shape[3], kv.v.shape[3]
+        assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[2] == Hkv
+        assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and 0 <= pos0 and pos0 + n <= kv.k.shape[1]
+        assert self.takes_attention(hd, hdv) and qkv.shape[1] == (H + Hkv) * hd + Hkv * hdv
+        assert cos.shape == sin.shape and cos.shape[0] == n and 2 * cos.shape[1] <= hd
+        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+        cos, sin = np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32)
+        norm = None if qk_norm is None else np.ascontiguousarray(qk_norm, dtype=np.float32)
+        assert norm is None or norm.shape == (H + Hkv, hd)
+        q = np.empty((n, H, hd), dtype=np.float32)
+        self.lib.genie_qkv_i8(
+            qkv.ctypes.data, n, H, Hkv, hd, hdv, None if norm is None else norm.ctypes.data, eps, int(v_norm),
+            cos.ctypes.data, sin.ctypes.data, 2 * cos.shape[1], int(neox), q.ctypes.data, kv.k[slot, pos0].ctypes.data,
+            kv.k_scale[slot, pos0].ctypes.data, kv.v[slot, pos0].ctypes.data, kv.v_scale[slot, pos0].ctypes.data,
+        )  # fmt: skip
+        return q
 
     def dequantize(self, w: BlockWeight, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
         """float32 rows [r0, r1) of w into out[: r1 - r0] (C-contiguous)."""

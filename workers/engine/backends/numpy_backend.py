@@ -263,9 +263,43 @@ class NumpyBackend(Backend):
             dst[slot, pos0 : pos0 + n] = q
             dst_scale[slot, pos0 : pos0 + n] = s
 
+    def self_attention(
+        self,
+        qkv: np.ndarray,
+        cfg: Any,
+        lc: Any,
+        qk_norm: np.ndarray | None,
+        positions: np.ndarray,
+        kv: LayerKV,
+        slot: int,
+        pos0: int,
+    ) -> np.ndarray:
+        """With the C kernels and an INT8 pool: prepare_qkv's norms, RoPE, rotation and K/V store in one call of
+        genie_qkv_i8, whatever the number of rows (a prompt's and a decode step's rows the same numbers), then the
+        attention of the rotated q."""
+        blocks, H, hd, hdv = self._blocks, cfg.n_heads, lc.head_dim, lc.v_head_dim
+        if blocks is None or self.xp is not np or kv.k_scale is None or not blocks.takes_attention(hd, hdv):
+            return super().self_attention(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+        table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
+        p0, p1 = int(positions[0]), int(positions[-1]) + 1  # positions are consecutive
+        heads = (H, lc.n_kv_heads)
+        neox = cfg.rope_mode == "neox"
+        q = blocks.qkv_i8(
+            qkv, heads, qk_norm, cfg.rms_eps, cfg.v_norm, table.cos[p0:p1], table.sin[p0:p1], neox, kv, slot, pos0
+        )
+        return self._attend(q, kv, slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
+
     def attention(
         self, q: np.ndarray, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float
     ) -> np.ndarray:
+        if kv.k_scale is not None:  # K and V rows are stored rotated (kv_rotation): rotate q alike
+            q = self._rotate(q)
+        return self._attend(q, kv, slot, pos0, window, scale, softcap)
+
+    def _attend(
+        self, q: np.ndarray, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float
+    ) -> np.ndarray:
+        """attention() of a q already rotated as an INT8 pool's rows are; the output rotated back."""
         xp = self.xp
         n, n_heads, _ = q.shape
         n_kv_heads = kv.k.shape[2]
@@ -281,9 +315,7 @@ class NumpyBackend(Backend):
                 masked |= q_pos - k_pos >= window
             bias = xp.asarray(np.where(masked, np.float32(-np.inf), np.float32(0.0))[:, None, :])
         v_dim = kv.v.shape[3]
-        is_int8 = kv.k_scale is not None
-        if is_int8:  # K and V rows are stored rotated (kv_rotation): rotate q alike, un-rotate the output
-            q = self._rotate(q)
+        is_int8 = kv.k_scale is not None  # the output is un-rotated below
         blocks = self._blocks
         if n == 1 and is_int8 and blocks is not None and blocks.takes_attention(q.shape[-1], v_dim):
             # a decode step: the int8 rows read where they are (cpu_kernels.py)

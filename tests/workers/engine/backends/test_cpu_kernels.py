@@ -389,3 +389,71 @@ def test_a_forked_child_runs_products_on_threads_of_its_own(kernels):
     assert os.waitstatus_to_exitcode(status) == 0
     assert threads == 2
     np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
+@pytest.mark.parametrize(
+    "H, Hkv, hd, hdv, rope_dim, mode, qk_norm, v_norm",
+    [
+        (9, 3, 64, 64, 64, "norm", False, False),  # SmolLM2's layout
+        (4, 1, 256, 256, 256, "neox", True, False),  # Gemma 3's
+        (8, 1, 80, 48, 32, "neox", True, True),  # head dims not a power of two, partial RoPE, V norm (Gemma 4)
+    ],
+)
+def test_qkv_rows_into_an_int8_pool_are_numpys_and_a_row_gets_the_same_alone(
+    kernels, H, Hkv, hd, hdv, rope_dim, mode, qk_norm, v_norm
+):
+    """genie_qkv_i8 against Backend.prepare_qkv's NumPy (norms, RoPE, kv_write's rotation and coding, q rotated
+    as attention does): q within float rounding, each stored K/V value within one code; and a prompt's rows in
+    one call are the rows one at a time, bit for bit (a warm prefix and a cold prompt store the same rows)."""
+    from types import SimpleNamespace
+
+    from genie_workers.engine.backends.base import Backend
+    from genie_workers.engine.kv_cache import LayerKV
+
+    rng = np.random.default_rng()
+    n, pos0, n_ctx = 37, 5, 64
+    cfg = SimpleNamespace(n_heads=H, rms_eps=1e-6, rope_mode=mode, v_norm=v_norm)
+    lc = SimpleNamespace(
+        head_dim=hd, v_head_dim=hdv, n_kv_heads=Hkv, rope_base=10000.0, rope_scale=1.0, rope_dim=rope_dim,
+        rope_freq_factors=None,
+    )  # fmt: skip
+    qkv = rng.standard_normal((n, (H + Hkv) * hd + Hkv * hdv), dtype=np.float32) * 3
+    norm = rng.uniform(0.5, 1.5, (H + Hkv, hd)).astype(np.float32) if qk_norm else None
+    positions = np.arange(pos0, pos0 + n)
+    backend = NumpyBackend()
+
+    def pool() -> LayerKV:
+        return LayerKV(
+            np.zeros((2, n_ctx, Hkv, hd), np.int8), np.zeros((2, n_ctx, Hkv, hdv), np.int8),
+            np.zeros((2, n_ctx, Hkv), np.float32), np.zeros((2, n_ctx, Hkv), np.float32),
+        )  # fmt: skip
+
+    want_kv, got_kv, alone_kv = pool(), pool(), pool()
+    want_q = backend._rotate(Backend.prepare_qkv(backend, qkv.copy(), cfg, lc, norm, positions, want_kv, 1, pos0))
+    table = backend._rope_table(10000.0, 1.0, rope_dim, pos0 + n)
+    cos, sin = table.cos[pos0 : pos0 + n], table.sin[pos0 : pos0 + n]
+    got_q = kernels.qkv_i8(qkv, (H, Hkv), norm, 1e-6, v_norm, cos, sin, mode == "neox", got_kv, 1, pos0)
+    alone_q = np.concatenate(
+        [
+            kernels.qkv_i8(qkv[i : i + 1], (H, Hkv), norm, 1e-6, v_norm, cos[i : i + 1], sin[i : i + 1],
+                           mode == "neox", alone_kv, 1, pos0 + i)
+            for i in range(n)
+        ]
+    )  # fmt: skip
+    assert rel_err(got_q, want_q) < 1e-5
+    rows = slice(pos0, pos0 + n)
+    for part in ("k", "v"):  # codes with their scales
+        g_codes, g_scales = getattr(got_kv, part), getattr(got_kv, f"{part}_scale")
+        w_codes, w_scales = getattr(want_kv, part), getattr(want_kv, f"{part}_scale")
+        got = g_codes[1, rows].astype(np.float32) * g_scales[1, rows][..., None]
+        want = w_codes[1, rows].astype(np.float32) * w_scales[1, rows][..., None]
+        assert np.all(np.abs(got - want) <= w_scales[1, rows][..., None] * 1.001 + 1e-7)
+        np.testing.assert_allclose(g_scales[1, rows], w_scales[1, rows], rtol=1e-5)
+        assert not g_codes[0].any() and not g_codes[1, :pos0].any() and not g_codes[1, pos0 + n :].any()
+    np.testing.assert_array_equal(alone_q, got_q)
+    for a, b in zip(
+        (alone_kv.k, alone_kv.v, alone_kv.k_scale, alone_kv.v_scale),
+        (got_kv.k, got_kv.v, got_kv.k_scale, got_kv.v_scale),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)

@@ -623,3 +623,115 @@ int genie_attn1_i8(const float *q, const int8_t *k, const float *ks, const int8_
     free(buf);
     return 0;
 }
+
+// ---- a layer's QKV rows into rotated q and an INT8 KV slot ----------------------------------------------------
+// NumpyBackend.prepare_qkv and kv_write for INT8 K/V, for any number of rows (a prompt's and a decode step's rows
+// the same numbers): each head of each row of qkv [n, (H + Hkv) * hd + Hkv * hdv] (q heads, k heads, v heads) taken
+// on its own, q and k RMS-normed with their rows of qk_norm [H + Hkv, hd] (when given), rotated by RoPE over their
+// first rope_dim values (neox: pairs (j, j + rope_dim / 2), else (2j, 2j + 1); cos and sin [n, rope_dim / 2], the
+// rows' positions' angles), v normed without a weight (v_norm); then rotated into the rows INT8 K/V are stored in
+// (kv_rotation, by butterflies: rotate_row), q into q_out [n, H, hd], k and v coded as int8
+// with a scale a row and head (absmax / 127, rounded half to even: quantize_int8) into k, ks, v, vs at the slot's
+// positions of these rows ([n, Hkv, hd] / [n, Hkv] from the first). RoPE's products are NumPy's (no fused
+// multiply-adds: -std=c11 keeps them apart), the norms' sums and the rotations in a fixed order of their own.
+// hd and hdv at most ATTN1_MAX_DIM.
+static float rms_inv(const float *x, int64_t d, float eps) {  // 1 / sqrt(mean(x^2) + eps)
+    float acc[16] = {0};
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16)
+        for (int t = 0; t < 16; t++) acc[t] += x[j + t] * x[j + t];
+    float ss = 0.0f;
+    for (int t = 0; t < 16; t++) ss += acc[t];
+    for (; j < d; j++) ss += x[j] * x[j];
+    return 1.0f / sqrtf(ss * (1.0f / (float)d) + eps);
+}
+
+// x @ kv_rotation(d) in place: a normalized Sylvester-Hadamard matrix on each block of the largest power of two
+// dividing d, as Walsh-Hadamard butterflies (d log d additions, where the product is d^2 multiply-adds)
+static void rotate_row(float *x, int64_t d) {
+    const int64_t block = d & -d;
+    const float scale = (float)(1.0 / sqrt((double)block));  // kv_rotation's entries are +-this float
+    for (int64_t b0 = 0; b0 < d; b0 += block)
+        for (int64_t len = 1; len < block; len <<= 1)
+            for (int64_t i = b0; i < b0 + block; i += 2 * len)
+                for (int64_t t = i; t < i + len; t++) {
+                    const float a = x[t], b = x[t + len];
+                    x[t] = a + b;
+                    x[t + len] = a - b;
+                }
+    for (int64_t j = 0; j < d; j++) x[j] *= scale;
+}
+
+static void code_row(const float *x, int64_t d, int8_t *q, float *scale) {  // quantize_int8 of one row
+    float top = 0.0f;
+    for (int64_t j = 0; j < d; j++) {
+        const float a = fabsf(x[j]);
+        top = a > top ? a : top;
+    }
+    const float s = top / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+    for (int64_t j = 0; j < d; j++) {
+        float c = nearbyintf(x[j] * inv);
+        c = c < -127.0f ? -127.0f : (c > 127.0f ? 127.0f : c);
+        q[j] = (int8_t)c;
+    }
+    *scale = s;
+}
+
+struct qkv_job {
+    const float *qkv, *qk_norm, *cos, *sin;
+    int64_t H, Hkv, hd, hdv, rope_dim;
+    float eps;
+    int v_norm, neox;
+    float *q_out, *ks, *vs;
+    int8_t *k, *v;
+};
+
+static void qkv_row(const void *ctx, int64_t i) {
+    const struct qkv_job *j = ctx;
+    const int64_t H = j->H, Hkv = j->Hkv, hd = j->hd, hdv = j->hdv, half = j->rope_dim / 2;
+    const float *row = j->qkv + i * ((H + Hkv) * hd + Hkv * hdv);
+    const float *c = j->cos + i * half, *s = j->sin + i * half;
+    float x[ATTN1_MAX_DIM];
+    for (int64_t h = 0; h < H + Hkv; h++) {
+        for (int64_t d = 0; d < hd; d++) x[d] = row[h * hd + d];
+        if (j->qk_norm != NULL) {
+            const float inv = rms_inv(x, hd, j->eps), *w = j->qk_norm + h * hd;
+            for (int64_t d = 0; d < hd; d++) x[d] = x[d] * inv * w[d];
+        }
+        for (int64_t p = 0; p < half; p++) {
+            const int64_t a = j->neox ? p : 2 * p, b = j->neox ? p + half : 2 * p + 1;
+            const float x0 = x[a], x1 = x[b];
+            x[a] = x0 * c[p] - x1 * s[p];
+            x[b] = x0 * s[p] + x1 * c[p];
+        }
+        rotate_row(x, hd);
+        if (h < H) {
+            float *q = j->q_out + (i * H + h) * hd;
+            for (int64_t d = 0; d < hd; d++) q[d] = x[d];
+        } else {
+            code_row(x, hd, j->k + (i * Hkv + h - H) * hd, j->ks + i * Hkv + h - H);
+        }
+    }
+    for (int64_t h = 0; h < Hkv; h++) {
+        const float *src = row + (H + Hkv) * hd + h * hdv;
+        for (int64_t d = 0; d < hdv; d++) x[d] = src[d];
+        if (j->v_norm) {
+            const float inv = rms_inv(x, hdv, j->eps);
+            for (int64_t d = 0; d < hdv; d++) x[d] = x[d] * inv;
+        }
+        rotate_row(x, hdv);
+        code_row(x, hdv, j->v + (i * Hkv + h) * hdv, j->vs + i * Hkv + h);
+    }
+}
+
+void genie_qkv_i8(const float *qkv, int64_t n, int64_t H, int64_t Hkv, int64_t hd, int64_t hdv, const float *qk_norm,
+                  float eps, int v_norm, const float *cos, const float *sin, int64_t rope_dim, int neox, float *q_out,
+                  int8_t *k, float *ks, int8_t *v, float *vs) {
+    const struct qkv_job job = {qkv, qk_norm, cos, sin, H, Hkv, hd, hdv, rope_dim, eps, v_norm, neox, q_out, ks, vs,
+                                k, v};
+    if (n * (H + 2 * Hkv) * hd * 16 >= PARALLEL_MIN_WORK) {
+        pool_run(qkv_row, &job, n);
+    } else {
+        for (int64_t i = 0; i < n; i++) qkv_row(&job, i);
+    }
+}
