@@ -162,6 +162,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         _ptr,
     ]
     lib.genie_qkv_i8.restype = None
+    lib.genie_rotate_rows.argtypes = [_ptr, i64, i64]
+    lib.genie_rotate_rows.restype = None
 
 
 def limit_blas_threads(n: int) -> None:
@@ -245,6 +247,15 @@ class BlockKernels:
         )  # fmt: skip
         return q
 
+    def rotate(self, x: np.ndarray) -> np.ndarray:
+        """x [..., d] @ kv_rotation(d) (d at most ATTN1_MAX_DIM) as a new array: genie_rotate_rows' butterflies, a
+        row's numbers the same whatever rows share the call."""
+        y = np.array(x, dtype=np.float32, order="C")  # a copy: the rows are rotated in place
+        d = y.shape[-1]
+        assert 0 < d <= ATTN1_MAX_DIM
+        self.lib.genie_rotate_rows(y.ctypes.data, y.size // d, d)
+        return y
+
     def dequantize(self, w: BlockWeight, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
         """float32 rows [r0, r1) of w into out[: r1 - r0] (C-contiguous)."""
         cols = w.q.shape[1]
@@ -268,19 +279,6 @@ class BlockKernels:
             np.matmul(x, self.dequantize(w, r0, r1, self._buffer(step, cols)).T, out=y[:, r0:r1])
 
         self.each(work, range(0, rows, step))
-        return y
-
-    def rows_matmul(self, x: np.ndarray, m: np.ndarray) -> np.ndarray:
-        """x [n, k] @ m [k, j] for a prompt's rows (rotations of q, K/V and attention outputs: BLAS here runs on one
-        thread), in runs of rows on genie's threads."""
-        n = x.shape[0]
-        y = np.empty((n, m.shape[1]), dtype=np.result_type(x, m))
-        step = max(1, -(-n // (self.threads * CLAIMS_PER_THREAD)))
-
-        def run(r0: int) -> None:
-            np.matmul(x[r0 : r0 + step], m, out=y[r0 : r0 + step])
-
-        self.each(run, range(0, n, step))
         return y
 
     def each(self, fn: Callable[[T], None], items: Iterable[T]) -> None:

@@ -37,7 +37,6 @@ GEMV_MAX_TOKENS = 15
 AFFINE_TYPES = frozenset({GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q4_K})
 AFFINE_TYPES |= {GGMLQuantizationType.Q5_K}  # the block types with an offset (a min) besides the scale
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
-ROTATE_ROWS_THREADED = 256  # rows of a K/V rotation from which they are split over genie's threads (a prompt's)
 
 
 def dequantize_tensor(tensor: TensorInfo, out: np.ndarray | None = None) -> np.ndarray:
@@ -113,13 +112,11 @@ class NumpyBackend(Backend):
         return self._rotations[head_dim]
 
     def _rotate(self, x: Any) -> Any:
-        """x [..., d] @ kv_rotation(d): a prompt's rows on genie's threads (BLAS runs on one here), a decode
-        step's as they are."""
-        r = self._rotation(x.shape[-1])
-        rows = x.size // x.shape[-1]
-        if self._blocks is None or self.xp is not np or rows < ROTATE_ROWS_THREADED:
-            return x @ r
-        return self._blocks.rows_matmul(x.reshape(rows, -1), r).reshape(x.shape)
+        """x [..., d] @ kv_rotation(d): with the C kernels as butterflies (the same numbers for a row of a prompt and
+        of a decode step, as genie_qkv_i8's), else the product."""
+        if self._blocks is not None and self.xp is np and x.shape[-1] <= cpu_kernels.ATTN1_MAX_DIM:
+            return self._blocks.rotate(x)
+        return x @ self._rotation(x.shape[-1])
 
     def weight_bytes(self, tensors: list[TensorInfo], matrix: bool) -> int:
         n = sum(int(np.prod(t.shape)) for t in tensors)
@@ -320,7 +317,7 @@ class NumpyBackend(Backend):
         if n == 1 and is_int8 and blocks is not None and blocks.takes_attention(q.shape[-1], v_dim):
             # a decode step: the int8 rows read where they are (cpu_kernels.py)
             out = blocks.attention_one(q[0], kv, slot, lo, end, scale, softcap)
-            return (out @ self._rotation(v_dim)).reshape(n, n_heads * v_dim)
+            return self._rotate(out).reshape(n, n_heads * v_dim)
         out = xp.empty((n, n_heads, v_dim), dtype=np.float32)
         t = end - lo
 

@@ -408,7 +408,7 @@ def test_qkv_rows_into_an_int8_pool_are_numpys_and_a_row_gets_the_same_alone(
     from types import SimpleNamespace
 
     from genie_workers.engine.backends.base import Backend
-    from genie_workers.engine.kv_cache import LayerKV
+    from genie_workers.engine.kv_cache import LayerKV, kv_rotation
 
     rng = np.random.default_rng()
     n, pos0, n_ctx = 37, 5, 64
@@ -429,6 +429,7 @@ def test_qkv_rows_into_an_int8_pool_are_numpys_and_a_row_gets_the_same_alone(
         )  # fmt: skip
 
     want_kv, got_kv, alone_kv = pool(), pool(), pool()
+    backend._rotate = lambda x: x @ kv_rotation(x.shape[-1])  # the reference: the rotation as the matrix product
     want_q = backend._rotate(Backend.prepare_qkv(backend, qkv.copy(), cfg, lc, norm, positions, want_kv, 1, pos0))
     table = backend._rope_table(10000.0, 1.0, rope_dim, pos0 + n)
     cos, sin = table.cos[pos0 : pos0 + n], table.sin[pos0 : pos0 + n]
@@ -457,3 +458,19 @@ def test_qkv_rows_into_an_int8_pool_are_numpys_and_a_row_gets_the_same_alone(
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("d", [64, 80, 256, 512])
+def test_rotated_rows_are_the_rotation_matrix_product_and_a_row_gets_the_same_alone(kernels, d):
+    """genie_rotate_rows (kv_rotation's Hadamard blocks as butterflies) against x @ kv_rotation(d), and a prompt's
+    rows against each row alone, bit for bit; the input is left as it was."""
+    from genie_workers.engine.kv_cache import kv_rotation
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((300, 3, d), dtype=np.float32)
+    before = x.copy()
+    got = kernels.rotate(x)
+    assert rel_err(got, x @ kv_rotation(d)) < 1e-6
+    np.testing.assert_array_equal(x, before)
+    for i in (0, 151, 299):
+        np.testing.assert_array_equal(kernels.rotate(x[i : i + 1]), got[i : i + 1])

@@ -22,6 +22,7 @@
 
 #define PARALLEL_MIN_WORK (1 << 16)  // multiply-adds below which one thread is faster than waking others
 #define GEMV_ROWS_A_CLAIM 32         // rows a thread takes at a time
+#define ROTATE_ROWS_A_CLAIM 64       // rows of genie_rotate_rows a thread takes at a time
 
 // ---- the threads ----------------------------------------------------------------------------------------------
 // A decode token is ~120 products and ~30 attention calls, with a few to a few tens of microseconds of Python
@@ -733,5 +734,28 @@ void genie_qkv_i8(const float *qkv, int64_t n, int64_t H, int64_t Hkv, int64_t h
         pool_run(qkv_row, &job, n);
     } else {
         for (int64_t i = 0; i < n; i++) qkv_row(&job, i);
+    }
+}
+
+// x [n, d] @ kv_rotation(d) in place, row by row (rotate_row's butterflies): the attention outputs' way back and
+// whatever else NumpyBackend rotates, the same numbers for a row whatever rows share the call.
+struct rotate_job {
+    float *x;
+    int64_t n, d;
+};
+
+static void rotate_claim(const void *ctx, int64_t item) {  // a claim: ROTATE_ROWS_A_CLAIM rows
+    const struct rotate_job *j = ctx;
+    for (int64_t i = item * ROTATE_ROWS_A_CLAIM; i < (item + 1) * ROTATE_ROWS_A_CLAIM && i < j->n; i++)
+        rotate_row(j->x + i * j->d, j->d);
+}
+
+void genie_rotate_rows(float *x, int64_t n, int64_t d) {
+    const struct rotate_job job = {x, n, d};
+    const int64_t claims = (n + ROTATE_ROWS_A_CLAIM - 1) / ROTATE_ROWS_A_CLAIM;
+    if (n * d * 8 >= PARALLEL_MIN_WORK) {
+        pool_run(rotate_claim, &job, claims);
+    } else {
+        for (int64_t c = 0; c < claims; c++) rotate_claim(&job, c);
     }
 }
