@@ -38,14 +38,10 @@
 // the next item to claim (20 bits). Threads claim items by compare-and-swap on that word, so a thread that read
 // a later call's function claims nothing of it under the earlier generation, and a call ends when every item
 // it handed out is done: no thread is ever waited for except while it holds an item.
-#ifndef POOL_SPIN_NS
 #define POOL_SPIN_NS 200000          // a thread's spin for the next call before it sleeps (between tokens: asleep)
-#endif
 #define POOL_QUIET_NS 1000000000LL   // no spinning for this long once the threads were seen waiting for a core
 #define POOL_CHECK_NS 20000000LL     // run delays looked at every this long, at most
-#ifndef POOL_BUSY
 #define POOL_BUSY 0.25               // a share of the time a worker waited for a core (mean): a busy machine
-#endif
 #define POOL_MAX_THREADS 256
 #define POOL_ITEMS_MAX ((1 << 20) - 1)
 #define GEN_SHIFT 40
@@ -60,7 +56,6 @@ static struct {
     _Atomic int threads;                // in effect, the caller included
     int created;                        // workers started (in this process: pid)
     pthread_mutex_t running;            // held by the call in progress (another thread's call runs alone)
-    pid_t pid;
     _Atomic(pool_fn) fn;
     _Atomic(const void *) ctx;
     _Atomic uint64_t word;              // generation | items | next item
@@ -166,6 +161,27 @@ static void *pool_worker(void *arg) {
     return NULL;
 }
 
+// In a forked child (pthread_atfork, in the forking thread before anything else runs there): none of the parent's
+// threads are in it, and a lock one of them held at the fork would be held for ever; the pool starts again empty.
+static void pool_after_fork(void) {
+    for (int i = 1; i <= pool.created; i++) {
+        const int fd = atomic_load(&pool.delay_fd[i]);
+        if (fd >= 0) close(fd);
+    }
+    pool.created = 0;
+    pool.last_check = 0;
+    atomic_store(&pool.sleeping, 0);
+    atomic_store(&pool.caller_waits, 0);
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_mutex_init(&pool.running, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.finished, NULL);
+}
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+
+static void pool_init(void) { pthread_atfork(NULL, NULL, pool_after_fork); }
+
 // fn(ctx, i) for i in [0, items) on the pool's threads and the caller's; returns when all are done. The items'
 // order among the threads is not fixed: each must write only its own part of the results. Runs on the caller's
 // thread alone with one thread, fewer than two items, more than POOL_ITEMS_MAX, or while another thread's call
@@ -175,15 +191,6 @@ static void pool_run(pool_fn fn, const void *ctx, int64_t items) {
         pthread_mutex_trylock(&pool.running) != 0) {
         for (int64_t i = 0; i < items; i++) fn(ctx, i);
         return;
-    }
-    if (pool.pid != getpid()) {  // a forked child has none of its parent's threads (nor their schedstat)
-        for (int i = 1; i <= pool.created; i++) {
-            const int fd = atomic_load(&pool.delay_fd[i]);
-            if (fd >= 0) close(fd);
-        }
-        pool.pid = getpid();
-        pool.created = 0;
-        pool.last_check = 0;
     }
     for (int i = pool.created + 1; i < atomic_load(&pool.threads); i++) {
         pthread_t t;
@@ -221,6 +228,7 @@ static void pool_run(pool_fn fn, const void *ctx, int64_t items) {
 
 // Threads for the parallel loops, the caller's included (at most POOL_MAX_THREADS); returns the number in effect.
 int genie_set_threads(int n) {
+    pthread_once(&pool_once, pool_init);
     if (n > 0) atomic_store(&pool.threads, n < POOL_MAX_THREADS ? n : POOL_MAX_THREADS);
     return atomic_load(&pool.threads);
 }
