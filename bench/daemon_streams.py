@@ -17,6 +17,10 @@ questions, rendered by the same template, run together in this process on an eng
 0.9x that. --daemon-arg: more of the daemon's options (e.g. --no-kv-store: no saves or lookups of KV).
 --detail: each stream of the timed passes, from the pass's start: its first piece and its end, and the
 worker's prefill and decode times.
+
+With llama-cpp-python installed (a dev-only reference, as in bench/cpu.py) and a model file it can read, the same
+questions (the same prompt tokens: the engine's chat template) run one at a time on it, greedy, as many tokens
+each, 2 threads, timed the same way (prefill included): issue 38 asks 4 streams through the daemon for 1.3x that.
 """
 
 from __future__ import annotations
@@ -132,9 +136,38 @@ async def run(port: int, n: int, tokens: int) -> tuple[list[str], float]:
     return [t for t, _ in together], rate_together
 
 
-def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, list[str], list[str]]:
+def llama_one_at_a_time(model: str, prompts: list[list[int]], tokens: int) -> tuple[str, float] | None:
+    """llama-cpp-python's tokens/s over these prompts one at a time (greedy, `tokens` each, prefill included), and
+    its name; None without it or without a model file it reads."""
+    try:
+        import llama_cpp
+        import numpy as np
+
+        from genie_common.registry import resolve_model
+
+        path = resolve_model(model)
+    except Exception:  # not installed, or the model is not a file it can take: no reference, said by the caller
+        return None
+    n_ctx = max(len(ids) for ids in prompts) + tokens + 8
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=2, n_threads_batch=2, verbose=False
+    )
+    llm.reset()
+    llm.eval(prompts[0][:8])  # its first call's set-up, outside the timing (the daemon's was too)
+    t0 = time.perf_counter()
+    for ids in prompts:
+        llm.reset()
+        llm.eval(ids)
+        for i in range(tokens):  # greedy, the end-of-generation token ignored as the daemon's answers do
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            if i + 1 < tokens:
+                llm.eval([token])
+    return f"llama-cpp-python {llama_cpp.__version__}", len(prompts) * tokens / (time.perf_counter() - t0)
+
+
+def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, list[str], list[str], list[list[int]]]:
     """The questions together on an engine in this process: tokens/s from the first submit to the last
-    completion (the second time, as through the daemon), and the texts."""
+    completion (the second time, as through the daemon), the texts, and the prompts' token ids."""
     from genie_common.engine_options import EngineOptions
     from genie_workers.engine.engine import Completion, Engine
     from genie_workers.engine.sampling import SamplingParams
@@ -165,7 +198,7 @@ def in_process(model: str, n: int, tokens: int, backend: str) -> tuple[float, li
                     )
         rate = made / (time.perf_counter() - t0)
     del engine
-    return rate, [texts[s] for s in seqs], lines
+    return rate, [texts[s] for s in seqs], lines, prompts
 
 
 def main() -> None:
@@ -194,6 +227,7 @@ def main() -> None:
         " in process together tok/s | daemon / in process | same text as in process |"
     )
     print("|---|---|---|---|---|---|---|---|")
+    rates, prompts = {}, []
     for n in args.streams:
         with tempfile.TemporaryDirectory() as d:
             proc, port = start(model, n, args.backend, Path(d), args.daemon_arg)
@@ -205,13 +239,22 @@ def main() -> None:
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
-        local, local_texts, local_lines = in_process(model, n, args.tokens, args.backend)
+        local, local_texts, local_lines, prompts = in_process(model, n, args.tokens, args.backend)
+        rates[n] = rate
         same = sum(a == b for a, b in zip(texts, local_texts, strict=True))
         print(f" {local:.1f} | {rate / local:.2f} | {same} of {n} |", flush=True)
         if args.detail:
             print("\nthrough the daemon:\n" + "\n".join(sorted(TIMES)))
             print("in process:\n" + "\n".join(sorted(local_lines)), flush=True)
             TIMES.clear()
+    reference = llama_one_at_a_time(model, prompts, args.tokens)
+    if reference is None:
+        print("\n(no llama-cpp-python reference: not installed, or no model file it reads)")
+        return
+    name, ref = reference
+    ratios = ", ".join(f"{n} streams {r / ref:.2f}x" for n, r in rates.items())
+    print(f"\n{name}, {len(prompts)} questions one at a time (prefill included): {ref:.1f} tok/s")
+    print(f"through the daemon together against it: {ratios}")
 
 
 if __name__ == "__main__":
