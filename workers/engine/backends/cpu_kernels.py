@@ -141,26 +141,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_attn1_i8.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, f, f, _ptr]
     lib.genie_attn1_i8.restype = ctypes.c_int
     i, i64 = ctypes.c_int, _i64
-    lib.genie_qkv_i8.argtypes = [
-        _ptr,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        _ptr,
-        f,
-        i,
-        _ptr,
-        _ptr,
-        i64,
-        i,
-        _ptr,
-        _ptr,
-        _ptr,
-        _ptr,
-        _ptr,
-    ]
+    lib.genie_qkv_i8.argtypes = [_ptr, *[i64] * 5, _ptr, f, i, _ptr, _ptr, i64, i, *[_ptr] * 5]
     lib.genie_qkv_i8.restype = None
     lib.genie_rotate_rows.argtypes = [_ptr, i64, i64]
     lib.genie_rotate_rows.restype = None

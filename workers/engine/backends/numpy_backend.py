@@ -24,7 +24,7 @@ from gguf.quants import dequantize
 from genie_common.gguf_file import TensorInfo
 
 from ..kv_cache import INT8_QMAX, LayerKV, kv_rotation
-from ..model_config import RopeMode
+from ..model_config import LayerConfig, ModelConfig, RopeMode
 from . import cpu_kernels
 from .base import Array, Backend, NextInput, Weight
 from .block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
@@ -263,8 +263,8 @@ class NumpyBackend(Backend):
     def self_attention(
         self,
         qkv: np.ndarray,
-        cfg: Any,
-        lc: Any,
+        cfg: ModelConfig,
+        lc: LayerConfig,
         qk_norm: np.ndarray | None,
         positions: np.ndarray,
         kv: LayerKV,

@@ -11,7 +11,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -54,7 +53,7 @@ static struct {
     pthread_mutex_t lock;
     pthread_cond_t wake, finished;
     _Atomic int threads;                // in effect, the caller included
-    int created;                        // workers started (in this process: pid)
+    int created;                        // workers started in this process (1 .. created)
     pthread_mutex_t running;            // held by the call in progress (another thread's call runs alone)
     _Atomic(pool_fn) fn;
     _Atomic(const void *) ctx;
