@@ -7,7 +7,8 @@ sub-blocks with an int8 scale. Each scale * q product fits a float32 significand
 bit-identical to gguf's reference dequantization (tests check it type by type).
 
 The CPU backend keeps matrices in this form: a byte per weight instead of four, read by the C kernels in
-kernels/cpu_blocks.c.
+kernels/cpu_blocks.c; the types whose values are 4 bits (Q4_1, Q4_K: 0 .. 15) two a byte (`packed`, the
+kernels' PACKED order), half the bytes for the same numbers.
 """
 
 from __future__ import annotations
@@ -27,14 +28,20 @@ UNPACK_CHUNK_BYTES = 8 << 20  # raw bytes unpacked at a time: bounds the tempora
 
 @dataclass(frozen=True)
 class BlockWeight:
-    q: np.ndarray  # int8 [rows, cols]
+    q: np.ndarray  # int8 [rows, cols], or packed: uint8 [rows, cols // 2]
     scale: np.ndarray  # float32 [rows, cols // block]
     offset: np.ndarray | None  # float32 [rows, cols // block], None for scale-only types
     block: int  # 16 or 32
+    packed: bool = False  # two 4-bit values a byte (blocks of 32): pack_nibbles
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.q.shape  # type: ignore[return-value]
+        rows, width = self.q.shape
+        return rows, width * 2 if self.packed else width
+
+    def values(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """int8 [n, cols]: the given rows' q values, unpacked."""
+        return unpack_nibbles(self.q[rows]) if self.packed else self.q[rows]
 
     @cached_property
     def addresses(self) -> tuple[int, int, int | None]:
@@ -44,13 +51,26 @@ class BlockWeight:
 
     def dequantize(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
         """float32 [n, cols] of the given rows."""
-        q = self.q[rows]
+        q = self.values(rows)
         n, cols = q.shape
         w = q.reshape(n, cols // self.block, self.block).astype(np.float32)
         w *= self.scale[rows][..., None]
         if self.offset is not None:
             w += self.offset[rows][..., None]
         return w.reshape(n, cols)
+
+
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """int8 [n, cols] of values 0 .. 15 -> uint8 [n, cols // 2]: a block of 32 in 16 bytes, byte j holding value
+    j in its low nibble and value j + 16 in its high one (GGUF's Q4_0 / Q4_1 order; cpu_blocks.c's PACKED)."""
+    b = q.view(np.uint8).reshape(q.shape[0], -1, 2, 16)
+    return (b[:, :, 0] | (b[:, :, 1] << 4)).reshape(q.shape[0], -1)
+
+
+def unpack_nibbles(p: np.ndarray) -> np.ndarray:
+    """pack_nibbles' inverse: uint8 [n, cols // 2] -> int8 [n, cols]."""
+    b = p.reshape(p.shape[0], -1, 1, 16)
+    return np.concatenate([b & 0x0F, b >> 4], axis=2).reshape(p.shape[0], -1).view(np.int8)
 
 
 def _f16(raw: np.ndarray, at: int) -> np.ndarray:
@@ -145,6 +165,7 @@ UNPACKERS: dict[GGMLQuantizationType, tuple[Callable[[np.ndarray], Unpacked], in
     Q.Q5_K: (_q5_k, 32),
     Q.Q6_K: (_q6_k, 16),
 }
+PACKED_TYPES = frozenset({Q.Q4_1, Q.Q4_K})  # values 0 .. 15 in blocks of 32: kept two a byte
 
 
 def to_blocks(tensor: TensorInfo) -> BlockWeight:
@@ -155,7 +176,8 @@ def to_blocks(tensor: TensorInfo) -> BlockWeight:
     block_elems, block_bytes = GGML_QUANT_SIZES[tensor.qtype]
     row_blocks = cols // block_elems
     raw = tensor.data.reshape(rows, row_blocks * block_bytes)
-    q = np.empty((rows, cols), dtype=np.int8)
+    packed = tensor.qtype in PACKED_TYPES
+    q = np.empty((rows, cols // 2), dtype=np.uint8) if packed else np.empty((rows, cols), dtype=np.int8)
     scale = np.empty((rows, cols // block), dtype=np.float32)
     offset = None
     step = max(1, UNPACK_CHUNK_BYTES // raw.shape[1])
@@ -163,7 +185,7 @@ def to_blocks(tensor: TensorInfo) -> BlockWeight:
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
             cq, cs, co = unpack(raw[r0:r1].reshape(-1, block_bytes))
-            q[r0:r1] = cq.reshape(r1 - r0, cols)
+            q[r0:r1] = pack_nibbles(cq.reshape(r1 - r0, cols)) if packed else cq.reshape(r1 - r0, cols)
             scale[r0:r1] = cs.reshape(r1 - r0, -1)
             if co is not None:
                 if offset is None:
@@ -171,11 +193,12 @@ def to_blocks(tensor: TensorInfo) -> BlockWeight:
                 offset[r0:r1] = co.reshape(r1 - r0, -1)
     if not np.isfinite(scale).all() or (offset is not None and not np.isfinite(offset).all()):
         raise ValueError(f"tensor {tensor.name} holds non-finite values (corrupt block scales?)")
-    return BlockWeight(q, scale, offset, block)
+    return BlockWeight(q, scale, offset, block, packed)
 
 
 def concat_blocks(weights: list[BlockWeight]) -> BlockWeight:
-    """Stacks rows of matrices that share their input: the smaller block size, an offset if any has one."""
+    """Stacks rows of matrices that share their input: the smaller block size, an offset if any has one, packed
+    when all are."""
     block = min(w.block for w in weights)
     affine = any(w.offset is not None for w in weights)
 
@@ -188,4 +211,6 @@ def concat_blocks(weights: list[BlockWeight]) -> BlockWeight:
         offset = np.concatenate(
             [widen(w.offset, w) if w.offset is not None else np.zeros_like(widen(w.scale, w)) for w in weights]
         )
-    return BlockWeight(np.concatenate([w.q for w in weights]), scale, offset, block)
+    if all(w.packed for w in weights):
+        return BlockWeight(np.concatenate([w.q for w in weights]), scale, offset, block, packed=True)
+    return BlockWeight(np.concatenate([w.values() for w in weights]), scale, offset, block)

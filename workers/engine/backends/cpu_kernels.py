@@ -133,9 +133,9 @@ def load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_set_threads.argtypes = [ctypes.c_int]
     lib.genie_set_threads.restype = ctypes.c_int
-    lib.genie_blk_gemv.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64]
+    lib.genie_blk_gemv.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, ctypes.c_int]
     lib.genie_blk_gemv.restype = ctypes.c_int
-    lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64]
+    lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, ctypes.c_int]
     lib.genie_blk_dequant.restype = None
     f = ctypes.c_float
     lib.genie_attn1_i8.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, f, f, _ptr]
@@ -169,12 +169,15 @@ class BlockKernels:
         """x [n, cols] float32 (small n) @ w.T -> [n, rows]: reads each weight row once for all n inputs."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         n, cols = x.shape
-        rows = w.q.shape[0]
-        if cols != w.q.shape[1] or cols % 32:  # the C code reads cols values of x for every row
-            raise ValueError(f"x has {cols} columns, the weight {w.q.shape[1]}")
+        rows, w_cols = w.shape
+        if cols != w_cols or cols % 32:  # the C code reads cols values of x for every row
+            raise ValueError(f"x has {cols} columns, the weight {w_cols}")
         y = np.empty((n, rows), dtype=np.float32)
-        if self.lib.genie_blk_gemv(*w.addresses, cols, w.block, x.ctypes.data, n, y.ctypes.data, rows):
+        rc = self.lib.genie_blk_gemv(*w.addresses, cols, w.block, x.ctypes.data, n, y.ctypes.data, rows, w.packed)
+        if rc == -1:
             raise MemoryError(f"genie_blk_gemv: no memory for {n} x {cols // w.block} block sums")
+        if rc:
+            raise ValueError(f"genie_blk_gemv: packed values in blocks of {w.block} (only 32)")
         return y
 
     @staticmethod
@@ -239,19 +242,19 @@ class BlockKernels:
 
     def dequantize(self, w: BlockWeight, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
         """float32 rows [r0, r1) of w into out[: r1 - r0] (C-contiguous)."""
-        cols = w.q.shape[1]
+        rows, cols = w.shape
         dst = out[: r1 - r0]
         # the C code trusts these: checked here, where a wrong call would otherwise write past a buffer
-        if not (0 <= r0 <= r1 <= w.q.shape[0] and dst.shape == (r1 - r0, cols) and dst.dtype == np.float32):
-            raise ValueError(f"dequantize rows [{r0}, {r1}) of {w.q.shape} into {out.shape} {out.dtype}")
-        assert dst.flags.c_contiguous
-        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, dst.ctypes.data, r0, r1)
+        if not (0 <= r0 <= r1 <= rows and dst.shape == (r1 - r0, cols) and dst.dtype == np.float32):
+            raise ValueError(f"dequantize rows [{r0}, {r1}) of {w.shape} into {out.shape} {out.dtype}")
+        assert dst.flags.c_contiguous and (w.block == 32 or not w.packed)
+        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, dst.ctypes.data, r0, r1, w.packed)
         return dst
 
     def gemm(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:
         """x [n, cols] (many rows) @ w.T: each thread claims a run of weight rows, dequantizes it and
         multiplies it with single-threaded BLAS, until no run is left."""
-        rows, cols = w.q.shape
+        rows, cols = w.shape
         step = max(1, min(DEQUANT_CHUNK_BYTES // (cols * 4), -(-rows // (self.threads * CLAIMS_PER_THREAD))))
         y = np.empty((x.shape[0], rows), dtype=np.float32)
 

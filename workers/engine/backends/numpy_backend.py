@@ -1,11 +1,11 @@
 """The CPU backend: NumPy for the activations, quantized weights as int8 blocks.
 
 Quantized matrices are unpacked at load time into int8 blocks with float32 scales (block_weight.py):
-one byte per weight. Products with up to `GEMV_MAX_TOKENS` rows (decode) run the C kernel that reads
-the int8 rows directly (cpu_kernels.py); longer ones (prefill) dequantize a chunk of rows at a time to
-float32 and hand it to BLAS. Without a C compiler the backend falls back to what NumPy alone does well:
-every matrix dequantized to float32 once (four bytes per weight; NumPy has no fast int8 or float16
-product). F32/F16/BF16 matrices are float32 either way.
+one byte per weight (half a byte for the 4-bit types). Products with up to `GEMV_MAX_TOKENS` rows
+(decode) run the C kernel that reads the rows directly (cpu_kernels.py); longer ones (prefill)
+dequantize a chunk of rows at a time to float32 and hand it to BLAS. Without a C compiler the backend
+falls back to what NumPy alone does well: every matrix dequantized to float32 once (four bytes per
+weight; NumPy has no fast int8 or float16 product). F32/F16/BF16 matrices are float32 either way.
 
 The compute methods are written against `self.xp`, so the CuPy backend inherits them as its plain
 reference path and overrides the weight handling and the hot operations with its own kernels.
@@ -27,7 +27,7 @@ from ..kv_cache import INT8_QMAX, LayerKV, kv_rotation
 from ..model_config import LayerConfig, ModelConfig, RopeMode
 from . import cpu_kernels
 from .base import Array, Backend, NextInput, Weight
-from .block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
+from .block_weight import PACKED_TYPES, UNPACKERS, BlockWeight, concat_blocks, to_blocks
 
 DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large tensor
 # products with more rows than this dequantize to float32 and use BLAS. Reading int8 rows once for all inputs
@@ -125,7 +125,8 @@ class NumpyBackend(Backend):
             return n * 4  # float32
         block = min(UNPACKERS[t.qtype][1] for t in tensors)  # a group takes its parts' smallest block
         affine = any(t.qtype in AFFINE_TYPES for t in tensors)
-        return n + n // block * 4 * (2 if affine else 1)  # int8 values, a float32 scale (and offset) a block
+        values = n // 2 if all(t.qtype in PACKED_TYPES for t in tensors) else n  # two a byte, or int8
+        return values + n // block * 4 * (2 if affine else 1)  # and a float32 scale (and offset) a block
 
     def scratch_bytes(self, cfg: Any, prefill_chunk: int, n_slots: int) -> tuple[int, int]:
         fixed, _ = super().scratch_bytes(cfg, prefill_chunk, n_slots)

@@ -20,7 +20,7 @@ from gguf.quants import dequantize
 from genie_common.gguf_file import TensorInfo
 from genie_workers.engine.arch.layers import forward
 from genie_workers.engine.backends import cpu_kernels
-from genie_workers.engine.backends.block_weight import UNPACKERS, BlockWeight, concat_blocks, to_blocks
+from genie_workers.engine.backends.block_weight import PACKED_TYPES, UNPACKERS, BlockWeight, concat_blocks, to_blocks
 from genie_workers.engine.backends.numpy_backend import GEMV_MAX_TOKENS, NumpyBackend
 from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
 from genie_workers.engine.model import Model
@@ -68,7 +68,8 @@ def test_unpacked_blocks_are_bit_exact(qtype):
     rows, cols = 37, fit(qtype, 512)
     raw = signed_blocks(qtype, rows, cols, rng)
     w = to_blocks(tensor_of(raw, qtype, rows, cols))
-    assert w.q.dtype == np.int8 and w.shape == (rows, cols)
+    assert w.shape == (rows, cols) and w.packed == (qtype in PACKED_TYPES)
+    assert w.q.nbytes == rows * cols // (2 if w.packed else 1)  # 4-bit values two a byte, the rest int8
     ref = dequantize(raw, qtype).reshape(rows, cols)
     np.testing.assert_array_equal(w.dequantize(), ref)
     ids = rng.integers(0, rows, 9)
@@ -141,6 +142,12 @@ def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_al
         assert product_err(together, x, dense) < 2e-6
         for i in range(5):
             np.testing.assert_array_equal(kernels.gemv(x[i : i + 1], w)[0], together[i])
+        if w.packed:  # two values a byte: the int8 layout's numbers, bit for bit, products and rows alike
+            int8 = BlockWeight(w.values(), w.scale, w.offset, w.block)
+            np.testing.assert_array_equal(kernels.gemv(x, int8), together)
+            np.testing.assert_array_equal(kernels.gemv(x[:1], int8), together[:1])
+            rows_out = np.empty((rows, cols), np.float32)
+            np.testing.assert_array_equal(kernels.dequantize(w, 0, rows, rows_out), int8.dequantize())
     lib.genie_set_threads(cpu_kernels.default_threads())
 
 

@@ -232,11 +232,31 @@ int genie_set_threads(int n) {
     return atomic_load(&pool.threads);
 }
 
+// PACKED: a matrix of 4-bit values (0 .. 15: Q4_1's, Q4_K's) in blocks of 32 may hold two a byte, 16 bytes a
+// block, byte j value j in its low nibble and value j + 16 in its high one (GGUF's Q4_0 / Q4_1 order): rows of K / 2
+// bytes, half the int8 layout's. The kernels take it as a flag P, constant at each call site, and read the same
+// values, so a packed matrix's products are the int8 layout's, bit for bit.
+#define ROW_BYTES(K, P) ((P) ? (K) / 2 : (K))
+
+static inline __attribute__((always_inline)) float q_at(const int8_t *qr, int64_t idx, int P) {  // weight idx
+    if (!P) return (float)qr[idx];
+    const uint8_t b = ((const uint8_t *)qr)[idx / 32 * 16 + idx % 16];
+    return (float)((idx % 32 >= 16 ? b >> 4 : b) & 0x0F);
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 static inline __m256 load_q8(const int8_t *p) {  // 8 int8 -> 8 float
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+// 8 weights of a row from value idx (a multiple of 8) as floats: int8 values, or (P) packed nibbles (PACKED below)
+static inline __attribute__((always_inline)) __m256 load8_w(const int8_t *qr, int64_t idx, int P) {
+    if (!P) return load_q8(qr + idx);
+    __m128i v = _mm_loadl_epi64((const __m128i *)((const uint8_t *)qr + idx / 32 * 16 + idx % 16));
+    if (idx % 32 >= 16) v = _mm_srli_epi16(v, 4);
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))));
 }
 
 static inline float hsum8(__m256 v) {  // the eight lanes' sum, in a fixed order
@@ -252,12 +272,12 @@ static inline float hsum8(__m256 v) {  // the eight lanes' sum, in a fixed order
 // arithmetic is the same whatever R is (the products of a block summed first, then scaled once), so a
 // stream gets the same sums alone as among others (tests/workers/test_batching.py).
 static inline __attribute__((always_inline)) void rows_dot(const int8_t *qr, const float *sr, int64_t K,
-                                                           int64_t BS, const float *x, int R, float *out) {
+                                                           int64_t BS, const float *x, int R, float *out, int P) {
     __m256 acc0[4], acc1[4];
     for (int i = 0; i < R; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 32) {  // 32 weights: one block of 32 or two of 16
-        const __m256 w0 = load_q8(qr + k), w1 = load_q8(qr + k + 8);
-        const __m256 w2 = load_q8(qr + k + 16), w3 = load_q8(qr + k + 24);
+        const __m256 w0 = load8_w(qr, k, P), w1 = load8_w(qr, k + 8, P);
+        const __m256 w2 = load8_w(qr, k + 16, P), w3 = load8_w(qr, k + 24, P);
         for (int i = 0; i < R; i++) {
             const float *xi = x + i * K + k;
             __m256 lo = _mm256_mul_ps(w0, _mm256_loadu_ps(xi));
@@ -278,13 +298,13 @@ static inline __attribute__((always_inline)) void rows_dot(const int8_t *qr, con
 }
 #else
 static inline void rows_dot(const int8_t *qr, const float *sr, int64_t K, int64_t BS, const float *x, int R,
-                            float *out) {
+                            float *out, int P) {
     for (int i = 0; i < R; i++) {
         const float *xi = x + i * K;
         float sum = 0.0f;
         for (int64_t b = 0; b < K / BS; b++) {
             float t = 0.0f;
-            for (int64_t k = 0; k < BS; k++) t += (float)qr[b * BS + k] * xi[b * BS + k];
+            for (int64_t k = 0; k < BS; k++) t += q_at(qr, b * BS + k, P) * xi[b * BS + k];
             sum += sr[b] * t;
         }
         out[i] = sum;
@@ -299,14 +319,23 @@ static inline __m512 load16_q8(const int8_t *p) {  // 16 int8 -> 16 float
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
+// 16 weights of a row from value idx (a multiple of 16) as floats: int8 values, or (P) packed nibbles
+static inline __attribute__((always_inline)) __m512 load16_w(const int8_t *qr, int64_t idx, int P) {
+    if (!P) return load16_q8(qr + idx);
+    __m128i v = _mm_loadu_si128((const __m128i *)((const uint8_t *)qr + idx / 32 * 16));
+    if (idx % 32) v = _mm_srli_epi16(v, 4);
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))));
+}
+
 // sum_k w_r[k] * x_i[k] for four weight rows w_r = qr + r * K (their block scales sr + r * nb) and R inputs
 // (AVX-512): each 32-weight piece of a row widened once for the R inputs, each input's piece loaded once for
 // the four rows, and the sums of a row and an input in registers until the row ends, where a row alone
 // reduced a vector after every row (1.36x on a 1 536 x 576 product, 1.46x on Gemma 3's 262 144-row output head:
 // bench/NOTES.md). Each (row, input) sum is the same sequence of operations whatever R is.
 static inline __attribute__((always_inline)) void four_rows_dot(const int8_t *qr, const float *sr, int64_t K,
-                                                                int64_t BS, const float *x, int R, float *out) {
-    const int64_t nb = K / BS;
+                                                                int64_t BS, const float *x, int R, float *out,
+                                                                int P) {
+    const int64_t nb = K / BS, stride = ROW_BYTES(K, P);
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
         for (int i = 0; i < R; i++) acc[r][i] = _mm512_setzero_ps();
@@ -317,7 +346,7 @@ static inline __attribute__((always_inline)) void four_rows_dot(const int8_t *qr
             x1[i] = _mm512_loadu_ps(x + i * K + k + 16);
         }
         for (int r = 0; r < 4; r++) {
-            const __m512 w0 = load16_q8(qr + r * K + k), w1 = load16_q8(qr + r * K + k + 16);
+            const __m512 w0 = load16_w(qr + r * stride, k, P), w1 = load16_w(qr + r * stride, k + 16, P);
             const float *s = sr + r * nb;
             for (int i = 0; i < R; i++) {
                 if (BS == 32) {
@@ -335,8 +364,9 @@ static inline __attribute__((always_inline)) void four_rows_dot(const int8_t *qr
 }
 
 static inline __attribute__((always_inline)) void four_rows_sums(const int8_t *qr, const float *sr, int64_t K,
-                                                                 int64_t BS, const float *x, int R, float *out) {
-    four_rows_dot(qr, sr, K, BS, x, R, out);
+                                                                 int64_t BS, const float *x, int R, float *out,
+                                                                 int P) {
+    four_rows_dot(qr, sr, K, BS, x, R, out, P);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define GEMV_ROW_GROUP 4
@@ -346,20 +376,20 @@ static inline __attribute__((always_inline)) void four_rows_sums(const int8_t *q
 // input's accumulators, not four's: several inputs take rows_dot a row at a time, the same sums). 1.2-1.26x a
 // product of blocks of 32 with one input, built for AVX2 alone on this machine (bench/NOTES.md).
 static inline __attribute__((always_inline)) void four_rows_dot1(const int8_t *qr, const float *sr, int64_t K,
-                                                                 int64_t BS, const float *x, float *out) {
-    const int64_t nb = K / BS;
+                                                                 int64_t BS, const float *x, float *out, int P) {
+    const int64_t nb = K / BS, stride = ROW_BYTES(K, P);
     __m256 acc0[4], acc1[4];
     for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 32) {
         const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
         const __m256 x2 = _mm256_loadu_ps(x + k + 16), x3 = _mm256_loadu_ps(x + k + 24);
         for (int r = 0; r < 4; r++) {
-            const int8_t *q = qr + r * K + k;
+            const int8_t *q = qr + r * stride;
             const float *s = sr + r * nb;
-            __m256 lo = _mm256_mul_ps(load_q8(q), x0);
-            __m256 hi = _mm256_mul_ps(load_q8(q + 16), x2);
-            lo = _mm256_fmadd_ps(load_q8(q + 8), x1, lo);
-            hi = _mm256_fmadd_ps(load_q8(q + 24), x3, hi);
+            __m256 lo = _mm256_mul_ps(load8_w(q, k, P), x0);
+            __m256 hi = _mm256_mul_ps(load8_w(q, k + 16, P), x2);
+            lo = _mm256_fmadd_ps(load8_w(q, k + 8, P), x1, lo);
+            hi = _mm256_fmadd_ps(load8_w(q, k + 24, P), x3, hi);
             if (BS == 32) {
                 acc0[r] = _mm256_fmadd_ps(_mm256_add_ps(lo, hi), _mm256_broadcast_ss(s + k / 32), acc0[r]);
             } else {
@@ -372,14 +402,15 @@ static inline __attribute__((always_inline)) void four_rows_dot1(const int8_t *q
 }
 
 static inline __attribute__((always_inline)) void four_rows_sums(const int8_t *qr, const float *sr, int64_t K,
-                                                                 int64_t BS, const float *x, int R, float *out) {
+                                                                 int64_t BS, const float *x, int R, float *out,
+                                                                 int P) {
     if (R == 1 && BS == 32) {  // (blocks of 16 want a second accumulator a row: spilled, slower than a row alone)
-        four_rows_dot1(qr, sr, K, BS, x, out);
+        four_rows_dot1(qr, sr, K, BS, x, out, P);
         return;
     }
     float row[4];
     for (int r = 0; r < 4; r++) {
-        rows_dot(qr + r * K, sr + r * (K / BS), K, BS, x, R, row);
+        rows_dot(qr + r * ROW_BYTES(K, P), sr + r * (K / BS), K, BS, x, R, row, P);
         for (int i = 0; i < R; i++) out[r * 4 + i] = row[i];
     }
 }
@@ -390,33 +421,34 @@ static inline __attribute__((always_inline)) void four_rows_sums(const int8_t *q
 // The sums of rows [0, NR) of qr against R inputs into out[r * 4 + i]: four rows at a time where the CPU has a
 // kernel for it (NR = GEMV_ROW_GROUP), else one.
 static inline __attribute__((always_inline)) void row_sums(const int8_t *qr, const float *sr, int64_t K, int64_t BS,
-                                                           const float *x, int NR, int R, float *out) {
+                                                           const float *x, int NR, int R, float *out, int P) {
 #if GEMV_ROW_GROUP > 1
     if (NR > 1) {
-        four_rows_sums(qr, sr, K, BS, x, R, out);
+        four_rows_sums(qr, sr, K, BS, x, R, out, P);
         return;
     }
 #endif
     (void)NR;
-    rows_dot(qr, sr, K, BS, x, R, out);
+    rows_dot(qr, sr, K, BS, x, R, out, P);
 }
 
 // Rows [r, r + NR) against the n inputs, four at a time, plus the offsets' share: offset[b] * (sum of x over
 // block b).
 static inline __attribute__((always_inline)) void rows_gemv(const int8_t *q, const float *scale, const float *offset,
                                                             int64_t K, int64_t BS, const float *x, const float *xsum,
-                                                            int64_t n, float *y, int64_t ldy, int64_t r, int NR) {
+                                                            int64_t n, float *y, int64_t ldy, int64_t r, int NR,
+                                                            int P) {
     const int64_t nb = K / BS;
-    const int8_t *qr = q + r * K;
+    const int8_t *qr = q + r * ROW_BYTES(K, P);
     const float *sr = scale + r * nb;
     float sums[16] = {0};
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         const float *xs0 = x + i0 * K;
         switch (n - i0) {  // a constant R at each call: the loops unroll, the accumulators stay in registers
-            case 1: row_sums(qr, sr, K, BS, xs0, NR, 1, sums); break;
-            case 2: row_sums(qr, sr, K, BS, xs0, NR, 2, sums); break;
-            case 3: row_sums(qr, sr, K, BS, xs0, NR, 3, sums); break;
-            default: row_sums(qr, sr, K, BS, xs0, NR, 4, sums); break;
+            case 1: row_sums(qr, sr, K, BS, xs0, NR, 1, sums, P); break;
+            case 2: row_sums(qr, sr, K, BS, xs0, NR, 2, sums, P); break;
+            case 3: row_sums(qr, sr, K, BS, xs0, NR, 3, sums, P); break;
+            default: row_sums(qr, sr, K, BS, xs0, NR, 4, sums, P); break;
         }
         const int64_t m = n - i0 < 4 ? n - i0 : 4;
         for (int64_t j = 0; j < NR; j++)
@@ -436,6 +468,7 @@ struct gemv_job {
     const float *scale, *offset, *x, *xsum;
     int64_t K, bs, n, rows, groups, tail;
     float *y;
+    int packed;
 };
 
 // A claim of GEMV_ROWS_A_CLAIM rows: in groups of GEMV_ROW_GROUP where the CPU has a kernel for it, the last rows
@@ -447,17 +480,20 @@ static void gemv_claim(const void *ctx, int64_t item) {
     for (int64_t g = item * per; g < g1 && g < j->groups + j->tail; g++) {
         const int64_t r = g < j->groups ? g * GEMV_ROW_GROUP : j->groups * GEMV_ROW_GROUP + (g - j->groups);
         const int nr = g < j->groups ? GEMV_ROW_GROUP : 1;
-        if (j->bs == 32)
-            rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
+        if (j->packed)  // (blocks of 32 only)
+            rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr, 1);
+        else if (j->bs == 32)
+            rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr, 0);
         else
-            rows_gemv(j->q, j->scale, j->offset, j->K, 16, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
+            rows_gemv(j->q, j->scale, j->offset, j->K, 16, j->x, j->xsum, j->n, j->y, j->rows, r, nr, 0);
     }
 }
 
-// y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0. Returns
-// -1 (nothing written) when the offsets' block sums of x find no memory.
+// y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0; q packed (PACKED)
+// or not. Returns -1 (nothing written) when the offsets' block sums of x find no memory, -2 for packed blocks of 16.
 int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs, const float *x,
-                   int64_t n, float *y, int64_t rows) {
+                   int64_t n, float *y, int64_t rows, int packed) {
+    if (packed && bs != 32) return -2;
     const int64_t nb = K / bs;
     float *xsum = NULL;  // xsum[i * nb + b]: x[i] summed over block b, for the offsets' share
     if (offset != NULL) {
@@ -473,7 +509,7 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
         }
     }
     const int64_t groups = rows / GEMV_ROW_GROUP, tail = rows - groups * GEMV_ROW_GROUP;
-    const struct gemv_job job = {q, scale, offset, x, xsum, K, bs, n, rows, groups, tail, y};
+    const struct gemv_job job = {q, scale, offset, x, xsum, K, bs, n, rows, groups, tail, y, packed};
     const int64_t per = GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP, claims = (groups + tail + per - 1) / per;
     if (rows * K * n >= PARALLEL_MIN_WORK) {
         pool_run(gemv_claim, &job, claims);
@@ -487,18 +523,35 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
 // out[(r - r0) * K + k] = w[r, k] for rows r in [r0, r1): float32 rows for a BLAS GEMM. Exact: every
 // scale * q product of a GGUF type fits a float32 significand, so this equals the reference dequant.
 // Serial: the many-token product runs one of these per thread of its own pool (cpu_kernels.py).
-void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs,
-                       float *out, int64_t r0, int64_t r1) {
+static inline __attribute__((always_inline)) void dequant_rows(const int8_t *q, const float *scale, const float *offset,
+                                                               int64_t K, int64_t bs, float *out, int64_t r0,
+                                                               int64_t r1, int P) {
     const int64_t nb = K / bs;
     for (int64_t r = r0; r < r1; r++) {
-        const int8_t *qr = q + r * K;
+        const int8_t *qr = q + r * ROW_BYTES(K, P);
         float *o = out + (r - r0) * K;
         for (int64_t b = 0; b < nb; b++) {
             const float s = scale[r * nb + b];
             const float m = offset != NULL ? offset[r * nb + b] : 0.0f;
-            for (int64_t k = 0; k < bs; k++) o[b * bs + k] = s * (float)qr[b * bs + k] + m;
+            if (P) {  // (blocks of 32) a byte's two values at once: a loop the compiler makes vectors of
+                const uint8_t *pb = (const uint8_t *)qr + b * 16;
+                for (int64_t k = 0; k < 16; k++) {
+                    o[b * 32 + k] = s * (float)(pb[k] & 0x0F) + m;
+                    o[b * 32 + k + 16] = s * (float)(pb[k] >> 4) + m;
+                }
+            } else {
+                for (int64_t k = 0; k < bs; k++) o[b * bs + k] = s * (float)qr[b * bs + k] + m;
+            }
         }
     }
+}
+
+void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs,
+                       float *out, int64_t r0, int64_t r1, int packed) {
+    if (packed)
+        dequant_rows(q, scale, offset, K, bs, out, r0, r1, 1);
+    else
+        dequant_rows(q, scale, offset, K, bs, out, r0, r1, 0);
 }
 
 // One query token's attention over a slot's INT8 K/V (the decode step): query heads [h * group, h * group + group)
