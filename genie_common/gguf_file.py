@@ -62,6 +62,21 @@ class TensorInfo:
     n_bytes: int
     data: np.ndarray  # uint8 view of the raw block data
 
+    def release_bytes(self, lo: int, hi: int) -> None:
+        """Drops the whole pages of bytes [lo, hi) of `data` from this process's resident set when they are a
+        read-only mapping of the file (GGUFFile's): a backend copying a large tensor a chunk at a time holds a
+        chunk of the file beside its copy, not the whole tensor (Gemma 3's 178 MB output head). Data read again
+        comes back from the page cache; anything else (an array of its own) is left as it is."""
+        view = self.data.base
+        source = view.obj if isinstance(view, memoryview) else None
+        if not isinstance(source, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        start = -(-(self.offset + lo) // page) * page
+        end = (self.offset + min(hi, self.n_bytes)) // page * page
+        if end > start:
+            source.madvise(mmap.MADV_DONTNEED, start, end - start)
+
 
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer; every overrun names the file."""

@@ -7,8 +7,9 @@ sub-blocks with an int8 scale. Each scale * q product fits a float32 significand
 bit-identical to gguf's reference dequantization (tests check it type by type).
 
 The CPU backend keeps matrices in this form: a byte per weight instead of four, read by the C kernels in
-kernels/cpu_blocks.c; the types whose values are 4 bits (Q4_1, Q4_K: 0 .. 15) two a byte (`packed`, the
-kernels' PACKED order), half the bytes for the same numbers.
+kernels/cpu_blocks.c; the types whose values are 4 bits (Q4_1, Q4_K: 0 .. 15) two a byte, and Q5_0's 5-bit
+values as 4 bits two a byte and a word of fifth bits a block (`layout`, the kernels' PACKED), half or five
+eighths of the bytes for the same numbers.
 """
 
 from __future__ import annotations
@@ -24,24 +25,26 @@ from genie_common.gguf_file import TensorInfo
 
 Q = GGMLQuantizationType
 UNPACK_CHUNK_BYTES = 8 << 20  # raw bytes unpacked at a time: bounds the temporaries
+INT8, NIBBLES, NIBBLES_HIGH = 0, 1, 2  # BlockWeight.layout: cpu_blocks.c's P (PACKED)
+BLOCK_BYTES = {NIBBLES: 16, NIBBLES_HIGH: 20}  # a packed block of 32 values
 
 
 @dataclass(frozen=True)
 class BlockWeight:
-    q: np.ndarray  # int8 [rows, cols], or packed: uint8 [rows, cols // 2]
+    q: np.ndarray  # int8 [rows, cols]; packed (layout 1 or 2): uint8 [rows, cols // 32 * BLOCK_BYTES[layout]]
     scale: np.ndarray  # float32 [rows, cols // block]
     offset: np.ndarray | None  # float32 [rows, cols // block], None for scale-only types
     block: int  # 16 or 32
-    packed: bool = False  # two 4-bit values a byte (blocks of 32): pack_nibbles
+    layout: int = INT8  # INT8, NIBBLES (pack_nibbles) or NIBBLES_HIGH (pack_fifth_bits); blocks of 32 when packed
 
     @property
     def shape(self) -> tuple[int, int]:
         rows, width = self.q.shape
-        return rows, width * 2 if self.packed else width
+        return rows, width if self.layout == INT8 else width // BLOCK_BYTES[self.layout] * 32
 
     def values(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
         """int8 [n, cols]: the given rows' q values, unpacked."""
-        return unpack_nibbles(self.q[rows]) if self.packed else self.q[rows]
+        return UNPACK[self.layout](self.q[rows])
 
     @cached_property
     def addresses(self) -> tuple[int, int, int | None]:
@@ -71,6 +74,33 @@ def unpack_nibbles(p: np.ndarray) -> np.ndarray:
     """pack_nibbles' inverse: uint8 [n, cols // 2] -> int8 [n, cols]."""
     b = p.reshape(p.shape[0], -1, 1, 16)
     return np.concatenate([b & 0x0F, b >> 4], axis=2).reshape(p.shape[0], -1).view(np.int8)
+
+
+def pack_fifth_bits(q: np.ndarray) -> np.ndarray:
+    """int8 [n, cols] of values -16 .. 15 (Q5_0's) -> uint8 [n, cols // 32 * 20]: a block of 32 as the low four
+    bits of value + 16 packed as pack_nibbles does, then a little-endian 32-bit word of the fifth bits (value j's
+    at bit j): GGUF's Q5_0 order, cpu_blocks.c's layout 2."""
+    n = q.shape[0]
+    u = (q.astype(np.int16) + 16).astype(np.uint8)
+    low = pack_nibbles((u & 0x0F).view(np.int8)).reshape(n, -1, 16)
+    high = np.packbits((u >> 4).reshape(n, -1, 32), axis=-1, bitorder="little")  # [n, blocks, 4]
+    return np.concatenate([low, high], axis=-1).reshape(n, -1)
+
+
+def unpack_fifth_bits(p: np.ndarray) -> np.ndarray:
+    """pack_fifth_bits' inverse: uint8 [n, cols // 32 * 20] -> int8 [n, cols]."""
+    b = p.reshape(p.shape[0], -1, 20)
+    low = unpack_nibbles(np.ascontiguousarray(b[:, :, :16]).reshape(p.shape[0], -1)).view(np.uint8)
+    high = np.unpackbits(b[:, :, 16:], axis=-1, bitorder="little").reshape(p.shape[0], -1)
+    return ((low | (high << 4)).astype(np.int16) - 16).astype(np.int8)
+
+
+UNPACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    INT8: lambda q: q,
+    NIBBLES: unpack_nibbles,
+    NIBBLES_HIGH: unpack_fifth_bits,
+}
+PACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {NIBBLES: pack_nibbles, NIBBLES_HIGH: pack_fifth_bits}
 
 
 def _f16(raw: np.ndarray, at: int) -> np.ndarray:
@@ -165,19 +195,20 @@ UNPACKERS: dict[GGMLQuantizationType, tuple[Callable[[np.ndarray], Unpacked], in
     Q.Q5_K: (_q5_k, 32),
     Q.Q6_K: (_q6_k, 16),
 }
-PACKED_TYPES = frozenset({Q.Q4_1, Q.Q4_K})  # values 0 .. 15 in blocks of 32: kept two a byte
+LAYOUTS = {Q.Q4_1: NIBBLES, Q.Q4_K: NIBBLES, Q.Q5_0: NIBBLES_HIGH}  # the types kept packed (blocks of 32)
 
 
 def to_blocks(tensor: TensorInfo) -> BlockWeight:
-    """Unpacks a quantized [rows, cols] tensor (a type in UNPACKERS) chunk by chunk."""
+    """Unpacks a quantized [rows, cols] tensor (a type in UNPACKERS) chunk by chunk, each chunk's pages of the file
+    let go once it is done (TensorInfo.release_bytes)."""
     unpack, block = UNPACKERS[tensor.qtype]
     rows = int(np.prod(tensor.shape[:-1]))
     cols = tensor.shape[-1]
     block_elems, block_bytes = GGML_QUANT_SIZES[tensor.qtype]
     row_blocks = cols // block_elems
     raw = tensor.data.reshape(rows, row_blocks * block_bytes)
-    packed = tensor.qtype in PACKED_TYPES
-    q = np.empty((rows, cols // 2), dtype=np.uint8) if packed else np.empty((rows, cols), dtype=np.int8)
+    layout = LAYOUTS.get(tensor.qtype, INT8)
+    q = np.empty((rows, cols // 32 * BLOCK_BYTES[layout]), np.uint8) if layout else np.empty((rows, cols), np.int8)
     scale = np.empty((rows, cols // block), dtype=np.float32)
     offset = None
     step = max(1, UNPACK_CHUNK_BYTES // raw.shape[1])
@@ -185,20 +216,21 @@ def to_blocks(tensor: TensorInfo) -> BlockWeight:
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
             cq, cs, co = unpack(raw[r0:r1].reshape(-1, block_bytes))
-            q[r0:r1] = pack_nibbles(cq.reshape(r1 - r0, cols)) if packed else cq.reshape(r1 - r0, cols)
+            q[r0:r1] = PACK[layout](cq.reshape(r1 - r0, cols)) if layout else cq.reshape(r1 - r0, cols)
             scale[r0:r1] = cs.reshape(r1 - r0, -1)
             if co is not None:
                 if offset is None:
                     offset = np.empty_like(scale)
                 offset[r0:r1] = co.reshape(r1 - r0, -1)
+            tensor.release_bytes(r0 * raw.shape[1], r1 * raw.shape[1])  # the file's pages of the rows done
     if not np.isfinite(scale).all() or (offset is not None and not np.isfinite(offset).all()):
         raise ValueError(f"tensor {tensor.name} holds non-finite values (corrupt block scales?)")
-    return BlockWeight(q, scale, offset, block, packed)
+    return BlockWeight(q, scale, offset, block, layout)
 
 
 def concat_blocks(weights: list[BlockWeight]) -> BlockWeight:
     """Stacks rows of matrices that share their input: the smaller block size, an offset if any has one, packed
-    when all are."""
+    when all are in the same packed layout."""
     block = min(w.block for w in weights)
     affine = any(w.offset is not None for w in weights)
 
@@ -211,6 +243,7 @@ def concat_blocks(weights: list[BlockWeight]) -> BlockWeight:
         offset = np.concatenate(
             [widen(w.offset, w) if w.offset is not None else np.zeros_like(widen(w.scale, w)) for w in weights]
         )
-    if all(w.packed for w in weights):
-        return BlockWeight(np.concatenate([w.q for w in weights]), scale, offset, block, packed=True)
+    layout = weights[0].layout
+    if layout and all(w.layout == layout for w in weights):
+        return BlockWeight(np.concatenate([w.q for w in weights]), scale, offset, block, layout)
     return BlockWeight(np.concatenate([w.values() for w in weights]), scale, offset, block)

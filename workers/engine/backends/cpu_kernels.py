@@ -173,11 +173,11 @@ class BlockKernels:
         if cols != w_cols or cols % 32:  # the C code reads cols values of x for every row
             raise ValueError(f"x has {cols} columns, the weight {w_cols}")
         y = np.empty((n, rows), dtype=np.float32)
-        rc = self.lib.genie_blk_gemv(*w.addresses, cols, w.block, x.ctypes.data, n, y.ctypes.data, rows, w.packed)
+        rc = self.lib.genie_blk_gemv(*w.addresses, cols, w.block, x.ctypes.data, n, y.ctypes.data, rows, w.layout)
         if rc == -1:
             raise MemoryError(f"genie_blk_gemv: no memory for {n} x {cols // w.block} block sums")
         if rc:
-            raise ValueError(f"genie_blk_gemv: packed values in blocks of {w.block} (only 32)")
+            raise ValueError(f"genie_blk_gemv: layout {w.layout} in blocks of {w.block} (packed: only 32)")
         return y
 
     @staticmethod
@@ -247,8 +247,8 @@ class BlockKernels:
         # the C code trusts these: checked here, where a wrong call would otherwise write past a buffer
         if not (0 <= r0 <= r1 <= rows and dst.shape == (r1 - r0, cols) and dst.dtype == np.float32):
             raise ValueError(f"dequantize rows [{r0}, {r1}) of {w.shape} into {out.shape} {out.dtype}")
-        assert dst.flags.c_contiguous and (w.block == 32 or not w.packed)
-        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, dst.ctypes.data, r0, r1, w.packed)
+        assert dst.flags.c_contiguous and (w.block == 32 or not w.layout)
+        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, dst.ctypes.data, r0, r1, w.layout)
         return dst
 
     def gemm(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:

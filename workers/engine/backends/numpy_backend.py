@@ -27,7 +27,7 @@ from ..kv_cache import INT8_QMAX, LayerKV, kv_rotation
 from ..model_config import LayerConfig, ModelConfig, RopeMode
 from . import cpu_kernels
 from .base import Array, Backend, NextInput, Weight
-from .block_weight import PACKED_TYPES, UNPACKERS, BlockWeight, concat_blocks, to_blocks
+from .block_weight import BLOCK_BYTES, INT8, LAYOUTS, UNPACKERS, BlockWeight, concat_blocks, to_blocks
 
 DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large tensor
 # products with more rows than this dequantize to float32 and use BLAS. Reading int8 rows once for all inputs
@@ -125,7 +125,9 @@ class NumpyBackend(Backend):
             return n * 4  # float32
         block = min(UNPACKERS[t.qtype][1] for t in tensors)  # a group takes its parts' smallest block
         affine = any(t.qtype in AFFINE_TYPES for t in tensors)
-        values = n // 2 if all(t.qtype in PACKED_TYPES for t in tensors) else n  # two a byte, or int8
+        layouts = {LAYOUTS.get(t.qtype, INT8) for t in tensors}  # packed when all parts share a packed layout
+        layout = layouts.pop() if len(layouts) == 1 else INT8
+        values = n // 32 * BLOCK_BYTES[layout] if layout else n
         return values + n // block * 4 * (2 if affine else 1)  # and a float32 scale (and offset) a block
 
     def scratch_bytes(self, cfg: Any, prefill_chunk: int, n_slots: int) -> tuple[int, int]:

@@ -20,7 +20,7 @@ from gguf.quants import dequantize
 from genie_common.gguf_file import TensorInfo
 from genie_workers.engine.arch.layers import forward
 from genie_workers.engine.backends import cpu_kernels
-from genie_workers.engine.backends.block_weight import PACKED_TYPES, UNPACKERS, BlockWeight, concat_blocks, to_blocks
+from genie_workers.engine.backends.block_weight import LAYOUTS, UNPACKERS, BlockWeight, concat_blocks, to_blocks
 from genie_workers.engine.backends.numpy_backend import GEMV_MAX_TOKENS, NumpyBackend
 from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
 from genie_workers.engine.model import Model
@@ -68,8 +68,8 @@ def test_unpacked_blocks_are_bit_exact(qtype):
     rows, cols = 37, fit(qtype, 512)
     raw = signed_blocks(qtype, rows, cols, rng)
     w = to_blocks(tensor_of(raw, qtype, rows, cols))
-    assert w.shape == (rows, cols) and w.packed == (qtype in PACKED_TYPES)
-    assert w.q.nbytes == rows * cols // (2 if w.packed else 1)  # 4-bit values two a byte, the rest int8
+    assert w.shape == (rows, cols) and w.layout == LAYOUTS.get(qtype, 0)
+    assert w.q.nbytes == rows * cols * {0: 32, 1: 16, 2: 20}[w.layout] // 32  # int8, or packed
     ref = dequantize(raw, qtype).reshape(rows, cols)
     np.testing.assert_array_equal(w.dequantize(), ref)
     ids = rng.integers(0, rows, 9)
@@ -132,7 +132,7 @@ def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_al
     cpu_kernels._declare(lib)
     kernels = cpu_kernels.BlockKernels(lib)
     rng = np.random.default_rng()
-    for qtype in (Q.Q8_0, Q.Q4_1, Q.Q6_K):  # blocks of 32, of 32 with offsets, of 16
+    for qtype in (Q.Q8_0, Q.Q4_1, Q.Q5_0, Q.Q6_K):  # blocks of 32, packed 4 and 5 bits (offsets, signed), of 16
         rows, cols = 37, fit(qtype, 512)
         raw = signed_blocks(qtype, rows, cols, rng)
         w = to_blocks(tensor_of(raw, qtype, rows, cols))
@@ -142,7 +142,7 @@ def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_al
         assert product_err(together, x, dense) < 2e-6
         for i in range(5):
             np.testing.assert_array_equal(kernels.gemv(x[i : i + 1], w)[0], together[i])
-        if w.packed:  # two values a byte: the int8 layout's numbers, bit for bit, products and rows alike
+        if w.layout:  # packed: the int8 layout's numbers, bit for bit, products and rows alike
             int8 = BlockWeight(w.values(), w.scale, w.offset, w.block)
             np.testing.assert_array_equal(kernels.gemv(x, int8), together)
             np.testing.assert_array_equal(kernels.gemv(x[:1], int8), together[:1])
@@ -481,3 +481,45 @@ def test_rotated_rows_are_the_rotation_matrix_product_and_a_row_gets_the_same_al
     np.testing.assert_array_equal(x, before)
     for i in (0, 151, 299):
         np.testing.assert_array_equal(kernels.rotate(x[i : i + 1]), got[i : i + 1])
+
+
+def _file_rss_kib(path: Path) -> int:
+    """This process's resident KiB of its mappings of `path` (/proc/self/smaps)."""
+    total, ours = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's first line: its range, ..., its path
+            ours = line.split()[-1] == str(path)
+        elif ours and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
+def test_blocks_made_from_a_mapped_file_leave_none_of_its_pages_resident(tmp_path):
+    """to_blocks lets go of each chunk's pages of the file as it goes (TensorInfo.release_bytes): a load holds a
+    chunk of a large tensor beside its copy, not the whole tensor. Reading the data again brings them back (the
+    measure sees pages), and an array that is not a mapping is left alone."""
+    import gguf
+
+    from genie_common.gguf_file import GGUFFile
+
+    rows, cols = 4096, 2048  # Q8_0: 8.9 MB, past UNPACK_CHUNK_BYTES
+    raw = random_blocks(Q.Q8_0, rows, cols, np.random.default_rng())
+    path = tmp_path / "big.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("w", raw.reshape(rows, -1), raw_dtype=Q.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with GGUFFile(path) as gf:
+        info = gf.tensors["w"]
+        blocks = to_blocks(info)
+        after_load = _file_rss_kib(path)
+        assert int(info.data.sum()) > 0  # every page of the tensor read again
+        read_back = _file_rss_kib(path)
+    np.testing.assert_array_equal(blocks.dequantize(), dequantize(raw, Q.Q8_0).reshape(rows, cols))
+    assert after_load < 512 and read_back > raw.nbytes // 1024 * 9 // 10, (after_load, read_back)
+    own = tensor_of(raw, Q.Q8_0, rows, cols)
+    own.release_bytes(0, own.n_bytes)  # no mapping: nothing to let go of, nothing changed
+    np.testing.assert_array_equal(own.data, raw.reshape(-1))
