@@ -1,8 +1,8 @@
 """The CPU backend: NumPy for the activations, quantized weights as int8 blocks.
 
 Quantized matrices are unpacked at load time into int8 blocks with float32 scales (block_weight.py):
-one byte per weight (half a byte for the 4-bit types). Products with up to `GEMV_MAX_TOKENS` rows
-(decode) run the C kernel that reads the rows directly (cpu_kernels.py); longer ones (prefill)
+one byte per weight (half a byte for the 4-bit types, five eighths for Q5_0). Products with up to
+`GEMV_MAX_TOKENS` rows (decode) run the C kernel that reads the rows directly (cpu_kernels.py); longer ones (prefill)
 dequantize a chunk of rows at a time to float32 and hand it to BLAS. Without a C compiler the backend
 falls back to what NumPy alone does well: every matrix dequantized to float32 once (four bytes per
 weight; NumPy has no fast int8 or float16 product). F32/F16/BF16 matrices are float32 either way.
