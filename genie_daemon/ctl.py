@@ -213,8 +213,8 @@ def _follow_pull(sock: zmq.Socket, endpoint: str, as_json: bool) -> int:
 
 
 def _stop(endpoint: str, as_json: bool, timeout_s: float = STOP_WAIT_S) -> int:
-    """STOP, then waits until the daemon's admin socket is gone: 0 once it is (the daemon exited, its turns
-    cancelled and their KV saved), 1 when it is still there at the deadline."""
+    """STOP, then waits until the daemon's admin socket is gone: 0 once it is (the daemon shut down, its turns
+    cancelled and their KV saved; its process exits a moment later), 1 when it is still there at the deadline."""
     t0 = time.monotonic()
     reply = _admin_call(endpoint, Stop(request_id="ctl-stop"))
     if isinstance(reply, Error):
