@@ -30,10 +30,11 @@ from .base import Array, Backend, NextInput, Weight
 from .block_weight import BLOCK_BYTES, INT8, LAYOUTS, UNPACKERS, BlockWeight, concat_blocks, to_blocks
 
 DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large tensor
-# products with more rows than this dequantize to float32 and use BLAS. Reading int8 rows once for all inputs
-# wins up to ~16 rows on 2 cores (Gemma 270M, a 14-token prompt: 86 ms against 121 ms through BLAS; 24
-# tokens: 146 ms against 143): a voice prompt's first token comes sooner
-GEMV_MAX_TOKENS = 15
+# products with more rows than this dequantize to float32 and use BLAS. The C kernel's rows read once for all
+# inputs (four weight rows at a time, on the pool's spinning threads) win up to ~32-40 rows on 2 cores: prefill
+# Gemma 3 270M 24 / 33 / 48 tokens 47 / 59 / 85 ms against BLAS's 60 / 73 / 80; SmolLM2 57 / 76 / 92 against
+# 78 / 77 / 85 (bench/NOTES.md, CPU note 2026-12-06b): a voice prompt with its chat template comes sooner
+GEMV_MAX_TOKENS = 32
 AFFINE_TYPES = frozenset({GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q4_K})
 AFFINE_TYPES |= {GGMLQuantizationType.Q5_K}  # the block types with an offset (a min) besides the scale
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
