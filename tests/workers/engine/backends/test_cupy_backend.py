@@ -1002,6 +1002,48 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
         gpu.retune(decb_min_blocks=default)
 
 
+def test_a_step_whose_attention_decb_block_does_not_fit_the_gpu_takes_the_kernel_that_does():
+    """attention_decb's shared memory (the 4B's 154 KiB a block) is more than an RTX 30 / 40 lets a block have
+    (99 KiB): there a step of many streams takes attention_decn / attention_decgn, with the same numbers. Here
+    the limit is lowered on this GPU to what such a card has."""
+    import cupy as cp
+
+    from genie_workers.engine.backends.cupy.attention import _decb_shape
+    from genie_workers.engine.batch import Batch, Segment
+    from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
+    from genie_workers.engine.model_config import LayerConfig, ModelConfig
+
+    gpu = CupyBackend()  # its own: the launched kernels are told by the backend's kernel cache
+    if gpu.family.decode_attention is None:
+        pytest.skip("attention_dec needs compute capability 8.0")
+    heads, n_kv, hd, depths = 32, 8, 128, (0, 9, 300, 1029)
+    _, smem = _decb_shape(heads // n_kv, hd // 32, gpu.tuning)
+    assert smem > 99 * 1024  # what the 4B's needs: more than an RTX 30's block
+    gpu._smem_per_block = 99 * 1024
+    gpu.retune(decb_min_blocks=0)  # every step would take attention_decb
+    rng = np.random.default_rng(11)
+    lc = LayerConfig(rope_base=1e6, rope_scale=1.0)
+    cfg = ModelConfig(
+        "qwen3", 1, 1024, heads, n_kv, hd, hd, 3072, 1000, 1100, 1e-6, "neox", hd, "silu", hd**-0.5, 1.0, 0.0, 0.0,
+        (lc,),
+    )  # fmt: skip
+    lc = cfg.layers[0]
+    kv = KVCache(KVCacheConfig(1, n_kv, hd, hd, 1100, n_slots=len(depths), dtype="int8"), cp).layers[0]
+    kv.k[...] = cp.asarray(rng.integers(-127, 128, kv.k.shape, dtype=np.int8))
+    kv.v[...] = cp.asarray(rng.integers(-127, 128, kv.v.shape, dtype=np.int8))
+    kv.k_scale[...] = cp.asarray(rng.uniform(0.001, 0.05, kv.k_scale.shape).astype(np.float32))
+    kv.v_scale[...] = cp.asarray(rng.uniform(0.001, 0.05, kv.v_scale.shape).astype(np.float32))
+    qkv = cp.asarray(rng.standard_normal((len(depths), (heads + 2 * n_kv) * hd), dtype=np.float32))
+    batch = Batch.of([Segment(slot, pos, (1,), True) for slot, pos in enumerate(depths)])
+    gpu.stage_batch(batch)
+    together = cp.asnumpy(gpu.decode_attention(qkv, cfg, lc, None, kv, batch))
+    assert not any(name.startswith("attention_decb") for name in gpu._kernels)
+    for slot, pos in enumerate(depths):
+        gpu.stage_inputs(np.zeros(1, np.int64), pos, slot=slot)
+        one = gpu.self_attention(qkv[slot : slot + 1], cfg, lc, None, np.array([pos]), kv, slot, pos)
+        np.testing.assert_array_equal(together[slot], cp.asnumpy(one)[0], err_msg=str(pos))
+
+
 def test_greedy_token_on_the_device(gpu):
     """argmax_rows: numpy.argmax of a row (the first of equal maxima), -1 for any non-finite value in it."""
     import cupy as cp

@@ -316,8 +316,11 @@ class CupyAttention(CupyCore):
         self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
         parts = done = null
-        if n_dec * Hkv >= self.tuning.decb_min_blocks:  # a block a row and KV head (attention.cu's attention_decb)
-            threads, smem = _decb_shape(group, hd // 32, self.tuning)
+        threads, smem = _decb_shape(group, hd // 32, self.tuning)
+        # a block a row and KV head (attention.cu's attention_decb) where its shared memory fits a block of this
+        # GPU: the 4B's 154 KiB do on an Orin (163 KiB) and a Hopper, not on an RTX 30 / 40 (99 KiB), which takes
+        # the kernel below (the same numbers)
+        if n_dec * Hkv >= self.tuning.decb_min_blocks and smem <= self._smem_per_block:
             kernel, grid, block = self._op(f"attention_decb_{group}_{hd // 32}"), (Hkv, n_dec), (threads,)
             kernel.allow_smem(smem)
         else:  # ATT_CL blocks a row and KV head (a cluster, or merged through global memory)
