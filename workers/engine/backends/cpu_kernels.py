@@ -47,7 +47,7 @@ SOURCE = "cpu_blocks.c"
 # the later one for compilers without -march=native
 FLAG_SETS = (["-O3", "-march=native", "-pthread"], ["-O3", "-pthread"])
 COMPILE_TIMEOUT_S = 120
-ATTN1_MAX_DIM = 1024  # cpu_blocks.c's: head dims genie_attn1_i8 takes
+ATTN1_MAX_DIM = 1024  # cpu_blocks.c's: head dims genie_attn_rows_i8 takes
 DEQUANT_CHUNK_BYTES = 1 << 20  # float32 rows a pool thread dequantizes and multiplies per claim, at most
 CLAIMS_PER_THREAD = 4  # at least this many runs of rows per thread, so a held-up thread delays little
 
@@ -138,8 +138,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, ctypes.c_int]
     lib.genie_blk_dequant.restype = None
     f = ctypes.c_float
-    lib.genie_attn1_i8.argtypes = [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, f, f, _ptr]
-    lib.genie_attn1_i8.restype = ctypes.c_int
+    # q, k, ks, v, vs, n, lo, t, n_heads, n_kv, hd, hdv, scale, softcap, out
+    lib.genie_attn_rows_i8.argtypes = [*[_ptr] * 5, _i64, _ptr, _ptr, *[_i64] * 4, f, f, _ptr]
+    lib.genie_attn_rows_i8.restype = ctypes.c_int
     i, i64 = ctypes.c_int, _i64
     lib.genie_qkv_i8.argtypes = [_ptr, *[i64] * 5, _ptr, f, i, _ptr, _ptr, i64, i, *[_ptr] * 5]
     lib.genie_qkv_i8.restype = None
@@ -182,27 +183,29 @@ class BlockKernels:
 
     @staticmethod
     def takes_attention(hd: int, hdv: int) -> bool:
-        """Whether genie_attn1_i8 takes these head dims (multiples of 16, at most ATTN1_MAX_DIM)."""
+        """Whether genie_attn_rows_i8 takes these head dims (multiples of 16, at most ATTN1_MAX_DIM)."""
         return all(d % 16 == 0 and 0 < d <= ATTN1_MAX_DIM for d in (hd, hdv))
 
-    def attention_one(
-        self, q: np.ndarray, kv: LayerKV, slot: int, lo: int, end: int, scale: float, softcap: float
+    def attention_rows(
+        self, q: np.ndarray, kv: LayerKV, slot: int, lo: np.ndarray, end: np.ndarray, scale: float, softcap: float
     ) -> np.ndarray:
-        """One token's attention [n_heads, hdv] over positions [lo, end) of `slot` in an INT8 layer pool (q
-        [n_heads, hd] rotated as the rows are; the output left rotated): genie_attn1_i8."""
+        """Each row's attention [n, n_heads, hdv]: row i's query q[i] [n_heads, hd] (rotated as the rows are) over
+        positions [lo[i], end[i]) of `slot` in an INT8 layer pool, the output left rotated; a row's numbers are
+        the same alone as among others (genie_attn_rows_i8)."""
         q = np.ascontiguousarray(q, dtype=np.float32)
-        n_heads, hd = q.shape
+        n, n_heads, hd = q.shape
         n_kv, hdv = kv.k.shape[2], kv.v.shape[3]
-        assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[3] == hd and 0 <= lo < end
-        assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and end <= kv.k.shape[1] and n_heads % n_kv == 0
-        assert self.takes_attention(hd, hdv)
-        out = np.empty((n_heads, hdv), dtype=np.float32)
-        ks, vs = kv.k_scale[slot, lo:end], kv.v_scale[slot, lo:end]
-        if self.lib.genie_attn1_i8(
-            q.ctypes.data, kv.k[slot, lo].ctypes.data, ks.ctypes.data, kv.v[slot, lo].ctypes.data, vs.ctypes.data,
-            end - lo, n_heads, n_kv, hd, hdv, scale, softcap, out.ctypes.data,
+        lo, t = np.ascontiguousarray(lo, dtype=np.int64), np.ascontiguousarray(end, dtype=np.int64) - lo
+        assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[3] == hd
+        assert (lo >= 0).all() and (t > 0).all() and int((lo + t).max()) <= kv.k.shape[1] and n_heads % n_kv == 0
+        assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and self.takes_attention(hd, hdv)
+        out = np.empty((n, n_heads, hdv), dtype=np.float32)
+        ks, vs = kv.k_scale[slot], kv.v_scale[slot]
+        if self.lib.genie_attn_rows_i8(
+            q.ctypes.data, kv.k[slot].ctypes.data, ks.ctypes.data, kv.v[slot].ctypes.data, vs.ctypes.data,
+            n, lo.ctypes.data, t.ctypes.data, n_heads, n_kv, hd, hdv, scale, softcap, out.ctypes.data,
         ):  # fmt: skip
-            raise MemoryError(f"genie_attn1_i8: no memory for the partial results of {end - lo} positions")
+            raise MemoryError(f"genie_attn_rows_i8: no memory for the partial results of {int(t.sum())} positions")
         return out
 
     def qkv_i8(

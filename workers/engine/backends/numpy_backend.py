@@ -318,9 +318,13 @@ class NumpyBackend(Backend):
         v_dim = kv.v.shape[3]
         is_int8 = kv.k_scale is not None  # the output is un-rotated below
         blocks = self._blocks
-        if n == 1 and is_int8 and blocks is not None and blocks.takes_attention(q.shape[-1], v_dim):
-            # a decode step: the int8 rows read where they are (cpu_kernels.py)
-            out = blocks.attention_one(q[0], kv, slot, lo, end, scale, softcap)
+        if n <= GEMV_MAX_TOKENS and is_int8 and blocks is not None and blocks.takes_attention(q.shape[-1], v_dim):
+            # a decode step, or a prompt of as many tokens as the products take a row at a time: the int8 rows
+            # read where they are (cpu_kernels.py), each token's numbers the same as alone, as its products' are,
+            # so a conversation continued from its saved K/V recomputes its last token to the bit
+            pos = np.arange(pos0, end)
+            first = np.maximum(pos - window + 1, 0) if window else np.zeros(n, dtype=np.int64)
+            out = blocks.attention_rows(q, kv, slot, first, pos + 1, scale, softcap)
             return self._rotate(out).reshape(n, n_heads * v_dim)
         out = xp.empty((n, n_heads, v_dim), dtype=np.float32)
         t = end - lo

@@ -282,9 +282,10 @@ def test_gemm_rows_claimed_by_a_pool_of_threads(threads):
     ],
 )
 def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, n_kv, hd, hdv, softcap, window, pos0):
-    """The decode step's attention in C (genie_attn1_i8: the int8 rows read where they are) against NumpyBackend's
-    loop over KV heads (which widens them to float32), for grouped heads, Gemma 4's head dims with a softcap
-    and a sliding window, and plain multi-head attention; short and long enough for the threads."""
+    """The attention in C of a decode step and of a short prompt's tokens (genie_attn_rows_i8: the int8 rows read
+    where they are) against NumpyBackend's loop over KV heads (which widens them to float32), for grouped heads,
+    Gemma 4's head dims with a softcap and a sliding window, and plain multi-head attention; short and long enough
+    for the threads; and each of a prompt's tokens the same bits as that token alone (as a decode step)."""
     from genie_workers.engine.kv_cache import LayerKV
 
     rng = np.random.default_rng()
@@ -295,13 +296,17 @@ def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, 
         rng.uniform(0.001, 0.05, (n_slots, n_ctx, n_kv)).astype(np.float32),
         rng.uniform(0.001, 0.05, (n_slots, n_ctx, n_kv)).astype(np.float32),
     )
-    q = rng.standard_normal((1, n_heads, hd), dtype=np.float32)
     with_c, without = NumpyBackend(), NumpyBackend()
     without._blocks = None  # the loop the other one leaves for a single token
-    got = with_c.attention(q, layer, slot, pos0, window, 0.125, softcap)
-    want = without.attention(q, layer, slot, pos0, window, 0.125, softcap)
-    assert got.shape == (1, n_heads * hdv) and np.isfinite(got).all()
-    assert rel_err(got, want) < 1e-5
+    for n in (1, 7, GEMV_MAX_TOKENS):
+        q = rng.standard_normal((n, n_heads, hd), dtype=np.float32)
+        got = with_c.attention(q, layer, slot, pos0, window, 0.125, softcap)
+        want = without.attention(q, layer, slot, pos0, window, 0.125, softcap)
+        assert got.shape == (n, n_heads * hdv) and np.isfinite(got).all()
+        assert rel_err(got, want) < 1e-5
+        for i in (0, n - 1):
+            alone = with_c.attention(q[i : i + 1], layer, slot, pos0 + i, window, 0.125, softcap)
+            np.testing.assert_array_equal(alone[0], got[i])
 
 
 def test_one_token_attention_is_the_same_on_one_thread_and_two(kernels):
@@ -316,12 +321,13 @@ def test_one_token_attention_is_the_same_on_one_thread_and_two(kernels):
         rng.uniform(0.001, 0.05, (1, n_ctx, n_kv)).astype(np.float32),
         rng.uniform(0.001, 0.05, (1, n_ctx, n_kv)).astype(np.float32),
     )
-    q = rng.standard_normal((9, hd), dtype=np.float32)
+    q = rng.standard_normal((2, 9, hd), dtype=np.float32)
+    lo, end = np.array([0, 100]), np.array([n_ctx, n_ctx - 7])
     outs = []
     try:
         for threads in (1, 2):
             kernels.lib.genie_set_threads(threads)
-            outs.append(kernels.attention_one(q, layer, 0, 0, n_ctx, 0.125, 0.0))
+            outs.append(kernels.attention_rows(q, layer, 0, lo, end, 0.125, 0.0))
     finally:
         kernels.lib.genie_set_threads(cpu_kernels.default_threads())
     assert np.array_equal(outs[0], outs[1])

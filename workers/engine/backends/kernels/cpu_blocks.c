@@ -591,17 +591,17 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
         dequant_rows(q, scale, offset, K, bs, out, r0, r1, 0);
 }
 
-// One query token's attention over a slot's INT8 K/V (the decode step): query heads [h * group, h * group + group)
-// read KV head h. k, v: the slot's rows from the first visible position, n_kv * hd (hdv) bytes a position, head
-// h at h * hd; ks, vs: their scales, n_kv floats a position. q [H, hd] is already rotated as the rows are; out
-// [H, hdv] is left rotated. The arithmetic is NumpyBackend.attention's for one token: scores (q . k) * scale *
+// A query token's attention over a slot's INT8 K/V (a decode step's, or each of a short prompt's tokens): query
+// heads [h * group, h * group + group) read KV head h. k, v: the slot's rows, n_kv * hd (hdv) bytes a position,
+// head h at h * hd; ks, vs: their scales, n_kv floats a position. q [H, hd] is already rotated as the rows are;
+// out [H, hdv] is left rotated. The arithmetic is NumpyBackend.attention's for one token: scores (q . k) * scale *
 // k_scale, softcap, softmax (its exponentials exp_le0's, below), probabilities times v_scale, then their sum
 // over the rows of v; but each int8 row is read once for the heads of its group, where the loop widened the
 // whole slot to float32 for every head, and the softmax runs in runs of positions merged at the end (flash
 // decoding's split). hd and hdv at most ATTN1_MAX_DIM, multiples of 16.
-#define ATTN1_MAX_DIM 1024  // head dims genie_attn1_i8 takes (a row widened once into a buffer of this size)
+#define ATTN1_MAX_DIM 1024  // head dims genie_attn_rows_i8 takes (a row widened once into a buffer of this size)
 #define ATTN1_RUN 64        // positions a thread takes at a time (fixed: the sums do not depend on the threads)
-// multiply-adds below which genie_attn1_i8 runs on one thread: sleeping threads take ~8 us to wake, one thread
+// multiply-adds below which genie_attn_rows_i8 runs on one thread: sleeping threads take ~8 us to wake, one thread
 // does 2^18 of these in ~25 us (bench/NOTES.md, CPU note 2026-12-06)
 #define ATTN1_PARALLEL_MIN (1 << 18)
 
@@ -670,55 +670,79 @@ static void attn1_part(const float *qh, const int8_t *k, const float *ks, const 
     }
 }
 
-// One token's attention over t positions of INT8 K/V rows ([t, n_kv, hd], a scale per row and KV head): out
-// [n_heads, hdv]. The positions go in runs of ATTN1_RUN, each KV head's runs on the pool's threads, then each
-// head's runs merged in order (their maxima to the largest): the same sums whatever the threads. Returns -1
-// when the partial results find no memory.
-struct attn1_job {
+// Rows' attention over INT8 K/V rows ([positions, n_kv, hd], a scale per row and KV head, from the slot's first
+// position): row i's query q[i] [n_heads, hd] over positions [lo[i], lo[i] + t[i]) into out[i] [n_heads, hdv].
+// Each row's positions go in runs of ATTN1_RUN from its lo, every row's runs of every KV head on the pool's
+// threads, then each row's and head's runs merged in order (their maxima to the largest): a row's sums are the
+// same whatever the threads and whatever other rows the call holds, so a prompt's rows get a decode step's numbers
+// (a conversation continued from its saved K/V recomputes its last token alone). Returns -1 when the partial
+// results find no memory.
+struct attn_job {
     const float *q, *ks, *vs;
     const int8_t *k, *v;
-    int64_t t, runs, per, n_kv, group, hd, hdv;
+    const int64_t *lo, *t, *first;  // first[i]: row i's first part; first[n]: the parts
+    int64_t n, n_kv, group, hd, hdv, per;
     float scale, softcap, *buf;
 };
 
-static void attn1_claim(const void *ctx, int64_t p) {  // part p: a run of positions of one KV head
-    const struct attn1_job *j = ctx;
-    const int64_t h = p / j->runs, j0 = (p % j->runs) * ATTN1_RUN, j1 = j0 + ATTN1_RUN < j->t ? j0 + ATTN1_RUN : j->t;
+static inline int64_t attn_runs(int64_t t) { return (t + ATTN1_RUN - 1) / ATTN1_RUN; }
+
+static void attn_claim(const void *ctx, int64_t p) {  // part p: a run of positions of one row's KV head
+    const struct attn_job *j = ctx;
+    int64_t i = 0;
+    while (j->first[i + 1] <= p) i++;
+    const int64_t runs = attn_runs(j->t[i]), h = (p - j->first[i]) / runs, r = (p - j->first[i]) % runs;
+    const int64_t j0 = j->lo[i] + r * ATTN1_RUN, end = j->lo[i] + j->t[i], j1 = j0 + ATTN1_RUN < end ? j0 + ATTN1_RUN : end;
     float *scores = j->buf + p * j->per, *o = scores + j->group * ATTN1_RUN, *mx = o + j->group * j->hdv;
-    attn1_part(j->q + h * j->group * j->hd, j->k, j->ks, j->v, j->vs, j0, j1, h, j->n_kv, j->group, j->hd, j->hdv,
-               j->scale, j->softcap, scores, o, mx, mx + j->group);
+    attn1_part(j->q + (i * j->n_kv + h) * j->group * j->hd, j->k, j->ks, j->v, j->vs, j0, j1, h, j->n_kv, j->group,
+               j->hd, j->hdv, j->scale, j->softcap, scores, o, mx, mx + j->group);
 }
 
-int genie_attn1_i8(const float *q, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t t,
-                   int64_t n_heads, int64_t n_kv, int64_t hd, int64_t hdv, float scale, float softcap, float *out) {
-    const int64_t group = n_heads / n_kv, runs = (t + ATTN1_RUN - 1) / ATTN1_RUN, parts = n_kv * runs;
-    const int64_t per = group * (ATTN1_RUN + hdv + 2);  // a part's scores, output, maxima and sums
-    float *buf = malloc(sizeof(float) * (size_t)(parts * per));
-    if (buf == NULL) return -1;
-    const struct attn1_job job = {q, ks, vs, k, v, t, runs, per, n_kv, group, hd, hdv, scale, softcap, buf};
-    if (t * n_heads * (hd + hdv) >= ATTN1_PARALLEL_MIN) {
-        pool_run(attn1_claim, &job, parts);
-    } else {
-        for (int64_t p = 0; p < parts; p++) attn1_claim(&job, p);
+int genie_attn_rows_i8(const float *q, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t n,
+                       const int64_t *lo, const int64_t *t, int64_t n_heads, int64_t n_kv, int64_t hd, int64_t hdv,
+                       float scale, float softcap, float *out) {
+    const int64_t group = n_heads / n_kv, per = group * (ATTN1_RUN + hdv + 2);  // a part's scores, output, max, sum
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)(n + 1)), work = 0;
+    if (first == NULL) return -1;
+    first[0] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        first[i + 1] = first[i] + n_kv * attn_runs(t[i]);
+        work += t[i];
     }
-    for (int64_t h = 0; h < n_kv; h++)
-        for (int64_t g = 0; g < group; g++) {
-            float top = -INFINITY, total = 0.0f;
-            for (int64_t r = 0; r < runs; r++) {
-                const float m = buf[(h * runs + r) * per + group * (ATTN1_RUN + hdv) + g];
-                top = m > top ? m : top;
+    float *buf = malloc(sizeof(float) * (size_t)(first[n] * per));
+    if (buf == NULL) {
+        free(first);
+        return -1;
+    }
+    const struct attn_job job = {q, ks, vs, k, v, lo, t, first, n, n_kv, group, hd, hdv, per, scale, softcap, buf};
+    if (work * n_heads * (hd + hdv) >= ATTN1_PARALLEL_MIN) {
+        pool_run(attn_claim, &job, first[n]);
+    } else {
+        for (int64_t p = 0; p < first[n]; p++) attn_claim(&job, p);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t runs = attn_runs(t[i]);
+        for (int64_t h = 0; h < n_kv; h++)
+            for (int64_t g = 0; g < group; g++) {
+                const float *parts = buf + (first[i] + h * runs) * per;
+                float top = -INFINITY, total = 0.0f;
+                for (int64_t r = 0; r < runs; r++) {
+                    const float m = parts[r * per + group * (ATTN1_RUN + hdv) + g];
+                    top = m > top ? m : top;
+                }
+                float *og = out + ((i * n_kv + h) * group + g) * hdv;
+                for (int64_t d = 0; d < hdv; d++) og[d] = 0.0f;
+                for (int64_t r = 0; r < runs; r++) {
+                    const float *part = parts + r * per + group * ATTN1_RUN;
+                    const float w = exp_le0(part[group * hdv + g] - top);
+                    total += part[group * hdv + group + g] * w;
+                    for (int64_t d = 0; d < hdv; d++) og[d] += part[g * hdv + d] * w;
+                }
+                for (int64_t d = 0; d < hdv; d++) og[d] /= total;
             }
-            float *og = out + (h * group + g) * hdv;
-            for (int64_t d = 0; d < hdv; d++) og[d] = 0.0f;
-            for (int64_t r = 0; r < runs; r++) {
-                const float *part = buf + (h * runs + r) * per + group * ATTN1_RUN;
-                const float w = exp_le0(part[group * hdv + g] - top);
-                total += part[group * hdv + group + g] * w;
-                for (int64_t d = 0; d < hdv; d++) og[d] += part[g * hdv + d] * w;
-            }
-            for (int64_t d = 0; d < hdv; d++) og[d] /= total;
-        }
+    }
     free(buf);
+    free(first);
     return 0;
 }
 
