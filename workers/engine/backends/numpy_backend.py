@@ -307,14 +307,6 @@ class NumpyBackend(Backend):
         group = n_heads // n_kv_heads
         end = pos0 + n
         lo = max(0, pos0 - window + 1) if window else 0  # first key any of these queries can see
-        bias = None  # a single query sees every key in [lo, end): no mask to build
-        if n > 1:  # -inf where a query may not see a key (after it, or out of its window), added to its scores
-            q_pos = np.arange(pos0, end)[:, None]
-            k_pos = np.arange(lo, end)[None, :]
-            masked = k_pos > q_pos
-            if window:
-                masked |= q_pos - k_pos >= window
-            bias = xp.asarray(np.where(masked, np.float32(-np.inf), np.float32(0.0))[:, None, :])
         v_dim = kv.v.shape[3]
         is_int8 = kv.k_scale is not None  # the output is un-rotated below
         blocks = self._blocks
@@ -326,6 +318,14 @@ class NumpyBackend(Backend):
             first = np.maximum(pos - window + 1, 0) if window else np.zeros(n, dtype=np.int64)
             out = blocks.attention_rows(q, kv, slot, first, pos + 1, scale, softcap)
             return self._rotate(out).reshape(n, n_heads * v_dim)
+        bias = None  # a single query sees every key in [lo, end): no mask to build
+        if n > 1:  # -inf where a query may not see a key (after it, or out of its window), added to its scores
+            q_pos = np.arange(pos0, end)[:, None]
+            k_pos = np.arange(lo, end)[None, :]
+            masked = k_pos > q_pos
+            if window:
+                masked |= q_pos - k_pos >= window
+            bias = xp.asarray(np.where(masked, np.float32(-np.inf), np.float32(0.0))[:, None, :])
         out = xp.empty((n, n_heads, v_dim), dtype=np.float32)
         t = end - lo
 
