@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields
 
 GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
 
+DEC_MAX_RANKS = 32  # attention_decg's blocks a KV head at most (attention.cu's dec_head merges the ranks a lane each)
+
 # the knobs compiled into a module (-DNAME=value): module, define, its default in the source
 DEFINES = {
     "octet_units": ("quant", "OCTET_UNITS", 2),
@@ -32,6 +34,9 @@ class CupyTuning:
     # ... as attention_decb (a block a row and KV head, no clusters) from this many rows x KV heads: at 16 streams
     # of 4B (128 blocks, one wave) attention_decn's 128 clusters of 8 ran in three waves (62 fit at once)
     decb_min_blocks: int = 64
+    # 8.x: attention_decg's blocks a KV head (1 to 32; 0: from the SM count, CupyAttention._dec_ranks); it
+    # defines the arithmetic, so a bench may vary it and the product never does
+    dec_ranks: int = 0
     # steps mixing prompt chunks with decode rows captured by shape: a 33-token voice prompt under 7 streams
     # 33.3 -> 17.7 ms to its first token (bench/NOTES.md v16)
     capture_mixed: bool = True
@@ -64,6 +69,8 @@ class CupyTuning:
         for name in ("gemvn_groups", "gemvn_groups_staged", "gemvn_groups_wide"):
             if getattr(self, name) not in (1, 2, 4):
                 raise ValueError(f"{name} must be 1, 2 or 4, not {getattr(self, name)}")
+        if self.dec_ranks > DEC_MAX_RANKS:
+            raise ValueError(f"dec_ranks must be at most {DEC_MAX_RANKS}, not {self.dec_ranks}")
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, bool) and value < 0:
