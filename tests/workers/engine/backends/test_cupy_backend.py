@@ -12,7 +12,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from genie_workers.engine.backends.cupy import CupyBackend, QuantWeight, cupy_available
+from genie_workers.engine.backends.cupy import CupyBackend, CupyTuning, QuantWeight, cupy_available
 from genie_workers.engine.backends.cupy.attention import PREFILL_ATTENTION_MIN_TOKENS
 from genie_workers.engine.backends.cupy.family import AMPERE
 from genie_workers.engine.backends.cupy.kernels import KERNEL_TYPES
@@ -859,19 +859,43 @@ def test_product_epilogues_code_the_next_input(gpu, down_type, d, ffn):
             np.testing.assert_array_equal(a, b)
 
 
+# attention_decg's blocks a KV head on 8.x and the tasks a block the depth gives each (CupyTuning.dec_ranks, 0:
+# from the SM count; dec_rank_tasks, 0: all blocks at every depth): the default, the SM count's with depth, one, a
+# count that divides no depth evenly, and the most, with and without depth
+DEC_RANKS = [(8, 0), (0, 8), (1, 0), (3, 8), (32, 0), (32, 8)]
+DEC_DEFAULT = {"dec_ranks": CupyTuning().dec_ranks, "dec_rank_tasks": CupyTuning().dec_rank_tasks}
+
+
+def _dec_ranks_apply(gpu, ranks: tuple[int, int]) -> None:
+    """Tune attention_decg's blocks a KV head, or skip where they are a cluster's (9.0) or absent."""
+    if gpu.family.decode_attention is None:
+        pytest.skip("attention_dec needs compute capability 8.0")
+    changes = {"dec_ranks": ranks[0], "dec_rank_tasks": ranks[1]}
+    if changes != DEC_DEFAULT and gpu.family.paths_90:
+        pytest.skip("on 9.0 a KV head's blocks are a cluster of ATT_CL")
+    gpu.retune(**changes)
+
+
+@pytest.mark.parametrize("ranks", DEC_RANKS)
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 @pytest.mark.parametrize("heads,n_kv,hd", [(32, 8, 128), (16, 8, 128), (4, 1, 256), (8, 1, 64), (2, 2, 64)])
-def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
-    """attention_dec (q/k norm, RoPE, the K/V store and attention of one token, ATT_CL blocks per KV head: a
-    cluster, or attention_decg on 8.x) against the NumPy backend's prepare_qkv and attention, at depths that leave
-    the cluster's blocks no keys, a few and many, with and without a window and a logit softcap."""
+def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, ranks):
+    """attention_dec (q/k norm, RoPE, the K/V store and attention of one token, ATT_CL blocks per KV head as a
+    cluster, or `ranks` blocks as attention_decg on 8.x) against the NumPy backend's prepare_qkv and attention, at
+    depths that leave blocks no keys, a few and many, with and without a window and a logit softcap."""
+    try:
+        _dec_ranks_apply(gpu, ranks)
+        _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd)
+    finally:
+        gpu.retune(**DEC_DEFAULT)
+
+
+def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
     import cupy as cp
 
     from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
     from genie_workers.engine.model_config import LayerConfig, ModelConfig
 
-    if gpu.family.decode_attention is None:
-        pytest.skip("attention_dec needs compute capability 8.0")
     rng = np.random.default_rng()
     n_ctx = 1100
     wo = _quant_weight(Q.Q4_K, 256, heads * hd, rng)[0] if heads * hd % 256 == 0 else None  # Q4_K rows: 256 values
@@ -941,15 +965,16 @@ def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
                     np.testing.assert_array_equal(o, cp.asnumpy(gpu.matmul(out.copy(), wo)))
 
 
+@pytest.mark.parametrize("ranks", DEC_RANKS)
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 @pytest.mark.parametrize("heads,n_kv,hd", [(32, 8, 128), (16, 8, 128), (4, 1, 256), (8, 1, 64)])
-def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, kv_dtype, heads, n_kv, hd):
+def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, kv_dtype, heads, n_kv, hd, ranks):
     """attention_decn (one launch for the one-token rows of a step of several streams, each in its own slot at
     its own depth; blocks of fewer warps than attention_dec's, each running several of its warps' shares of
-    the keys), and attention_decb (a block a row and KV head running the cluster's blocks as virtual ranks),
+    the keys), and attention_decb (a block a row and KV head running attention_dec's blocks as virtual ranks),
     give every row, bit for bit, what attention_dec gives it alone: at depths that leave those shares empty,
     one task each, and several, with and without a window and a logit softcap; and code the rows as q8_input
-    codes them for the o product."""
+    codes them for the o product. On 8.x for any count of blocks a KV head."""
     import cupy as cp
 
     from genie_workers.engine.backends.cupy.rows import RowsInput, q8_rows
@@ -964,6 +989,7 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
     kernels = {"attention_decn": 10**9, "attention_decb": 0}  # CupyTuning.decb_min_blocks
     default = gpu.tuning.decb_min_blocks
     try:
+        _dec_ranks_apply(gpu, ranks)
         for (window, softcap), kernel in itertools.product(((0, 0.0), (64, 0.0), (0, 30.0)), kernels):
             gpu.retune(decb_min_blocks=kernels[kernel])
             lc = LayerConfig(rope_base=1e6, rope_scale=1.0, sliding_window=window)
@@ -999,7 +1025,7 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
                     together[slot], cp.asnumpy(one)[0], err_msg=f"{kernel}: {pos} {window} {softcap}"
                 )
     finally:
-        gpu.retune(decb_min_blocks=default)
+        gpu.retune(decb_min_blocks=default, **DEC_DEFAULT)
 
 
 def test_a_step_whose_attention_decb_block_does_not_fit_the_gpu_takes_the_kernel_that_does():
@@ -1017,7 +1043,7 @@ def test_a_step_whose_attention_decb_block_does_not_fit_the_gpu_takes_the_kernel
     if gpu.family.decode_attention is None:
         pytest.skip("attention_dec needs compute capability 8.0")
     heads, n_kv, hd, depths = 32, 8, 128, (0, 9, 300, 1029)
-    _, smem = _decb_shape(heads // n_kv, hd // 32, gpu.tuning)
+    _, smem = _decb_shape(heads // n_kv, hd // 32, gpu.tuning, gpu._dec_ranks(n_kv))
     assert smem > 99 * 1024  # what the 4B's needs: more than an RTX 30's block
     gpu._smem_per_block = 99 * 1024
     gpu.retune(decb_min_blocks=0)  # every step would take attention_decb

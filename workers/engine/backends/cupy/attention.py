@@ -6,7 +6,7 @@ all of them the same numbers). Kernels in kernels/attention.cu and attend.cuh.""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -17,9 +17,7 @@ from .core import Coded, CupyCore
 from .kernels import threads_for
 from .quant_consts import Q8_MAX_COLS
 from .rows import x8_quads
-
-if TYPE_CHECKING:
-    from .tuning import CupyTuning
+from .tuning import DEC_MAX_RANKS, CupyTuning
 
 ATTENTION_WARPS = 8  # ATT_WARPS in attention.cu
 
@@ -27,7 +25,7 @@ ATTENTION_MAX_HEAD_DIM = 512  # MAX_HD in attention.cu
 
 ATTENTION_MAX_SPLITS = 32
 
-ATTENTION_CLUSTER = 8  # ATT_CL in attention.cu: blocks a KV head of attention_dec
+ATTENTION_CLUSTER = 8  # ATT_CL in attention.cu: blocks a KV head of attention_dec (9.0: a cluster)
 
 # the GQA decode kernels (attention_gqa_G_DPL in attention.cu): (query heads per KV head, head dim / 32)
 GQA_KERNELS = frozenset({(g, d) for g in (1, 2, 4, 8) for d in (2, 4, 8)} - {(8, 8)})
@@ -54,15 +52,15 @@ def _decn_warps(group: int, dpl: int, tuning: CupyTuning) -> int:
     return min(tuning.decn_warps, _dec_warps(group, dpl, tuning.dec_max_warps))
 
 
-def _decb_shape(group: int, dpl: int, tuning: CupyTuning) -> tuple[int, int]:
-    """attention_decb_{group}_{dpl}'s threads a block and dynamic shared memory bytes (DECB_RG and DecbSmem in
-    attention.cu)."""
+def _decb_shape(group: int, dpl: int, tuning: CupyTuning, ranks: int) -> tuple[int, int]:
+    """attention_decb_{group}_{dpl}'s threads a block and dynamic shared memory bytes for `ranks` virtual ranks
+    (DECB_RG and DecbSmem in attention.cu)."""
     p = _decn_warps(group, dpl, tuning)
     groups = max(1, (16 if dpl <= 4 else 8) // p)
     hd, warps = 32 * dpl, _dec_warps(group, dpl, tuning.dec_max_warps)
     queries = group * 4 * (8 * dpl + 4)
     per_group = warps * group * hd + 2 * warps * group
-    floats = queries + group * hd + groups * per_group + ATTENTION_CLUSTER * (group * hd + 2 * group)
+    floats = queries + group * hd + groups * per_group + ranks * (group * hd + 2 * group)
     return 32 * p * groups, 4 * floats
 
 
@@ -217,9 +215,10 @@ class CupyAttention(CupyCore):
         self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
         assert self.family.decode_attention is not None
-        parts, done = self._dec_scratch(1, Hkv, group, hd)
+        ranks = self._dec_ranks(Hkv)
+        parts, done = self._dec_scratch(1, Hkv, group, hd, ranks)
         self._op(f"{self.family.decode_attention[0]}_{group}_{hd // 32}")(
-            (Hkv * ATTENTION_CLUSTER,),
+            (Hkv * ranks,),
             (32 * _dec_warps(group, hd // 32, self.tuning.dec_max_warps),),
             (
                 qkv,
@@ -241,20 +240,31 @@ class CupyAttention(CupyCore):
                 *_slot_bytes(kv),
                 parts,
                 done,
+                np.int32(ranks),
             ),
         )
         return out
 
-    def _dec_scratch(self, rows: int, n_kv: int, group: int, hd: int) -> tuple[Any, Any]:
+    def _dec_ranks(self, n_kv: int) -> int:
+        """The blocks a KV head of attention_dec and its kin, whose shares of the keys define the numbers (so a
+        row's attention alone and in a step's launch use the same): on 9.0 a cluster's ATT_CL; on 8.x the
+        tuning's (the cluster's 8 by default), or with 0 as many as the SMs hold one a KV head's (attention_decg's
+        16 warps fill an SM), at most DEC_MAX_RANKS: an 8-SM Orin's 8 KV heads a block each, the 132-SM H100's 16
+        (bench/NOTES.md v26); of those the kernel uses a position's share where tuning.dec_rank_tasks asks."""
+        if self.family.paths_90:
+            return ATTENTION_CLUSTER
+        return self.tuning.dec_ranks or max(1, min(DEC_MAX_RANKS, self.n_sm // n_kv))
+
+    def _dec_scratch(self, rows: int, n_kv: int, group: int, hd: int, ranks: int) -> tuple[Any, Any]:
         """The global merge's scratch (attention_decg and attention_decgn, 8.x; NULLs for the cluster kernels):
-        the blocks' states, [rows][n_kv][ATT_CL][group hd + 2 group] floats, and the merge counters (zero between
+        the blocks' states, [rows][n_kv][ranks][group hd + 2 group] floats, and the merge counters (zero between
         launches: the kernel resets them; shared with the split-K kernels'). Sized for the most one-token rows a
         step stages (reserve_steps), so that a step of more streams does not make the captured ones stale."""
         if self.family.paths_90:
             return np.uint64(0), np.uint64(0)
         cp = self.xp
         rows = max(rows, self._dec.size // 3)
-        floats = rows * n_kv * ATTENTION_CLUSTER * (group * hd + 2 * group)
+        floats = rows * n_kv * ranks * (group * hd + 2 * group)
         if self._dec_parts.size < floats:
             self._dec_parts = cp.empty(floats, dtype=cp.float32)
             self._version += 1  # captured steps hold the old buffer
@@ -316,18 +326,19 @@ class CupyAttention(CupyCore):
         self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
         parts = done = null
-        threads, smem = _decb_shape(group, hd // 32, self.tuning)
+        ranks = self._dec_ranks(Hkv)
+        threads, smem = _decb_shape(group, hd // 32, self.tuning, ranks)
         # a block a row and KV head (attention.cu's attention_decb) where its shared memory fits a block of this
         # GPU: the 4B's 154 KiB do on an Orin (163 KiB) and a Hopper, not on an RTX 30 / 40 (99 KiB), which takes
         # the kernel below (the same numbers)
         if n_dec * Hkv >= self.tuning.decb_min_blocks and smem <= self._smem_per_block:
             kernel, grid, block = self._op(f"attention_decb_{group}_{hd // 32}"), (Hkv, n_dec), (threads,)
             kernel.allow_smem(smem)
-        else:  # ATT_CL blocks a row and KV head (a cluster, or merged through global memory)
+        else:  # `ranks` blocks a row and KV head (a cluster, or merged through global memory)
             assert self.family.decode_attention is not None
             kernel, smem = self._op(f"{self.family.decode_attention[1]}_{group}_{hd // 32}"), 0
-            grid, block = (Hkv * ATTENTION_CLUSTER, n_dec), (32 * _decn_warps(group, hd // 32, self.tuning),)
-            parts, done = self._dec_scratch(n_dec, Hkv, group, hd)
+            grid, block = (Hkv * ranks, n_dec), (32 * _decn_warps(group, hd // 32, self.tuning),)
+            parts, done = self._dec_scratch(n_dec, Hkv, group, hd, ranks)
         kernel(
             grid,
             block,
@@ -356,6 +367,7 @@ class CupyAttention(CupyCore):
                 np.float32(cfg.attn_logit_softcap),
                 parts,
                 done,
+                np.int32(ranks),
             ),
             smem,
         )

@@ -441,29 +441,27 @@ __device__ __forceinline__ void dec_scan(DecTask<DPL>& task, int base, int j1, c
     }
 }
 
-// Head g of KV head kvh merged over the ranks in rank order (attention_dec's cluster block g, attention_decb's
-// warp g): rank p's max m_of(p), sum l_of(p) and merged accumulator acc_of(p, e) (at lane DPL + e) weighed and
+// Head g of KV head kvh merged over the `ranks` ranks (at most 32) in rank order (attention_dec's cluster block g,
+// attention_decb's warp g): rank p's max m_of(p), sum l_of(p) and merged accumulator acc_of(p, e) (at lane DPL + e) weighed and
 // summed, normalized, rotated back (INT8: V's blk equals K's, hd == hdv), written to out [n_heads * HD] and, when
 // x8 is not NULL, coded at xa as the o product's input as q8_input would; hb: HD floats of shared memory the
 // coding reads the head from.
 template <int G, int DPL, class MOf, class LOf, class AccOf>
-__device__ __forceinline__ void dec_head(int g, int kvh, float* out, const signed char* x8, X8At xa, int n_heads,
-                                         bool int8, float* hb, MOf m_of, LOf l_of, AccOf acc_of) {
+__device__ __forceinline__ void dec_head(int g, int kvh, int ranks, float* out, const signed char* x8, X8At xa,
+                                         int n_heads, bool int8, float* hb, MOf m_of, LOf l_of, AccOf acc_of) {
     constexpr int HD = 32 * DPL;
     const int lane = threadIdx.x & 31;
     float mp = NEG_INF, lp = 0.f;
-    if (lane < ATT_CL) mp = m_of(lane), lp = l_of(lane);
+    if (lane < ranks) mp = m_of(lane), lp = l_of(lane);
     const float mx = warp_max(mp);
-    const float w = lane < ATT_CL && mp != NEG_INF ? __expf(mp - mx) : 0.f;
+    const float w = lane < ranks && mp != NEG_INF ? __expf(mp - mx) : 0.f;
     float wl = w * lp;  // the sum over the ranks in rank order, as every run
     float lsum = 0.f;
-#pragma unroll
-    for (int p = 0; p < ATT_CL; ++p) lsum += __shfl_sync(FULL, wl, p);
+    for (int p = 0; p < ranks; ++p) lsum += __shfl_sync(FULL, wl, p);
     float v[DPL];
 #pragma unroll
     for (int e = 0; e < DPL; ++e) v[e] = 0.f;
-#pragma unroll
-    for (int p = 0; p < ATT_CL; ++p) {
+    for (int p = 0; p < ranks; ++p) {
         const float wp = __shfl_sync(FULL, w, p);
 #pragma unroll
         for (int e = 0; e < DPL; ++e) v[e] += acc_of(p, e) * wp;
@@ -489,10 +487,29 @@ __device__ __forceinline__ void dec_head(int g, int kvh, float* out, const signe
 // warps; physical warp p runs p, p + P, ...): P == WARPS for one stream, fewer for a step of many streams, whose
 // blocks are then small enough for several an SM. A virtual warp's tasks, online softmax, and its place in the
 // merges are the same for every P, so a stream's numbers do not depend on it.
-// DEC_GLOBAL (attention_decg, attention_decgn; compute capability 8.x): the ATT_CL blocks of a KV head are no
-// cluster; each writes its state (max and sum per head, merged accumulator) to `parts` [row][n_kv][ATT_CL]
-// [DecPart], and the last of them to count itself in done[row n_kv + kvh] (which it then zeroes for the next
-// launch) merges every head over the ranks in rank order, a warp a head, as the cluster's blocks would.
+// DEC_GLOBAL (attention_decg, attention_decgn; compute capability 8.x): a KV head's blocks are no cluster; the
+// grid has n_ranks of them (1 to 32: the backend takes as many as the SMs hold a KV head's, so a long context's
+// token fills the GPU once), of which the depth uses dec_ranks_at's; each writes its state (max and sum per
+// head, merged accumulator) to `parts` [row][n_kv][n_ranks][DecPart], and the last of them to count itself in
+// done[row n_kv + kvh] (which it then zeroes for the next launch) merges every head over the ranks in rank order,
+// a warp a head, as the cluster's blocks would. The split defines the arithmetic: attention_decb with the same
+// n_ranks gives the same numbers.
+// The ranks a KV head's keys are split over at a depth of n_tasks tasks of 8 keys: on 9.0 the cluster's (the
+// backend passes ATT_CL); on 8.x the grid's n_ranks, or with DEC_RANK_TASKS (CupyTuning.dec_rank_tasks) as many
+// of them as give each that many tasks, at least one, so a short context is not split over blocks that would have
+// one task or none, whose fixed cost (the G query heads' norm and RoPE, a state to write and merge) then outweighs
+// their keys. A function of the position only: a row's numbers alone and in a step's launch are the same.
+#ifndef DEC_RANK_TASKS
+#define DEC_RANK_TASKS 0
+#endif
+__device__ __forceinline__ int dec_ranks_at(int n_ranks, int n_tasks) {
+#if PATHS_90
+    return n_ranks;
+#else
+    if (DEC_RANK_TASKS == 0) return n_ranks;
+    return max(1, min(n_ranks, (n_tasks + DEC_RANK_TASKS - 1) / DEC_RANK_TASKS));
+#endif
+}
 template <int G, int DPL>
 struct DecPart {
     static constexpr int FLOATS = G * 32 * DPL + 2 * G;  // the accumulator [G][HD], then m [G], then l [G]
@@ -501,7 +518,8 @@ template <int G, int DPL, int WARPS, int P = WARPS, bool DEC_GLOBAL = false>
 __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out,
                               signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t,
                               const float* sin_t, int rope_dim, int neox, const int* pos0p, int window, float scale,
-                              float softcap, long long x8_token = -1, float* parts = nullptr, int* done = nullptr) {
+                              float softcap, long long x8_token = -1, float* parts = nullptr, int* done = nullptr,
+                              int n_ranks = ATT_CL) {
     constexpr int HD = 32 * DPL;
     static_assert(WARPS >= G + 2, "a warp for each query head, the key and the value");
     static_assert(P <= WARPS && WARPS % P == 0, "physical warps run whole sets of virtual ones");
@@ -511,8 +529,6 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     __shared__ float ms[WARPS][G], ls[WARPS][G];
     __shared__ float bm[G], bl[G];  // the block's max and sum per head, read by peers
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned rank = DEC_GLOBAL ? blockIdx.x % ATT_CL : cluster_rank();
-    const int kvh = blockIdx.x / ATT_CL;
     const bool int8 = k_scale != nullptr;
     // Before the wait for the QKV product, what does not depend on it: this block's share of the keys [lo, qpos]
     // in tasks of 8 and this warp's first task's loads (every key before qpos was stored by an earlier step; the
@@ -521,7 +537,13 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     const int qpos = *pos0p;
     const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
     const int n_tasks = (qpos - lo + 8) / 8;
-    const int t0 = (int)rank * n_tasks / ATT_CL, t1 = ((int)rank + 1) * n_tasks / ATT_CL;
+    // the blocks a KV head: a cluster's ATT_CL, or of the grid's n_ranks those this depth gives work (dec_ranks_at)
+    const int grid_ranks = DEC_GLOBAL ? n_ranks : ATT_CL;
+    const int ranks = DEC_GLOBAL ? dec_ranks_at(n_ranks, n_tasks) : ATT_CL;
+    const unsigned rank = DEC_GLOBAL ? blockIdx.x % grid_ranks : cluster_rank();
+    const int kvh = blockIdx.x / grid_ranks;
+    if (DEC_GLOBAL && (int)rank >= ranks) return;  // a block this depth does not use (the whole block leaves)
+    const int t0 = (int)rank * n_tasks / ranks, t1 = ((int)rank + 1) * n_tasks / ranks;
     const int j0 = lo + 8 * t0, j1 = min(qpos, lo + 8 * t1 - 1);
     // the virtual warps with keys: a prefix (warp vw's first key is j0 + 8 vw); the rest hold nothing and are
     // left out of the merges, which they would not change (a max with -inf, sums of zeros)
@@ -533,7 +555,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     int base = j0 + 8 * warp;
     if (base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
     constexpr int ROLES = P == WARPS ? 1 : (G + 2 + P - 1) / P;  // roles a warp takes at most
-    dec_rows<G, DPL, ROLES, P>(qkv, k_pool, v_pool, k_scale, v_scale, qs, n_heads, n_kv, kvh, rank == ATT_CL - 1,
+    dec_rows<G, DPL, ROLES, P>(qkv, k_pool, v_pool, k_scale, v_scale, qs, n_heads, n_kv, kvh, rank == ranks - 1,
                                qk_norm, eps, cos_t, sin_t, rope_dim, neox, qpos, int8);
     __syncthreads();  // queries ready; the new K/V rows visible to this block's loads
     if (base <= j1 && base + 7 >= qpos)  // the task holding the new key read its rows before they were stored
@@ -596,7 +618,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     const X8At xa = x8_token < 0 ? x8_row(x8, cols) : x8_quad(x8, x8_token, cols);
     if constexpr (DEC_GLOBAL) {
         constexpr int PF = DecPart<G, DPL>::FLOATS;
-        float* kv_parts = parts + ((long long)blockIdx.y * n_kv + kvh) * ATT_CL * PF;
+        float* kv_parts = parts + ((long long)blockIdx.y * n_kv + kvh) * n_ranks * PF;
         __shared__ int last;
         __syncthreads();  // row 0 of accs complete
         for (int i = threadIdx.x; i < G * HD; i += blockDim.x) kv_parts[rank * PF + i] = accs[0][i];
@@ -606,13 +628,13 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         }
         __threadfence();  // this block's state before its count
         __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(&done[(long long)blockIdx.y * n_kv + kvh], 1) == ATT_CL - 1;
+        if (threadIdx.x == 0) last = atomicAdd(&done[(long long)blockIdx.y * n_kv + kvh], 1) == ranks - 1;
         __syncthreads();
         if (!last) return;
         __threadfence();  // the others' states after their counts
         for (int g = warp; g < G; g += P) {  // head g over the ranks in rank order, as the cluster's block g
             dec_head<G, DPL>(
-                g, kvh, out, x8, xa, n_heads, int8, &accs[0][g * HD],
+                g, kvh, ranks, out, x8, xa, n_heads, int8, &accs[0][g * HD],
                 [&](int p) { return __ldcg(kv_parts + p * PF + G * HD + g); },
                 [&](int p) { return __ldcg(kv_parts + p * PF + G * HD + G + g); },
                 [&](int p, int e) { return __ldcg(kv_parts + p * PF + g * HD + lane * DPL + e); });
@@ -623,7 +645,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         if (rank < G && warp == 0) {  // head g = rank over the cluster, by one warp, peers in rank order
             const int g = rank;
             dec_head<G, DPL>(
-                g, kvh, out, x8, xa, n_heads, int8, kvb, [&](int p) { return ld_peer(&bm[g], p); },
+                g, kvh, ATT_CL, out, x8, xa, n_heads, int8, kvb, [&](int p) { return ld_peer(&bm[g], p); },
                 [&](int p) { return ld_peer(&bl[g], p); },
                 [&](int p, int e) { return ld_peer(&accs[0][g * HD + lane * DPL + e], p); });
         }
@@ -631,14 +653,15 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     }
 }
 
-// attention_decb: a step's decode rows as attention_decn computes them, without clusters: a block a (row, KV
-// head) runs attention_dec's ATT_CL cluster blocks as virtual ranks, RG at a time (a group of P warps a rank, its
-// WARPS virtual warps as attention_decn's P warps run them), merges each rank's warps as that block would, and
-// each head over the ranks in rank order as the cluster's block g would: a stream's numbers are attention_dec's
-// to the bit. At a few hundred keys a cluster block's work is mostly its fixed cost (the G query heads' norm and
-// RoPE, which every block of a cluster repeats, and two cluster barriers), paid here once a head; and 16 streams
-// of 8 KV heads are 128 blocks, one wave, where attention_decn's 128 clusters of 8 took three (62 fit at once).
-// Dynamic shared memory: DecbSmem (the backend computes the same floats).
+// attention_decb: a step's decode rows as attention_decn or attention_decgn computes them, without clusters: a
+// block a (row, KV head) runs attention_dec's n_ranks blocks (a cluster's ATT_CL on 9.0) as virtual ranks, RG at a
+// time (a group of P warps a rank, its WARPS virtual warps as attention_decn's P warps run them), merges each
+// rank's warps as that block would, and each head over the ranks in rank order as block g would: a stream's
+// numbers are attention_dec's to the bit. At a few hundred keys a cluster block's work is mostly its fixed cost
+// (the G query heads' norm and RoPE, which every block of a cluster repeats, and two cluster barriers), paid here
+// once a head; and 16 streams of 8 KV heads are 128 blocks, one wave, where attention_decn's 128 clusters of 8
+// took three (62 fit at once).
+// Dynamic shared memory: DecbSmem's FLOATS and RANK_FLOATS a rank (the backend computes the same floats).
 template <int G, int DPL, int WARPS, int RG>
 struct DecbSmem {
     static constexpr int HD = 32 * DPL;
@@ -648,7 +671,8 @@ struct DecbSmem {
     static constexpr int MS = WARPS * G;         // ... their maxima, and their sums
     static constexpr int GROUP = ACC + 2 * MS;
     static constexpr int RANK = G * HD;  // a rank's merged accumulator
-    static constexpr int FLOATS = QS + OB + RG * GROUP + ATT_CL * (RANK + 2 * G);
+    static constexpr int FLOATS = QS + OB + RG * GROUP;  // then n_ranks times RANK_FLOATS
+    static constexpr int RANK_FLOATS = RANK + 2 * G;
 };
 __device__ __forceinline__ void group_sync(int id, int threads) {  // named barrier `id` of `threads` threads
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -658,10 +682,10 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
                                signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps,
                                const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* pos0p,
                                int window, float scale, float softcap, long long x8_token, float* = nullptr,
-                               int* = nullptr) {  // (DEC_ROWS's parts and done: attention_decgn's)
+                               int* = nullptr, int n_ranks = ATT_CL) {  // (DEC_ROWS's parts and done: attention_decgn's)
     constexpr int HD = 32 * DPL, NW = P * RG;
     static_assert(NW >= G, "a warp for each head's merge over the ranks");
-    static_assert(WARPS % P == 0 && ATT_CL % RG == 0, "groups run whole sets of virtual warps and ranks");
+    static_assert(WARPS % P == 0, "groups run whole sets of virtual warps");
     using L = DecbSmem<G, DPL, WARPS, RG>;
     extern __shared__ __align__(16) float decb_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rg = warp / P, pw = warp % P;
@@ -670,9 +694,9 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
     float* accs = ob + L::OB + rg * L::GROUP;  // [WARPS][G HD]
     float* ms = accs + L::ACC;                 // [WARPS][G]
     float* ls = ms + L::MS;
-    float* racc = ob + L::OB + RG * L::GROUP;  // [ATT_CL][G HD]
-    float* rm = racc + ATT_CL * L::RANK;       // [ATT_CL][G]
-    float* rl = rm + ATT_CL * G;
+    float* racc = ob + L::OB + RG * L::GROUP;  // [n_ranks][G HD]
+    float* rm = racc + n_ranks * L::RANK;      // [n_ranks][G]
+    float* rl = rm + n_ranks * G;
     const int kvh = blockIdx.x;
     const bool int8 = k_scale != nullptr;
     // as attention_dec: the keys' split and this warp's first task's loads (its group's first rank) before the
@@ -680,7 +704,9 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
     const int qpos = *pos0p;
     const int lo = window > 0 ? max(0, qpos - window + 1) : 0;
     const int n_tasks = (qpos - lo + 8) / 8;
-    int j0 = lo + 8 * (rg * n_tasks / ATT_CL), j1 = min(qpos, lo + 8 * ((rg + 1) * n_tasks / ATT_CL) - 1);
+    const int ranks = dec_ranks_at(n_ranks, n_tasks);  // as attention_dec's blocks at this depth
+    // (a group past the last rank: j0 > qpos, no keys)
+    int j0 = lo + 8 * (rg * n_tasks / ranks), j1 = min(qpos, lo + 8 * ((rg + 1) * n_tasks / ranks) - 1);
     DecTask<DPL> task;
     int base = j0 + 8 * pw;
     if (base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
@@ -688,10 +714,10 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
                                                 qk_norm, eps, cos_t, sin_t, rope_dim, neox, qpos, int8);
     __syncthreads();  // queries ready; the new K/V rows visible to the block's loads
     if (base <= j1 && base + 7 >= qpos) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
-    for (int r = rg; r < ATT_CL; r += RG) {  // virtual rank r: cluster block r of attention_dec
+    for (int r = rg; r < ranks; r += RG) {  // virtual rank r: block r of attention_dec
         if (r != rg) {
-            j0 = lo + 8 * (r * n_tasks / ATT_CL);
-            j1 = min(qpos, lo + 8 * ((r + 1) * n_tasks / ATT_CL) - 1);
+            j0 = lo + 8 * (r * n_tasks / ranks);
+            j1 = min(qpos, lo + 8 * ((r + 1) * n_tasks / ranks) - 1);
         }
         const int n_act = j1 < j0 ? 0 : min(WARPS, (j1 - j0 + 8) / 8);
         float acc[G][DPL], m[G], l[G];
@@ -741,7 +767,7 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
     if (warp < G) {  // head g over the ranks in rank order, by warp g, as attention_dec's cluster block g
         const int g = warp;
         dec_head<G, DPL>(
-            g, kvh, out, x8, x8_quad(x8, x8_token, n_heads * HD), n_heads, int8, ob + g * HD,
+            g, kvh, ranks, out, x8, x8_quad(x8, x8_token, n_heads * HD), n_heads, int8, ob + g * HD,
             [&](int p) { return rm[p * G + g]; }, [&](int p) { return rl[p * G + g]; },
             [&](int p, int e) { return racc[p * L::RANK + g * HD + lane * DPL + e]; });
     }
@@ -770,29 +796,30 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
 // as many blocks an SM as leave a thread attention_dec's registers (128 for DPL <= 4 at 16 warps, else 255 at 8)
 // A kernel over a step's decode rows (attention_decn_*, attention_decgn_*, attention_decb_*): blockIdx.y's row, its
 // slot's pools and its position, into FN (attention_dec run on fewer warps, or attention_decb); parts and done:
-// attention_decgn's merge through global memory (NULL for the others)
+// attention_decgn's merge through global memory (NULL for the others); n_ranks: blocks a KV head (ATT_CL on 9.0)
 #define DEC_ROWS(NAME, DPL, FN)                                                                                       \
     NAME(const float* qkv, char* k_pools, char* v_pools, float* k_scales, float* v_scales, float* out, signed char* x8, \
          int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t, const float* sin_t, int rope_dim, \
          int neox, const int* dec, int n_dec, long long kv_stride, long long scale_stride, int window, float scale,    \
-         float softcap, float* parts, int* done) {                                                                    \
+         float softcap, float* parts, int* done, int n_ranks) {                                                       \
         const int* d = dec + blockIdx.y;                                                                              \
         const long long row = d[0], slot = d[n_dec];                                                                  \
         const long long qkv_cols = (long long)(n_heads + 2 * n_kv) * 32 * DPL;                                       \
         FN(qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                              \
            k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr,   \
            out + row * n_heads * 32 * DPL, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox, d + 2 * n_dec, \
-           window, scale, softcap, row, parts, done);                                                                 \
+           window, scale, softcap, row, parts, done, n_ranks);                                                        \
     }
-// One token (the slot and position staged: AT_SLOT) into FN; parts, done: attention_decg's (NULL for attention_dec)
+// One token (the slot and position staged: AT_SLOT) into FN; parts, done: attention_decg's (NULL for attention_dec);
+// n_ranks: its blocks a KV head (attention_dec's cluster: ATT_CL)
 #define DEC_ONE(NAME, FN)                                                                                             \
     NAME(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out, signed char* x8,    \
          int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t, const float* sin_t, int rope_dim, \
          int neox, const int* pos0p, int window, float scale, float softcap, long long k_slot, long long v_slot,        \
-         long long s_slot, float* parts, int* done) {                                                                  \
+         long long s_slot, float* parts, int* done, int n_ranks) {                                                     \
         AT_SLOT(pos0p, k_pool, v_pool, k_scale, v_scale, k_slot, v_slot, s_slot);                                     \
         FN(qkv, k_pool, v_pool, k_scale, v_scale, out, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox,  \
-           pos0p, window, scale, softcap, -1, parts, done);                                                            \
+           pos0p, window, scale, softcap, -1, parts, done, n_ranks);                                                   \
     }
 // 9.0: a cluster of ATT_CL blocks a KV head (attention_dec, attention_decn)
 #define DEC_INSTANTIATE_CLUSTER(G, DPL)                                                                               \
