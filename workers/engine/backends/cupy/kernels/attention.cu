@@ -442,10 +442,10 @@ __device__ __forceinline__ void dec_scan(DecTask<DPL>& task, int base, int j1, c
 }
 
 // Head g of KV head kvh merged over the `ranks` ranks (at most 32) in rank order (attention_dec's cluster block g,
-// attention_decb's warp g): rank p's max m_of(p), sum l_of(p) and merged accumulator acc_of(p, e) (at lane DPL + e) weighed and
-// summed, normalized, rotated back (INT8: V's blk equals K's, hd == hdv), written to out [n_heads * HD] and, when
-// x8 is not NULL, coded at xa as the o product's input as q8_input would; hb: HD floats of shared memory the
-// coding reads the head from.
+// attention_decb's warp g): rank p's max m_of(p), sum l_of(p) and merged accumulator acc_of(p, e) (at lane
+// DPL + e) weighed and summed, normalized, rotated back (INT8: V's blk equals K's, hd == hdv), written to out
+// [n_heads * HD] and, when x8 is not NULL, coded at xa as the o product's input as q8_input would; hb: HD floats of
+// shared memory the coding reads the head from.
 template <int G, int DPL, class MOf, class LOf, class AccOf>
 __device__ __forceinline__ void dec_head(int g, int kvh, int ranks, float* out, const signed char* x8, X8At xa,
                                          int n_heads, bool int8, float* hb, MOf m_of, LOf l_of, AccOf acc_of) {
@@ -488,8 +488,8 @@ __device__ __forceinline__ void dec_head(int g, int kvh, int ranks, float* out, 
 // blocks are then small enough for several an SM. A virtual warp's tasks, online softmax, and its place in the
 // merges are the same for every P, so a stream's numbers do not depend on it.
 // DEC_GLOBAL (attention_decg, attention_decgn; compute capability 8.x): a KV head's blocks are no cluster; the
-// grid has n_ranks of them (1 to 32: the backend takes as many as the SMs hold a KV head's, so a long context's
-// token fills the GPU once), of which the depth uses dec_ranks_at's; each writes its state (max and sum per
+// grid has n_ranks of them (1 to 32: the tuning's, the cluster's 8 unless it asks for as many as the SMs hold a
+// KV head's, so a long context's token fills the GPU once), of which the depth uses dec_ranks_at's; each writes its state (max and sum per
 // head, merged accumulator) to `parts` [row][n_kv][n_ranks][DecPart], and the last of them to count itself in
 // done[row n_kv + kvh] (which it then zeroes for the next launch) merges every head over the ranks in rank order,
 // a warp a head, as the cluster's blocks would. The split defines the arithmetic: attention_decb with the same
