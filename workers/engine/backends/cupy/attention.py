@@ -17,7 +17,7 @@ from .core import Coded, CupyCore
 from .kernels import threads_for
 from .quant_consts import Q8_MAX_COLS
 from .rows import x8_quads
-from .tuning import DEC_MAX_RANKS, CupyTuning
+from .tuning import ATTENTION_CLUSTER, DEC_MAX_RANKS, CupyTuning
 
 ATTENTION_WARPS = 8  # ATT_WARPS in attention.cu
 
@@ -25,7 +25,6 @@ ATTENTION_MAX_HEAD_DIM = 512  # MAX_HD in attention.cu
 
 ATTENTION_MAX_SPLITS = 32
 
-ATTENTION_CLUSTER = 8  # ATT_CL in attention.cu: blocks a KV head of attention_dec (9.0: a cluster)
 
 # the GQA decode kernels (attention_gqa_G_DPL in attention.cu): (query heads per KV head, head dim / 32)
 GQA_KERNELS = frozenset({(g, d) for g in (1, 2, 4, 8) for d in (2, 4, 8)} - {(8, 8)})

@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields
 
 GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
 
+ATTENTION_CLUSTER = 8  # ATT_CL in attention.cu: blocks a KV head of attention_dec (9.0: a cluster)
+
 DEC_MAX_RANKS = 32  # attention_decg's blocks a KV head at most (attention.cu's dec_head merges the ranks a lane each)
 
 # the knobs compiled into a module (-DNAME=value): module, define, its default in the source
@@ -40,7 +42,7 @@ class CupyTuning:
     # 0 and 8 decoded the 4B +3 % at depth 4096 and 1.45x llama.cpp on 8 SMs (bench/NOTES.md v26). They stay at
     # the cluster's 8 blocks and all of them until the sm87 GPU suite has passed with them (v26: one failure seen,
     # not identified). They define the arithmetic, so alone and batched always agree.
-    dec_ranks: int = 8
+    dec_ranks: int = ATTENTION_CLUSTER
     # steps mixing prompt chunks with decode rows captured by shape: a 33-token voice prompt under 7 streams
     # 33.3 -> 17.7 ms to its first token (bench/NOTES.md v16)
     capture_mixed: bool = True
