@@ -146,8 +146,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_qkv_i8.restype = None
     lib.genie_rotate_rows.argtypes = [_ptr, i64, i64]
     lib.genie_rotate_rows.restype = None
-    lib.genie_add_rms_norm.argtypes = [_ptr, _ptr, i64, i64, _ptr, f, _ptr]
-    lib.genie_add_rms_norm.restype = None
 
 
 def limit_blas_threads(n: int) -> None:
@@ -244,36 +242,6 @@ class BlockKernels:
         assert 0 < d <= ATTN1_MAX_DIM
         self.lib.genie_rotate_rows(y.ctypes.data, y.size // d, d)
         return y
-
-    @staticmethod
-    def takes_norm(x: np.ndarray, weight: np.ndarray) -> bool:
-        """Whether genie_add_rms_norm takes these arrays: float32 and C-contiguous, one weight for the last axis."""
-        return (
-            x.dtype == np.float32
-            and x.flags.c_contiguous
-            and weight.dtype == np.float32
-            and weight.flags.c_contiguous
-            and weight.shape == x.shape[-1:]
-        )
-
-    def add_rms_norm(self, x: np.ndarray, r: np.ndarray | None, weight: np.ndarray, eps: float) -> np.ndarray:
-        """RMSNorm over the last axis of x (first increased by r in place, when given), times weight, as a new
-        array (takes_norm's arrays; r as x): genie_add_rms_norm."""
-        d = x.shape[-1]
-        out = np.empty_like(x)
-        if r is not None:
-            r = np.ascontiguousarray(r, dtype=np.float32)
-            assert r.shape == x.shape
-        self.lib.genie_add_rms_norm(
-            x.ctypes.data,
-            None if r is None else r.ctypes.data,
-            x.size // d,
-            d,
-            weight.ctypes.data,
-            eps,
-            out.ctypes.data,
-        )
-        return out
 
     def dequantize(self, w: BlockWeight, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
         """float32 rows [r0, r1) of w into out[: r1 - r0] (C-contiguous)."""

@@ -185,18 +185,9 @@ class NumpyBackend(Backend):
         return x @ weight.T
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        blocks = self._blocks
-        if blocks is not None and self.xp is np and blocks.takes_norm(x, weight):  # a pass a row in C
-            return blocks.add_rms_norm(x, None, weight, eps)
         xp = self.xp
         ms = xp.einsum("...i,...i->...", x, x)[..., None] * np.float32(1.0 / x.shape[-1])
         return x * (np.float32(1.0) / xp.sqrt(ms + np.float32(eps))) * weight
-
-    def add_rms_norm(self, x: np.ndarray, r: np.ndarray, weight: np.ndarray, eps: float) -> tuple[Any, Any]:
-        blocks = self._blocks
-        if blocks is not None and self.xp is np and blocks.takes_norm(x, weight) and r.shape == x.shape:
-            return x, blocks.add_rms_norm(x, r, weight, eps)  # the add in place, then the norm, a row at a time
-        return super().add_rms_norm(x, r, weight, eps)
 
     def _rope_table(
         self, base: float, scale: float, rope_dim: int, n_pos: int, freq_factors: tuple[float, ...] | None = None

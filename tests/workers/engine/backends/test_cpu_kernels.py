@@ -529,24 +529,3 @@ def test_blocks_made_from_a_mapped_file_leave_none_of_its_pages_resident(tmp_pat
     own = tensor_of(raw, Q.Q8_0, rows, cols)
     own.release_bytes(0, own.n_bytes)  # no mapping: nothing to let go of, nothing changed
     np.testing.assert_array_equal(own.data, raw.reshape(-1))
-
-
-@pytest.mark.parametrize("d", [576, 640, 72])
-def test_add_rms_norm_is_numpys_and_a_row_gets_the_same_alone(kernels, d):
-    """genie_add_rms_norm: the residual add in place, then RMSNorm times the weight, within float rounding of
-    NumPy's formula; a row's numbers the same alone as among others; d not a multiple of 16 too."""
-    rng = np.random.default_rng()
-    x = rng.standard_normal((9, d), dtype=np.float32)
-    x[:, 3] *= 40  # an outlier channel
-    r = rng.standard_normal((9, d), dtype=np.float32)
-    w = rng.standard_normal(d, dtype=np.float32)
-    added = x + r
-    ms = (added.astype(np.float64) ** 2).mean(axis=-1, keepdims=True)
-    want = added / np.sqrt(ms + 1e-6) * w
-    got_x = x.copy()
-    got = kernels.add_rms_norm(got_x, r, w, 1e-6)
-    np.testing.assert_array_equal(got_x, added)  # the add, in place
-    assert rel_err(got, want) < 1e-6
-    alone = kernels.add_rms_norm(added[4:5].copy(), None, w, 1e-6)
-    np.testing.assert_array_equal(alone[0], got[4])
-    assert not kernels.takes_norm(x.T, w) and not kernels.takes_norm(x, w[:-1])

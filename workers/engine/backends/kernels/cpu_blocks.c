@@ -768,19 +768,6 @@ static float rms_inv(const float *x, int64_t d, float eps) {  // 1 / sqrt(mean(x
     return 1.0f / sqrtf(ss * (1.0f / (float)d) + eps);
 }
 
-// RMSNorm of n rows of d values times w [d] into out (rms_inv's sums, then (x * inv) * w); with r, each row of x
-// first increased by r's, in place (a layer's residual add): NumpyBackend.rms_norm and add_rms_norm in one pass
-// a row, a row's numbers its own whatever the rows beside it
-void genie_add_rms_norm(float *x, const float *r, int64_t n, int64_t d, const float *w, float eps, float *out) {
-    for (int64_t i = 0; i < n; i++) {
-        float *xi = x + i * d, *oi = out + i * d;
-        if (r != NULL)
-            for (int64_t k = 0; k < d; k++) xi[k] += r[i * d + k];
-        const float inv = rms_inv(xi, d, eps);
-        for (int64_t k = 0; k < d; k++) oi[k] = (xi[k] * inv) * w[k];
-    }
-}
-
 // x @ kv_rotation(d) in place: a normalized Sylvester-Hadamard matrix on each block of the largest power of two
 // dividing d, as Walsh-Hadamard butterflies (d log d additions, where the product is d^2 multiply-adds)
 static void rotate_row(float *x, int64_t d) {
