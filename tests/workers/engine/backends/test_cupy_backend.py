@@ -239,7 +239,8 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
 def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, shape):
     """gemvn (2-64 tokens in the tensor cores' columns, cupy/rows.py) gives every token the float gemv1m gives
     it alone, bit for bit: plain, with a late RMS factor per token, and for token counts that fill 1, 2 and 4
-    groups of four and spill into a second launch; q8_input's rows code each token as its one-row launch does."""
+    groups of four and a prompt chunk's sets of more (prompt_groups); q8_input's rows code each token as its
+    one-row launch does."""
     import cupy as cp
 
     from genie_workers.engine.backends.cupy.rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows
@@ -252,7 +253,7 @@ def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, 
         rows += 8 - rows % 8
     w = QuantWeight(cp.asarray(random_blocks(qtype, rows, cols, rng).reshape(-1)), qtype, rows, cols)
     norm = cp.asarray(rng.uniform(0.5, 1.5, cols).astype(np.float32))
-    for n in (2, 7, 16, 23):
+    for n in (2, 7, 16, 23, 40, 57):
         x = cp.asarray(rng.standard_normal((n, cols), dtype=np.float32))
         for mode in (X_PLAIN, X_NORM_LATE):
             inp = RowsInput(x, mode, norm=norm if mode == X_NORM_LATE else None, eps=1e-6)
@@ -282,7 +283,7 @@ from genie_workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q
 gpu, rng = CupyBackend(), np.random.default_rng(0)
 for qtype, cols in ((Q.Q4_K, 512), (Q.Q4_K, 4096), (Q.Q6_K, 512)):
     w = QuantWeight(cp.asarray(random_blocks(qtype, 256, cols, rng).reshape(-1)), qtype, 256, cols)
-    for n in (5, 9, 10, 11, 12, 13, 17, 21, 26, 33):
+    for n in (5, 9, 10, 11, 12, 13, 17, 21, 26, 33, 40, 45, 57, 64):
         x8, ss = q8_rows(gpu, RowsInput(cp.asarray(rng.standard_normal((n, cols), dtype=np.float32)), X_PLAIN), 0, n)
         gemvn(gpu, w, x8, n, cp.empty((n, 256), dtype=cp.float32), ss, 1e-6)
 cp.cuda.Device().synchronize()
@@ -290,11 +291,11 @@ cp.cuda.Device().synchronize()
 
 
 def test_the_n_token_product_reads_no_quad_past_its_input(gpu):
-    """gemvn's blocks take groups of four tokens in sets of 1, 2 or 4 groups; the last set of a token count
+    """gemvn's blocks take groups of four tokens in sets of 1 to 8 groups; the last set of a token count
     that is not a multiple of its size has groups with no token, whose quads the kernel reads all the same
-    (x8_quads allocates three past the tokens' for them): under compute-sanitizer's memcheck, no launch reads past
-    the buffer (before those three quads, such reads once faulted the worker, now and then, with an illegal
-    address)."""
+    (x8_quads allocates GEMVN_MAX_GROUPS - 1 past the tokens' for them): under compute-sanitizer's memcheck, no
+    launch reads past the buffer (before those quads, such reads once faulted the worker, now and then, with an
+    illegal address)."""
     import glob
     import os
     import shutil
@@ -1048,7 +1049,7 @@ def test_a_step_whose_attention_decb_block_does_not_fit_the_gpu_takes_the_kernel
     gpu._smem_per_block = 99 * 1024
     gpu.retune(decb_min_blocks=0)  # every step would take attention_decb
     rng = np.random.default_rng(11)
-    lc = LayerConfig(rope_base=1e6, rope_scale=1.0)
+    lc = LayerConfig(rope_base=1e6, rope_scale=1.0, sliding_window=0)
     cfg = ModelConfig(
         "qwen3", 1, 1024, heads, n_kv, hd, hd, 3072, 1000, 1100, 1e-6, "neox", hd, "silu", hd**-0.5, 1.0, 0.0, 0.0,
         (lc,),

@@ -68,6 +68,20 @@ def test_the_n_token_products_groups_a_block_by_matrix_and_tokens():
     assert groups_a_block(t, Q.Q4_K, *gate_up, 16, 4 * slots) == 2  # a GPU with four times the slots
 
 
+def test_a_prompt_chunks_sets_of_groups_weigh_the_weights_passes_against_empty_groups_and_idle_slots():
+    """gemvn's groups a block for a prompt chunk (more than four groups; no GPU: the rule alone), for the 4B's
+    matrices with 8.x's instantiations: 40 tokens of gate_up (1 216 tiles) in 2 sets of 5 on an H100 (264 block
+    slots) and on an 8-SM Orin (16), 64 tokens in 2 sets of 8; v (64 tiles) in sets of 3, four sets that still
+    fill the H100's slots in one wave (sets of 5: the same wave, a longer tile); 9.0's, of 1, 2 and 4: 4."""
+    from genie_workers.engine.backends.cupy.rows import prompt_groups
+
+    q4, q6 = AMPERE.n_groups
+    assert prompt_groups(q4, 10, 1216, 264) == prompt_groups(q4, 10, 1216, 16) == 5
+    assert prompt_groups(q4, 16, 1216, 264) == 8
+    assert prompt_groups(q6, 10, 64, 264) == 3
+    assert prompt_groups(HOPPER.n_groups[0], 10, 1216, 264) == 4
+
+
 @pytest.mark.parametrize(("family", "stages"), [(HOPPER, 3), (AMPERE, 2)], ids=lambda f: getattr(f, "name", f))
 def test_the_products_ring_is_the_kernel_familys_unless_a_bench_asks_another(family, stages):
     """quant.cu states no ring of its own (MMA_STAGES): the backend builds it with its family's, 3 stages of bulk

@@ -247,8 +247,8 @@ class CupyAttention(CupyCore):
     def _dec_ranks(self, n_kv: int) -> int:
         """The blocks a KV head of attention_dec and its kin, whose shares of the keys define the numbers (so a
         row's attention alone and in a step's launch use the same): on 9.0 a cluster's ATT_CL; on 8.x the
-        tuning's (the cluster's 8 by default), or with 0 as many as the SMs hold one a KV head's (attention_decg's
-        16 warps fill an SM), at most DEC_MAX_RANKS: an 8-SM Orin's 8 KV heads a block each, the 132-SM H100's 16
+        tuning's, or with 0 (the default) as many as the SMs hold one a KV head's (attention_decg's 16 warps fill
+        an SM), at most DEC_MAX_RANKS: an 8-SM Orin's 8 KV heads a block each, the 132-SM H100's 16
         (bench/NOTES.md v26); of those the kernel uses a position's share where tuning.dec_rank_tasks asks."""
         if self.family.paths_90:
             return ATTENTION_CLUSTER

@@ -28,10 +28,14 @@ class KernelFamily:
     # one-token products that feed each other in one launch (chain.py, gemv1_chainc): 8.x, which has no
     # programmatic dependent launch to start a product's weights before its predecessor ends
     chains: bool
+    # gemvn's instantiations for Q4_K and Q6_K: groups of four tokens a block (quant.cu). A prompt chunk of more than
+    # four groups takes the count rows.prompt_groups finds fastest; a step's decode rows take 1, 2 or 4
+    n_groups: tuple[tuple[int, ...], tuple[int, ...]] = ((1, 2, 4), (1, 2, 4))
 
 
+GROUPS_8X = ((1, 2, 3, 4, 5, 8), (1, 2, 3, 4, 5))  # quant.cu's 8.x instantiations: Q4_K's, Q6_K's
 HOPPER = KernelFamily("9.0", True, ("gemv1m", "gemvn"), ("attention_dec", "attention_decn"), 3, False)
-AMPERE = KernelFamily("8.x", False, ("gemv1mc", "gemvnc"), ("attention_decg", "attention_decgn"), 2, True)
+AMPERE = KernelFamily("8.x", False, ("gemv1mc", "gemvnc"), ("attention_decg", "attention_decgn"), 2, True, GROUPS_8X)
 OLDER = KernelFamily("before 8.0", False, None, None, 2, False)
 
 

@@ -12,4 +12,5 @@ MMA_UNITS = 10  # MMA_U: 256-value units a column stage of gemv1m and gemvn (a Q
 MMA_ROW_BYTES = {GGMLQuantizationType.Q4_K: MMA_UNITS * 144 + 32, GGMLQuantizationType.Q6_K: 2128}
 MMA_STATIC_SMEM = 4096  # gemv1m's static shared memory (2 208 bytes) and the 1 KiB the GPU reserves a block
 MMA_MAX_THREADS = 512  # its __launch_bounds__
+GEMVN_MAX_GROUPS = 8  # the most groups of four tokens a block of gemvn takes (KernelFamily.n_groups)
 Q8_MAX_COLS = 16 * Q8_THREADS  # Q8_MAX values per thread

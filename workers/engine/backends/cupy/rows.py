@@ -32,6 +32,7 @@ from .quant_consts import (
     _EP_NORM,
     ACTIVATIONS,
     EP_MAX_ROWS,
+    GEMVN_MAX_GROUPS,
     MMA_STATIC_SMEM,
     MMA_UNITS,
     Q8_THREADS,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from .weights import GroupWeight, QuantWeight
 
 ROWS_MAX = 64  # a prompt chunk up to this many tokens takes gemvn
+STEP_GROUPS = 4  # groups of four tokens up to which gemvn takes groups_a_block's sets, past them prompt_groups'
 X_PLAIN, X_GATED, X_NORM, X_NORM_LATE = 0, 1, 2, 3  # q8_input's modes (quant.cu)
 
 
@@ -53,13 +55,14 @@ def x8_row_bytes(cols: int) -> int:
 
 def x8_quads(xp: Any, n: int, cols: int) -> Any:
     """An n-token x8 buffer (gemvn's input, common.cuh): the tokens in quads of four, 11 cols bytes a quad (four
-    tokens' codes, scales, sums and the 16-value sums of codes Q6_K's offset takes), a quad a row. Three quads
-    more are allocated behind the view returned: gemvn's blocks take sets of 1, 2 or 4 quads, and the last set of
-    any slice of L quads reads up to round_up(L, 4) <= L + 3 from the slice's start (those columns are never
-    written; the kernel reads them rather than test each group, which cost 14 % of a 16-stream step)."""
+    tokens' codes, scales, sums and the 16-value sums of codes Q6_K's offset takes), a quad a row.
+    GEMVN_MAX_GROUPS - 1 quads more are allocated behind the view returned: gemvn's blocks take sets of ng quads,
+    and the last set of any slice of L quads reads up to round_up(L, ng) <= L + ng - 1 from the slice's start
+    (those columns are never written; the kernel reads them rather than test each group, which cost 14 % of a
+    16-stream step)."""
     if cols % 128:
         raise ValueError(f"the n-token layout needs a multiple of 128 values, not {cols}")
-    return xp.empty((-(-n // 4) + 3, 11 * cols), dtype=xp.int8)[: -(-n // 4)]
+    return xp.empty((-(-n // 4) + GEMVN_MAX_GROUPS - 1, 11 * cols), dtype=xp.int8)[: -(-n // 4)]
 
 
 @dataclass(frozen=True)
@@ -211,11 +214,30 @@ def groups_a_block(tuning: CupyTuning, qtype: GGMLQuantizationType, tiles: int, 
     return min(most, 1 << (groups - 1).bit_length())
 
 
+# A block of gemvn's work shared by its groups of tokens (the weights' stages, their unpacking and scales) in
+# groups' work: gemvnc2_q4_k's loop is ~170 instructions an item besides ~70 a group (sm_87 SASS)
+BLOCK_WORK = 2.4
+
+
+def prompt_groups(allowed: tuple[int, ...], groups: int, tiles: int, slots: int) -> int:
+    """Groups of four tokens a block of gemvn takes for a prompt chunk of `groups` groups (more than 4), of the
+    counts `allowed` (those instantiated whose block fits): the fastest by waves of blocks a tile each, ceil(tiles
+    x sets / slots), times a tile's work, BLOCK_WORK + ng groups (a set's groups without a token are computed
+    too); the larger of equals. 40 tokens (10 groups) of the 4B's gate_up on 8.x: 2 sets of 5, where 5 sets of 2
+    read each tile's weights 5 times and 3 sets of 4 compute 2 empty groups (bench/NOTES.md v27)."""
+
+    def cost(ng: int) -> float:
+        return -(-tiles * -(-groups // ng) // slots) * (BLOCK_WORK + ng)
+
+    return min(sorted(allowed, reverse=True), key=cost)
+
+
 def gemvn(
     gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float, then: NextInput | None = None
 ) -> Coded | None:
     """out[k, :w.rows] = w @ x_k for the n coded rows of x8 (times row k's RMS factor from ss[k]): one gemvn
-    launch with gemv1m's warps for w, groups_a_block's groups of four tokens a block, and as many tiles a block as
+    launch with gemv1m's warps for w, groups of four tokens a block (groups_a_block's for a step's decode rows,
+    prompt_groups' for a prompt chunk), and as many tiles a block as
     make the blocks of all the sets one wave (the sets of more than gemvn_groups groups multiply the blocks:
     with gemv1m's tiles a block, 16 tokens ran as a wave and a half, the half costing nearly a wave). With
     `then` (an epilogue one row alone would have), the kernel also codes each row's consumer input as that
@@ -224,7 +246,12 @@ def gemvn(
     blocks, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
     tiles, slots = -(-w.rows // 16), gpu.n_sm * blocks
-    ng = groups_that_fit(gpu, w, threads, groups_a_block(gpu.tuning, w.qtype, tiles, w.cols, n, slots))
+    if groups <= STEP_GROUPS:  # a step's decode rows (up to 16 streams): the tuning's rule
+        ng = groups_that_fit(gpu, w, threads, groups_a_block(gpu.tuning, w.qtype, tiles, w.cols, n, slots))
+    else:  # a prompt chunk
+        allowed = gpu.family.n_groups[w.qtype == GGMLQuantizationType.Q6_K]
+        fit = lambda g: gemvn_smem(gpu, w, threads, g) + MMA_STATIC_SMEM <= gpu._smem_per_block  # noqa: E731
+        ng = prompt_groups(tuple(g for g in allowed if fit(g)), groups, tiles, slots)
     sets = -(-groups // ng)
     tpb = -(-tiles * sets // slots)  # a tile's numbers do not depend on the block that takes it
     null = np.uint64(0)

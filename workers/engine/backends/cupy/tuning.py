@@ -18,7 +18,7 @@ DEFINES = {
     "pf_warps": ("ops", "PF_WARPS", 4),
     "dec_max_warps": ("ops", "DEC_MAX_WARPS", 16),
     "decn_warps": ("ops", "DECN_WARPS", 4),
-    "dec_rank_tasks": ("ops", "DEC_RANK_TASKS", 0),
+    "dec_rank_tasks": ("ops", "DEC_RANK_TASKS", 8),
 }
 
 
@@ -37,12 +37,12 @@ class CupyTuning:
     # ... as attention_decb (a block a row and KV head, no clusters) from this many rows x KV heads: at 16 streams
     # of 4B (128 blocks, one wave) attention_decn's 128 clusters of 8 ran in three waves (62 fit at once)
     decb_min_blocks: int = 64
-    # 8.x: attention_decg's blocks a KV head (1 to 32; 0: from the SM count, CupyAttention._dec_ranks), and with
-    # dec_rank_tasks (compiled in) as many of them a position as give each that many tasks of 8 keys: on an H100
-    # 0 and 8 decoded the 4B +3 % at depth 4096 and 1.45x llama.cpp on 8 SMs (bench/NOTES.md v26). They stay at
-    # the cluster's 8 blocks and all of them until the sm87 GPU suite has passed with them (v26: one failure seen,
-    # not identified). They define the arithmetic, so alone and batched always agree.
-    dec_ranks: int = ATTENTION_CLUSTER
+    # 8.x: attention_decg's blocks a KV head (1 to 32; 0: as many as the SMs hold one a KV head's,
+    # CupyAttention._dec_ranks), and (dec_rank_tasks, compiled in; 0: all of them) as many of those a position as
+    # give each that many tasks of 8 keys: on an H100 the 4B decoded +3 % at depth 4096 and 1.45x llama.cpp on 8
+    # SMs (bench/NOTES.md v26), and the sm87 GPU suite passed (v27). They define the arithmetic, so alone and
+    # batched always agree.
+    dec_ranks: int = 0
     # steps mixing prompt chunks with decode rows captured by shape: a 33-token voice prompt under 7 streams
     # 33.3 -> 17.7 ms to its first token (bench/NOTES.md v16)
     capture_mixed: bool = True
@@ -68,7 +68,7 @@ class CupyTuning:
     pf_warps: int = 4  # the prefill attention's warps a block, 16 query rows each (PF_WARPS)
     dec_max_warps: int = 16  # attention_dec's warps a block at most (DEC_MAX_WARPS)
     decn_warps: int = 4  # attention_decn's warps a block (DECN_WARPS: 4, 8 or 16; at most attention_dec's)
-    dec_rank_tasks: int = 0  # DEC_RANK_TASKS (above, dec_ranks)
+    dec_rank_tasks: int = 8  # DEC_RANK_TASKS (above, dec_ranks)
 
     def __post_init__(self) -> None:
         if self.decn_warps not in (4, 8, 16):

@@ -495,12 +495,12 @@ __device__ __forceinline__ void dec_head(int g, int kvh, int ranks, float* out, 
 // a warp a head, as the cluster's blocks would. The split defines the arithmetic: attention_decb with the same
 // n_ranks gives the same numbers.
 // The ranks a KV head's keys are split over at a depth of n_tasks tasks of 8 keys: on 9.0 the cluster's (the
-// backend passes ATT_CL); on 8.x the grid's n_ranks, or with DEC_RANK_TASKS (CupyTuning.dec_rank_tasks) as many
-// of them as give each that many tasks, at least one, so a short context is not split over blocks that would have
+// backend passes ATT_CL); on 8.x as many of the grid's n_ranks as give each DEC_RANK_TASKS tasks (CupyTuning.dec_rank_tasks;
+// 0: all of them), at least one, so a short context is not split over blocks that would have
 // one task or none, whose fixed cost (the G query heads' norm and RoPE, a state to write and merge) then outweighs
 // their keys. A function of the position only: a row's numbers alone and in a step's launch are the same.
 #ifndef DEC_RANK_TASKS
-#define DEC_RANK_TASKS 0
+#define DEC_RANK_TASKS 8
 #endif
 __device__ __forceinline__ int dec_ranks_at(int n_ranks, int n_tasks) {
 #if PATHS_90

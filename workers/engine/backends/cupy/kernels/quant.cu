@@ -954,6 +954,14 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
 INSTANTIATE_MMA(gemv1m, gemvn, true)
 #else
 INSTANTIATE_MMA(gemv1mc, gemvnc, false)
+// 8.x's prompt chunks (more than four groups) take sets of 3, 5 and, for Q4_K, 8 groups too (rows.prompt_groups,
+// KernelFamily.n_groups): under __launch_bounds__(512)'s 128 registers these spill at most 16 bytes on sm_87 and
+// sm_86 (Q6_K at 8 spills 424; on sm_90 Q4_K at 5 spills 148, so 9.0 keeps 1, 2 and 4)
+INSTANTIATE_N(12, 3, q4_k, gemvnc, false)
+INSTANTIATE_N(12, 5, q4_k, gemvnc, false)
+INSTANTIATE_N(12, 8, q4_k, gemvnc, false)
+INSTANTIATE_N(14, 3, q6_k, gemvnc, false)
+INSTANTIATE_N(14, 5, q6_k, gemvnc, false)
 
 // Several one-token products in one launch (8.x, which has no programmatic dependent launch): a decode layer's
 // o, gate/up and down and the next layer's q/k and v, each coding the next one's input in its epilogue. Every
