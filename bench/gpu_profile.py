@@ -1,7 +1,9 @@
-"""Where the GPU time of one step goes, per kernel: a 512-token prefill and one decode step of a synthetic
-Qwen3-shaped model (bench/synthetic.py), each run eagerly (no CUDA graph) under Nsight Compute.
+"""Where the GPU time of one step goes, per kernel: a prefill of 512 tokens (--prompt) and one decode step of a
+synthetic Qwen3-shaped model (bench/synthetic.py), each run eagerly (no CUDA graph) under Nsight Compute.
 
-    python bench/gpu_profile.py [--model qwen3-4b] [--kv int8] [--depth 1024] [--out DIR]
+    python bench/gpu_profile.py [--model qwen3-4b] [--kv int8] [--depth 1024] [--prompt 512] [--out DIR]
+
+--prompt 33: a voice prompt's pass (it runs as its step bucket, 40 tokens, as TTFT's does).
 
 Runs itself under `ncu` (which must be on PATH), profiling only the two measured steps, and prints a
 table per step: kernel, launches, total time, share. ncu serializes kernels and flushes caches before
@@ -29,7 +31,7 @@ from synthetic import SHAPES, synthetic_file  # noqa: E402
 MARK = "genie_step_marker"
 
 
-def workload(path: Path, kv: str, depth: int) -> None:
+def workload(path: Path, kv: str, depth: int, prompt: int) -> None:
     """The profiled process: warm up, then one prefill and one decode step between profiler start/stop."""
     import cupy as cp
     import numpy as np
@@ -45,7 +47,7 @@ def workload(path: Path, kv: str, depth: int) -> None:
     engine.backend.retune(use_graphs=False)  # type: ignore[attr-defined]
     rng = np.random.default_rng(0)
     vocab = engine.model.config.n_vocab
-    history = rng.integers(300, vocab, depth + 512).tolist()
+    history = rng.integers(300, vocab, depth + prompt + 1).tolist()
     for pos in range(0, depth, 512):  # fill the KV up to the depth (warms every kernel up too)
         engine._run(0, history[pos : min(pos + 512, depth)], pos, None)
     engine._run(0, [int(history[depth])], depth, slice(-1, None))
@@ -54,9 +56,9 @@ def workload(path: Path, kv: str, depth: int) -> None:
     marker(x, x)
     cp.cuda.Device().synchronize()
     cp.cuda.profiler.start()
-    engine._run(0, history[depth : depth + 512], depth, slice(-1, None))
+    engine._run(0, history[depth : depth + prompt], depth, slice(-1, None))
     marker(x, x)
-    engine._run(0, [7], depth + 512, slice(-1, None))
+    engine._run(0, [7], depth + prompt, slice(-1, None))
     cp.cuda.Device().synchronize()
     cp.cuda.profiler.stop()
 
@@ -66,13 +68,14 @@ def main() -> None:
     p.add_argument("--model", default="qwen3-4b", choices=list(SHAPES))
     p.add_argument("--kv", default="int8", choices=["int8", "f16"])
     p.add_argument("--depth", type=int, default=1024)
+    p.add_argument("--prompt", type=int, default=512, help="tokens of the profiled prefill (at most 512)")
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     p.add_argument("--warm", action="store_true", help="no cache flush before each kernel (ncu --cache-control none)")
     p.add_argument("--workload", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     path = args.out / f"{args.model}-q4_k_m.gguf"
     if args.workload:
-        workload(path, args.kv, args.depth)
+        workload(path, args.kv, args.depth, args.prompt)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     synthetic_file(args.model, args.out)
@@ -95,6 +98,7 @@ def main() -> None:
         f"--model={args.model}",
         f"--kv={args.kv}",
         f"--depth={args.depth}",
+        f"--prompt={args.prompt}",
         f"--out={args.out}",
     ]
     run = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
@@ -109,7 +113,7 @@ def main() -> None:
             steps.append([])
         else:
             steps[-1].append((name, float(row["Metric Value"].replace(",", "")) / 1000))  # ns -> us
-    for label, kernels in zip(("prefill of 512 tokens", "one decode step"), steps, strict=False):
+    for label, kernels in zip((f"prefill of {args.prompt} tokens", "one decode step"), steps, strict=False):
         total = sum(t for _, t in kernels)
         by_name: dict[str, list[float]] = defaultdict(list)
         for name, t in kernels:
