@@ -48,6 +48,7 @@ SOURCE = "cpu_blocks.c"
 FLAG_SETS = (["-O3", "-march=native", "-pthread"], ["-O3", "-pthread"])
 COMPILE_TIMEOUT_S = 120
 ATTN1_MAX_DIM = 1024  # cpu_blocks.c's: head dims genie_attn_rows_i8 takes
+ATTN1_MAX_GROUP = 64  # and query heads a KV head
 DEQUANT_CHUNK_BYTES = 1 << 20  # float32 rows a pool thread dequantizes and multiplies per claim, at most
 CLAIMS_PER_THREAD = 4  # at least this many runs of rows per thread, so a held-up thread delays little
 
@@ -182,9 +183,10 @@ class BlockKernels:
         return y
 
     @staticmethod
-    def takes_attention(hd: int, hdv: int) -> bool:
-        """Whether genie_attn_rows_i8 takes these head dims (multiples of 16, at most ATTN1_MAX_DIM)."""
-        return all(d % 16 == 0 and 0 < d <= ATTN1_MAX_DIM for d in (hd, hdv))
+    def takes_attention(hd: int, hdv: int, group: int = 1) -> bool:
+        """Whether genie_attn_rows_i8 takes these head dims (multiples of 16, at most ATTN1_MAX_DIM) and query
+        heads a KV head (at most ATTN1_MAX_GROUP)."""
+        return all(d % 16 == 0 and 0 < d <= ATTN1_MAX_DIM for d in (hd, hdv)) and 0 < group <= ATTN1_MAX_GROUP
 
     def attention_rows(
         self, q: np.ndarray, kv: LayerKV, slot: int, lo: np.ndarray, end: np.ndarray, scale: float, softcap: float
@@ -201,11 +203,14 @@ class BlockKernels:
         assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and self.takes_attention(hd, hdv)
         out = np.empty((n, n_heads, hdv), dtype=np.float32)
         ks, vs = kv.k_scale[slot], kv.v_scale[slot]
-        if self.lib.genie_attn_rows_i8(
+        rc = self.lib.genie_attn_rows_i8(
             q.ctypes.data, kv.k[slot].ctypes.data, ks.ctypes.data, kv.v[slot].ctypes.data, vs.ctypes.data,
             n, lo.ctypes.data, t.ctypes.data, n_heads, n_kv, hd, hdv, scale, softcap, out.ctypes.data,
-        ):  # fmt: skip
+        )  # fmt: skip
+        if rc == -1:
             raise MemoryError(f"genie_attn_rows_i8: no memory for the partial results of {int(t.sum())} positions")
+        if rc:
+            raise ValueError(f"genie_attn_rows_i8: {n_heads // n_kv} query heads a KV head, past {ATTN1_MAX_GROUP}")
         return out
 
     def qkv_i8(

@@ -310,13 +310,16 @@ class NumpyBackend(Backend):
         v_dim = kv.v.shape[3]
         is_int8 = kv.k_scale is not None  # the output is un-rotated below
         blocks = self._blocks
-        if n <= GEMV_MAX_TOKENS and is_int8 and blocks is not None and blocks.takes_attention(q.shape[-1], v_dim):
-            # a decode step, or a prompt of as many tokens as the products take a row at a time: the int8 rows
-            # read where they are (cpu_kernels.py), each token's numbers the same as alone, as its products' are,
-            # so a conversation continued from its saved K/V recomputes its last token to the bit
+        if is_int8 and blocks is not None and blocks.takes_attention(q.shape[-1], v_dim, group):
+            # a decode step or a prompt's tokens: the int8 rows read where they are (cpu_kernels.py), each token's
+            # numbers the same as alone, so a conversation continued from its saved K/V recomputes its last token
+            # to the bit; a prompt in calls of GEMV_MAX_TOKENS rows (each call's partial sums: rows x positions)
             pos = np.arange(pos0, end)
             first = np.maximum(pos - window + 1, 0) if window else np.zeros(n, dtype=np.int64)
-            out = blocks.attention_rows(q, kv, slot, first, pos + 1, scale, softcap)
+            out = np.empty((n, n_heads, v_dim), dtype=np.float32)
+            for a in range(0, n, GEMV_MAX_TOKENS):
+                b = min(n, a + GEMV_MAX_TOKENS)
+                out[a:b] = blocks.attention_rows(q[a:b], kv, slot, first[a:b], pos[a:b] + 1, scale, softcap)
             return self._rotate(out).reshape(n, n_heads * v_dim)
         bias = None  # a single query sees every key in [lo, end): no mask to build
         if n > 1:  # -inf where a query may not see a key (after it, or out of its window), added to its scores

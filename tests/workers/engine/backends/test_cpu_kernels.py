@@ -282,7 +282,7 @@ def test_gemm_rows_claimed_by_a_pool_of_threads(threads):
     ],
 )
 def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, n_kv, hd, hdv, softcap, window, pos0):
-    """The attention in C of a decode step and of a short prompt's tokens (genie_attn_rows_i8: the int8 rows read
+    """The attention in C of a decode step and of a prompt's tokens (genie_attn_rows_i8: the int8 rows read
     where they are) against NumpyBackend's loop over KV heads (which widens them to float32), for grouped heads,
     Gemma 4's head dims with a softcap and a sliding window, and plain multi-head attention; short and long enough
     for the threads; and each of a prompt's tokens the same bits as that token alone (as a decode step)."""
@@ -298,7 +298,7 @@ def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, 
     )
     with_c, without = NumpyBackend(), NumpyBackend()
     without._blocks = None  # the loop the other one leaves for a single token
-    for n in (1, 7, GEMV_MAX_TOKENS):
+    for n in (1, 7, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 13):  # the last in two calls of rows
         q = rng.standard_normal((n, n_heads, hd), dtype=np.float32)
         got = with_c.attention(q, layer, slot, pos0, window, 0.125, softcap)
         want = without.attention(q, layer, slot, pos0, window, 0.125, softcap)
@@ -307,6 +307,25 @@ def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, 
         for i in (0, n - 1):
             alone = with_c.attention(q[i : i + 1], layer, slot, pos0 + i, window, 0.125, softcap)
             np.testing.assert_array_equal(alone[0], got[i])
+
+
+def test_attention_of_more_query_heads_a_kv_head_than_the_c_code_holds_is_refused_not_overrun(kernels):
+    """genie_attn_rows_i8 keeps a lane-sum buffer for ATTN1_MAX_GROUP query heads a KV head: more are refused (a
+    ValueError from the call, and takes_attention says no, so the backend takes NumPy's loop)."""
+    from genie_workers.engine.backends.cpu_kernels import ATTN1_MAX_GROUP
+    from genie_workers.engine.kv_cache import LayerKV
+
+    group = ATTN1_MAX_GROUP + 1
+    assert kernels.takes_attention(64, 64, ATTN1_MAX_GROUP) and not kernels.takes_attention(64, 64, group)
+    layer = LayerKV(
+        np.zeros((1, 8, 1, 64), dtype=np.int8),
+        np.zeros((1, 8, 1, 64), dtype=np.int8),
+        np.ones((1, 8, 1), dtype=np.float32),
+        np.ones((1, 8, 1), dtype=np.float32),
+    )
+    q = np.ones((1, group, 64), dtype=np.float32)
+    with pytest.raises(ValueError, match="query heads a KV head"):
+        kernels.attention_rows(q, layer, 0, np.array([0]), np.array([8]), 0.125, 0.0)
 
 
 def test_one_token_attention_is_the_same_on_one_thread_and_two(kernels):

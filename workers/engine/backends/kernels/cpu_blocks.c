@@ -591,7 +591,7 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
         dequant_rows(q, scale, offset, K, bs, out, r0, r1, 0);
 }
 
-// A query token's attention over a slot's INT8 K/V (a decode step's, or each of a short prompt's tokens): query
+// A query token's attention over a slot's INT8 K/V (a decode step's, or each of a prompt's tokens): query
 // heads [h * group, h * group + group) read KV head h. k, v: the slot's rows, n_kv * hd (hdv) bytes a position,
 // head h at h * hd; ks, vs: their scales, n_kv floats a position. q [H, hd] is already rotated as the rows are;
 // out [H, hdv] is left rotated. The arithmetic is NumpyBackend.attention's for one token: scores (q . k) * scale *
@@ -600,6 +600,7 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
 // whole slot to float32 for every head, and the softmax runs in runs of positions merged at the end (flash
 // decoding's split). hd and hdv at most ATTN1_MAX_DIM, multiples of 16.
 #define ATTN1_MAX_DIM 1024  // head dims genie_attn_rows_i8 takes (a row widened once into a buffer of this size)
+#define ATTN1_MAX_GROUP 64  // query heads a KV head it takes (their 16 keys' lane sums a buffer of this many)
 #define ATTN1_RUN 64        // positions a thread takes at a time (fixed: the sums do not depend on the threads)
 // multiply-adds below which genie_attn_rows_i8 runs on one thread: sleeping threads take ~8 us to wake, one thread
 // does 2^18 of these in ~25 us (bench/NOTES.md, CPU note 2026-12-06)
@@ -623,17 +624,159 @@ static inline float exp_le0(float x) {
     return y * scale.f;
 }
 
+static inline float red16(const float *a) {  // sixteen partial sums as a tree, not a chain of 16 dependent adds
+    float s8[8], s4[4];
+    for (int j = 0; j < 8; j++) s8[j] = a[j] + a[j + 8];
+    for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
 static inline float dot_f32(const float *a, const float *b, int64_t n) {  // n % 16 == 0
     float acc[16] = {0};  // sixteen partial sums: vectors of them, where one sum would be a chain of adds
     for (int64_t d = 0; d < n; d += 16)
         for (int i = 0; i < 16; i++) acc[i] += a[d + i] * b[d + i];
-    float sum = 0.0f;
-    for (int i = 0; i < 16; i++) sum += acc[i];
-    return sum;
+    return red16(acc);
 }
 
 // Positions [j0, j1) of KV head h for the `group` query heads qh: each head's scores less their maximum,
 // exponentiated, summed (sum) and weighted into a partial output (o [group, hdv]); max their maximum.
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+static inline __m512 widen16(const int8_t *p) {  // 16 int8 -> 16 float
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+// v[j]'s 16 lanes summed into lane j of the result, for 16 vectors: pairs within 128-bit chunks, then the chunks
+// (45 instructions for 16 sums, where a sum a vector takes ~8)
+static inline __m512 hsum16(const __m512 *v) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// exp_le0 of 16 values, its operations in its order
+static inline __m512 exp16_le0(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 big = _mm512_set1_ps(12582912.0f);
+    const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), big), big);
+    x = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
+                      _mm512_mul_ps(n, _mm512_set1_ps(2.12194440e-4f)));
+    const __m512 z = _mm512_mul_ps(x, x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, z), x), _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+#define ATTN_V_CHUNK 32  // V dims a pass over the run's keys takes (the group's accumulators in registers)
+
+// The same as the plain form below, in AVX-512: 16 keys' dot products with a head at once (a vector of lane
+// sums a key, then hsum16), V weighted a chunk of dims at a time with the heads' accumulators in registers.
+static inline __attribute__((always_inline)) void attn1_part_of(
+    const float *qh, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t j0, int64_t j1,
+    int64_t h, int64_t n_kv, int64_t group, int64_t hd, int64_t hdv, float scale, float softcap, float *scores,
+    float *o, float *max, float *sum) {
+    const int64_t n = j1 - j0, kstride = n_kv * hd, vstride = n_kv * hdv, nc = hd / 16;
+    for (int64_t b = 0; b < n; b += 16) {
+        const int64_t m = n - b < 16 ? n - b : 16;
+        __m512 kf[ATTN1_MAX_DIM / 16], lanes[ATTN1_MAX_GROUP][16];
+        for (int64_t j = 0; j < 16; j++) {
+            if (j >= m) {
+                for (int64_t g = 0; g < group; g++) lanes[g][j] = _mm512_setzero_ps();
+                continue;
+            }
+            const int8_t *kr = k + (j0 + b + j) * kstride + h * hd;
+            for (int64_t c = 0; c < nc; c++) kf[c] = widen16(kr + 16 * c);
+            for (int64_t g = 0; g < group; g++) {
+                const float *qg = qh + g * hd;
+                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), kf[0]);
+                for (int64_t c = 1; c < nc; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), kf[c], acc);
+                lanes[g][j] = acc;
+            }
+        }
+        float f[16] = {0};
+        for (int64_t j = 0; j < m; j++) f[j] = ks[(j0 + b + j) * n_kv + h];
+        const __m512 fs = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_loadu_ps(f));
+        for (int64_t g = 0; g < group; g++) {
+            float s[16];
+            _mm512_storeu_ps(s, _mm512_mul_ps(hsum16(lanes[g]), fs));
+            for (int64_t j = 0; j < m; j++) scores[g * n + b + j] = softcap != 0.0f ? softcap * tanhf(s[j] / softcap) : s[j];
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {  // 16 scores a vector; a last partial one masked
+        float *sg = scores + g * n;
+        __m512 mx = _mm512_set1_ps(-INFINITY), total = _mm512_setzero_ps();
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 live = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+            mx = _mm512_mask_max_ps(mx, live, mx, _mm512_maskz_loadu_ps(live, sg + j));
+        }
+        const float top = _mm512_reduce_max_ps(mx);
+        for (int64_t j = 0; j < n; j += 16) {
+            const __mmask16 live = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+            float f[16] = {0};
+            for (int64_t i = 0; i < 16 && j + i < n; i++) f[i] = vs[(j0 + j + i) * n_kv + h];
+            const __m512 e = exp16_le0(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sg + j), _mm512_set1_ps(top)));
+            total = _mm512_add_ps(total, _mm512_maskz_mov_ps(live, e));
+            _mm512_mask_storeu_ps(sg + j, live, _mm512_mul_ps(e, _mm512_loadu_ps(f)));
+        }
+        float t16[16];
+        _mm512_storeu_ps(t16, total);
+        max[g] = top;
+        sum[g] = red16(t16);
+    }
+    for (int64_t d0 = 0; d0 < hdv; d0 += ATTN_V_CHUNK) {
+        const int64_t nv = hdv - d0 < ATTN_V_CHUNK ? (hdv - d0) / 16 : ATTN_V_CHUNK / 16;
+        __m512 acc[ATTN1_MAX_GROUP][ATTN_V_CHUNK / 16];
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t c = 0; c < nv; c++) acc[g][c] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < n; j++) {
+            const int8_t *vr = v + (j0 + j) * vstride + h * hdv + d0;
+            __m512 vf[ATTN_V_CHUNK / 16];
+            for (int64_t c = 0; c < nv; c++) vf[c] = widen16(vr + 16 * c);
+            for (int64_t g = 0; g < group; g++) {
+                const __m512 p = _mm512_set1_ps(scores[g * n + j]);
+                for (int64_t c = 0; c < nv; c++) acc[g][c] = _mm512_fmadd_ps(p, vf[c], acc[g][c]);
+            }
+        }
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(o + g * hdv + d0 + 16 * c, acc[g][c]);
+    }
+}
+
+// the layouts of the models genie serves as constants (their loops unrolled, the accumulators in registers),
+// any other as the arguments say: the same operations either way
+static void attn1_part(const float *qh, const int8_t *k, const float *ks, const int8_t *v, const float *vs,
+                       int64_t j0, int64_t j1, int64_t h, int64_t n_kv, int64_t group, int64_t hd, int64_t hdv,
+                       float scale, float softcap, float *scores, float *o, float *max, float *sum) {
+#define ATTN1_PART(G, D) attn1_part_of(qh, k, ks, v, vs, j0, j1, h, n_kv, G, D, D, scale, softcap, scores, o, max, sum)
+    if (hd == hdv && group == 3 && hd == 64)  // SmolLM2
+        ATTN1_PART(3, 64);
+    else if (hd == hdv && group == 4 && hd == 256)  // Gemma 3 270M
+        ATTN1_PART(4, 256);
+    else if (hd == hdv && group == 2 && hd == 128)  // Qwen3 0.6B / 4B: 16 / 32 heads on 8
+        ATTN1_PART(2, 128);
+    else if (hd == hdv && group == 4 && hd == 128)
+        ATTN1_PART(4, 128);
+    else
+        attn1_part_of(qh, k, ks, v, vs, j0, j1, h, n_kv, group, hd, hdv, scale, softcap, scores, o, max, sum);
+#undef ATTN1_PART
+}
+#else
 static void attn1_part(const float *qh, const int8_t *k, const float *ks, const int8_t *v, const float *vs,
                        int64_t j0, int64_t j1, int64_t h, int64_t n_kv, int64_t group, int64_t hd, int64_t hdv,
                        float scale, float softcap, float *scores, float *o, float *max, float *sum) {
@@ -669,6 +812,7 @@ static void attn1_part(const float *qh, const int8_t *k, const float *ks, const 
         }
     }
 }
+#endif
 
 // Rows' attention over INT8 K/V rows ([positions, n_kv, hd], a scale per row and KV head, from the slot's first
 // position): row i's query q[i] [n_heads, hd] over positions [lo[i], lo[i] + t[i]) into out[i] [n_heads, hdv].
@@ -676,7 +820,7 @@ static void attn1_part(const float *qh, const int8_t *k, const float *ks, const 
 // threads, then each row's and head's runs merged in order (their maxima to the largest): a row's sums are the
 // same whatever the threads and whatever other rows the call holds, so a prompt's rows get a decode step's numbers
 // (a conversation continued from its saved K/V recomputes its last token alone). Returns -1 when the partial
-// results find no memory.
+// results find no memory, -2 for more than ATTN1_MAX_GROUP query heads a KV head.
 struct attn_job {
     const float *q, *ks, *vs;
     const int8_t *k, *v;
@@ -702,6 +846,7 @@ int genie_attn_rows_i8(const float *q, const int8_t *k, const float *ks, const i
                        const int64_t *lo, const int64_t *t, int64_t n_heads, int64_t n_kv, int64_t hd, int64_t hdv,
                        float scale, float softcap, float *out) {
     const int64_t group = n_heads / n_kv, per = group * (ATTN1_RUN + hdv + 2);  // a part's scores, output, max, sum
+    if (group > ATTN1_MAX_GROUP) return -2;
     int64_t *first = malloc(sizeof(int64_t) * (size_t)(n + 1)), work = 0;
     if (first == NULL) return -1;
     first[0] = 0;
