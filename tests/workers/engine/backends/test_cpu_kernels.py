@@ -112,11 +112,8 @@ ISA_FLAGS = {
 }
 
 
-@pytest.mark.parametrize("isa", list(ISA_FLAGS))
-def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_alone(isa, tmp_path):
-    """genie_blk_gemv built for each path (four weight rows at a time on AVX-512 and AVX2, a row at a time in
-    plain C): each product against float64, with a last group of fewer than four rows; and an input's sums
-    among five inputs bit for bit its sums alone (a stream's decode does not depend on who else decodes)."""
+def _isa_kernels(isa: str, tmp_path: Path) -> cpu_kernels.BlockKernels:
+    """The kernel library built for one path of ISA_FLAGS (skips where this machine cannot build or run it)."""
     if isa == "avx2" and not (_has_avx2() and sys.platform == "linux"):
         pytest.skip("this CPU does not run AVX2")
     cc = os.environ.get("CC", "cc")
@@ -130,7 +127,52 @@ def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_al
         pytest.skip(f"this compiler does not build {isa}: {e.stderr.strip()[-200:]}")
     lib = ctypes.CDLL(str(target))
     cpu_kernels._declare(lib)
-    kernels = cpu_kernels.BlockKernels(lib)
+    return cpu_kernels.BlockKernels(lib)
+
+
+@pytest.mark.parametrize("isa", list(ISA_FLAGS))
+def test_every_instruction_sets_attention_matches_float64_and_a_row_is_the_same_alone(isa, tmp_path):
+    """genie_attn_rows_i8 built for each path (AVX-512: 16 keys' dot products at once, the layouts of genie's
+    models unrolled; else the loop form): rows over their own positions against float64, for SmolLM2's, Gemma 3's
+    and Gemma 4's layouts, one no model has, and a softcap; and the last row alone bit for bit as among the others."""
+    from genie_workers.engine.kv_cache import LayerKV
+
+    kernels = _isa_kernels(isa, tmp_path)
+    rng = np.random.default_rng(3)
+    for n_heads, n_kv, hd, softcap in ((9, 3, 64, 0.0), (4, 1, 256, 0.0), (8, 1, 512, 0.0), (6, 2, 48, 20.0)):
+        t_max = 300
+        layer = LayerKV(
+            rng.integers(-127, 128, (1, t_max, n_kv, hd), dtype=np.int8),
+            rng.integers(-127, 128, (1, t_max, n_kv, hd), dtype=np.int8),
+            rng.uniform(0.001, 0.05, (1, t_max, n_kv)).astype(np.float32),
+            rng.uniform(0.001, 0.05, (1, t_max, n_kv)).astype(np.float32),
+        )
+        q = rng.standard_normal((3, n_heads, hd), dtype=np.float32)
+        lo, end = np.array([0, 5, 70]), np.array([t_max, 200, 71])  # many runs, a ragged one, a single position
+        got = kernels.attention_rows(q, layer, 0, lo, end, 0.125, softcap)
+        k = layer.k[0].astype(np.float64) * layer.k_scale[0][..., None]
+        v = layer.v[0].astype(np.float64) * layer.v_scale[0][..., None]
+        for i in range(3):
+            for h in range(n_heads):
+                kv_h = h // (n_heads // n_kv)
+                s = k[lo[i] : end[i], kv_h] @ q[i, h].astype(np.float64) * 0.125
+                if softcap:
+                    s = softcap * np.tanh(s / softcap)
+                p = np.exp(s - s.max())
+                want = p @ v[lo[i] : end[i], kv_h] / p.sum()
+                assert rel_err(got[i, h], want) < 1e-5, (isa, n_heads, hd, i, h)
+        alone = kernels.attention_rows(q[2:], layer, 0, lo[2:], end[2:], 0.125, softcap)
+        np.testing.assert_array_equal(alone[0], got[2])
+    kernels.lib.genie_set_threads(cpu_kernels.default_threads())
+
+
+@pytest.mark.parametrize("isa", list(ISA_FLAGS))
+def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_alone(isa, tmp_path):
+    """genie_blk_gemv built for each path (four weight rows at a time on AVX-512 and AVX2, a row at a time in
+    plain C): each product against float64, with a last group of fewer than four rows; and an input's sums
+    among five inputs bit for bit its sums alone (a stream's decode does not depend on who else decodes)."""
+    kernels = _isa_kernels(isa, tmp_path)
+    lib = kernels.lib
     rng = np.random.default_rng()
     for qtype in (Q.Q8_0, Q.Q4_1, Q.Q5_0, Q.Q6_K):  # blocks of 32, packed 4 and 5 bits (offsets, signed), of 16
         rows, cols = 37, fit(qtype, 512)
