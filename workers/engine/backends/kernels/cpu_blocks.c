@@ -757,7 +757,115 @@ static inline __attribute__((always_inline)) void attn1_part_of(
             for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(o + g * hdv + d0 + 16 * c, acc[g][c]);
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+static inline __m256 widen8(const int8_t *p) {  // 8 int8 -> 8 float
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
 
+// v[j]'s 8 lanes summed into lane j of the result, for 8 vectors (hsum16's network on 256 bits)
+static inline __m256 hsum8x8(const __m256 *v) {
+    __m256 t[4], u[2];
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 2; i++)
+        u[i] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+}
+
+static inline __m256 exp8_le0(__m256 x) {  // exp_le0 of 8 values, its operations in its order
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 big = _mm256_set1_ps(12582912.0f);
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), big), big);
+    x = _mm256_add_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
+                      _mm256_mul_ps(n, _mm256_set1_ps(2.12194440e-4f)));
+    const __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), x), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+#define ATTN_V_CHUNK8 16  // V dims a pass over the run's keys takes on AVX2 (16 registers)
+
+// The AVX-512 form's operations on 8 lanes: 8 keys' dot products with a head at once, V 16 dims at a time.
+static inline __attribute__((always_inline)) void attn1_part_of(
+    const float *qh, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t j0, int64_t j1,
+    int64_t h, int64_t n_kv, int64_t group, int64_t hd, int64_t hdv, float scale, float softcap, float *scores,
+    float *o, float *max, float *sum) {
+    const int64_t n = j1 - j0, kstride = n_kv * hd, vstride = n_kv * hdv, nc = hd / 8;
+    for (int64_t b = 0; b < n; b += 8) {
+        const int64_t m = n - b < 8 ? n - b : 8;
+        __m256 kf[ATTN1_MAX_DIM / 8], lanes[ATTN1_MAX_GROUP][8];
+        for (int64_t j = 0; j < 8; j++) {
+            if (j >= m) {
+                for (int64_t g = 0; g < group; g++) lanes[g][j] = _mm256_setzero_ps();
+                continue;
+            }
+            const int8_t *kr = k + (j0 + b + j) * kstride + h * hd;
+            for (int64_t c = 0; c < nc; c++) kf[c] = widen8(kr + 8 * c);
+            for (int64_t g = 0; g < group; g++) {
+                const float *qg = qh + g * hd;
+                __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qg), kf[0]);
+                for (int64_t c = 1; c < nc; c++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * c), kf[c], acc);
+                lanes[g][j] = acc;
+            }
+        }
+        float f[8] = {0};
+        for (int64_t j = 0; j < m; j++) f[j] = ks[(j0 + b + j) * n_kv + h];
+        const __m256 fs = _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_loadu_ps(f));
+        for (int64_t g = 0; g < group; g++) {
+            float sc[8];
+            _mm256_storeu_ps(sc, _mm256_mul_ps(hsum8x8(lanes[g]), fs));
+            for (int64_t j = 0; j < m; j++) scores[g * n + b + j] = softcap != 0.0f ? softcap * tanhf(sc[j] / softcap) : sc[j];
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {  // 8 scores a vector; a last partial one padded
+        float *sg = scores + g * n, top = -INFINITY;
+        for (int64_t j = 0; j < n; j++) top = sg[j] > top ? sg[j] : top;
+        __m256 total = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n; j += 8) {
+            float x[8], f[8] = {0};
+            for (int64_t i = 0; i < 8; i++) x[i] = j + i < n ? sg[j + i] - top : -INFINITY;
+            for (int64_t i = 0; i < 8 && j + i < n; i++) f[i] = vs[(j0 + j + i) * n_kv + h];
+            __m256 e = exp8_le0(_mm256_loadu_ps(x));
+            for (int64_t i = n - j; i < 8; i++) ((float *)&e)[i] = 0.0f;  // e^-87 where no position is: nothing
+            total = _mm256_add_ps(total, e);
+            float w[8];
+            _mm256_storeu_ps(w, _mm256_mul_ps(e, _mm256_loadu_ps(f)));
+            for (int64_t i = 0; i < 8 && j + i < n; i++) sg[j + i] = w[i];
+        }
+        float t16[16] = {0};
+        _mm256_storeu_ps(t16, total);
+        max[g] = top;
+        sum[g] = red16(t16);
+    }
+    for (int64_t d0 = 0; d0 < hdv; d0 += ATTN_V_CHUNK8) {
+        const int64_t nv = hdv - d0 < ATTN_V_CHUNK8 ? (hdv - d0) / 8 : ATTN_V_CHUNK8 / 8;
+        __m256 acc[ATTN1_MAX_GROUP][ATTN_V_CHUNK8 / 8];
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t c = 0; c < nv; c++) acc[g][c] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n; j++) {
+            const int8_t *vr = v + (j0 + j) * vstride + h * hdv + d0;
+            __m256 vf[ATTN_V_CHUNK8 / 8];
+            for (int64_t c = 0; c < nv; c++) vf[c] = widen8(vr + 8 * c);
+            for (int64_t g = 0; g < group; g++) {
+                const __m256 p = _mm256_set1_ps(scores[g * n + j]);
+                for (int64_t c = 0; c < nv; c++) acc[g][c] = _mm256_fmadd_ps(p, vf[c], acc[g][c]);
+            }
+        }
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t c = 0; c < nv; c++) _mm256_storeu_ps(o + g * hdv + d0 + 8 * c, acc[g][c]);
+    }
+}
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 // the layouts of the models genie serves as constants (their loops unrolled, the accumulators in registers),
 // any other as the arguments say: the same operations either way
 static void attn1_part(const float *qh, const int8_t *k, const float *ks, const int8_t *v, const float *vs,
