@@ -640,131 +640,64 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {  // n %
 
 // Positions [j0, j1) of KV head h for the `group` query heads qh: each head's scores less their maximum,
 // exponentiated, summed (sum) and weighted into a partial output (o [group, hdv]); max their maximum.
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 
-static inline __m512 widen16(const int8_t *p) {  // 16 int8 -> 16 float
+// The attention's vectors: 16 floats on AVX-512, 8 on AVX2; the operations below are the same on both
+#if defined(__AVX512F__)
+#define AW 16
+typedef __m512 vf;
+#define V_LOAD _mm512_loadu_ps
+#define V_STORE _mm512_storeu_ps
+#define V_SET1 _mm512_set1_ps
+#define V_ZERO _mm512_setzero_ps
+#define V_ADD _mm512_add_ps
+#define V_SUB _mm512_sub_ps
+#define V_MUL _mm512_mul_ps
+#define V_MAX _mm512_max_ps
+#define V_FMA _mm512_fmadd_ps
+static inline vf v_widen(const int8_t *p) {  // AW int8 -> AW float
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
-
-// v[j]'s 16 lanes summed into lane j of the result, for 16 vectors: pairs within 128-bit chunks, then the chunks
+static inline vf v_pow2(vf n) {  // 2^n for an integral n in a normal's range
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+// v[j]'s AW lanes summed into lane j of the result, for AW vectors: pairs within 128-bit chunks, then the chunks
 // (45 instructions for 16 sums, where a sum a vector takes ~8)
-static inline __m512 hsum16(const __m512 *v) {
-    __m512 t[8], u[4];
+static inline vf v_sums(const vf *v) {
+    vf t[8], u[4];
     for (int i = 0; i < 8; i++)
         t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
     for (int i = 0; i < 4; i++)
         u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                     _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    const vf w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const vf w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
     return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-
-// exp_le0 of 16 values, its operations in its order
-static inline __m512 exp16_le0(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 big = _mm512_set1_ps(12582912.0f);
-    const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), big), big);
-    x = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
-                      _mm512_mul_ps(n, _mm512_set1_ps(2.12194440e-4f)));
-    const __m512 z = _mm512_mul_ps(x, x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, z), x), _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-}
-
-#define ATTN_V_CHUNK 32  // V dims a pass over the run's keys takes (the group's accumulators in registers)
-
-// The same as the plain form below, in AVX-512: 16 keys' dot products with a head at once (a vector of lane
-// sums a key, then hsum16), V weighted a chunk of dims at a time with the heads' accumulators in registers.
-static inline __attribute__((always_inline)) void attn1_part_of(
-    const float *qh, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t j0, int64_t j1,
-    int64_t h, int64_t n_kv, int64_t group, int64_t hd, int64_t hdv, float scale, float softcap, float *scores,
-    float *o, float *max, float *sum) {
-    const int64_t n = j1 - j0, kstride = n_kv * hd, vstride = n_kv * hdv, nc = hd / 16;
-    for (int64_t b = 0; b < n; b += 16) {
-        const int64_t m = n - b < 16 ? n - b : 16;
-        __m512 kf[ATTN1_MAX_DIM / 16], lanes[ATTN1_MAX_GROUP][16];
-        for (int64_t j = 0; j < 16; j++) {
-            if (j >= m) {
-                for (int64_t g = 0; g < group; g++) lanes[g][j] = _mm512_setzero_ps();
-                continue;
-            }
-            const int8_t *kr = k + (j0 + b + j) * kstride + h * hd;
-            for (int64_t c = 0; c < nc; c++) kf[c] = widen16(kr + 16 * c);
-            for (int64_t g = 0; g < group; g++) {
-                const float *qg = qh + g * hd;
-                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), kf[0]);
-                for (int64_t c = 1; c < nc; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), kf[c], acc);
-                lanes[g][j] = acc;
-            }
-        }
-        float f[16] = {0};
-        for (int64_t j = 0; j < m; j++) f[j] = ks[(j0 + b + j) * n_kv + h];
-        const __m512 fs = _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_loadu_ps(f));
-        for (int64_t g = 0; g < group; g++) {
-            float s[16];
-            _mm512_storeu_ps(s, _mm512_mul_ps(hsum16(lanes[g]), fs));
-            for (int64_t j = 0; j < m; j++) scores[g * n + b + j] = softcap != 0.0f ? softcap * tanhf(s[j] / softcap) : s[j];
-        }
-    }
-    for (int64_t g = 0; g < group; g++) {  // 16 scores a vector; a last partial one masked
-        float *sg = scores + g * n;
-        __m512 mx = _mm512_set1_ps(-INFINITY), total = _mm512_setzero_ps();
-        for (int64_t j = 0; j < n; j += 16) {
-            const __mmask16 live = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-            mx = _mm512_mask_max_ps(mx, live, mx, _mm512_maskz_loadu_ps(live, sg + j));
-        }
-        const float top = _mm512_reduce_max_ps(mx);
-        for (int64_t j = 0; j < n; j += 16) {
-            const __mmask16 live = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-            float f[16] = {0};
-            for (int64_t i = 0; i < 16 && j + i < n; i++) f[i] = vs[(j0 + j + i) * n_kv + h];
-            const __m512 e = exp16_le0(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sg + j), _mm512_set1_ps(top)));
-            total = _mm512_add_ps(total, _mm512_maskz_mov_ps(live, e));
-            _mm512_mask_storeu_ps(sg + j, live, _mm512_mul_ps(e, _mm512_loadu_ps(f)));
-        }
-        float t16[16];
-        _mm512_storeu_ps(t16, total);
-        max[g] = top;
-        sum[g] = red16(t16);
-    }
-    for (int64_t d0 = 0; d0 < hdv; d0 += ATTN_V_CHUNK) {
-        const int64_t nv = hdv - d0 < ATTN_V_CHUNK ? (hdv - d0) / 16 : ATTN_V_CHUNK / 16;
-        __m512 acc[ATTN1_MAX_GROUP][ATTN_V_CHUNK / 16];
-        for (int64_t g = 0; g < group; g++)
-            for (int64_t c = 0; c < nv; c++) acc[g][c] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < n; j++) {
-            const int8_t *vr = v + (j0 + j) * vstride + h * hdv + d0;
-            __m512 vf[ATTN_V_CHUNK / 16];
-            for (int64_t c = 0; c < nv; c++) vf[c] = widen16(vr + 16 * c);
-            for (int64_t g = 0; g < group; g++) {
-                const __m512 p = _mm512_set1_ps(scores[g * n + j]);
-                for (int64_t c = 0; c < nv; c++) acc[g][c] = _mm512_fmadd_ps(p, vf[c], acc[g][c]);
-            }
-        }
-        for (int64_t g = 0; g < group; g++)
-            for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(o + g * hdv + d0 + 16 * c, acc[g][c]);
-    }
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-static inline __m256 widen8(const int8_t *p) {  // 8 int8 -> 8 float
+#else
+#define AW 8
+typedef __m256 vf;
+#define V_LOAD _mm256_loadu_ps
+#define V_STORE _mm256_storeu_ps
+#define V_SET1 _mm256_set1_ps
+#define V_ZERO _mm256_setzero_ps
+#define V_ADD _mm256_add_ps
+#define V_SUB _mm256_sub_ps
+#define V_MUL _mm256_mul_ps
+#define V_MAX _mm256_max_ps
+#define V_FMA _mm256_fmadd_ps
+static inline vf v_widen(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
-
-// v[j]'s 8 lanes summed into lane j of the result, for 8 vectors (hsum16's network on 256 bits)
-static inline __m256 hsum8x8(const __m256 *v) {
-    __m256 t[4], u[2];
+static inline vf v_pow2(vf n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+static inline vf v_sums(const vf *v) {  // the network above on 256 bits
+    vf t[4], u[2];
     for (int i = 0; i < 4; i++)
         t[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
     for (int i = 0; i < 2; i++)
@@ -772,95 +705,101 @@ static inline __m256 hsum8x8(const __m256 *v) {
                              _mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
     return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 }
+#endif
 
-static inline __m256 exp8_le0(__m256 x) {  // exp_le0 of 8 values, its operations in its order
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 big = _mm256_set1_ps(12582912.0f);
-    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), big), big);
-    x = _mm256_add_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
-                      _mm256_mul_ps(n, _mm256_set1_ps(2.12194440e-4f)));
-    const __m256 z = _mm256_mul_ps(x, x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), x), _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+static inline vf v_exp_le0(vf x) {  // exp_le0 of AW values, its operations in its order
+    x = V_MAX(x, V_SET1(-87.0f));
+    const vf big = V_SET1(12582912.0f);
+    const vf n = V_SUB(V_ADD(V_MUL(x, V_SET1(1.44269504088896341f)), big), big);
+    x = V_ADD(V_SUB(x, V_MUL(n, V_SET1(0.693359375f))), V_MUL(n, V_SET1(2.12194440e-4f)));
+    const vf z = V_MUL(x, x);
+    vf y = V_SET1(1.9875691500e-4f);
+    y = V_ADD(V_MUL(y, x), V_SET1(1.3981999507e-3f));
+    y = V_ADD(V_MUL(y, x), V_SET1(8.3334519073e-3f));
+    y = V_ADD(V_MUL(y, x), V_SET1(4.1665795894e-2f));
+    y = V_ADD(V_MUL(y, x), V_SET1(1.6666665459e-1f));
+    y = V_ADD(V_MUL(y, x), V_SET1(5.0000001201e-1f));
+    y = V_ADD(V_ADD(V_MUL(y, z), x), V_SET1(1.0f));
+    return V_MUL(y, v_pow2(n));
 }
 
-#define ATTN_V_CHUNK8 16  // V dims a pass over the run's keys takes on AVX2 (16 registers)
+#define ATTN_V_CHUNK (2 * AW)  // V dims a pass over the run's keys takes (the group's accumulators in registers)
 
-// The AVX-512 form's operations on 8 lanes: 8 keys' dot products with a head at once, V 16 dims at a time.
+// The plain form's operations (below) in vectors: AW keys' dot products with a head at once (a vector of lane
+// sums a key, then v_sums), the softmax AW scores a vector, V a chunk of dims at a time with the heads'
+// accumulators in registers.
 static inline __attribute__((always_inline)) void attn1_part_of(
     const float *qh, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t j0, int64_t j1,
     int64_t h, int64_t n_kv, int64_t group, int64_t hd, int64_t hdv, float scale, float softcap, float *scores,
     float *o, float *max, float *sum) {
-    const int64_t n = j1 - j0, kstride = n_kv * hd, vstride = n_kv * hdv, nc = hd / 8;
-    for (int64_t b = 0; b < n; b += 8) {
-        const int64_t m = n - b < 8 ? n - b : 8;
-        __m256 kf[ATTN1_MAX_DIM / 8], lanes[ATTN1_MAX_GROUP][8];
-        for (int64_t j = 0; j < 8; j++) {
+    const int64_t n = j1 - j0, kstride = n_kv * hd, vstride = n_kv * hdv, nc = hd / AW;
+    for (int64_t b = 0; b < n; b += AW) {
+        const int64_t m = n - b < AW ? n - b : AW;
+        vf kf[ATTN1_MAX_DIM / AW], lanes[ATTN1_MAX_GROUP][AW];
+        for (int64_t j = 0; j < AW; j++) {
             if (j >= m) {
-                for (int64_t g = 0; g < group; g++) lanes[g][j] = _mm256_setzero_ps();
+                for (int64_t g = 0; g < group; g++) lanes[g][j] = V_ZERO();
                 continue;
             }
             const int8_t *kr = k + (j0 + b + j) * kstride + h * hd;
-            for (int64_t c = 0; c < nc; c++) kf[c] = widen8(kr + 8 * c);
+            for (int64_t c = 0; c < nc; c++) kf[c] = v_widen(kr + AW * c);
             for (int64_t g = 0; g < group; g++) {
                 const float *qg = qh + g * hd;
-                __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qg), kf[0]);
-                for (int64_t c = 1; c < nc; c++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * c), kf[c], acc);
+                vf acc = V_MUL(V_LOAD(qg), kf[0]);
+                for (int64_t c = 1; c < nc; c++) acc = V_FMA(V_LOAD(qg + AW * c), kf[c], acc);
                 lanes[g][j] = acc;
             }
         }
-        float f[8] = {0};
+        float f[AW] = {0};
         for (int64_t j = 0; j < m; j++) f[j] = ks[(j0 + b + j) * n_kv + h];
-        const __m256 fs = _mm256_mul_ps(_mm256_set1_ps(scale), _mm256_loadu_ps(f));
+        const vf fs = V_MUL(V_SET1(scale), V_LOAD(f));
         for (int64_t g = 0; g < group; g++) {
-            float sc[8];
-            _mm256_storeu_ps(sc, _mm256_mul_ps(hsum8x8(lanes[g]), fs));
-            for (int64_t j = 0; j < m; j++) scores[g * n + b + j] = softcap != 0.0f ? softcap * tanhf(sc[j] / softcap) : sc[j];
+            float s[AW];
+            V_STORE(s, V_MUL(v_sums(lanes[g]), fs));
+            for (int64_t j = 0; j < m; j++) scores[g * n + b + j] = softcap != 0.0f ? softcap * tanhf(s[j] / softcap) : s[j];
         }
     }
-    for (int64_t g = 0; g < group; g++) {  // 8 scores a vector; a last partial one padded
-        float *sg = scores + g * n, top = -INFINITY;
-        for (int64_t j = 0; j < n; j++) top = sg[j] > top ? sg[j] : top;
-        __m256 total = _mm256_setzero_ps();
-        for (int64_t j = 0; j < n; j += 8) {
-            float x[8], f[8] = {0};
-            for (int64_t i = 0; i < 8; i++) x[i] = j + i < n ? sg[j + i] - top : -INFINITY;
-            for (int64_t i = 0; i < 8 && j + i < n; i++) f[i] = vs[(j0 + j + i) * n_kv + h];
-            __m256 e = exp8_le0(_mm256_loadu_ps(x));
-            for (int64_t i = n - j; i < 8; i++) ((float *)&e)[i] = 0.0f;  // e^-87 where no position is: nothing
-            total = _mm256_add_ps(total, e);
-            float w[8];
-            _mm256_storeu_ps(w, _mm256_mul_ps(e, _mm256_loadu_ps(f)));
-            for (int64_t i = 0; i < 8 && j + i < n; i++) sg[j + i] = w[i];
+    for (int64_t g = 0; g < group; g++) {  // AW scores a vector, a last partial one padded
+        float *sg = scores + g * n, lane_max[AW], top = -INFINITY;
+        vf mx = V_SET1(-INFINITY), total = V_ZERO();
+        for (int64_t j = 0; j < n; j += AW) {
+            float x[AW];
+            for (int64_t i = 0; i < AW; i++) x[i] = j + i < n ? sg[j + i] : -INFINITY;
+            mx = V_MAX(mx, V_LOAD(x));
+        }
+        V_STORE(lane_max, mx);
+        for (int i = 0; i < AW; i++) top = lane_max[i] > top ? lane_max[i] : top;
+        for (int64_t j = 0; j < n; j += AW) {
+            float x[AW], f[AW] = {0}, e[AW];
+            for (int64_t i = 0; i < AW; i++) x[i] = j + i < n ? sg[j + i] - top : 0.0f;
+            for (int64_t i = 0; i < AW && j + i < n; i++) f[i] = vs[(j0 + j + i) * n_kv + h];
+            V_STORE(e, v_exp_le0(V_LOAD(x)));
+            for (int64_t i = n - j; i < AW; i++) e[i] = 0.0f;  // no position there
+            total = V_ADD(total, V_LOAD(e));
+            V_STORE(x, V_MUL(V_LOAD(e), V_LOAD(f)));
+            for (int64_t i = 0; i < AW && j + i < n; i++) sg[j + i] = x[i];
         }
         float t16[16] = {0};
-        _mm256_storeu_ps(t16, total);
+        V_STORE(t16, total);
         max[g] = top;
         sum[g] = red16(t16);
     }
-    for (int64_t d0 = 0; d0 < hdv; d0 += ATTN_V_CHUNK8) {
-        const int64_t nv = hdv - d0 < ATTN_V_CHUNK8 ? (hdv - d0) / 8 : ATTN_V_CHUNK8 / 8;
-        __m256 acc[ATTN1_MAX_GROUP][ATTN_V_CHUNK8 / 8];
+    for (int64_t d0 = 0; d0 < hdv; d0 += ATTN_V_CHUNK) {
+        const int64_t nv = hdv - d0 < ATTN_V_CHUNK ? (hdv - d0) / AW : ATTN_V_CHUNK / AW;
+        vf acc[ATTN1_MAX_GROUP][ATTN_V_CHUNK / AW];
         for (int64_t g = 0; g < group; g++)
-            for (int64_t c = 0; c < nv; c++) acc[g][c] = _mm256_setzero_ps();
+            for (int64_t c = 0; c < nv; c++) acc[g][c] = V_ZERO();
         for (int64_t j = 0; j < n; j++) {
             const int8_t *vr = v + (j0 + j) * vstride + h * hdv + d0;
-            __m256 vf[ATTN_V_CHUNK8 / 8];
-            for (int64_t c = 0; c < nv; c++) vf[c] = widen8(vr + 8 * c);
+            vf vv[ATTN_V_CHUNK / AW];
+            for (int64_t c = 0; c < nv; c++) vv[c] = v_widen(vr + AW * c);
             for (int64_t g = 0; g < group; g++) {
-                const __m256 p = _mm256_set1_ps(scores[g * n + j]);
-                for (int64_t c = 0; c < nv; c++) acc[g][c] = _mm256_fmadd_ps(p, vf[c], acc[g][c]);
+                const vf p = V_SET1(scores[g * n + j]);
+                for (int64_t c = 0; c < nv; c++) acc[g][c] = V_FMA(p, vv[c], acc[g][c]);
             }
         }
         for (int64_t g = 0; g < group; g++)
-            for (int64_t c = 0; c < nv; c++) _mm256_storeu_ps(o + g * hdv + d0 + 8 * c, acc[g][c]);
+            for (int64_t c = 0; c < nv; c++) V_STORE(o + g * hdv + d0 + AW * c, acc[g][c]);
     }
 }
 #endif
