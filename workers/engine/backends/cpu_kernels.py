@@ -48,7 +48,7 @@ SOURCE = "cpu_blocks.c"
 FLAG_SETS = (["-O3", "-march=native", "-pthread"], ["-O3", "-pthread"])
 COMPILE_TIMEOUT_S = 120
 ATTN1_MAX_DIM = 1024  # cpu_blocks.c's: head dims genie_attn_rows_i8 takes
-ATTN1_MAX_GROUP = 64  # and query heads a KV head
+ATTN1_MAX_GROUP = 32  # and query heads a KV head
 DEQUANT_CHUNK_BYTES = 1 << 20  # float32 rows a pool thread dequantizes and multiplies per claim, at most
 CLAIMS_PER_THREAD = 4  # at least this many runs of rows per thread, so a held-up thread delays little
 

@@ -611,7 +611,7 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
 // whole slot to float32 for every head, and the softmax runs in runs of positions merged at the end (flash
 // decoding's split). hd and hdv at most ATTN1_MAX_DIM, multiples of 16.
 #define ATTN1_MAX_DIM 1024  // head dims genie_attn_rows_i8 takes (a row widened once into a buffer of this size)
-#define ATTN1_MAX_GROUP 64  // query heads a KV head it takes (their 16 keys' lane sums a buffer of this many)
+#define ATTN1_MAX_GROUP 32  // query heads a KV head it takes (their lane sums a buffer of this many on the stack)
 #define ATTN1_RUN 64        // positions a thread takes at a time (fixed: the sums do not depend on the threads)
 // multiply-adds below which genie_attn_rows_i8 runs on one thread: sleeping threads take ~8 us to wake, one thread
 // does 2^18 of these in ~25 us (bench/NOTES.md, CPU note 2026-12-06)
