@@ -184,8 +184,8 @@ def test_a_retuned_compiled_size_builds_its_module_again_with_the_same_numbers(g
 
 def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatch):
     """On 8.x, a layer's o -> gate/up -> down -> next layer's q/k and v (each coding the next one's input) go out as
-    one gemv1_chainc launch of five products (chain.py), and every output is what the five launches alone give, bit
-    for bit; a product that nothing reads next sends what is held at once."""
+    one gemv1_chainc launch of five products (chain.py), v on the blocks after q/k's, and every output is what the
+    five launches alone give, bit for bit; a product that nothing reads next sends what is held at once."""
     import cupy as cp
 
     from genie_workers.engine.backends.base import NextInput
@@ -205,10 +205,12 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
     x, attn = (cp.asarray(rng.standard_normal((1, d), dtype=np.float32)) for _ in range(2))
     norm1, norm2 = (cp.asarray(rng.uniform(0.5, 1.5, d).astype(np.float32)) for _ in range(2))
     launched: list[int] = []
+    bases: list[list[int]] = []
     launch = Chain._launch
 
     def counted(self, grid, threads, smem, table):
         launched.append(int(table["n"]))
+        bases.append([int(b) for b in table["op"]["base"][:5]])
         launch(self, grid, threads, smem, table)
 
     monkeypatch.setattr(Chain, "_launch", counted)
@@ -225,6 +227,7 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
         gpu.retune(use_chains=True)
         chained = layer()
         assert launched == [5]
+        assert bases == [[0, 0, 0, 0, 80]]  # q/k's 80 tiles of 16 rows a block each, then v's 16 beside them
         gpu.retune(use_chains=False)
         alone = layer()
         assert launched == [5]
@@ -1106,8 +1109,8 @@ def test_every_module_compiles_for_the_jetson_and_the_rtx_30(sources, arch):
 
     code = gpu_package.kernel_source(*getattr(gpu_package, sources))
     include = os.path.join(cp.cuda.get_cuda_path() or "/usr/local/cuda", "include")  # cuda_fp16.h
-    ring = f"-DMMA_STAGES={AMPERE.mma_stages}"  # as CupyCore._options gives the 8.x family
-    out = cp.cuda.compiler.compile_using_nvrtc(code, options=("-std=c++17", f"-I{include}", ring), arch=arch)
+    family = (f"-DMMA_STAGES={AMPERE.mma_stages}", f"-DMMA_ILP={int(AMPERE.mma_ilp)}")  # as CupyCore._options
+    out = cp.cuda.compiler.compile_using_nvrtc(code, options=("-std=c++17", f"-I{include}", *family), arch=arch)
     code_out = out[0] if isinstance(out, tuple) else out  # (code, name mapping) in CuPy 13 and later
     if isinstance(code_out, str):
         code_out = code_out.encode()

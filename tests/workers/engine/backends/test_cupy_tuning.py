@@ -82,17 +82,25 @@ def test_a_prompt_chunks_sets_of_groups_weigh_the_weights_passes_against_empty_g
     assert prompt_groups(HOPPER.n_groups[0], 10, 1216, 264) == 4
 
 
-@pytest.mark.parametrize(("family", "stages"), [(HOPPER, 3), (AMPERE, 2)], ids=lambda f: getattr(f, "name", f))
-def test_the_products_ring_is_the_kernel_familys_unless_a_bench_asks_another(family, stages):
-    """quant.cu states no ring of its own (MMA_STAGES): the backend builds it with its family's, 3 stages of bulk
-    copies on 9.0 and 2 of cp.async on 8.x, or a benchmark's; a changed ring is a changed build (retune)."""
+@pytest.mark.parametrize(
+    ("family", "stages", "ilp"), [(HOPPER, 3, 0), (AMPERE, 2, 1)], ids=lambda f: getattr(f, "name", f)
+)
+def test_the_products_ring_and_items_are_the_kernel_familys_unless_a_bench_asks_another(family, stages, ilp):
+    """quant.cu states no ring of its own (MMA_STAGES) and no form of gemv1m's items (MMA_ILP): the backend builds
+    them with its family's, 3 stages of bulk copies and chained mmas on 9.0, 2 of cp.async and mmas of their own
+    on 8.x, or a benchmark's; a changed ring is a changed build (retune)."""
     backend = CupyBackend.__new__(CupyBackend)  # no GPU: only the build options are exercised
     backend.family = family
     built = backend._options("quant", CupyTuning())
     assert f"-DMMA_STAGES={stages}" in built and f"-DPATHS_90={int(family.paths_90)}" in built
+    assert f"-DMMA_ILP={ilp}" in built
     assert "-DMMA_STAGES=4" in backend._options("quant", CupyTuning(mma_stages=4))
-    assert not any("MMA_STAGES" in o for o in backend._options("ops", CupyTuning()))
-    assert "#define MMA_STAGES" not in kernel_source(*QUANT_SOURCES)
+    assert f"-DMMA_ILP={1 - ilp}" in backend._options("quant", CupyTuning(mma_ilp=1 - ilp))
+    assert not any("MMA_STAGES" in o or "MMA_ILP" in o for o in backend._options("ops", CupyTuning()))
+    source = kernel_source(*QUANT_SOURCES)
+    assert "#define MMA_STAGES" not in source and "#define MMA_ILP" not in source
+    with pytest.raises(ValueError, match="mma_ilp"):
+        CupyTuning(mma_ilp=2)
 
 
 # (shared memory an SM, the most a block may opt in to) as the GPUs report them (cudaDeviceProp)

@@ -31,7 +31,7 @@ CHAIN_MAX = 8  # quant.cu's CHAIN_MAX: products a launch
 EPILOGUE = np.dtype(
     [("mode", "<i4"), ("act", "<i4"), *((n, "<u8") for n in ("x8", "cnt", "res", "w", "xnew", "ss"))], align=True
 )
-_INTS = ("rows", "cols", "tpb", "type", "n_ss", "grid", "dep", "counted", "last_wait")
+_INTS = ("rows", "cols", "tpb", "type", "n_ss", "grid", "dep", "counted", "last_wait", "base")
 OP = np.dtype(
     [*((n, "<u8") for n in ("W", "x8", "y", "nss")), ("ep", EPILOGUE), *((n, "<i4") for n in _INTS), ("eps", "<f4")],
     align=True,
@@ -80,10 +80,11 @@ class Product:
 class Chain:
     """The products held for one launch (add, flush)."""
 
-    def __init__(self, xp: Any, kernel: Callable[[], Any], n_sm: int) -> None:
+    def __init__(self, xp: Any, kernel: Callable[[], Any], n_sm: int, side_by_side: bool = True) -> None:
         self._xp = xp
         self._kernel = kernel  # gemv1_chainc's Kernel, built on first use
         self._n_sm = n_sm
+        self.side_by_side = side_by_side  # a product that does not read its predecessor runs beside it (bases)
         self._sync = xp.zeros(2 * CHAIN_MAX, dtype=xp.int32)
         self._held: list[Product] = []
         self._deps: list[int] = []
@@ -128,11 +129,14 @@ class Chain:
         if not held:
             return
         self._held, self._deps = [], []
-        grid, threads, smem = max(p.grid for p in held), held[0].threads, max(p.smem for p in held)
-        if len(held) == 1 or grid > self._n_sm * self._blocks_fit(threads, smem):
+        threads, smem = held[0].threads, max(p.smem for p in held)
+        width = self._n_sm * self._blocks_fit(threads, smem) if len(held) > 1 else 0
+        if max(p.grid for p in held) > width:
             for p in held:
                 p.kernel((p.grid,), (p.threads,), p.args, shared_mem=p.smem)
             return
+        bases = self._bases(held, deps, width)
+        grid = max(b + p.grid for b, p in zip(bases, held, strict=True))
         table = np.zeros((), dtype=CHAIN)
         for k, (p, dep) in enumerate(zip(held, deps, strict=True)):
             op = table["op"][k]
@@ -140,11 +144,23 @@ class Chain:
                 op[name] = p.arg(name)
             for field, name in _EP_FIELDS.items():
                 op["ep"][field] = p.arg(name)
-            op["type"], op["grid"], op["dep"] = p.qtype, p.grid, dep
+            op["type"], op["grid"], op["dep"], op["base"] = p.qtype, p.grid, dep, bases[k]
             op["counted"] = int(k in deps)
             op["last_wait"] = int(dep >= 0 and k == max(j for j, d in enumerate(deps) if d == dep))
         table["sync"], table["n"] = int(self._sync.data.ptr), len(held)
         self._launch(grid, threads, smem, table)
+
+    def _bases(self, held: list[Product], deps: list[int], width: int) -> list[int]:
+        """Each product's first block in a launch of at most `width` blocks: where a product does not read its
+        predecessor's output (a layer's v beside its q/k: both read the down product's code) and both fit side by
+        side, its blocks follow the predecessor's, so the two run at once rather than one after the other on the
+        first blocks; else 0. Which blocks run a product changes no number (each runs the product's block)."""
+        bases = [0] * len(held)
+        for k in range(1, len(held)) if self.side_by_side else ():
+            after = bases[k - 1] + held[k - 1].grid
+            if deps[k] != k - 1 and after + held[k].grid <= width:
+                bases[k] = after
+        return bases
 
     def _blocks_fit(self, threads: int, smem: int) -> int:
         if (threads, smem) not in self._fits:

@@ -120,14 +120,15 @@ class CupyCore(NumpyBackend):
         self._late_out: Any = None  # the last rows product's output, when its consumer codes it late (rows.py)
         self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
         # one-token products held for one launch (8.x): every other launch sends them first (Kernel.__call__)
-        self._chain = Chain(cupy, lambda: self._kernel_named("gemv1_chainc"), self.n_sm)
+        self._chain = Chain(cupy, lambda: self._kernel_named("gemv1_chainc"), self.n_sm, self.tuning.chain_side_by_side)
 
     def _options(self, module: str, tuning: CupyTuning) -> tuple[str, ...]:
-        """A module's build options: the tuning's sizes, the products' ring (MMA_STAGES), and the kernel family
-        of the capability whose paths run (PATHS_90: bulk copies and clusters, 9.0; else cp.async and the global
-        merge, 8.x): each module holds one family's kernels, not both (the 8.x attention kernels tripled its
-        compile time)."""
-        ring = (f"-DMMA_STAGES={self._stages(tuning)}",) if module == "quant" else ()
+        """A module's build options: the tuning's sizes, the products' ring (MMA_STAGES) and items (MMA_ILP), and
+        the kernel family of the capability whose paths run (PATHS_90: bulk copies and clusters, 9.0; else cp.async
+        and the global merge, 8.x): each module holds one family's kernels, not both (the 8.x attention kernels
+        tripled its compile time)."""
+        ilp = self.family.mma_ilp if tuning.mma_ilp < 0 else tuning.mma_ilp
+        ring = (f"-DMMA_STAGES={self._stages(tuning)}", f"-DMMA_ILP={int(ilp)}") if module == "quant" else ()
         return (*tuning.options(module), *ring, f"-DPATHS_90={int(self.family.paths_90)}")
 
     def _stages(self, tuning: CupyTuning) -> int:
@@ -196,4 +197,5 @@ class CupyCore(NumpyBackend):
                     self._ops = built
                 self._kernels.clear()
         self.tuning = tuning
+        self._chain.side_by_side = tuning.chain_side_by_side
         self._version += 1

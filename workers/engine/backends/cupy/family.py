@@ -25,6 +25,9 @@ class KernelFamily:
     # the products' ring of weight stages (MMA_STAGES): 3 with bulk copies; 2 with cp.async, faster on few SMs
     # and on many (bench/NOTES.md v23), and a Q6_K ring with its input then fits an RTX 30's 99 KiB a block
     mma_stages: int
+    # gemv1m's items (MMA_ILP): their four mmas each of its own and two items a pass, not one chain of four: 8.x
+    # decoded +0-3 % with the same numbers (bench/NOTES.md v28); 9.0 keeps the chain, not measured otherwise
+    mma_ilp: bool
     # one-token products that feed each other in one launch (chain.py, gemv1_chainc): 8.x, which has no
     # programmatic dependent launch to start a product's weights before its predecessor ends
     chains: bool
@@ -34,9 +37,11 @@ class KernelFamily:
 
 
 GROUPS_8X = ((1, 2, 3, 4, 5, 8), (1, 2, 3, 4, 5))  # quant.cu's 8.x instantiations: Q4_K's, Q6_K's
-HOPPER = KernelFamily("9.0", True, ("gemv1m", "gemvn"), ("attention_dec", "attention_decn"), 3, False)
-AMPERE = KernelFamily("8.x", False, ("gemv1mc", "gemvnc"), ("attention_decg", "attention_decgn"), 2, True, GROUPS_8X)
-OLDER = KernelFamily("before 8.0", False, None, None, 2, False)
+HOPPER = KernelFamily("9.0", True, ("gemv1m", "gemvn"), ("attention_dec", "attention_decn"), 3, False, False)
+AMPERE = KernelFamily(
+    "8.x", False, ("gemv1mc", "gemvnc"), ("attention_decg", "attention_decgn"), 2, True, True, GROUPS_8X
+)
+OLDER = KernelFamily("before 8.0", False, None, None, 2, False, False)
 
 
 def family_of(capability: tuple[int, int]) -> KernelFamily:

@@ -50,6 +50,8 @@ class CupyTuning:
     # ... and, where the kernel family chains (8.x), run in one launch with it (chain.py): +11 % decode on the 8.x
     # paths with the same logits (bench/NOTES.md v25, and 2026-12-06 for the sm87 GPU suite with it on)
     use_chains: bool = True
+    # ... and a chained product that does not read its predecessor's output on the blocks after that one's (chain.py)
+    chain_side_by_side: bool = True
     # Q4_K/Q6_K products on the tensor cores (gemv1m, gemvn; 8.0 and later)
     use_mma: bool = True
     mma_threads: int = 256
@@ -64,6 +66,7 @@ class CupyTuning:
     gemvn_groups_wide: int = 4
     # compiled in (DEFINES)
     octet_units: int = 2  # blocks a lane of the dp4a GEMV loads before using any (OCTET_UNITS)
+    mma_ilp: int = -1  # gemv1m's items (MMA_ILP: 0 or 1); -1: its kernel family's (family.py)
     mma_stages: int = 0  # gemv1m's ring of stages (MMA_STAGES); 0: its kernel family's (quant_consts.py)
     pf_warps: int = 4  # the prefill attention's warps a block, 16 query rows each (PF_WARPS)
     dec_max_warps: int = 16  # attention_dec's warps a block at most (DEC_MAX_WARPS)
@@ -76,11 +79,13 @@ class CupyTuning:
         for name in ("gemvn_groups", "gemvn_groups_staged", "gemvn_groups_wide"):
             if getattr(self, name) not in (1, 2, 4):
                 raise ValueError(f"{name} must be 1, 2 or 4, not {getattr(self, name)}")
+        if self.mma_ilp not in (-1, 0, 1):
+            raise ValueError(f"mma_ilp must be -1 (the kernel family's), 0 or 1, not {self.mma_ilp}")
         if self.dec_ranks > DEC_MAX_RANKS:
             raise ValueError(f"dec_ranks must be at most {DEC_MAX_RANKS}, not {self.dec_ranks}")
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, bool) and value < 0:
+            if not isinstance(value, bool) and value < 0 and f.name != "mma_ilp":
                 raise ValueError(f"{f.name} must not be negative, not {value}")
 
     def options(self, module: str) -> tuple[str, ...]:

@@ -352,6 +352,9 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 #ifndef MMA_STAGES
 #error "MMA_STAGES: the backend builds this module with its kernel family's ring (family.py)"
 #endif
+#ifndef MMA_ILP
+#error "MMA_ILP: the backend builds this module with its kernel family's form of gemv1m's items (family.py)"
+#endif
 #define MMA_U 10  // units a stage row: a Qwen3 row of 2 560 values in one stage
 template <int T> struct MmaRow;
 template <> struct MmaRow<12> { static const int bytes = MMA_U * 144 + 32; };  // 368 words: rows 16 banks apart
@@ -398,6 +401,23 @@ template <> __device__ __forceinline__ void mma_item<12>(const u8* r0, const u8*
     const uint2 w10 = *reinterpret_cast<const uint2*>(r0 + 48 + 64 * q + 8 * t);  // chunk 2q + 1
     const uint2 w11 = *reinterpret_cast<const uint2*>(r1 + 48 + 64 * q + 8 * t);
     const uint2 xb = *reinterpret_cast<const uint2*>(xc + 32 * (sbu + (g >> 1)) + 8 * t);
+#if MMA_ILP
+    // four mmas of their own (B is zero outside sub-block j's column pair, so each fills only its own columns and
+    // their sum is the chained sum, exactly): none waits for another's result
+    int cj[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // sub-block 4q + j: chunk 2q + j / 2, low nibbles for even j
+        const uint2 wa = j < 2 ? w00 : w10, wb = j < 2 ? w01 : w11;
+        const int sh = (j & 1) * 4;
+        const bool mine = (g >> 1) == j;
+        cj[j][0] = cj[j][1] = cj[j][2] = cj[j][3] = 0;
+        mma_s8(cj[j], (wa.x >> sh) & 0x0F0F0F0F, (wb.x >> sh) & 0x0F0F0F0F, (wa.y >> sh) & 0x0F0F0F0F,
+               (wb.y >> sh) & 0x0F0F0F0F, mine ? xb.x : 0u, mine ? xb.y : 0u);
+    }
+    int c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] = (cj[0][i] + cj[1][i]) + (cj[2][i] + cj[3][i]);
+#else
     int c[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // sub-block 4q + j: chunk 2q + j / 2, low nibbles for even j
@@ -407,6 +427,7 @@ template <> __device__ __forceinline__ void mma_item<12>(const u8* r0, const u8*
         mma_s8(c, (wa.x >> sh) & 0x0F0F0F0F, (wb.x >> sh) & 0x0F0F0F0F, (wa.y >> sh) & 0x0F0F0F0F,
                (wb.y >> sh) & 0x0F0F0F0F, mine ? xb.x : 0u, mine ? xb.y : 0u);
     }
+#endif
     // sub-block j = 4q + t of the unit: scale_min_k4 on the head's bytes 4..15, byte t of each word
     const int sb = sbu + t;
     const float xdv = xd[sb], xsv = xs[sb];
@@ -435,8 +456,9 @@ template <> __device__ __forceinline__ void mma_item<14>(const u8* r0, const u8*
         b[r] = lds8_a2(u + 64 * q + 32 + 8 * t);
         h[r] = lds8_a2(u + 128 + 32 * q + 8 * t);
     }
-    int c[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
     const int cp = g >> 1;  // this lane's column pair: sub-block cp / 2 of the chained pair, half cp & 1
+    // MMA_ILP: the pair's two mmas of their own (each fills only its own columns: their sum is the chained sum)
+    int cm[2][2][4];
 #pragma unroll
     for (int p = 0; p < 2; ++p) {  // sub-blocks 4q + 2p, 4q + 2p + 1
         const uint2 xb = *reinterpret_cast<const uint2*>(xc + 32 * (sbu + 2 * p + (cp >> 1)) + 8 * t);
@@ -452,9 +474,16 @@ template <> __device__ __forceinline__ void mma_item<14>(const u8* r0, const u8*
                 w[r][1] = ((run.y >> ns) & 0x0F0F0F0F) | (((h[r].y >> hs) & 0x03030303) << 4);
             }
             const bool mine = half && (cp >> 1) == m;
-            mma_s8(c[p], w[0][0], w[1][0], w[0][1], w[1][1], mine ? xb.x : 0u, mine ? xb.y : 0u);
+            int* acc = MMA_ILP ? cm[p][m] : cm[p][0];
+            if (MMA_ILP || m == 0) acc[0] = acc[1] = acc[2] = acc[3] = 0;
+            mma_s8(acc, w[0][0], w[1][0], w[0][1], w[1][1], mine ? xb.x : 0u, mine ? xb.y : 0u);
         }
     }
+    int c[2][4];
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[p][i] = MMA_ILP ? cm[p][0][i] + cm[p][1][i] : cm[p][0][i];
     // lane t: pair p's sub-block 4q + 2p + t / 2, half t & 1: 16-value group gi of the super-block
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
@@ -666,6 +695,9 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
         const u8* g0 = st.row(s, g);
         const u8* g8 = st.row(s, g + 8);
         st.wait(s);
+#if MMA_ILP
+#pragma unroll 2  // two items' loads and mmas out before either's sums
+#endif
         for (int item = warp; item < 2 * nu; item += n_warps) {
             const int u = item >> 1, q = item & 1;  // unit u of the stage, its sub-blocks 4q .. 4q + 3
             mma_item<T>(g0 + u * MmaStream<T, BULK>::UB, g8 + u * MmaStream<T, BULK>::UB, q, g, t, xc, 8 * (ub + u) + 4 * q, xd, xs, gs,
@@ -965,11 +997,13 @@ INSTANTIATE_N(14, 5, q6_k, gemvnc, false)
 
 // Several one-token products in one launch (8.x, which has no programmatic dependent launch): a decode layer's
 // o, gate/up and down and the next layer's q/k and v, each coding the next one's input in its epilogue. Every
-// block of the launch is resident at once (the backend checks the occupancy), and block b runs block b of each
-// product's own grid in turn: it issues its first weight stages of product k, then waits until every block of
-// the product k reads from (dep) has counted itself done, as gemv1mc waits for its predecessor kernel; so the
-// next product's weights are on their way while the last blocks of this one finish, which a kernel boundary
-// does not allow. A product's numbers are gemv1mc's for the same block. sync: CHAIN_MAX done counters, then
+// block of the launch is resident at once (the backend checks the occupancy), and block b runs block b - base of
+// each product's own grid in turn (a product that does not read its predecessor may start where that one's
+// blocks end, so that the two run side by side: the next layer's v beside its q/k, chain.py): it issues its
+// first weight stages of product k, then waits until every block of the product k reads from (dep) has counted
+// itself done, as gemv1mc waits for its predecessor kernel; so the next product's weights are on their way while
+// the last blocks of this one finish, which a kernel boundary does not allow. A product's numbers are gemv1mc's
+// for the same block. sync: CHAIN_MAX done counters, then
 // CHAIN_MAX counters of blocks past a wait, zero between launches (the last block past a product's last
 // reader's wait zeroes both).
 #define CHAIN_MAX 8
@@ -984,6 +1018,7 @@ struct ChainOp {  // one product: gemv1mc's arguments, and its place in the chai
     int dep;        // the product whose output it reads (-1: written before the launch)
     int counted;    // a later product reads its output: its blocks count themselves done
     int last_wait;  // the last product that waits for dep: the last block past its wait zeroes the counters
+    int base;       // its first block in the launch: blocks base .. base + grid - 1 run its blocks 0 .. grid - 1
     float eps;
 };
 struct Chain {
@@ -991,7 +1026,7 @@ struct Chain {
     int* sync;
     int n;
 };
-static_assert(sizeof(ChainOp) == 128 && sizeof(Chain) == 1040, "chain.py's OP and CHAIN describe these");
+static_assert(sizeof(ChainOp) == 136 && sizeof(Chain) == 1104, "chain.py's OP and CHAIN describe these");
 __device__ __forceinline__ int ld_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -1012,14 +1047,15 @@ extern "C" __global__ void __launch_bounds__(512) gemv1_chainc(const Chain c) {
             }
             __syncthreads();
         };
-        if ((int)blockIdx.x >= o.grid) {  // no rows of this product: past its wait all the same (the counters)
+        const int blk = (int)blockIdx.x - o.base;
+        if (blk < 0 || blk >= o.grid) {  // no rows of this product: past its wait all the same (the counters)
             wait();
             continue;
         }
         if (o.type == 12)
-            gemv1_mma<12, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blockIdx.x, wait);
+            gemv1_mma<12, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blk, wait);
         else
-            gemv1_mma<14, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blockIdx.x, wait);
+            gemv1_mma<14, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blk, wait);
         if (o.counted) {
             __syncthreads();  // the block's rows and codes are written
             if (threadIdx.x == 0) count_acq_rel(done + k);  // released, as the epilogues count their groups
