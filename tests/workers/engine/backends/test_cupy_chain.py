@@ -73,12 +73,8 @@ def test_a_layer_from_o_to_the_next_q_k_v_is_one_launch_each_product_waiting_for
     assert list(ops["base"]) == [0] * 5  # v's 3 blocks after q/k's 8 would make 11: more than the 8 resident
 
 
-@pytest.mark.parametrize("side_by_side", [True, False])
-def test_a_product_that_does_not_read_its_predecessor_runs_on_the_blocks_after_it_where_they_are_resident(
-    side_by_side,
-):
+def test_a_product_that_does_not_read_its_predecessor_runs_on_the_blocks_after_it_where_they_are_resident():
     chain = Recorder(n_sm=8, fit=2)  # 16 blocks resident at once
-    chain.side_by_side = side_by_side
     gu, gu_out = product(chain, Buf(), epilogue=1, grid=6)
     down, down_out = product(chain, gu_out.x8, epilogue=2, grid=8)
     qk, _ = product(chain, down_out.x8, nss=down_out.ss, grid=8)
@@ -90,8 +86,7 @@ def test_a_product_that_does_not_read_its_predecessor_runs_on_the_blocks_after_i
     ops = table["op"][:4]
     assert list(ops["dep"]) == [-1, 0, 1, 1] and list(ops["grid"]) == [6, 8, 8, 3]
     # down reads gate/up's code, q/k reads down's: each starts at block 0; v beside q/k on blocks 8-10
-    assert list(ops["base"]) == ([0, 0, 0, 8] if side_by_side else [0] * 4)
-    assert grid == (11 if side_by_side else 8)
+    assert list(ops["base"]) == [0, 0, 0, 8] and grid == 11
 
 
 def test_a_product_reading_two_held_products_that_do_not_wait_for_each_other_sends_them_first():

@@ -7,8 +7,10 @@ here; the products that follow join it, and the whole run goes out as one launch
 launched (Kernel.__call__ flushes first) or a product's output is wanted by other code (a product without
 `then`). In that launch each block runs its block of every product in turn and waits, its next weights already
 requested, only for the blocks of the product whose output it reads: a layer's o, gate/up and down and the
-next layer's q/k and v become one launch. Every block must be resident at once, which `flush` checks with the
-driver's occupancy; where it is not, or for a single product, the products go out as their own kernels.
+next layer's q/k and v become one launch. A product that does not read its predecessor (v beside q/k) runs on
+the blocks after that one's where they fit (`_bases`). Every block must be resident at once, which `flush`
+checks with the driver's occupancy; where it is not, or for a single product, the products go out as their own
+kernels.
 
 Each held product keeps its arrays (so CuPy's pool hands none of their memory to later work before the launch);
 a product may depend on one earlier product only, and on whatever that one waited for, so a product whose
@@ -80,11 +82,10 @@ class Product:
 class Chain:
     """The products held for one launch (add, flush)."""
 
-    def __init__(self, xp: Any, kernel: Callable[[], Any], n_sm: int, side_by_side: bool = True) -> None:
+    def __init__(self, xp: Any, kernel: Callable[[], Any], n_sm: int) -> None:
         self._xp = xp
         self._kernel = kernel  # gemv1_chainc's Kernel, built on first use
         self._n_sm = n_sm
-        self.side_by_side = side_by_side  # a product that does not read its predecessor runs beside it (bases)
         self._sync = xp.zeros(2 * CHAIN_MAX, dtype=xp.int32)
         self._held: list[Product] = []
         self._deps: list[int] = []
@@ -156,7 +157,7 @@ class Chain:
         side, its blocks follow the predecessor's, so the two run at once rather than one after the other on the
         first blocks; else 0. Which blocks run a product changes no number (each runs the product's block)."""
         bases = [0] * len(held)
-        for k in range(1, len(held)) if self.side_by_side else ():
+        for k in range(1, len(held)):
             after = bases[k - 1] + held[k - 1].grid
             if deps[k] != k - 1 and after + held[k].grid <= width:
                 bases[k] = after

@@ -120,7 +120,7 @@ class CupyCore(NumpyBackend):
         self._late_out: Any = None  # the last rows product's output, when its consumer codes it late (rows.py)
         self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
         # one-token products held for one launch (8.x): every other launch sends them first (Kernel.__call__)
-        self._chain = Chain(cupy, lambda: self._kernel_named("gemv1_chainc"), self.n_sm, self.tuning.chain_side_by_side)
+        self._chain = Chain(cupy, lambda: self._kernel_named("gemv1_chainc"), self.n_sm)
 
     def _options(self, module: str, tuning: CupyTuning) -> tuple[str, ...]:
         """A module's build options: the tuning's sizes, the products' ring (MMA_STAGES) and items (MMA_ILP), and
@@ -197,5 +197,4 @@ class CupyCore(NumpyBackend):
                     self._ops = built
                 self._kernels.clear()
         self.tuning = tuning
-        self._chain.side_by_side = tuning.chain_side_by_side
         self._version += 1

@@ -50,8 +50,6 @@ class CupyTuning:
     # ... and, where the kernel family chains (8.x), run in one launch with it (chain.py): +11 % decode on the 8.x
     # paths with the same logits (bench/NOTES.md v25, and 2026-12-06 for the sm87 GPU suite with it on)
     use_chains: bool = True
-    # ... and a chained product that does not read its predecessor's output on the blocks after that one's (chain.py)
-    chain_side_by_side: bool = True
     # Q4_K/Q6_K products on the tensor cores (gemv1m, gemvn; 8.0 and later)
     use_mma: bool = True
     mma_threads: int = 256
