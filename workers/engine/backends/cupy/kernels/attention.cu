@@ -867,6 +867,7 @@ DEC_SHAPES(DEC_INSTANTIATE_GLOBAL)
 #endif
 #define PF_ROWS (16 * PF_WARPS)
 #define PF_KEYS 64
+#define PF_RB 4  // Q rows a warp loads before it rotates any
 
 __device__ __forceinline__ void mma16816(float* d, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
@@ -897,6 +898,22 @@ __device__ __forceinline__ uint4 load8_half(const void* pool, long long off, boo
     return r;
 }
 
+// lane's E values of a row of 32 E floats (l E .., 16-byte aligned from E = 4), or zeros where !live
+template <int E>
+__device__ __forceinline__ void load_lane(float (&v)[E], const float* row, bool live) {
+    const int lane = threadIdx.x & 31;
+    if constexpr (E % 4 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 4) {
+            const float4 f = live ? *reinterpret_cast<const float4*>(row + lane * E + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[e] = f.x, v[e + 1] = f.y, v[e + 2] = f.z, v[e + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) v[e] = live ? row[lane * E + e] : 0.f;
+    }
+}
+
 template <int HD>
 __device__ void attention_prefill(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
                                   const float* v_scale, float* out, int n_tok, int n_heads, int n_kv, int blk,
@@ -916,14 +933,37 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
     const int pos0 = *pos0p;
     const bool int8 = k_scale != nullptr;
 
-    // Q: each warp its 16 rows, rotated (INT8) and scaled in FP32, then FP16; rows past the chunk are 0
-    for (int rr = 0; rr < 16; ++rr) {
-        const int row = 16 * warp + rr, t = t0 + row / G, h = kvh * G + row % G;
-        float* qr = Of + row * LDO;
-        for (int i = lane; i < HD; i += 32) qr[i] = t < n_tok ? q[((long long)t * n_heads + h) * HD + i] : 0.f;
-        if (int8) fwht_warp(qr, HD, blk);
-        __syncwarp();
-        for (int i = lane; i < HD; i += 32) Qs[row * LDQ + i] = __float2half_rn(qr[i] * scale);
+    // Q: each warp its 16 rows, rotated (INT8) and scaled in FP32, then FP16; rows past the chunk are 0. From 32
+    // dims a row sits in the warp's registers (lane l: values l E ..), PF_RB rows' loads out before any is rotated
+    // (fwht_regs: fwht_warp's butterflies, the same bits; the rotation's block is HD, the backend's hd & -hd);
+    // a row a time through shared memory put 16 dependent global loads on a warp's path (a short prompt's blocks)
+    if constexpr (HD >= 32) {
+        constexpr int E = HD / 32;
+#pragma unroll 1
+        for (int r0 = 0; r0 < 16; r0 += PF_RB) {
+            float v[PF_RB][E];
+#pragma unroll
+            for (int b = 0; b < PF_RB; ++b) {
+                const int row = 16 * warp + r0 + b, t = t0 + row / G, h = kvh * G + row % G;
+                load_lane<E>(v[b], q + ((long long)t * n_heads + h) * HD, t < n_tok);
+            }
+#pragma unroll
+            for (int b = 0; b < PF_RB; ++b) {
+                if (int8) fwht_regs<E>(v[b]);
+                __half* dst = Qs + (16 * warp + r0 + b) * LDQ + lane * E;
+#pragma unroll
+                for (int e = 0; e < E; ++e) dst[e] = __float2half_rn(v[b][e] * scale);
+            }
+        }
+    } else {
+        for (int rr = 0; rr < 16; ++rr) {
+            const int row = 16 * warp + rr, t = t0 + row / G, h = kvh * G + row % G;
+            float* qr = Of + row * LDO;
+            for (int i = lane; i < HD; i += 32) qr[i] = t < n_tok ? q[((long long)t * n_heads + h) * HD + i] : 0.f;
+            if (int8) fwht_warp(qr, HD, blk);
+            __syncwarp();
+            for (int i = lane; i < HD; i += 32) Qs[row * LDQ + i] = __float2half_rn(qr[i] * scale);
+        }
     }
     // this lane's two rows: 16 * warp + g and + 8
     int qpos[2], lo[2];
@@ -1046,12 +1086,28 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
 #pragma unroll
         for (int e = 0; e < 4; ++e) Of[(16 * warp + g + 8 * (e >> 1)) * LDO + 8 * d + 2 * tq + (e & 1)] = o[d][e] * inv[e >> 1];
     __syncwarp();
-    for (int rr = 0; rr < 16; ++rr) {
+    for (int rr = 0; rr < 16; ++rr) {  // (a row's rotation in registers from 32 dims, as Q's above)
         const int row = 16 * warp + rr, t = t0 + row / G, h = kvh * G + row % G;
         if (t >= n_tok) break;  // rows are token-major: the warp's later rows are past the chunk too
         float* orow = Of + row * LDO;
-        if (int8) fwht_warp(orow, HD, blk);
-        for (int c = lane; c < HD; c += 32) out[((long long)t * n_heads + h) * HD + c] = orow[c];
+        float* dst = out + ((long long)t * n_heads + h) * HD;
+        if constexpr (HD >= 32) {
+            constexpr int E = HD / 32;
+            float v[E];
+            load_lane<E>(v, orow, true);
+            if (int8) fwht_regs<E>(v);
+            if constexpr (E % 4 == 0) {
+#pragma unroll
+                for (int e = 0; e < E; e += 4)
+                    *reinterpret_cast<float4*>(dst + lane * E + e) = make_float4(v[e], v[e + 1], v[e + 2], v[e + 3]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < E; ++e) dst[lane * E + e] = v[e];
+            }
+        } else {
+            if (int8) fwht_warp(orow, HD, blk);
+            for (int c = lane; c < HD; c += 32) dst[c] = orow[c];
+        }
     }
 }
 
