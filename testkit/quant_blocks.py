@@ -48,3 +48,13 @@ def product_err(out: np.ndarray, x: np.ndarray, w: np.ndarray) -> float:
 def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     assert np.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite elements"
     return float(np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
+def q8_coded(x: np.ndarray) -> np.ndarray:
+    """float64 [n, cols]: x as q8_0 codes it (blocks of 32, d = max|x| / 127 in float32, codes round(x / d)): the
+    inputs a GROUPS product (genie_gq_products) meets, whose product with the weights it computes exactly to
+    float32 rounding."""
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    d = (np.abs(xb).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return (np.rint(xb * inv).astype(np.float64) * d).reshape(x.shape)

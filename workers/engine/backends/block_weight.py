@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -26,7 +26,8 @@ from genie_common.gguf_file import TensorInfo
 Q = GGMLQuantizationType
 UNPACK_CHUNK_BYTES = 8 << 20  # raw bytes unpacked at a time: bounds the temporaries
 INT8, NIBBLES, NIBBLES_HIGH = 0, 1, 2  # BlockWeight.layout: cpu_blocks.c's P (PACKED)
-BLOCK_BYTES = {NIBBLES: 16, NIBBLES_HIGH: 20}  # a packed block of 32 values
+GROUPS = 3  # 4-bit values in cpu_blocks.c's groups of blocks, met by q8-coded inputs (genie_gq_products)
+BLOCK_BYTES = {NIBBLES: 16, NIBBLES_HIGH: 20, GROUPS: 16}  # a packed block of 32 values (GROUPS: and a tail's padding)
 
 
 @dataclass(frozen=True)
@@ -35,15 +36,17 @@ class BlockWeight:
     scale: np.ndarray  # float32 [rows, cols // block]
     offset: np.ndarray | None  # float32 [rows, cols // block], None for scale-only types
     block: int  # 16 or 32
-    layout: int = INT8  # INT8, NIBBLES (pack_nibbles) or NIBBLES_HIGH (pack_fifth_bits); blocks of 32 when packed
+    # INT8, NIBBLES (pack_nibbles), NIBBLES_HIGH (pack_fifth_bits) or GROUPS (pack_groups); blocks of 32 when packed
+    layout: int = INT8
 
     @property
     def shape(self) -> tuple[int, int]:
-        rows, width = self.q.shape
-        return rows, width if self.layout == INT8 else width // BLOCK_BYTES[self.layout] * 32
+        return self.q.shape[0], self.scale.shape[1] * self.block
 
     def values(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
         """int8 [n, cols]: the given rows' q values, unpacked."""
+        if self.layout == GROUPS:
+            return unpack_groups(self.q[rows], self.shape[1])
         return UNPACK[self.layout](self.q[rows])
 
     @cached_property
@@ -95,12 +98,58 @@ def unpack_fifth_bits(p: np.ndarray) -> np.ndarray:
     return ((low | (high << 4)).astype(np.int16) - 16).astype(np.int8)
 
 
+@cache
+def group_order(cols: int) -> np.ndarray:
+    """int64 [vectors * 64]: the value (cols: padding) at each place of a row in cpu_blocks.c's GROUPS layout. A
+    row's blocks of 32 in groups of 16 (lane L, values 4L .. 4L + 3 of each vector of 64: block L, vector j its
+    values 4j .. 4j + 3), then a tail of t < 16 blocks as a group of T, the power of two >= t and >= 4 (16 / T
+    lanes a block: lane L holds block L / (16 / T)'s values 4 (j (16 / T) + L % (16 / T)) + 0 .. 3)."""
+    nb = cols // 32
+    full, t = divmod(nb, 16)
+    tail = max(4, 1 << (t - 1).bit_length()) if t else 0
+    parts = []
+    for g in range(full + (1 if t else 0)):
+        T = 16 if g < full else tail
+        lpb = 16 // T
+        j, lane, e = np.meshgrid(np.arange(T // 2), np.arange(16), np.arange(4), indexing="ij")
+        block = g * 16 + lane // lpb
+        parts.append(np.where(block < nb, block * 32 + 4 * (j * lpb + lane % lpb) + e, cols).reshape(-1))
+    return np.concatenate(parts)
+
+
+def groups_row_bytes(cols: int) -> int:
+    return len(group_order(cols)) // 2
+
+
+def pack_groups(q: np.ndarray) -> np.ndarray:
+    """int8 [n, cols] of values 0 .. 15 -> uint8 [n, groups_row_bytes(cols)]: the values in group_order, vectors
+    2i and 2i + 1 in 64 bytes (byte b: vector 2i's value b in the low nibble, vector 2i + 1's in the high one)."""
+    n, cols = q.shape
+    v = np.concatenate([q.view(np.uint8), np.zeros((n, 1), np.uint8)], axis=1)[:, group_order(cols)]
+    v = v.reshape(n, -1, 2, 64)
+    return np.ascontiguousarray((v[:, :, 0] | (v[:, :, 1] << 4)).reshape(n, -1))
+
+
+def unpack_groups(p: np.ndarray, cols: int) -> np.ndarray:
+    """pack_groups' inverse: uint8 [n, groups_row_bytes(cols)] -> int8 [n, cols]."""
+    n = p.shape[0]
+    b = p.reshape(n, -1, 1, 64)
+    v = np.concatenate([b & 0x0F, b >> 4], axis=2).reshape(n, -1)
+    out = np.zeros((n, cols + 1), np.uint8)
+    out[:, group_order(cols)] = v
+    return out[:, :cols].view(np.int8)
+
+
 UNPACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     INT8: lambda q: q,
     NIBBLES: unpack_nibbles,
     NIBBLES_HIGH: unpack_fifth_bits,
 }
-PACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {NIBBLES: pack_nibbles, NIBBLES_HIGH: pack_fifth_bits}
+PACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    NIBBLES: pack_nibbles,
+    NIBBLES_HIGH: pack_fifth_bits,
+    GROUPS: pack_groups,
+}
 
 
 def _f16(raw: np.ndarray, at: int) -> np.ndarray:
@@ -195,7 +244,14 @@ UNPACKERS: dict[GGMLQuantizationType, tuple[Callable[[np.ndarray], Unpacked], in
     Q.Q5_K: (_q5_k, 32),
     Q.Q6_K: (_q6_k, 16),
 }
-LAYOUTS = {Q.Q4_1: NIBBLES, Q.Q4_K: NIBBLES, Q.Q5_0: NIBBLES_HIGH}  # the types kept packed (blocks of 32)
+LAYOUTS = {Q.Q4_1: GROUPS, Q.Q4_K: GROUPS, Q.Q5_0: NIBBLES_HIGH}  # the types kept packed (blocks of 32)
+
+
+def row_bytes(layout: int, cols: int) -> int:
+    """A row's bytes of q in a layout."""
+    if layout == GROUPS:
+        return groups_row_bytes(cols)
+    return cols // 32 * BLOCK_BYTES[layout] if layout else cols
 
 
 def to_blocks(tensor: TensorInfo) -> BlockWeight:
@@ -208,7 +264,7 @@ def to_blocks(tensor: TensorInfo) -> BlockWeight:
     row_blocks = cols // block_elems
     raw = tensor.data.reshape(rows, row_blocks * block_bytes)
     layout = LAYOUTS.get(tensor.qtype, INT8)
-    q = np.empty((rows, cols // 32 * BLOCK_BYTES[layout]), np.uint8) if layout else np.empty((rows, cols), np.int8)
+    q = np.empty((rows, row_bytes(layout, cols)), np.uint8 if layout else np.int8)
     scale = np.empty((rows, cols // block), dtype=np.float32)
     offset = None
     step = max(1, UNPACK_CHUNK_BYTES // raw.shape[1])

@@ -1,9 +1,11 @@
 """The CPU backend: NumPy for the activations, quantized weights as int8 blocks.
 
 Quantized matrices are unpacked at load time into int8 blocks with float32 scales (block_weight.py):
-one byte per weight (half a byte for the 4-bit types, five eighths for Q5_0). Products with up to
-`GEMV_MAX_TOKENS` rows (decode) run the C kernel that reads the rows directly (cpu_kernels.py); longer ones (prefill)
-dequantize a chunk of rows at a time to float32 and hand it to BLAS. Without a C compiler the backend
+one byte per weight (half a byte for the 4-bit types, five eighths for Q5_0). The 4-bit types' products, any
+number of rows, run genie_gq_products on q8-coded inputs (a row's numbers whatever shares its call); the other
+types' products with up to `GEMV_MAX_TOKENS` rows (decode) run the C kernel that reads the rows directly
+(cpu_kernels.py), longer ones (prefill) dequantize a chunk of rows at a time to float32 and hand it to BLAS.
+Without a C compiler the backend
 falls back to what NumPy alone does well: every matrix dequantized to float32 once (four bytes per
 weight; NumPy has no fast int8 or float16 product). F32/F16/BF16 matrices are float32 either way.
 
@@ -27,7 +29,7 @@ from ..kv_cache import INT8_QMAX, LayerKV, kv_rotation
 from ..model_config import LayerConfig, ModelConfig, RopeMode
 from . import cpu_kernels
 from .base import Array, Backend, NextInput, Weight
-from .block_weight import BLOCK_BYTES, INT8, LAYOUTS, UNPACKERS, BlockWeight, concat_blocks, to_blocks
+from .block_weight import GROUPS, INT8, LAYOUTS, UNPACKERS, BlockWeight, concat_blocks, row_bytes, to_blocks
 
 DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large tensor
 # products with more rows than this dequantize to float32 and use BLAS. The C kernel's rows read once for all
@@ -128,7 +130,8 @@ class NumpyBackend(Backend):
         affine = any(t.qtype in AFFINE_TYPES for t in tensors)
         layouts = {LAYOUTS.get(t.qtype, INT8) for t in tensors}  # packed when all parts share a packed layout
         layout = layouts.pop() if len(layouts) == 1 else INT8
-        values = n // 32 * BLOCK_BYTES[layout] if layout else n
+        cols = tensors[0].shape[-1]
+        values = n // cols * row_bytes(layout, cols)
         return values + n // block * 4 * (2 if affine else 1)  # and a float32 scale (and offset) a block
 
     def scratch_bytes(self, cfg: Any, prefill_chunk: int, n_slots: int) -> tuple[int, int]:
@@ -162,6 +165,8 @@ class NumpyBackend(Backend):
         self._row_groups = groups
 
     def matmul(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
+        if isinstance(weight, BlockWeight) and weight.layout == GROUPS:  # a row's numbers whatever shares the call
+            return self._product(x, weight, then)
         small_max = GEMV_MAX_TOKENS if isinstance(weight, BlockWeight) else 0
         return self.grouped_rows(x, small_max, self._product, weight, then)
 
@@ -179,6 +184,8 @@ class NumpyBackend(Backend):
     def _product(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
         if isinstance(weight, BlockWeight):
             assert self._blocks is not None
+            if weight.layout == GROUPS:
+                return self._blocks.products(x, weight)
             if x.shape[0] <= GEMV_MAX_TOKENS:
                 return self._blocks.gemv(x, weight)
             return self._blocks.gemm(x, weight)

@@ -602,6 +602,366 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
         dequant_rows(q, scale, offset, K, bs, out, r0, r1, 0);
 }
 
+// ---- 4-bit weights in groups, met by q8-coded inputs: one product for every number of inputs ----------------
+// Layout 3 (GROUPS; block_weight.py packs it): a row's blocks of 32 go in groups of 16 (lane L of each vector of
+// 64 values: block L, vector j its values 4j .. 4j + 3), then a tail of t < 16 blocks as one group of T blocks, T
+// the power of two >= t and >= 4 (16 / T lanes a block: lane L holds block L / (16 / T)'s values 4 (j (16 / T) +
+// L % (16 / T)) + 0 .. 3). Vectors 2i and 2i + 1 share 64 bytes: byte b holds vector 2i's value b in its low nibble
+// and vector 2i + 1's in its high one. Scales and offsets stay a float a block.
+// An input is coded as llama.cpp's q8_0 (blocks of 32, d = max|x| / 127, codes round(x / d)) into the same layout.
+// The arithmetic of an (input, row), the same for any number of inputs and on every instruction set: per group in
+// order, exact integer sums a lane (a block's, or a part of one), then acc[L] = fmaf(sum[L], dx[L] * s[L], acc[L])
+// and acc[L] = fmaf(o[L], xs[L], acc[L]) (a block's offset and the coded input's sum over it in the block's first
+// lane, zeros elsewhere); the row's output is red16(acc). A decode step (one input) and a prompt (many) give a
+// token the same bits, so a conversation continued from saved K/V continues as a cold run does.
+#define GQ_TILE 4         // inputs and rows a tile
+#define GQ_ROWS_A_CLAIM 16
+#define GQ_INPUT_CHUNK 64 // inputs whose codes a claim's rows meet before the next ones (they stay in L1/L2)
+
+typedef struct {
+    int64_t K, nb, full, tail_T, groups, vecs;
+} gq_shape;
+
+static gq_shape gq_shape_of(int64_t K) {
+    gq_shape s = {K, K / 32, 0, 0, 0, 0};
+    s.full = s.nb / 16;
+    const int64_t t = s.nb % 16;
+    if (t) {
+        s.tail_T = 4;
+        while (s.tail_T < t) s.tail_T *= 2;
+    }
+    s.groups = s.full + (t ? 1 : 0);
+    s.vecs = s.full * 8 + s.tail_T / 2;
+    return s;
+}
+
+int64_t genie_gq_row_bytes(int64_t K) { return gq_shape_of(K).vecs * 32; }
+
+static inline int64_t gq_group_T(const gq_shape *s, int64_t g) { return g < s->full ? 16 : s->tail_T; }
+
+// lane L's block in group g (>= nb: none)
+static inline int64_t gq_lane_block(const gq_shape *s, int64_t g, int L) {
+    return g * 16 + L / (16 / (int)gq_group_T(s, g));
+}
+
+// the lanes' weight scales and offsets of group g of a row (s_r, o_r: its blocks'; o_r NULL: zeros)
+static inline void gq_lanes_c(const gq_shape *s, int64_t g, const float *s_r, const float *o_r, float *ls, float *lo) {
+    const int lpb = 16 / (int)gq_group_T(s, g);
+    for (int L = 0; L < 16; L++) {
+        const int64_t b = gq_lane_block(s, g, L);
+        ls[L] = b < s->nb ? s_r[b] : 0.0f;
+        lo[L] = b < s->nb && L % lpb == 0 && o_r != NULL ? o_r[b] : 0.0f;
+    }
+}
+
+static __attribute__((unused)) void gq_quantize_c(const float *x, int64_t K, int8_t *c, float *d) {
+    for (int64_t b = 0; b < K / 32; b++) {
+        float amax = 0.0f;
+        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(x[b * 32 + k]));
+        d[b] = amax / 127.0f;
+        const float id = d[b] != 0.0f ? 1.0f / d[b] : 0.0f;
+        for (int k = 0; k < 32; k++) c[b * 32 + k] = (int8_t)nearbyintf(x[b * 32 + k] * id);
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define GQ_512 1
+static void gq_quantize(const float *x, int64_t K, int8_t *c, float *d) {  // gq_quantize_c's numbers
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int64_t b = 0; b < K / 32; b++) {
+        const __m512 a0 = _mm512_loadu_ps(x + b * 32), a1 = _mm512_loadu_ps(x + b * 32 + 16);
+        d[b] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a0), _mm512_andnot_ps(sign, a1))) / 127.0f;
+        const __m512 id = _mm512_set1_ps(d[b] != 0.0f ? 1.0f / d[b] : 0.0f);
+        _mm_storeu_si128((__m128i *)(c + b * 32), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a0, id))));
+        _mm_storeu_si128((__m128i *)(c + b * 32 + 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a1, id))));
+    }
+}
+#else
+#define GQ_512 0
+#define gq_quantize gq_quantize_c
+#endif
+
+// input x coded: codes (vecs x 64 bytes, the group layout), dxl and xsl (groups x 16 lanes: the input block's d
+// for the lane's block; d x the codes' sum over the block in its first lane). c: K bytes of scratch.
+static void gq_code_input(const gq_shape *s, const float *x, int8_t *codes, float *dxl, float *xsl, int8_t *c,
+                          float *d) {
+    gq_quantize(x, s->K, c, d);
+    for (int64_t g = 0; g < s->groups; g++) {
+        const int64_t T = gq_group_T(s, g);
+        const int lpb = 16 / (int)T;
+        for (int L = 0; L < 16; L++) {
+            const int64_t b = gq_lane_block(s, g, L);
+            int32_t t = 0;
+            if (b < s->nb && L % lpb == 0)
+                for (int k = 0; k < 32; k++) t += c[b * 32 + k];
+            dxl[g * 16 + L] = b < s->nb ? d[b] : 0.0f;
+            xsl[g * 16 + L] = b < s->nb && L % lpb == 0 ? d[b] * (float)t : 0.0f;
+        }
+        for (int64_t j = 0; j < T / 2; j++) {
+            int8_t *dst = codes + (g * 8 + j) * 64;
+            for (int L = 0; L < 16; L++) {
+                const int64_t b = gq_lane_block(s, g, L);
+                if (b < s->nb)
+                    memcpy(dst + 4 * L, c + b * 32 + 4 * (j * lpb + L % lpb), 4);
+                else
+                    memset(dst + 4 * L, 0, 4);
+            }
+        }
+    }
+}
+
+static inline float gq_red16(const float *a) {  // the vector paths' order
+    float s8[8], s4[4];
+    for (int j = 0; j < 8; j++) s8[j] = a[j] + a[j + 8];
+    for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// One (input, row) in plain C
+static __attribute__((unused)) float gq_dot_c(const gq_shape *s, const uint8_t *w, const float *s_r, const float *o_r, const int8_t *codes,
+                      const float *dxl, const float *xsl) {
+    float acc[16] = {0}, ls[16], lo[16];
+    for (int64_t g = 0; g < s->groups; g++) {
+        int32_t sum[16] = {0};
+        const int64_t v0 = g * 8, v1 = v0 + gq_group_T(s, g) / 2;
+        for (int64_t v = v0; v < v1; v++)
+            for (int i = 0; i < 64; i++) {
+                const uint8_t byte = w[v / 2 * 64 + i];
+                sum[i / 4] += (v % 2 == 0 ? byte & 15 : byte >> 4) * codes[v * 64 + i];
+            }
+        gq_lanes_c(s, g, s_r, o_r, ls, lo);
+        for (int L = 0; L < 16; L++) {
+            acc[L] = fmaf((float)sum[L], dxl[g * 16 + L] * ls[L], acc[L]);
+            acc[L] = fmaf(lo[L], xsl[g * 16 + L], acc[L]);
+        }
+    }
+    return gq_red16(acc);
+}
+
+#if GQ_512
+static inline __m512i gq_dot(__m512i acc, __m512i w, __m512i x) {  // lane sums of four u8 x s8 products (exact)
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(acc, w, x);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+#endif
+}
+static inline float gq_red16v(__m512 a) {  // gq_red16's order
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+// MR inputs x NR rows: y[m * rows + n] (the tile's first input and row). W: the rows (rb bytes apart), S / O their
+// blocks' scales and offsets (nb apart); C, DX, XS: the inputs' codes and lanes
+// (cb bytes / lb floats apart). The float accumulators stay in memory between groups: the 16 integer sums, the
+// weights and the inputs fill the registers.
+static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, const uint8_t *W, int64_t rb,
+                                                          const float *S, const float *O, const int8_t *C, int64_t cb,
+                                                          const float *DX, const float *XS, int64_t lb, int MR,
+                                                          int NR, float *y, int64_t rows) {
+    float acc[GQ_TILE][GQ_TILE][16] __attribute__((aligned(64)));
+    for (int m = 0; m < MR; m++)
+        for (int n = 0; n < NR; n++) _mm512_store_ps(acc[m][n], _mm512_setzero_ps());
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    for (int64_t g = 0; g < s->groups; g++) {
+        __m512i sum[GQ_TILE][GQ_TILE];
+        for (int m = 0; m < MR; m++)
+            for (int n = 0; n < NR; n++) sum[m][n] = _mm512_setzero_si512();
+        const int64_t v0 = g * 8, v1 = v0 + gq_group_T(s, g) / 2;
+        for (int64_t v = v0; v < v1; v += 2) {
+            __m512i w0[GQ_TILE], w1[GQ_TILE], x[GQ_TILE];
+            for (int n = 0; n < NR; n++) {
+                const __m512i p = _mm512_loadu_si512((const void *)(W + n * rb + v * 32));
+                w0[n] = _mm512_and_si512(p, lo4);
+                w1[n] = _mm512_and_si512(_mm512_srli_epi16(p, 4), lo4);
+            }
+            for (int m = 0; m < MR; m++) x[m] = _mm512_loadu_si512((const void *)(C + m * cb + v * 64));
+            for (int m = 0; m < MR; m++)
+                for (int n = 0; n < NR; n++) sum[m][n] = gq_dot(sum[m][n], w0[n], x[m]);
+            for (int m = 0; m < MR; m++) x[m] = _mm512_loadu_si512((const void *)(C + m * cb + v * 64 + 64));
+            for (int m = 0; m < MR; m++)
+                for (int n = 0; n < NR; n++) sum[m][n] = gq_dot(sum[m][n], w1[n], x[m]);
+        }
+        // the lanes' scales and offsets: a full group's 16 blocks as they are; a tail's blocks spread over their
+        // lanes (lane L: block L / lpb), the offset in a block's first lane (gq_lanes_c's values)
+        const int full = g < s->full, lpb = 16 / (int)gq_group_T(s, g);
+        const __mmask16 have = full ? 0xFFFF : (__mmask16)((1u << (s->nb - g * 16)) - 1);
+        const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i at = _mm512_srlv_epi32(iota, _mm512_set1_epi32(__builtin_ctz((unsigned)lpb)));
+        const __mmask16 first = _mm512_cmpeq_epi32_mask(_mm512_and_si512(iota, _mm512_set1_epi32(lpb - 1)), _mm512_setzero_si512());
+        __m512 ws[GQ_TILE], wo[GQ_TILE];
+        for (int n = 0; n < NR; n++) {
+            ws[n] = _mm512_permutexvar_ps(at, _mm512_maskz_loadu_ps(have, S + n * s->nb + g * 16));
+            wo[n] = O ? _mm512_maskz_mov_ps(first, _mm512_permutexvar_ps(at, _mm512_maskz_loadu_ps(have, O + n * s->nb + g * 16)))
+                      : _mm512_setzero_ps();
+        }
+        for (int m = 0; m < MR; m++) {
+            const __m512 xd = _mm512_loadu_ps(DX + m * lb + g * 16), xs = _mm512_loadu_ps(XS + m * lb + g * 16);
+            for (int n = 0; n < NR; n++) {
+                __m512 a = _mm512_load_ps(acc[m][n]);
+                a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m][n]), _mm512_mul_ps(xd, ws[n]), a);
+                _mm512_store_ps(acc[m][n], _mm512_fmadd_ps(wo[n], xs, a));
+            }
+        }
+    }
+    for (int m = 0; m < MR; m++)
+        for (int n = 0; n < NR; n++) y[m * rows + n] = gq_red16v(_mm512_load_ps(acc[m][n]));
+}
+#define GQ_SIMD 1
+#elif defined(__AVX2__) && defined(__FMA__)
+static inline __m256i gq_dot(__m256i acc, __m256i w, __m256i x) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
+static inline float gq_red16v(__m256 lo, __m256 hi) {  // gq_red16's order
+    const __m256 s8 = _mm256_add_ps(lo, hi);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+// lanes 8h .. 8h + 7 of a group's scales (offsets where `first`: in a block's first lane only) from its blocks b
+// (`have` of them; lane L: block L / lpb), gq_lanes_c's values
+static inline __m256 gq_lanes8(const float *b, int64_t have, int lpb, int h, int first) {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), lane = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * h));
+    const __m256i at = _mm256_srlv_epi32(lane, _mm256_set1_epi32(__builtin_ctz((unsigned)lpb)));  // the lanes' blocks
+    const int64_t b0 = lpb == 1 ? 8 * h : 0;  // lpb 1: blocks 8h .. 8h + 7; else blocks 0 .. 7 hold every lane's
+    const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(have - b0)), iota);
+    const __m256 v = _mm256_maskload_ps(b + b0, in);
+    __m256 r = _mm256_permutevar8x32_ps(v, _mm256_sub_epi32(at, _mm256_set1_epi32((int)b0)));
+    if (first) {
+        const __m256i lead = _mm256_cmpeq_epi32(_mm256_and_si256(lane, _mm256_set1_epi32(lpb - 1)), _mm256_setzero_si256());
+        r = _mm256_and_ps(r, _mm256_castsi256_ps(lead));
+    }
+    return r;
+}
+// as the AVX-512 tile, a vector of 16 lanes as two halves (lanes 8h .. 8h + 7: bytes 32h .. 32h + 31)
+static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, const uint8_t *W, int64_t rb,
+                                                          const float *S, const float *O, const int8_t *C, int64_t cb,
+                                                          const float *DX, const float *XS, int64_t lb, int MR,
+                                                          int NR, float *y, int64_t rows) {
+    float acc[GQ_TILE][GQ_TILE][16] __attribute__((aligned(32)));
+    memset(acc, 0, sizeof acc);
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    for (int64_t g = 0; g < s->groups; g++) {
+        const int64_t v0 = g * 8, v1 = v0 + gq_group_T(s, g) / 2;
+        const int lpb = 16 / (int)gq_group_T(s, g);
+        for (int h = 0; h < 2; h++) {
+            __m256i sum[GQ_TILE][GQ_TILE];
+            for (int m = 0; m < MR; m++)
+                for (int n = 0; n < NR; n++) sum[m][n] = _mm256_setzero_si256();
+            for (int64_t v = v0; v < v1; v += 2) {
+                __m256i w0[GQ_TILE], w1[GQ_TILE], x[GQ_TILE];
+                for (int n = 0; n < NR; n++) {
+                    const __m256i p = _mm256_loadu_si256((const __m256i *)(W + n * rb + v * 32 + 32 * h));
+                    w0[n] = _mm256_and_si256(p, lo4);
+                    w1[n] = _mm256_and_si256(_mm256_srli_epi16(p, 4), lo4);
+                }
+                for (int m = 0; m < MR; m++) x[m] = _mm256_loadu_si256((const __m256i *)(C + m * cb + v * 64 + 32 * h));
+                for (int m = 0; m < MR; m++)
+                    for (int n = 0; n < NR; n++) sum[m][n] = gq_dot(sum[m][n], w0[n], x[m]);
+                for (int m = 0; m < MR; m++)
+                    x[m] = _mm256_loadu_si256((const __m256i *)(C + m * cb + v * 64 + 64 + 32 * h));
+                for (int m = 0; m < MR; m++)
+                    for (int n = 0; n < NR; n++) sum[m][n] = gq_dot(sum[m][n], w1[n], x[m]);
+            }
+            for (int m = 0; m < MR; m++) {
+                const __m256 xd = _mm256_loadu_ps(DX + m * lb + g * 16 + 8 * h);
+                const __m256 xs = _mm256_loadu_ps(XS + m * lb + g * 16 + 8 * h);
+                for (int n = 0; n < NR; n++) {
+                    const __m256 ws = gq_lanes8(S + n * s->nb + g * 16, s->nb - g * 16, lpb, h, 0);
+                    const __m256 wo = O ? gq_lanes8(O + n * s->nb + g * 16, s->nb - g * 16, lpb, h, 1) : _mm256_setzero_ps();
+                    __m256 a = _mm256_load_ps(acc[m][n] + 8 * h);
+                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][n]), _mm256_mul_ps(xd, ws), a);
+                    _mm256_store_ps(acc[m][n] + 8 * h, _mm256_fmadd_ps(wo, xs, a));
+                }
+            }
+        }
+    }
+    for (int m = 0; m < MR; m++)
+        for (int n = 0; n < NR; n++) y[m * rows + n] = gq_red16v(_mm256_load_ps(acc[m][n]), _mm256_load_ps(acc[m][n] + 8));
+}
+#define GQ_SIMD 1
+#else
+#define GQ_SIMD 0
+#endif
+
+struct gq_job {
+    const uint8_t *w;
+    const float *scale, *offset;
+    gq_shape s;
+    const int8_t *codes;
+    const float *dxl, *xsl;
+    int64_t n, rows;
+    float *y;
+};
+
+// a claim of GQ_ROWS_A_CLAIM rows against every input, GQ_TILE x GQ_TILE at a time
+static void gq_claim(const void *ctx, int64_t item) {
+    const struct gq_job *j = ctx;
+    const gq_shape *s = &j->s;
+    const int64_t rb = s->vecs * 32, cb = s->vecs * 64, lb = s->groups * 16;
+    const int64_t r1 = (item + 1) * GQ_ROWS_A_CLAIM < j->rows ? (item + 1) * GQ_ROWS_A_CLAIM : j->rows;
+    for (int64_t m0 = 0; m0 < j->n; m0 += GQ_INPUT_CHUNK) {
+        const int64_t m1 = m0 + GQ_INPUT_CHUNK < j->n ? m0 + GQ_INPUT_CHUNK : j->n;
+        for (int64_t r = item * GQ_ROWS_A_CLAIM; r < r1; r += GQ_TILE) {
+            const int nr = r1 - r < GQ_TILE ? (int)(r1 - r) : GQ_TILE;
+            for (int64_t m = m0; m < m1; m += GQ_TILE) {
+                const int mr = m1 - m < GQ_TILE ? (int)(m1 - m) : GQ_TILE;
+                const uint8_t *W = j->w + r * rb;
+                const float *S = j->scale + r * s->nb, *O = j->offset ? j->offset + r * s->nb : NULL;
+                float *y = j->y + m * j->rows + r;
+#if GQ_SIMD
+                const int8_t *C = j->codes + m * cb;
+                const float *DX = j->dxl + m * lb, *XS = j->xsl + m * lb;
+                if (mr == GQ_TILE && nr == GQ_TILE)  // (constant tiles: their arrays in registers)
+                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, GQ_TILE, GQ_TILE, y, j->rows);
+                else if (mr == 1 && nr == GQ_TILE)  // a decode step of one stream
+                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, 1, GQ_TILE, y, j->rows);
+                else
+                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, mr, nr, y, j->rows);
+#else
+                for (int a = 0; a < mr; a++)
+                    for (int b = 0; b < nr; b++)
+                        y[a * j->rows + b] = gq_dot_c(s, W + b * rb, S + b * s->nb, O ? O + b * s->nb : NULL,
+                                                      j->codes + (m + a) * cb, j->dxl + (m + a) * lb,
+                                                      j->xsl + (m + a) * lb);
+#endif
+            }
+        }
+    }
+}
+
+// y[i * rows + r] = sum_k w[r, k] x[i * K + k] for the n inputs and every row of w (layout 3, GROUPS; scale and
+// offset a float a block of 32, offset NULL: none); K % 32 == 0. Returns -1 (nothing written) without memory for
+// the coded inputs.
+int genie_gq_products(const uint8_t *w, const float *scale, const float *offset, int64_t K, const float *x,
+                      int64_t n, float *y, int64_t rows) {
+    const gq_shape s = gq_shape_of(K);
+    const int64_t cb = s.vecs * 64, lb = s.groups * 16;
+    int8_t *codes = malloc((size_t)(n * cb + K)), *c = codes + n * cb;
+    float *lanes = malloc(sizeof(float) * (size_t)(2 * n * lb + K / 32));
+    if (codes == NULL || lanes == NULL) {
+        free(codes);
+        free(lanes);
+        return -1;
+    }
+    float *dxl = lanes, *xsl = lanes + n * lb, *d = lanes + 2 * n * lb;
+    for (int64_t i = 0; i < n; i++) gq_code_input(&s, x + i * K, codes + i * cb, dxl + i * lb, xsl + i * lb, c, d);
+    const struct gq_job job = {w, scale, offset, s, codes, dxl, xsl, n, rows, y};
+    const int64_t claims = (rows + GQ_ROWS_A_CLAIM - 1) / GQ_ROWS_A_CLAIM;
+    if (rows * K * n >= PARALLEL_MIN_WORK)
+        pool_run(gq_claim, &job, claims);
+    else
+        for (int64_t i = 0; i < claims; i++) gq_claim(&job, i);
+    free(codes);
+    free(lanes);
+    return 0;
+}
+
 // A query token's attention over a slot's INT8 K/V (a decode step's, or each of a prompt's tokens): query
 // heads [h * group, h * group + group) read KV head h. k, v: the slot's rows, n_kv * hd (hdv) bytes a position,
 // head h at h * hd; ks, vs: their scales, n_kv floats a position. q [H, hd] is already rotated as the rows are;
