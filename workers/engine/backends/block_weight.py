@@ -7,9 +7,9 @@ sub-blocks with an int8 scale. Each scale * q product fits a float32 significand
 bit-identical to gguf's reference dequantization (tests check it type by type).
 
 The CPU backend keeps matrices in this form: a byte per weight instead of four, read by the C kernels in
-kernels/cpu_blocks.c; the types whose values are 4 bits (Q4_1, Q4_K: 0 .. 15) two a byte, and Q5_0's 5-bit
-values as 4 bits two a byte and a word of fifth bits a block (`layout`, the kernels' PACKED), half or five
-eighths of the bytes for the same numbers.
+kernels/cpu_blocks.c (`layout`); the types whose values are 4 bits (Q4_1, Q4_K: 0 .. 15) two a byte in the groups
+their q8 product reads (GROUPS), and Q5_0's 5-bit values as 4 bits two a byte and a word of fifth bits a block
+(NIBBLES_HIGH, the same numbers as int8 for five eighths of the bytes).
 """
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ from genie_common.gguf_file import TensorInfo
 
 Q = GGMLQuantizationType
 UNPACK_CHUNK_BYTES = 8 << 20  # raw bytes unpacked at a time: bounds the temporaries
-INT8, NIBBLES, NIBBLES_HIGH = 0, 1, 2  # BlockWeight.layout: cpu_blocks.c's P (PACKED)
+INT8, NIBBLES_HIGH = 0, 2  # BlockWeight.layout: cpu_blocks.c's P (PACKED)
 GROUPS = 3  # 4-bit values in cpu_blocks.c's groups of blocks, met by q8-coded inputs (genie_gq_products)
-BLOCK_BYTES = {NIBBLES: 16, NIBBLES_HIGH: 20, GROUPS: 16}  # a packed block of 32 values (GROUPS: and a tail's padding)
+BLOCK_BYTES = {NIBBLES_HIGH: 20}  # a packed block of 32 values
 
 
 @dataclass(frozen=True)
 class BlockWeight:
-    q: np.ndarray  # int8 [rows, cols]; packed (layout 1 or 2): uint8 [rows, cols // 32 * BLOCK_BYTES[layout]]
+    q: np.ndarray  # int8 [rows, cols]; packed: uint8 [rows, row_bytes(layout, cols)]
     scale: np.ndarray  # float32 [rows, cols // block]
     offset: np.ndarray | None  # float32 [rows, cols // block], None for scale-only types
     block: int  # 16 or 32
-    # INT8, NIBBLES (pack_nibbles), NIBBLES_HIGH (pack_fifth_bits) or GROUPS (pack_groups); blocks of 32 when packed
+    # INT8, NIBBLES_HIGH (pack_fifth_bits) or GROUPS (pack_groups); blocks of 32 when packed
     layout: int = INT8
 
     @property
@@ -68,7 +68,7 @@ class BlockWeight:
 
 def pack_nibbles(q: np.ndarray) -> np.ndarray:
     """int8 [n, cols] of values 0 .. 15 -> uint8 [n, cols // 2]: a block of 32 in 16 bytes, byte j holding value
-    j in its low nibble and value j + 16 in its high one (GGUF's Q4_0 / Q4_1 order; cpu_blocks.c's PACKED)."""
+    j in its low nibble and value j + 16 in its high one (GGUF's Q4_0 / Q4_1 order; NIBBLES_HIGH's low bits)."""
     b = q.view(np.uint8).reshape(q.shape[0], -1, 2, 16)
     return (b[:, :, 0] | (b[:, :, 1] << 4)).reshape(q.shape[0], -1)
 
@@ -142,11 +142,9 @@ def unpack_groups(p: np.ndarray, cols: int) -> np.ndarray:
 
 UNPACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     INT8: lambda q: q,
-    NIBBLES: unpack_nibbles,
     NIBBLES_HIGH: unpack_fifth_bits,
 }
 PACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {
-    NIBBLES: pack_nibbles,
     NIBBLES_HIGH: pack_fifth_bits,
     GROUPS: pack_groups,
 }

@@ -234,13 +234,13 @@ int genie_set_threads(int n) {
 }
 
 // PACKED: the layout P of a matrix's values, constant at each call site of the kernels. 0: int8, a byte a value.
-// 1: 4-bit values (0 .. 15: Q4_1's, Q4_K's) two a byte, 16 bytes a block of 32, byte j holding value j in its low
-// nibble and value j + 16 in its high one (GGUF's Q4_0 / Q4_1 order). 2: 5-bit values less 16 (-16 .. 15: Q5_0's),
-// a block in 20 bytes, the 16 of layout 1 for the low four bits and a little-endian 32-bit word of the fifth bits
-// (GGUF's Q5_0 order). The kernels read the same values in every layout, so the products are the int8 layout's,
-// bit for bit, for half or five eighths of its bytes.
-#define ROW_BYTES(K, P) ((P) == 0 ? (K) : (P) == 1 ? (K) / 2 : (K) / 32 * 20)
-#define BLOCK_BYTES(P) ((P) == 1 ? 16 : 20)  // of a block of 32 in the packed layouts
+// 2: 5-bit values less 16 (-16 .. 15: Q5_0's), a block of 32 in 20 bytes: 16 of the low four bits two a byte (byte
+// j holding value j in its low nibble and value j + 16 in its high one) and a little-endian 32-bit word of the
+// fifth bits (GGUF's Q5_0 order). The kernels read the same values in either layout, so the products are the int8
+// layout's, bit for bit, for five eighths of its bytes. (Layout 1, 4-bit values two a byte, is gone: the 4-bit
+// types are layout 3, GROUPS, with products of their own below.)
+#define ROW_BYTES(K, P) ((P) == 0 ? (K) : (K) / 32 * 20)
+#define BLOCK_BYTES(P) 20  // of a block of 32 in the packed layout
 
 static inline uint32_t fifth_bits(const uint8_t *block) {  // layout 2: the block's fifth bits, value j at bit j
     uint32_t h;
@@ -252,7 +252,7 @@ static inline __attribute__((always_inline)) float q_at(const int8_t *qr, int64_
     if (P == 0) return (float)qr[idx];
     const uint8_t *block = (const uint8_t *)qr + idx / 32 * BLOCK_BYTES(P), b = block[idx % 16];
     const int u = (idx % 32 >= 16 ? b >> 4 : b) & 0x0F;
-    return P == 1 ? (float)u : (float)(u + (int)((fifth_bits(block) >> (idx % 32)) & 1) * 16 - 16);
+    return (float)(u + (int)((fifth_bits(block) >> (idx % 32)) & 1) * 16 - 16);
 }
 
 // The rows a decode product takes PREFETCH_ROWS rows after four being summed, and their scales, asked into the cache
@@ -271,14 +271,14 @@ static inline __m256 load_q8(const int8_t *p) {  // 8 int8 -> 8 float
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-// 8 weights of a row from value idx (a multiple of 8) as floats: int8 values, or (P) packed nibbles (PACKED below)
+// 8 weights of a row from value idx (a multiple of 8) as floats: int8 values, or (P 2) packed 5-bit ones (PACKED)
 static inline __attribute__((always_inline)) __m256 load8_w(const int8_t *qr, int64_t idx, int P) {
     if (P == 0) return load_q8(qr + idx);
     const uint8_t *block = (const uint8_t *)qr + idx / 32 * BLOCK_BYTES(P);
     __m128i v = _mm_loadl_epi64((const __m128i *)(block + idx % 16));
     if (idx % 32 >= 16) v = _mm_srli_epi16(v, 4);
     __m256i u = _mm256_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F)));
-    if (P == 2) {  // the fifth bits of these 8 values as 16 where set, then less 16
+    {  // the fifth bits of these 8 values as 16 where set, then less 16
         const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
         const __m256i h = _mm256_and_si256(_mm256_set1_epi32((int)(fifth_bits(block) >> (idx % 32)) & 0xFF), bit);
         const __m256i set = _mm256_andnot_si256(_mm256_cmpeq_epi32(h, _mm256_setzero_si256()), _mm256_set1_epi32(16));
@@ -347,14 +347,14 @@ static inline __m512 load16_q8(const int8_t *p) {  // 16 int8 -> 16 float
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-// 16 weights of a row from value idx (a multiple of 16) as floats: int8 values, or (P) packed nibbles
+// 16 weights of a row from value idx (a multiple of 16) as floats: int8 values, or (P 2) packed 5-bit ones
 static inline __attribute__((always_inline)) __m512 load16_w(const int8_t *qr, int64_t idx, int P) {
     if (P == 0) return load16_q8(qr + idx);
     const uint8_t *block = (const uint8_t *)qr + idx / 32 * BLOCK_BYTES(P);
     __m128i v = _mm_loadu_si128((const __m128i *)block);
     if (idx % 32) v = _mm_srli_epi16(v, 4);
     __m512i u = _mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F)));
-    if (P == 2) {  // 16 where the fifth bit is set, then less 16
+    {  // 16 where the fifth bit is set, then less 16
         const __mmask16 h = (__mmask16)(fifth_bits(block) >> (idx % 32));
         u = _mm512_sub_epi32(_mm512_mask_add_epi32(u, h, u, _mm512_set1_epi32(16)), _mm512_set1_epi32(16));
     }
@@ -516,9 +516,7 @@ static void gemv_claim(const void *ctx, int64_t item) {
     for (int64_t g = item * per; g < g1 && g < j->groups + j->tail; g++) {
         const int64_t r = g < j->groups ? g * GEMV_ROW_GROUP : j->groups * GEMV_ROW_GROUP + (g - j->groups);
         const int nr = g < j->groups ? GEMV_ROW_GROUP : 1;
-        if (j->packed == 1)  // (the packed layouts: blocks of 32 only)
-            rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr, 1);
-        else if (j->packed == 2)
+        if (j->packed == 2)  // (the packed layout: blocks of 32 only)
             rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr, 2);
         else if (j->bs == 32)
             rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr, 0);
@@ -532,7 +530,7 @@ static void gemv_claim(const void *ctx, int64_t item) {
 // layout with blocks of 16 or a layout there is none of.
 int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs, const float *x,
                    int64_t n, float *y, int64_t rows, int packed) {
-    if ((packed && bs != 32) || packed < 0 || packed > 2) return -2;
+    if ((packed && bs != 32) || (packed != 0 && packed != 2)) return -2;
     const int64_t nb = K / bs;
     float *xsum = NULL;  // xsum[i * nb + b]: x[i] summed over block b, for the offsets' share
     if (offset != NULL) {
@@ -572,13 +570,7 @@ static inline __attribute__((always_inline)) void dequant_rows(const int8_t *q, 
         for (int64_t b = 0; b < nb; b++) {
             const float s = scale[r * nb + b];
             const float m = offset != NULL ? offset[r * nb + b] : 0.0f;
-            if (P == 1) {  // (blocks of 32) a byte's two values at once: a loop the compiler makes vectors of
-                const uint8_t *pb = (const uint8_t *)qr + b * 16;
-                for (int64_t k = 0; k < 16; k++) {
-                    o[b * 32 + k] = s * (float)(pb[k] & 0x0F) + m;
-                    o[b * 32 + k + 16] = s * (float)(pb[k] >> 4) + m;
-                }
-            } else if (P == 2) {
+            if (P == 2) {  // (blocks of 32)
                 const uint8_t *pb = (const uint8_t *)qr + b * 20;
                 const uint32_t h = fifth_bits(pb);
                 for (int64_t k = 0; k < 16; k++) {
@@ -594,9 +586,7 @@ static inline __attribute__((always_inline)) void dequant_rows(const int8_t *q, 
 
 void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs,
                        float *out, int64_t r0, int64_t r1, int packed) {
-    if (packed == 1)
-        dequant_rows(q, scale, offset, K, bs, out, r0, r1, 1);
-    else if (packed == 2)
+    if (packed == 2)
         dequant_rows(q, scale, offset, K, bs, out, r0, r1, 2);
     else
         dequant_rows(q, scale, offset, K, bs, out, r0, r1, 0);
