@@ -471,7 +471,7 @@ def test_products_are_the_same_on_one_two_and_four_threads_and_from_two_callers_
                 outs.append(product())
             together: list[np.ndarray] = []
 
-            def call(product: Any = product) -> None:
+            def call(product: Any = product, together: list[np.ndarray] = together) -> None:
                 together.extend(product() for _ in range(200))
 
             callers = [threading.Thread(target=call) for _ in range(2)]
