@@ -27,6 +27,8 @@ Q = GGMLQuantizationType
 UNPACK_CHUNK_BYTES = 8 << 20  # raw bytes unpacked at a time: bounds the temporaries
 INT8, NIBBLES_HIGH = 0, 2  # BlockWeight.layout: cpu_blocks.c's P (PACKED)
 GROUPS = 3  # 4-bit values in cpu_blocks.c's groups of blocks, met by q8-coded inputs (genie_gq_products)
+GROUPS_HIGH = 4  # ... 5-bit values (Q5_0's q + 16, the 16 in the offset) in the same groups, the fifth bits apart
+GROUPED = frozenset({GROUPS, GROUPS_HIGH})
 BLOCK_BYTES = {NIBBLES_HIGH: 20}  # a packed block of 32 values
 
 
@@ -36,7 +38,8 @@ class BlockWeight:
     scale: np.ndarray  # float32 [rows, cols // block]
     offset: np.ndarray | None  # float32 [rows, cols // block], None for scale-only types
     block: int  # 16 or 32
-    # INT8, NIBBLES_HIGH (pack_fifth_bits) or GROUPS (pack_groups); blocks of 32 when packed
+    # INT8, NIBBLES_HIGH (pack_fifth_bits), GROUPS (pack_groups) or GROUPS_HIGH (pack_groups_high); blocks of 32
+    # when packed
     layout: int = INT8
 
     @property
@@ -47,6 +50,8 @@ class BlockWeight:
         """int8 [n, cols]: the given rows' q values, unpacked."""
         if self.layout == GROUPS:
             return unpack_groups(self.q[rows], self.shape[1])
+        if self.layout == GROUPS_HIGH:
+            return unpack_groups_high(self.q[rows], self.shape[1])
         return UNPACK[self.layout](self.q[rows])
 
     @cached_property
@@ -140,6 +145,29 @@ def unpack_groups(p: np.ndarray, cols: int) -> np.ndarray:
     return out[:, :cols].view(np.int8)
 
 
+def pack_groups_high(q: np.ndarray) -> np.ndarray:
+    """int8 [n, cols] of values 0 .. 31 -> uint8 [n, groups_row_bytes(cols) // 32 * 40]: each pair of vectors as
+    pack_groups' 64 bytes of low four bits, then the fifth bits of the pair's first vector (value b at bit b of a
+    little-endian 64-bit word) and of its second: 80 bytes a pair (cpu_blocks.c's layout 4)."""
+    n, cols = q.shape
+    u = q.view(np.uint8)
+    low = pack_groups((u & 0x0F).view(np.int8)).reshape(n, -1, 64)
+    v = np.concatenate([u >> 4, np.zeros((n, 1), np.uint8)], axis=1)[:, group_order(cols)]
+    high = np.packbits(v.reshape(n, -1, 2, 64), axis=-1, bitorder="little").reshape(n, -1, 16)
+    return np.ascontiguousarray(np.concatenate([low, high], axis=-1).reshape(n, -1))
+
+
+def unpack_groups_high(p: np.ndarray, cols: int) -> np.ndarray:
+    """pack_groups_high's inverse: -> int8 [n, cols] of values 0 .. 31."""
+    n = p.shape[0]
+    b = p.reshape(n, -1, 80)
+    low = unpack_groups(np.ascontiguousarray(b[:, :, :64]).reshape(n, -1), cols).view(np.uint8)
+    bits = np.unpackbits(b[:, :, 64:], axis=-1, bitorder="little").reshape(n, -1)
+    high = np.zeros((n, cols + 1), np.uint8)
+    high[:, group_order(cols)] = bits
+    return (low | (high[:, :cols] << 4)).view(np.int8)
+
+
 UNPACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     INT8: lambda q: q,
     NIBBLES_HIGH: unpack_fifth_bits,
@@ -147,6 +175,7 @@ UNPACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {
 PACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     NIBBLES_HIGH: pack_fifth_bits,
     GROUPS: pack_groups,
+    GROUPS_HIGH: pack_groups_high,
 }
 
 
@@ -242,13 +271,15 @@ UNPACKERS: dict[GGMLQuantizationType, tuple[Callable[[np.ndarray], Unpacked], in
     Q.Q5_K: (_q5_k, 32),
     Q.Q6_K: (_q6_k, 16),
 }
-LAYOUTS = {Q.Q4_1: GROUPS, Q.Q4_K: GROUPS, Q.Q5_0: NIBBLES_HIGH}  # the types kept packed (blocks of 32)
+LAYOUTS = {Q.Q4_1: GROUPS, Q.Q4_K: GROUPS, Q.Q5_0: GROUPS_HIGH}  # the types kept packed (blocks of 32)
 
 
 def row_bytes(layout: int, cols: int) -> int:
     """A row's bytes of q in a layout."""
     if layout == GROUPS:
         return groups_row_bytes(cols)
+    if layout == GROUPS_HIGH:
+        return groups_row_bytes(cols) // 32 * 40
     return cols // 32 * BLOCK_BYTES[layout] if layout else cols
 
 
@@ -270,6 +301,8 @@ def to_blocks(tensor: TensorInfo) -> BlockWeight:
         for r0 in range(0, rows, step):
             r1 = min(rows, r0 + step)
             cq, cs, co = unpack(raw[r0:r1].reshape(-1, block_bytes))
+            if layout == GROUPS_HIGH:  # Q5_0's q + 16 (0 .. 31, unsigned as the product meets them), -16 s offsets
+                cq, co = cq + np.int8(16), cs * np.float32(-16)
             q[r0:r1] = PACK[layout](cq.reshape(r1 - r0, cols)) if layout else cq.reshape(r1 - r0, cols)
             scale[r0:r1] = cs.reshape(r1 - r0, -1)
             if co is not None:

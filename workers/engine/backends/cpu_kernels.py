@@ -39,7 +39,7 @@ from genie_common import env
 from genie_common.atomic_file import atomic_path
 
 from ..kv_cache import LayerKV
-from .block_weight import GROUPS, BlockWeight
+from .block_weight import GROUPED, GROUPS_HIGH, BlockWeight
 
 log = logging.getLogger("genie.cpu")
 
@@ -138,7 +138,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_blk_gemv.restype = ctypes.c_int
     lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, ctypes.c_int]
     lib.genie_blk_dequant.restype = None
-    lib.genie_gq_products.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64]
+    lib.genie_gq_products.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64, ctypes.c_int]
     lib.genie_gq_products.restype = ctypes.c_int
     f = ctypes.c_float
     # q, k, ks, v, vs, n, lo, t, n_heads, n_kv, hd, hdv, scale, softcap, out
@@ -185,15 +185,16 @@ class BlockKernels:
         return y
 
     def products(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:
-        """x [n, cols] float32 (any n) @ w.T for a matrix in the GROUPS layout: inputs coded as q8_0, a row's
+        """x [n, cols] float32 (any n) @ w.T for a matrix in a GROUPED layout: inputs coded as q8_0, a row's
         numbers the same whatever other rows share the call (genie_gq_products)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         n, cols = x.shape
         rows, w_cols = w.shape
-        if cols != w_cols or cols % 32 or w.layout != GROUPS or not w.q.flags.c_contiguous:
+        if cols != w_cols or cols % 32 or w.layout not in GROUPED or not w.q.flags.c_contiguous:
             raise ValueError(f"x has {cols} columns, the weight {w_cols} in layout {w.layout}")
         y = np.empty((n, rows), dtype=np.float32)
-        if self.lib.genie_gq_products(*w.addresses, cols, x.ctypes.data, n, y.ctypes.data, rows) == -1:
+        high = int(w.layout == GROUPS_HIGH)
+        if self.lib.genie_gq_products(*w.addresses, cols, x.ctypes.data, n, y.ctypes.data, rows, high) == -1:
             raise MemoryError(f"genie_gq_products: no memory for {n} coded inputs of {cols}")
         return y
 

@@ -1,8 +1,8 @@
 """The CPU backend: NumPy for the activations, quantized weights as int8 blocks.
 
 Quantized matrices are unpacked at load time into int8 blocks with float32 scales (block_weight.py):
-one byte per weight (half a byte for the 4-bit types, five eighths for Q5_0). The 4-bit types' products, any
-number of rows, run genie_gq_products on q8-coded inputs (a row's numbers whatever shares its call); the other
+one byte per weight (half a byte for the 4-bit types, five eighths for Q5_0). The 4- and 5-bit types' products,
+any number of rows, run genie_gq_products on q8-coded inputs (a row's numbers whatever shares its call); the other
 types' products with up to `GEMV_MAX_TOKENS` rows (decode) run the C kernel that reads the rows directly
 (cpu_kernels.py), longer ones (prefill) dequantize a chunk of rows at a time to float32 and hand it to BLAS.
 Without a C compiler the backend
@@ -29,7 +29,17 @@ from ..kv_cache import INT8_QMAX, LayerKV, kv_rotation
 from ..model_config import LayerConfig, ModelConfig, RopeMode
 from . import cpu_kernels
 from .base import Array, Backend, NextInput, Weight
-from .block_weight import GROUPS, INT8, LAYOUTS, UNPACKERS, BlockWeight, concat_blocks, row_bytes, to_blocks
+from .block_weight import (
+    GROUPED,
+    GROUPS_HIGH,
+    INT8,
+    LAYOUTS,
+    UNPACKERS,
+    BlockWeight,
+    concat_blocks,
+    row_bytes,
+    to_blocks,
+)
 
 DEQUANT_CHUNK_BYTES = 16 << 20  # bounds the temporaries of dequantizing a large tensor
 # products with more rows than this dequantize to float32 and use BLAS. The C kernel's rows read once for all
@@ -127,7 +137,7 @@ class NumpyBackend(Backend):
         if not (matrix and blocks):
             return n * 4  # float32
         block = min(UNPACKERS[t.qtype][1] for t in tensors)  # a group takes its parts' smallest block
-        affine = any(t.qtype in AFFINE_TYPES for t in tensors)
+        affine = any(t.qtype in AFFINE_TYPES or LAYOUTS.get(t.qtype) == GROUPS_HIGH for t in tensors)
         layouts = {LAYOUTS.get(t.qtype, INT8) for t in tensors}  # packed when all parts share a packed layout
         layout = layouts.pop() if len(layouts) == 1 else INT8
         cols = tensors[0].shape[-1]
@@ -165,7 +175,7 @@ class NumpyBackend(Backend):
         self._row_groups = groups
 
     def matmul(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
-        if isinstance(weight, BlockWeight) and weight.layout == GROUPS:  # a row's numbers whatever shares the call
+        if isinstance(weight, BlockWeight) and weight.layout in GROUPED:  # a row's numbers whatever shares the call
             return self._product(x, weight, then)
         small_max = GEMV_MAX_TOKENS if isinstance(weight, BlockWeight) else 0
         return self.grouped_rows(x, small_max, self._product, weight, then)
@@ -184,7 +194,7 @@ class NumpyBackend(Backend):
     def _product(self, x: Array, weight: Weight, then: NextInput | None = None) -> Array:
         if isinstance(weight, BlockWeight):
             assert self._blocks is not None
-            if weight.layout == GROUPS:
+            if weight.layout in GROUPED:
                 return self._blocks.products(x, weight)
             if x.shape[0] <= GEMV_MAX_TOKENS:
                 return self._blocks.gemv(x, weight)

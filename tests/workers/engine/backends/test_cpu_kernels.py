@@ -22,7 +22,7 @@ from genie_common.gguf_file import TensorInfo
 from genie_workers.engine.arch.layers import forward
 from genie_workers.engine.backends import cpu_kernels
 from genie_workers.engine.backends.block_weight import (
-    GROUPS,
+    GROUPED,
     LAYOUTS,
     UNPACKERS,
     BlockWeight,
@@ -95,7 +95,7 @@ def test_kernel_products_match_float64(kernels, qtype, shape):
     dense = dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
     # judged per product against the size of its terms: a 1-row matrix's single product may cancel to
     # near zero, where a relative error measures float32 rounding of the terms, not the kernel
-    if w.layout == GROUPS:  # any number of inputs, coded as q8_0: exact for the coded inputs
+    if w.layout in GROUPED:  # any number of inputs, coded as q8_0: exact for the coded inputs
         for n in (1, 3, 40):
             x = rng.standard_normal((n, cols), dtype=np.float32)
             got = kernels.products(x, w)
@@ -193,25 +193,25 @@ def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_al
     """genie_blk_gemv built for each path (four weight rows at a time on AVX-512 and AVX2, a row at a time in
     plain C): each product against float64, with a last group of fewer than four rows; and an input's sums
     among five inputs bit for bit its sums alone (a stream's decode does not depend on who else decodes).
-    genie_gq_products (4-bit weights in groups): every path the same bits as the reference's build (this
+    genie_gq_products (4- and 5-bit weights in groups): every path the same bits as the reference's build (this
     CPU's), tails of 2, 4 and 9 blocks, and an input alone the same as among 13 (a decode step's numbers are a
     prompt's)."""
     kernels = _isa_kernels(isa, tmp_path)
     lib = kernels.lib
     rng = np.random.default_rng()
     reference = cpu_kernels.BlockKernels(cpu_kernels.load())
-    for qtype, cols in ((Q.Q4_1, 576), (Q.Q4_K, 768), (Q.Q4_1, 800), (Q.Q4_1, 1024), (Q.Q4_1, 64)):
+    for qtype, cols in ((Q.Q4_1, 576), (Q.Q4_K, 768), (Q.Q4_1, 800), (Q.Q5_0, 1024), (Q.Q5_0, 640), (Q.Q4_1, 64)):
         rows = 37
         raw = signed_blocks(qtype, rows, cols, rng)
         w = to_blocks(tensor_of(raw, qtype, rows, cols))
-        assert w.layout == GROUPS
+        assert w.layout in GROUPED
         x = rng.standard_normal((13, cols), dtype=np.float32)
         together = kernels.products(x, w)
         np.testing.assert_array_equal(together, reference.products(x, w))
         assert product_err(together, q8_coded(x), dequantize(raw, qtype).reshape(rows, cols)) < 2e-6
         for i in (0, 12):
             np.testing.assert_array_equal(kernels.products(x[i : i + 1], w)[0], together[i])
-    for qtype in (Q.Q8_0, Q.Q5_0, Q.Q6_K):  # blocks of 32, packed 5 bits (signed), of 16
+    for qtype in (Q.Q8_0, Q.Q6_K):  # blocks of 32, of 16
         rows, cols = 37, fit(qtype, 512)
         raw = signed_blocks(qtype, rows, cols, rng)
         w = to_blocks(tensor_of(raw, qtype, rows, cols))
@@ -233,10 +233,10 @@ def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_al
 def test_gemm_in_chunks_of_rows(kernels, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "DEQUANT_CHUNK_BYTES", 100 * 256 * 4)  # chunks of 100 rows, a ragged last one
     rng = np.random.default_rng()
-    raw = signed_blocks(Q.Q5_0, 1001, 256, rng)
-    w = to_blocks(tensor_of(raw, Q.Q5_0, 1001, 256))
+    raw = signed_blocks(Q.Q6_K, 1001, 256, rng)
+    w = to_blocks(tensor_of(raw, Q.Q6_K, 1001, 256))
     x = rng.standard_normal((20, 256), dtype=np.float32)
-    ref = x.astype(np.float64) @ dequantize(raw, Q.Q5_0).astype(np.float64).T
+    ref = x.astype(np.float64) @ dequantize(raw, Q.Q6_K).astype(np.float64).T
     assert rel_err(kernels.gemm(x, w), ref) < 1e-5
 
 
@@ -443,14 +443,16 @@ def test_head_dims_the_c_attention_does_not_take_keep_the_loop(kernels):
 
 def _pooled_products(rng: np.random.Generator, kernels: cpu_kernels.BlockKernels) -> list[tuple[Any, np.ndarray]]:
     """Products large enough for the pool's threads (2 048 x 640: 64 claims of 32 rows, 128 of 16) and their
-    reference inputs: genie_blk_gemv (Q5_0) and genie_gq_products (Q4_1, groups) of two inputs."""
+    reference inputs: genie_blk_gemv (Q8_0) and genie_gq_products (Q4_1, Q5_0: groups) of two inputs."""
     rows, cols = 2048, 640
     x = rng.standard_normal((2, cols), dtype=np.float32)
-    q5 = to_blocks(tensor_of(signed_blocks(Q.Q5_0, rows, cols, rng), Q.Q5_0, rows, cols))
-    q4 = to_blocks(tensor_of(signed_blocks(Q.Q4_1, rows, cols, rng), Q.Q4_1, rows, cols))
+    q8, q4, q5 = (
+        to_blocks(tensor_of(signed_blocks(t, rows, cols, rng), t, rows, cols)) for t in (Q.Q8_0, Q.Q4_1, Q.Q5_0)
+    )
     return [
-        (lambda: kernels.gemv(x, q5), product_err_of(x, q5)),
+        (lambda: kernels.gemv(x, q8), product_err_of(x, q8)),
         (lambda: kernels.products(x, q4), product_err_of(q8_coded(x), q4)),
+        (lambda: kernels.products(x, q5), product_err_of(q8_coded(x), q5)),
     ]
 
 

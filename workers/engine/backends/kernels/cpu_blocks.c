@@ -597,7 +597,9 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
 // 64 values: block L, vector j its values 4j .. 4j + 3), then a tail of t < 16 blocks as one group of T blocks, T
 // the power of two >= t and >= 4 (16 / T lanes a block: lane L holds block L / (16 / T)'s values 4 (j (16 / T) +
 // L % (16 / T)) + 0 .. 3). Vectors 2i and 2i + 1 share 64 bytes: byte b holds vector 2i's value b in its low nibble
-// and vector 2i + 1's in its high one. Scales and offsets stay a float a block.
+// and vector 2i + 1's in its high one. Layout 4 (GROUPS_HIGH: 5-bit values, Q5_0's q + 16) puts after those 64
+// bytes two 64-bit words, the fifth bits of vector 2i's values (value b at bit b), then vector 2i + 1's: 80 bytes
+// a pair. Scales and offsets stay a float a block.
 // An input is coded as llama.cpp's q8_0 (blocks of 32, d = max|x| / 127, codes round(x / d)) into the same layout.
 // The arithmetic of an (input, row), the same for any number of inputs and on every instruction set: per group in
 // order, exact integer sums a lane (a block's, or a part of one), then acc[L] = fmaf(sum[L], dx[L] * s[L], acc[L])
@@ -625,7 +627,7 @@ static gq_shape gq_shape_of(int64_t K) {
     return s;
 }
 
-int64_t genie_gq_row_bytes(int64_t K) { return gq_shape_of(K).vecs * 32; }
+#define GQ_PAIR(H) ((H) ? 80 : 64)  // a pair of vectors' bytes (H: the 5-bit layout)
 
 static inline int64_t gq_group_T(const gq_shape *s, int64_t g) { return g < s->full ? 16 : s->tail_T; }
 
@@ -709,15 +711,21 @@ static inline float gq_red16(const float *a) {  // the vector paths' order
 
 // One (input, row) in plain C
 static __attribute__((unused)) float gq_dot_c(const gq_shape *s, const uint8_t *w, const float *s_r, const float *o_r, const int8_t *codes,
-                      const float *dxl, const float *xsl) {
+                      const float *dxl, const float *xsl, int H) {
     float acc[16] = {0}, ls[16], lo[16];
     for (int64_t g = 0; g < s->groups; g++) {
         int32_t sum[16] = {0};
         const int64_t v0 = g * 8, v1 = v0 + gq_group_T(s, g) / 2;
         for (int64_t v = v0; v < v1; v++)
             for (int i = 0; i < 64; i++) {
-                const uint8_t byte = w[v / 2 * 64 + i];
-                sum[i / 4] += (v % 2 == 0 ? byte & 15 : byte >> 4) * codes[v * 64 + i];
+                const uint8_t *pair = w + v / 2 * GQ_PAIR(H), byte = pair[i];
+                int u = v % 2 == 0 ? byte & 15 : byte >> 4;
+                if (H) {
+                    uint64_t bits;
+                    memcpy(&bits, pair + 64 + 8 * (v % 2), 8);
+                    u += (int)((bits >> i) & 1) * 16;
+                }
+                sum[i / 4] += u * codes[v * 64 + i];
             }
         gq_lanes_c(s, g, s_r, o_r, ls, lo);
         for (int L = 0; L < 16; L++) {
@@ -749,7 +757,7 @@ static inline float gq_red16v(__m512 a) {  // gq_red16's order
 static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, const uint8_t *W, int64_t rb,
                                                           const float *S, const float *O, const int8_t *C, int64_t cb,
                                                           const float *DX, const float *XS, int64_t lb, int MR,
-                                                          int NR, float *y, int64_t rows) {
+                                                          int NR, float *y, int64_t rows, int H) {
     float acc[GQ_TILE][GQ_TILE][16] __attribute__((aligned(64)));
     for (int m = 0; m < MR; m++)
         for (int n = 0; n < NR; n++) _mm512_store_ps(acc[m][n], _mm512_setzero_ps());
@@ -762,9 +770,17 @@ static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, con
         for (int64_t v = v0; v < v1; v += 2) {
             __m512i w0[GQ_TILE], w1[GQ_TILE], x[GQ_TILE];
             for (int n = 0; n < NR; n++) {
-                const __m512i p = _mm512_loadu_si512((const void *)(W + n * rb + v * 32));
+                const uint8_t *pair = W + n * rb + v / 2 * GQ_PAIR(H);
+                const __m512i p = _mm512_loadu_si512((const void *)pair);
                 w0[n] = _mm512_and_si512(p, lo4);
                 w1[n] = _mm512_and_si512(_mm512_srli_epi16(p, 4), lo4);
+                if (H) {  // 16 where the fifth bit is set
+                    uint64_t b0, b1;
+                    memcpy(&b0, pair + 64, 8);
+                    memcpy(&b1, pair + 72, 8);
+                    w0[n] = _mm512_mask_add_epi8(w0[n], b0, w0[n], _mm512_set1_epi8(16));
+                    w1[n] = _mm512_mask_add_epi8(w1[n], b1, w1[n], _mm512_set1_epi8(16));
+                }
             }
             for (int m = 0; m < MR; m++) x[m] = _mm512_loadu_si512((const void *)(C + m * cb + v * 64));
             for (int m = 0; m < MR; m++)
@@ -813,6 +829,14 @@ static inline float gq_red16v(__m256 lo, __m256 hi) {  // gq_red16's order
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
+// 32 bits -> 32 bytes: 16 where the bit is set, else 0 (bit b: byte b)
+static inline __m256i gq_fifth32(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                                                2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
 // lanes 8h .. 8h + 7 of a group's scales (offsets where `first`: in a block's first lane only) from its blocks b
 // (`have` of them; lane L: block L / lpb), gq_lanes_c's values
 static inline __m256 gq_lanes8(const float *b, int64_t have, int lpb, int h, int first) {
@@ -832,7 +856,7 @@ static inline __m256 gq_lanes8(const float *b, int64_t have, int lpb, int h, int
 static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, const uint8_t *W, int64_t rb,
                                                           const float *S, const float *O, const int8_t *C, int64_t cb,
                                                           const float *DX, const float *XS, int64_t lb, int MR,
-                                                          int NR, float *y, int64_t rows) {
+                                                          int NR, float *y, int64_t rows, int H) {
     float acc[GQ_TILE][GQ_TILE][16] __attribute__((aligned(32)));
     memset(acc, 0, sizeof acc);
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
@@ -846,9 +870,17 @@ static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, con
             for (int64_t v = v0; v < v1; v += 2) {
                 __m256i w0[GQ_TILE], w1[GQ_TILE], x[GQ_TILE];
                 for (int n = 0; n < NR; n++) {
-                    const __m256i p = _mm256_loadu_si256((const __m256i *)(W + n * rb + v * 32 + 32 * h));
+                    const uint8_t *pair = W + n * rb + v / 2 * GQ_PAIR(H);
+                    const __m256i p = _mm256_loadu_si256((const __m256i *)(pair + 32 * h));
                     w0[n] = _mm256_and_si256(p, lo4);
                     w1[n] = _mm256_and_si256(_mm256_srli_epi16(p, 4), lo4);
+                    if (H) {
+                        uint32_t b0, b1;
+                        memcpy(&b0, pair + 64 + 4 * h, 4);
+                        memcpy(&b1, pair + 72 + 4 * h, 4);
+                        w0[n] = _mm256_add_epi8(w0[n], gq_fifth32(b0));
+                        w1[n] = _mm256_add_epi8(w1[n], gq_fifth32(b1));
+                    }
                 }
                 for (int m = 0; m < MR; m++) x[m] = _mm256_loadu_si256((const __m256i *)(C + m * cb + v * 64 + 32 * h));
                 for (int m = 0; m < MR; m++)
@@ -887,13 +919,14 @@ struct gq_job {
     const float *dxl, *xsl;
     int64_t n, rows;
     float *y;
+    int high;  // the 5-bit layout
 };
 
 // a claim of GQ_ROWS_A_CLAIM rows against every input, GQ_TILE x GQ_TILE at a time
 static void gq_claim(const void *ctx, int64_t item) {
     const struct gq_job *j = ctx;
     const gq_shape *s = &j->s;
-    const int64_t rb = s->vecs * 32, cb = s->vecs * 64, lb = s->groups * 16;
+    const int64_t rb = s->vecs / 2 * GQ_PAIR(j->high), cb = s->vecs * 64, lb = s->groups * 16;
     const int64_t r1 = (item + 1) * GQ_ROWS_A_CLAIM < j->rows ? (item + 1) * GQ_ROWS_A_CLAIM : j->rows;
     for (int64_t m0 = 0; m0 < j->n; m0 += GQ_INPUT_CHUNK) {
         const int64_t m1 = m0 + GQ_INPUT_CHUNK < j->n ? m0 + GQ_INPUT_CHUNK : j->n;
@@ -907,29 +940,35 @@ static void gq_claim(const void *ctx, int64_t item) {
 #if GQ_SIMD
                 const int8_t *C = j->codes + m * cb;
                 const float *DX = j->dxl + m * lb, *XS = j->xsl + m * lb;
-                if (mr == GQ_TILE && nr == GQ_TILE)  // (constant tiles: their arrays in registers)
-                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, GQ_TILE, GQ_TILE, y, j->rows);
-                else if (mr == 1 && nr == GQ_TILE)  // a decode step of one stream
-                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, 1, GQ_TILE, y, j->rows);
+                if (mr == GQ_TILE && nr == GQ_TILE && !j->high)  // (constant tiles: their arrays in registers)
+                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, GQ_TILE, GQ_TILE, y, j->rows, 0);
+                else if (mr == GQ_TILE && nr == GQ_TILE)
+                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, GQ_TILE, GQ_TILE, y, j->rows, 1);
+                else if (mr == 1 && nr == GQ_TILE && !j->high)  // a decode step of one stream
+                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, 1, GQ_TILE, y, j->rows, 0);
+                else if (mr == 1 && nr == GQ_TILE)
+                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, 1, GQ_TILE, y, j->rows, 1);
+                else if (!j->high)
+                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, mr, nr, y, j->rows, 0);
                 else
-                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, mr, nr, y, j->rows);
+                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, mr, nr, y, j->rows, 1);
 #else
                 for (int a = 0; a < mr; a++)
                     for (int b = 0; b < nr; b++)
                         y[a * j->rows + b] = gq_dot_c(s, W + b * rb, S + b * s->nb, O ? O + b * s->nb : NULL,
                                                       j->codes + (m + a) * cb, j->dxl + (m + a) * lb,
-                                                      j->xsl + (m + a) * lb);
+                                                      j->xsl + (m + a) * lb, j->high);
 #endif
             }
         }
     }
 }
 
-// y[i * rows + r] = sum_k w[r, k] x[i * K + k] for the n inputs and every row of w (layout 3, GROUPS; scale and
-// offset a float a block of 32, offset NULL: none); K % 32 == 0. Returns -1 (nothing written) without memory for
-// the coded inputs.
+// y[i * rows + r] = sum_k w[r, k] x[i * K + k] for the n inputs and every row of w (layout 3, GROUPS, or with
+// `high` 4, GROUPS_HIGH; scale and offset a float a block of 32, offset NULL: none); K % 32 == 0. Returns -1
+// (nothing written) without memory for the coded inputs.
 int genie_gq_products(const uint8_t *w, const float *scale, const float *offset, int64_t K, const float *x,
-                      int64_t n, float *y, int64_t rows) {
+                      int64_t n, float *y, int64_t rows, int high) {
     const gq_shape s = gq_shape_of(K);
     const int64_t cb = s.vecs * 64, lb = s.groups * 16;
     int8_t *codes = malloc((size_t)(n * cb + K)), *c = codes + n * cb;
@@ -941,7 +980,7 @@ int genie_gq_products(const uint8_t *w, const float *scale, const float *offset,
     }
     float *dxl = lanes, *xsl = lanes + n * lb, *d = lanes + 2 * n * lb;
     for (int64_t i = 0; i < n; i++) gq_code_input(&s, x + i * K, codes + i * cb, dxl + i * lb, xsl + i * lb, c, d);
-    const struct gq_job job = {w, scale, offset, s, codes, dxl, xsl, n, rows, y};
+    const struct gq_job job = {w, scale, offset, s, codes, dxl, xsl, n, rows, y, high != 0};
     const int64_t claims = (rows + GQ_ROWS_A_CLAIM - 1) / GQ_ROWS_A_CLAIM;
     if (rows * K * n >= PARALLEL_MIN_WORK)
         pool_run(gq_claim, &job, claims);
