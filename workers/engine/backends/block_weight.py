@@ -8,8 +8,8 @@ bit-identical to gguf's reference dequantization (tests check it type by type).
 
 The CPU backend keeps matrices in this form: a byte per weight instead of four, read by the C kernels in
 kernels/cpu_blocks.c (`layout`); the types whose values are 4 bits (Q4_1, Q4_K: 0 .. 15) two a byte in the groups
-their q8 product reads (GROUPS), and Q5_0's 5-bit values as 4 bits two a byte and a word of fifth bits a block
-(NIBBLES_HIGH, the same numbers as int8 for five eighths of the bytes).
+their q8 product reads (GROUPS), Q5_0's 5-bit values (q + 16) the same way with the fifth bits apart
+(GROUPS_HIGH).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from genie_common.gguf_file import TensorInfo
 
 Q = GGMLQuantizationType
 UNPACK_CHUNK_BYTES = 8 << 20  # raw bytes unpacked at a time: bounds the temporaries
-INT8, NIBBLES_HIGH = 0, 2  # BlockWeight.layout: cpu_blocks.c's P (PACKED)
+INT8 = 0  # BlockWeight.layout: a byte a value (genie_blk_gemv)
 GROUPS = 3  # 4-bit values in cpu_blocks.c's groups of blocks, met by q8-coded inputs (genie_gq_products)
 GROUPS_HIGH = 4  # ... 5-bit values (Q5_0's q + 16, the 16 in the offset) in the same groups, the fifth bits apart
 GROUPED = frozenset({GROUPS, GROUPS_HIGH})
-BLOCK_BYTES = {NIBBLES_HIGH: 20}  # a packed block of 32 values
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,7 @@ class BlockWeight:
     scale: np.ndarray  # float32 [rows, cols // block]
     offset: np.ndarray | None  # float32 [rows, cols // block], None for scale-only types
     block: int  # 16 or 32
-    # INT8, NIBBLES_HIGH (pack_fifth_bits), GROUPS (pack_groups) or GROUPS_HIGH (pack_groups_high); blocks of 32
-    # when packed
+    # INT8, GROUPS (pack_groups) or GROUPS_HIGH (pack_groups_high); blocks of 32 when packed
     layout: int = INT8
 
     @property
@@ -52,7 +50,7 @@ class BlockWeight:
             return unpack_groups(self.q[rows], self.shape[1])
         if self.layout == GROUPS_HIGH:
             return unpack_groups_high(self.q[rows], self.shape[1])
-        return UNPACK[self.layout](self.q[rows])
+        return self.q[rows]
 
     @cached_property
     def addresses(self) -> tuple[int, int, int | None]:
@@ -69,38 +67,6 @@ class BlockWeight:
         if self.offset is not None:
             w += self.offset[rows][..., None]
         return w.reshape(n, cols)
-
-
-def pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """int8 [n, cols] of values 0 .. 15 -> uint8 [n, cols // 2]: a block of 32 in 16 bytes, byte j holding value
-    j in its low nibble and value j + 16 in its high one (GGUF's Q4_0 / Q4_1 order; NIBBLES_HIGH's low bits)."""
-    b = q.view(np.uint8).reshape(q.shape[0], -1, 2, 16)
-    return (b[:, :, 0] | (b[:, :, 1] << 4)).reshape(q.shape[0], -1)
-
-
-def unpack_nibbles(p: np.ndarray) -> np.ndarray:
-    """pack_nibbles' inverse: uint8 [n, cols // 2] -> int8 [n, cols]."""
-    b = p.reshape(p.shape[0], -1, 1, 16)
-    return np.concatenate([b & 0x0F, b >> 4], axis=2).reshape(p.shape[0], -1).view(np.int8)
-
-
-def pack_fifth_bits(q: np.ndarray) -> np.ndarray:
-    """int8 [n, cols] of values -16 .. 15 (Q5_0's) -> uint8 [n, cols // 32 * 20]: a block of 32 as the low four
-    bits of value + 16 packed as pack_nibbles does, then a little-endian 32-bit word of the fifth bits (value j's
-    at bit j): GGUF's Q5_0 order, cpu_blocks.c's layout 2."""
-    n = q.shape[0]
-    u = (q.astype(np.int16) + 16).astype(np.uint8)
-    low = pack_nibbles((u & 0x0F).view(np.int8)).reshape(n, -1, 16)
-    high = np.packbits((u >> 4).reshape(n, -1, 32), axis=-1, bitorder="little")  # [n, blocks, 4]
-    return np.concatenate([low, high], axis=-1).reshape(n, -1)
-
-
-def unpack_fifth_bits(p: np.ndarray) -> np.ndarray:
-    """pack_fifth_bits' inverse: uint8 [n, cols // 32 * 20] -> int8 [n, cols]."""
-    b = p.reshape(p.shape[0], -1, 20)
-    low = unpack_nibbles(np.ascontiguousarray(b[:, :, :16]).reshape(p.shape[0], -1)).view(np.uint8)
-    high = np.unpackbits(b[:, :, 16:], axis=-1, bitorder="little").reshape(p.shape[0], -1)
-    return ((low | (high << 4)).astype(np.int16) - 16).astype(np.int8)
 
 
 @cache
@@ -168,12 +134,7 @@ def unpack_groups_high(p: np.ndarray, cols: int) -> np.ndarray:
     return (low | (high[:, :cols] << 4)).view(np.int8)
 
 
-UNPACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {
-    INT8: lambda q: q,
-    NIBBLES_HIGH: unpack_fifth_bits,
-}
 PACK: dict[int, Callable[[np.ndarray], np.ndarray]] = {
-    NIBBLES_HIGH: pack_fifth_bits,
     GROUPS: pack_groups,
     GROUPS_HIGH: pack_groups_high,
 }
@@ -280,7 +241,7 @@ def row_bytes(layout: int, cols: int) -> int:
         return groups_row_bytes(cols)
     if layout == GROUPS_HIGH:
         return groups_row_bytes(cols) // 32 * 40
-    return cols // 32 * BLOCK_BYTES[layout] if layout else cols
+    return cols
 
 
 def to_blocks(tensor: TensorInfo) -> BlockWeight:

@@ -39,7 +39,7 @@ from genie_common import env
 from genie_common.atomic_file import atomic_path
 
 from ..kv_cache import LayerKV
-from .block_weight import GROUPED, GROUPS_HIGH, BlockWeight
+from .block_weight import GROUPED, GROUPS_HIGH, INT8, BlockWeight
 
 log = logging.getLogger("genie.cpu")
 
@@ -134,9 +134,9 @@ def load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_set_threads.argtypes = [ctypes.c_int]
     lib.genie_set_threads.restype = ctypes.c_int
-    lib.genie_blk_gemv.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, ctypes.c_int]
+    lib.genie_blk_gemv.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64]
     lib.genie_blk_gemv.restype = ctypes.c_int
-    lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, ctypes.c_int]
+    lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64]
     lib.genie_blk_dequant.restype = None
     lib.genie_gq_products.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64, ctypes.c_int]
     lib.genie_gq_products.restype = ctypes.c_int
@@ -170,18 +170,16 @@ class BlockKernels:
         self._buffers = threading.local()  # each pool thread's dequantized rows
 
     def gemv(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:
-        """x [n, cols] float32 (small n) @ w.T -> [n, rows]: reads each weight row once for all n inputs."""
+        """x [n, cols] float32 (small n) @ w.T -> [n, rows] for an int8 matrix: reads each weight row once for all n
+        inputs."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         n, cols = x.shape
         rows, w_cols = w.shape
-        if cols != w_cols or cols % 32:  # the C code reads cols values of x for every row
-            raise ValueError(f"x has {cols} columns, the weight {w_cols}")
+        if cols != w_cols or cols % 32 or w.layout != INT8:  # the C code reads cols values of x for every row
+            raise ValueError(f"x has {cols} columns, the weight {w_cols} in layout {w.layout}")
         y = np.empty((n, rows), dtype=np.float32)
-        rc = self.lib.genie_blk_gemv(*w.addresses, cols, w.block, x.ctypes.data, n, y.ctypes.data, rows, w.layout)
-        if rc == -1:
+        if self.lib.genie_blk_gemv(*w.addresses, cols, w.block, x.ctypes.data, n, y.ctypes.data, rows) == -1:
             raise MemoryError(f"genie_blk_gemv: no memory for {n} x {cols // w.block} block sums")
-        if rc:
-            raise ValueError(f"genie_blk_gemv: layout {w.layout} in blocks of {w.block} (packed: only 32)")
         return y
 
     def products(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:
@@ -271,8 +269,8 @@ class BlockKernels:
         # the C code trusts these: checked here, where a wrong call would otherwise write past a buffer
         if not (0 <= r0 <= r1 <= rows and dst.shape == (r1 - r0, cols) and dst.dtype == np.float32):
             raise ValueError(f"dequantize rows [{r0}, {r1}) of {w.shape} into {out.shape} {out.dtype}")
-        assert dst.flags.c_contiguous and (w.block == 32 or not w.layout)
-        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, dst.ctypes.data, r0, r1, w.layout)
+        assert dst.flags.c_contiguous and w.layout == INT8
+        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, dst.ctypes.data, r0, r1)
         return dst
 
     def gemm(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:

@@ -233,27 +233,8 @@ int genie_set_threads(int n) {
     return atomic_load(&pool.threads);
 }
 
-// PACKED: the layout P of a matrix's values, constant at each call site of the kernels. 0: int8, a byte a value.
-// 2: 5-bit values less 16 (-16 .. 15: Q5_0's), a block of 32 in 20 bytes: 16 of the low four bits two a byte (byte
-// j holding value j in its low nibble and value j + 16 in its high one) and a little-endian 32-bit word of the
-// fifth bits (GGUF's Q5_0 order). The kernels read the same values in either layout, so the products are the int8
-// layout's, bit for bit, for five eighths of its bytes. (Layout 1, 4-bit values two a byte, is gone: the 4-bit
-// types are layout 3, GROUPS, with products of their own below.)
-#define ROW_BYTES(K, P) ((P) == 0 ? (K) : (K) / 32 * 20)
-#define BLOCK_BYTES(P) 20  // of a block of 32 in the packed layout
-
-static inline uint32_t fifth_bits(const uint8_t *block) {  // layout 2: the block's fifth bits, value j at bit j
-    uint32_t h;
-    memcpy(&h, block + 16, 4);
-    return h;
-}
-
-static inline __attribute__((always_inline)) float q_at(const int8_t *qr, int64_t idx, int P) {  // weight idx
-    if (P == 0) return (float)qr[idx];
-    const uint8_t *block = (const uint8_t *)qr + idx / 32 * BLOCK_BYTES(P), b = block[idx % 16];
-    const int u = (idx % 32 >= 16 ? b >> 4 : b) & 0x0F;
-    return (float)(u + (int)((fifth_bits(block) >> (idx % 32)) & 1) * 16 - 16);
-}
+// The float-input kernels (genie_blk_gemv, genie_blk_dequant) read int8 values, a byte a value (Q8_0's, Q6_K's,
+// Q4_0's); the 4- and 5-bit types are in groups (GROUPS, below) with products of their own.
 
 // The rows a decode product takes PREFETCH_ROWS rows after four being summed, and their scales, asked into the cache
 // (a hint: past the matrix's end it reads nothing). The hardware's prefetchers stop at 4 KiB pages: Gemma 3's
@@ -271,21 +252,8 @@ static inline __m256 load_q8(const int8_t *p) {  // 8 int8 -> 8 float
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-// 8 weights of a row from value idx (a multiple of 8) as floats: int8 values, or (P 2) packed 5-bit ones (PACKED)
-static inline __attribute__((always_inline)) __m256 load8_w(const int8_t *qr, int64_t idx, int P) {
-    if (P == 0) return load_q8(qr + idx);
-    const uint8_t *block = (const uint8_t *)qr + idx / 32 * BLOCK_BYTES(P);
-    __m128i v = _mm_loadl_epi64((const __m128i *)(block + idx % 16));
-    if (idx % 32 >= 16) v = _mm_srli_epi16(v, 4);
-    __m256i u = _mm256_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F)));
-    {  // the fifth bits of these 8 values as 16 where set, then less 16
-        const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-        const __m256i h = _mm256_and_si256(_mm256_set1_epi32((int)(fifth_bits(block) >> (idx % 32)) & 0xFF), bit);
-        const __m256i set = _mm256_andnot_si256(_mm256_cmpeq_epi32(h, _mm256_setzero_si256()), _mm256_set1_epi32(16));
-        u = _mm256_sub_epi32(_mm256_add_epi32(u, set), _mm256_set1_epi32(16));
-    }
-    return _mm256_cvtepi32_ps(u);
-}
+// 8 weights of a row from value idx (a multiple of 8) as floats
+static inline __attribute__((always_inline)) __m256 load8_w(const int8_t *qr, int64_t idx) { return load_q8(qr + idx); }
 
 static inline float hsum8(__m256 v) {  // the eight lanes' sum, in a fixed order
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -300,12 +268,12 @@ static inline float hsum8(__m256 v) {  // the eight lanes' sum, in a fixed order
 // arithmetic is the same whatever R is (the products of a block summed first, then scaled once), so a
 // stream gets the same sums alone as among others (tests/workers/test_batching.py).
 static inline __attribute__((always_inline)) void rows_dot(const int8_t *qr, const float *sr, int64_t K,
-                                                           int64_t BS, const float *x, int R, float *out, int P) {
+                                                           int64_t BS, const float *x, int R, float *out) {
     __m256 acc0[4], acc1[4];
     for (int i = 0; i < R; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 32) {  // 32 weights: one block of 32 or two of 16
-        const __m256 w0 = load8_w(qr, k, P), w1 = load8_w(qr, k + 8, P);
-        const __m256 w2 = load8_w(qr, k + 16, P), w3 = load8_w(qr, k + 24, P);
+        const __m256 w0 = load8_w(qr, k), w1 = load8_w(qr, k + 8);
+        const __m256 w2 = load8_w(qr, k + 16), w3 = load8_w(qr, k + 24);
         for (int i = 0; i < R; i++) {
             const float *xi = x + i * K + k;
             __m256 lo = _mm256_mul_ps(w0, _mm256_loadu_ps(xi));
@@ -326,13 +294,13 @@ static inline __attribute__((always_inline)) void rows_dot(const int8_t *qr, con
 }
 #else
 static inline void rows_dot(const int8_t *qr, const float *sr, int64_t K, int64_t BS, const float *x, int R,
-                            float *out, int P) {
+                            float *out) {
     for (int i = 0; i < R; i++) {
         const float *xi = x + i * K;
         float sum = 0.0f;
         for (int64_t b = 0; b < K / BS; b++) {
             float t = 0.0f;
-            for (int64_t k = 0; k < BS; k++) t += q_at(qr, b * BS + k, P) * xi[b * BS + k];
+            for (int64_t k = 0; k < BS; k++) t += (float)qr[b * BS + k] * xi[b * BS + k];
             sum += sr[b] * t;
         }
         out[i] = sum;
@@ -347,18 +315,9 @@ static inline __m512 load16_q8(const int8_t *p) {  // 16 int8 -> 16 float
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-// 16 weights of a row from value idx (a multiple of 16) as floats: int8 values, or (P 2) packed 5-bit ones
-static inline __attribute__((always_inline)) __m512 load16_w(const int8_t *qr, int64_t idx, int P) {
-    if (P == 0) return load16_q8(qr + idx);
-    const uint8_t *block = (const uint8_t *)qr + idx / 32 * BLOCK_BYTES(P);
-    __m128i v = _mm_loadu_si128((const __m128i *)block);
-    if (idx % 32) v = _mm_srli_epi16(v, 4);
-    __m512i u = _mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F)));
-    {  // 16 where the fifth bit is set, then less 16
-        const __mmask16 h = (__mmask16)(fifth_bits(block) >> (idx % 32));
-        u = _mm512_sub_epi32(_mm512_mask_add_epi32(u, h, u, _mm512_set1_epi32(16)), _mm512_set1_epi32(16));
-    }
-    return _mm512_cvtepi32_ps(u);
+// 16 weights of a row from value idx (a multiple of 16) as floats
+static inline __attribute__((always_inline)) __m512 load16_w(const int8_t *qr, int64_t idx) {
+    return load16_q8(qr + idx);
 }
 
 // sum_k w_r[k] * x_i[k] for four weight rows w_r = qr + r * K (their block scales sr + r * nb) and R inputs
@@ -367,9 +326,8 @@ static inline __attribute__((always_inline)) __m512 load16_w(const int8_t *qr, i
 // reduced a vector after every row (1.36x on a 1 536 x 576 product, 1.46x on Gemma 3's 262 144-row output head:
 // bench/NOTES.md). Each (row, input) sum is the same sequence of operations whatever R is.
 static inline __attribute__((always_inline)) void four_rows_dot(const int8_t *qr, const float *sr, int64_t K,
-                                                                int64_t BS, const float *x, int R, float *out,
-                                                                int P) {
-    const int64_t nb = K / BS, stride = ROW_BYTES(K, P);
+                                                                int64_t BS, const float *x, int R, float *out) {
+    const int64_t nb = K / BS, stride = K;
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
         for (int i = 0; i < R; i++) acc[r][i] = _mm512_setzero_ps();
@@ -381,7 +339,7 @@ static inline __attribute__((always_inline)) void four_rows_dot(const int8_t *qr
             x1[i] = _mm512_loadu_ps(x + i * K + k + 16);
         }
         for (int r = 0; r < 4; r++) {
-            const __m512 w0 = load16_w(qr + r * stride, k, P), w1 = load16_w(qr + r * stride, k + 16, P);
+            const __m512 w0 = load16_w(qr + r * stride, k), w1 = load16_w(qr + r * stride, k + 16);
             const float *s = sr + r * nb;
             for (int i = 0; i < R; i++) {
                 if (BS == 32) {
@@ -399,9 +357,8 @@ static inline __attribute__((always_inline)) void four_rows_dot(const int8_t *qr
 }
 
 static inline __attribute__((always_inline)) void four_rows_sums(const int8_t *qr, const float *sr, int64_t K,
-                                                                 int64_t BS, const float *x, int R, float *out,
-                                                                 int P) {
-    four_rows_dot(qr, sr, K, BS, x, R, out, P);
+                                                                 int64_t BS, const float *x, int R, float *out) {
+    four_rows_dot(qr, sr, K, BS, x, R, out);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define GEMV_ROW_GROUP 4
@@ -411,8 +368,8 @@ static inline __attribute__((always_inline)) void four_rows_sums(const int8_t *q
 // input's accumulators, not four's: several inputs take rows_dot a row at a time, the same sums). 1.2-1.26x a
 // product of blocks of 32 with one input, built for AVX2 alone on this machine (bench/NOTES.md).
 static inline __attribute__((always_inline)) void four_rows_dot1(const int8_t *qr, const float *sr, int64_t K,
-                                                                 int64_t BS, const float *x, float *out, int P) {
-    const int64_t nb = K / BS, stride = ROW_BYTES(K, P);
+                                                                 int64_t BS, const float *x, float *out) {
+    const int64_t nb = K / BS, stride = K;
     __m256 acc0[4], acc1[4];
     for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
     prefetch_rows(qr, sr, stride, nb);
@@ -422,10 +379,10 @@ static inline __attribute__((always_inline)) void four_rows_dot1(const int8_t *q
         for (int r = 0; r < 4; r++) {
             const int8_t *q = qr + r * stride;
             const float *s = sr + r * nb;
-            __m256 lo = _mm256_mul_ps(load8_w(q, k, P), x0);
-            __m256 hi = _mm256_mul_ps(load8_w(q, k + 16, P), x2);
-            lo = _mm256_fmadd_ps(load8_w(q, k + 8, P), x1, lo);
-            hi = _mm256_fmadd_ps(load8_w(q, k + 24, P), x3, hi);
+            __m256 lo = _mm256_mul_ps(load8_w(q, k), x0);
+            __m256 hi = _mm256_mul_ps(load8_w(q, k + 16), x2);
+            lo = _mm256_fmadd_ps(load8_w(q, k + 8), x1, lo);
+            hi = _mm256_fmadd_ps(load8_w(q, k + 24), x3, hi);
             if (BS == 32) {
                 acc0[r] = _mm256_fmadd_ps(_mm256_add_ps(lo, hi), _mm256_broadcast_ss(s + k / 32), acc0[r]);
             } else {
@@ -438,15 +395,14 @@ static inline __attribute__((always_inline)) void four_rows_dot1(const int8_t *q
 }
 
 static inline __attribute__((always_inline)) void four_rows_sums(const int8_t *qr, const float *sr, int64_t K,
-                                                                 int64_t BS, const float *x, int R, float *out,
-                                                                 int P) {
+                                                                 int64_t BS, const float *x, int R, float *out) {
     if (R == 1 && BS == 32) {  // (blocks of 16 want a second accumulator a row: spilled, slower than a row alone)
-        four_rows_dot1(qr, sr, K, BS, x, out, P);
+        four_rows_dot1(qr, sr, K, BS, x, out);
         return;
     }
     float row[4];
     for (int r = 0; r < 4; r++) {
-        rows_dot(qr + r * ROW_BYTES(K, P), sr + r * (K / BS), K, BS, x, R, row, P);
+        rows_dot(qr + r * K, sr + r * (K / BS), K, BS, x, R, row);
         for (int i = 0; i < R; i++) out[r * 4 + i] = row[i];
     }
 }
@@ -457,34 +413,33 @@ static inline __attribute__((always_inline)) void four_rows_sums(const int8_t *q
 // The sums of rows [0, NR) of qr against R inputs into out[r * 4 + i]: four rows at a time where the CPU has a
 // kernel for it (NR = GEMV_ROW_GROUP), else one.
 static inline __attribute__((always_inline)) void row_sums(const int8_t *qr, const float *sr, int64_t K, int64_t BS,
-                                                           const float *x, int NR, int R, float *out, int P) {
+                                                           const float *x, int NR, int R, float *out) {
 #if GEMV_ROW_GROUP > 1
     if (NR > 1) {
-        four_rows_sums(qr, sr, K, BS, x, R, out, P);
+        four_rows_sums(qr, sr, K, BS, x, R, out);
         return;
     }
 #endif
     (void)NR;
-    rows_dot(qr, sr, K, BS, x, R, out, P);
+    rows_dot(qr, sr, K, BS, x, R, out);
 }
 
 // Rows [r, r + NR) against the n inputs, four at a time, plus the offsets' share: offset[b] * (sum of x over
 // block b).
 static inline __attribute__((always_inline)) void rows_gemv(const int8_t *q, const float *scale, const float *offset,
                                                             int64_t K, int64_t BS, const float *x, const float *xsum,
-                                                            int64_t n, float *y, int64_t ldy, int64_t r, int NR,
-                                                            int P) {
+                                                            int64_t n, float *y, int64_t ldy, int64_t r, int NR) {
     const int64_t nb = K / BS;
-    const int8_t *qr = q + r * ROW_BYTES(K, P);
+    const int8_t *qr = q + r * K;
     const float *sr = scale + r * nb;
     float sums[16] = {0};
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         const float *xs0 = x + i0 * K;
         switch (n - i0) {  // a constant R at each call: the loops unroll, the accumulators stay in registers
-            case 1: row_sums(qr, sr, K, BS, xs0, NR, 1, sums, P); break;
-            case 2: row_sums(qr, sr, K, BS, xs0, NR, 2, sums, P); break;
-            case 3: row_sums(qr, sr, K, BS, xs0, NR, 3, sums, P); break;
-            default: row_sums(qr, sr, K, BS, xs0, NR, 4, sums, P); break;
+            case 1: row_sums(qr, sr, K, BS, xs0, NR, 1, sums); break;
+            case 2: row_sums(qr, sr, K, BS, xs0, NR, 2, sums); break;
+            case 3: row_sums(qr, sr, K, BS, xs0, NR, 3, sums); break;
+            default: row_sums(qr, sr, K, BS, xs0, NR, 4, sums); break;
         }
         const int64_t m = n - i0 < 4 ? n - i0 : 4;
         for (int64_t j = 0; j < NR; j++)
@@ -504,7 +459,6 @@ struct gemv_job {
     const float *scale, *offset, *x, *xsum;
     int64_t K, bs, n, rows, groups, tail;
     float *y;
-    int packed;
 };
 
 // A claim of GEMV_ROWS_A_CLAIM rows: in groups of GEMV_ROW_GROUP where the CPU has a kernel for it, the last rows
@@ -516,21 +470,17 @@ static void gemv_claim(const void *ctx, int64_t item) {
     for (int64_t g = item * per; g < g1 && g < j->groups + j->tail; g++) {
         const int64_t r = g < j->groups ? g * GEMV_ROW_GROUP : j->groups * GEMV_ROW_GROUP + (g - j->groups);
         const int nr = g < j->groups ? GEMV_ROW_GROUP : 1;
-        if (j->packed == 2)  // (the packed layout: blocks of 32 only)
-            rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr, 2);
-        else if (j->bs == 32)
-            rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr, 0);
+        if (j->bs == 32)
+            rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
         else
-            rows_gemv(j->q, j->scale, j->offset, j->K, 16, j->x, j->xsum, j->n, j->y, j->rows, r, nr, 0);
+            rows_gemv(j->q, j->scale, j->offset, j->K, 16, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
     }
 }
 
-// y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0; q in layout
-// `packed` (PACKED). Returns -1 (nothing written) when the offsets' block sums of x find no memory, -2 for a packed
-// layout with blocks of 16 or a layout there is none of.
+// y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0; q int8 values.
+// Returns -1 (nothing written) when the offsets' block sums of x find no memory.
 int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs, const float *x,
-                   int64_t n, float *y, int64_t rows, int packed) {
-    if ((packed && bs != 32) || (packed != 0 && packed != 2)) return -2;
+                   int64_t n, float *y, int64_t rows) {
     const int64_t nb = K / bs;
     float *xsum = NULL;  // xsum[i * nb + b]: x[i] summed over block b, for the offsets' share
     if (offset != NULL) {
@@ -546,7 +496,7 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
         }
     }
     const int64_t groups = rows / GEMV_ROW_GROUP, tail = rows - groups * GEMV_ROW_GROUP;
-    const struct gemv_job job = {q, scale, offset, x, xsum, K, bs, n, rows, groups, tail, y, packed};
+    const struct gemv_job job = {q, scale, offset, x, xsum, K, bs, n, rows, groups, tail, y};
     const int64_t per = GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP, claims = (groups + tail + per - 1) / per;
     if (rows * K * n >= PARALLEL_MIN_WORK) {
         pool_run(gemv_claim, &job, claims);
@@ -562,34 +512,22 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
 // Serial: the many-token product runs one of these per thread of its own pool (cpu_kernels.py).
 static inline __attribute__((always_inline)) void dequant_rows(const int8_t *q, const float *scale, const float *offset,
                                                                int64_t K, int64_t bs, float *out, int64_t r0,
-                                                               int64_t r1, int P) {
+                                                               int64_t r1) {
     const int64_t nb = K / bs;
     for (int64_t r = r0; r < r1; r++) {
-        const int8_t *qr = q + r * ROW_BYTES(K, P);
+        const int8_t *qr = q + r * K;
         float *o = out + (r - r0) * K;
         for (int64_t b = 0; b < nb; b++) {
             const float s = scale[r * nb + b];
             const float m = offset != NULL ? offset[r * nb + b] : 0.0f;
-            if (P == 2) {  // (blocks of 32)
-                const uint8_t *pb = (const uint8_t *)qr + b * 20;
-                const uint32_t h = fifth_bits(pb);
-                for (int64_t k = 0; k < 16; k++) {
-                    o[b * 32 + k] = s * (float)((pb[k] & 0x0F) + (int)((h >> k) & 1) * 16 - 16) + m;
-                    o[b * 32 + k + 16] = s * (float)((pb[k] >> 4) + (int)((h >> (k + 16)) & 1) * 16 - 16) + m;
-                }
-            } else {
-                for (int64_t k = 0; k < bs; k++) o[b * bs + k] = s * (float)qr[b * bs + k] + m;
-            }
+            for (int64_t k = 0; k < bs; k++) o[b * bs + k] = s * (float)qr[b * bs + k] + m;
         }
     }
 }
 
 void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs,
-                       float *out, int64_t r0, int64_t r1, int packed) {
-    if (packed == 2)
-        dequant_rows(q, scale, offset, K, bs, out, r0, r1, 2);
-    else
-        dequant_rows(q, scale, offset, K, bs, out, r0, r1, 0);
+                       float *out, int64_t r0, int64_t r1) {
+    dequant_rows(q, scale, offset, K, bs, out, r0, r1);
 }
 
 // ---- 4-bit weights in groups, met by q8-coded inputs: one product for every number of inputs ----------------
