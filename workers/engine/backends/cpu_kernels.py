@@ -8,9 +8,10 @@ keeps float32 weights (slower, four times the memory), so nothing else changes. 
 forces that fallback.
 
 All threads are genie's, one setting (`GENIE_CPU_THREADS`, default one per core the process may use):
-the one-token products split their rows over the C library's own threads; the many-token products
-(prefill) run on a pool of as many Python threads, each claiming a run of weight rows, dequantizing it and
-multiplying it with single-threaded BLAS. BLAS's own threads are held to one with threadpoolctl: OpenBLAS splits a
+the 4- and 5-bit types' products (any number of rows: genie_gq_products) and the other types' one-token
+products split their rows over the C library's own threads; the other types' many-token products (prefill) run
+on a pool of as many Python threads, each claiming a run of weight rows, dequantizing it and multiplying it with
+single-threaded BLAS. BLAS's own threads are held to one with threadpoolctl: OpenBLAS splits a
 product statically and spins while it waits, so on a machine with another busy process its threads
 held each other up, and a 14-token prefill took 2.6-16.8 s instead of 0.26 s (issue 16). Claimed runs
 leave a thread that the scheduler holds up only its own run to finish late. The C library's threads spin
