@@ -611,22 +611,21 @@ static void gq_quantize(const float *x, int64_t K, int8_t *c, float *d) {  // gq
 #define gq_quantize gq_quantize_c
 #endif
 
-// input x coded: codes (vecs x 64 bytes, the group layout), dxl and xsl (groups x 16 lanes: the input block's d
-// for the lane's block; d x the codes' sum over the block in its first lane). c: K bytes of scratch.
+// input x coded: codes (vecs x 64 bytes, the group layout), dxl and xsl (groups x 16 lanes, as gq_lanes_c places
+// a row's scales and offsets: the input block's d; d x the codes' sum over the block, in its first lane). c, d, xs:
+// K bytes, K / 32 and K / 32 floats of scratch.
 static void gq_code_input(const gq_shape *s, const float *x, int8_t *codes, float *dxl, float *xsl, int8_t *c,
-                          float *d) {
+                          float *d, float *xs) {
     gq_quantize(x, s->K, c, d);
+    for (int64_t b = 0; b < s->nb; b++) {
+        int32_t t = 0;
+        for (int k = 0; k < 32; k++) t += c[b * 32 + k];
+        xs[b] = d[b] * (float)t;
+    }
     for (int64_t g = 0; g < s->groups; g++) {
         const int64_t T = gq_group_T(s, g);
         const int lpb = 16 / (int)T;
-        for (int L = 0; L < 16; L++) {
-            const int64_t b = gq_lane_block(s, g, L);
-            int32_t t = 0;
-            if (b < s->nb && L % lpb == 0)
-                for (int k = 0; k < 32; k++) t += c[b * 32 + k];
-            dxl[g * 16 + L] = b < s->nb ? d[b] : 0.0f;
-            xsl[g * 16 + L] = b < s->nb && L % lpb == 0 ? d[b] * (float)t : 0.0f;
-        }
+        gq_lanes_c(s, g, d, xs, dxl + g * 16, xsl + g * 16);
         for (int64_t j = 0; j < T / 2; j++) {
             int8_t *dst = codes + (g * 8 + j) * 64;
             for (int L = 0; L < 16; L++) {
@@ -910,14 +909,15 @@ int genie_gq_products(const uint8_t *w, const float *scale, const float *offset,
     const gq_shape s = gq_shape_of(K);
     const int64_t cb = s.vecs * 64, lb = s.groups * 16;
     int8_t *codes = malloc((size_t)(n * cb + K)), *c = codes + n * cb;
-    float *lanes = malloc(sizeof(float) * (size_t)(2 * n * lb + K / 32));
+    float *lanes = malloc(sizeof(float) * (size_t)(2 * n * lb + 2 * (K / 32)));
     if (codes == NULL || lanes == NULL) {
         free(codes);
         free(lanes);
         return -1;
     }
-    float *dxl = lanes, *xsl = lanes + n * lb, *d = lanes + 2 * n * lb;
-    for (int64_t i = 0; i < n; i++) gq_code_input(&s, x + i * K, codes + i * cb, dxl + i * lb, xsl + i * lb, c, d);
+    float *dxl = lanes, *xsl = lanes + n * lb, *d = lanes + 2 * n * lb, *xs = d + K / 32;
+    for (int64_t i = 0; i < n; i++)
+        gq_code_input(&s, x + i * K, codes + i * cb, dxl + i * lb, xsl + i * lb, c, d, xs);
     const struct gq_job job = {w, scale, offset, s, codes, dxl, xsl, n, rows, y, high != 0};
     const int64_t claims = (rows + GQ_ROWS_A_CLAIM - 1) / GQ_ROWS_A_CLAIM;
     if (rows * K * n >= PARALLEL_MIN_WORK)
