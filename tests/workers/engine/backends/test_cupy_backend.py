@@ -398,7 +398,7 @@ def test_tiny_model_nll_matches_numpy(gpu, tmp_path, arch, kv_dtype):
     # in 2026-12-06f's suite (a code a row round apart from NumPy's) and passed on the next draw
     ids = list(np.random.default_rng(48).integers(3, 300, 48))
     nll = {}
-    for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
+    for name, backend in (("numpy", NumpyBackend(block_kernels=False)), ("cupy", gpu)):
         engine = Engine(
             EngineOptions(model=str(path), ctx=64, parallel=1), Model.load(path, backend), kv_dtype=kv_dtype
         )
@@ -433,7 +433,7 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
     write_tiny_gemma4(path, seed=3, ple_dim=32, head_dim=head_dims[0], global_head_dim=head_dims[1])
     ids = [2, *np.random.default_rng().integers(3, 300, 48).tolist()]
     nll = {}
-    for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
+    for name, backend in (("numpy", NumpyBackend(block_kernels=False)), ("cupy", gpu)):
         engine = Engine(
             EngineOptions(model=str(path), ctx=96, parallel=1), Model.load(path, backend), kv_dtype=kv_dtype
         )
@@ -463,7 +463,7 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 def test_q4_k_m_tiny_model_nll_matches_numpy(gpu, kv_dtype):
     """The committed Q4_K_M model: the decode path's int8-activation GEMVs and GQA attention (1 token a pass)
-    and the tensor-core prefill (5 and 32) against NumPy."""
+    and the tensor-core prefill (5 and 32) against NumPy with float32 weights (the `cpu` fixture says why)."""
 
     from genie_common.engine_options import EngineOptions
     from genie_workers.engine.backends.numpy_backend import NumpyBackend
@@ -474,7 +474,7 @@ def test_q4_k_m_tiny_model_nll_matches_numpy(gpu, kv_dtype):
     # fixed tokens, so a failure repeats (test_tiny_model_nll_matches_numpy says why)
     ids = list(np.random.default_rng(48).integers(3, 300, 48))
     nll = {}
-    for name, backend in (("numpy", NumpyBackend()), ("cupy", gpu)):
+    for name, backend in (("numpy", NumpyBackend(block_kernels=False)), ("cupy", gpu)):
         engine = Engine(
             EngineOptions(model=str(path), ctx=64, parallel=1), Model.load(path, backend), kv_dtype=kv_dtype
         )
@@ -490,9 +490,13 @@ def test_q4_k_m_tiny_model_nll_matches_numpy(gpu, kv_dtype):
 
 @pytest.fixture(scope="module")
 def cpu():
+    """The GPU kernels' reference: the NumPy backend with float32 weights (gguf's dequantization, every product
+    in float). Its default C products code inputs as q8_0 for 4- and 5-bit weights (issue 38), as llama.cpp's CPU
+    backend does: on the committed Q4_K_M model that moved NLL a token by up to 0.21 (mean 0.063) from float's,
+    past what these tests allow the GPU, which codes its inputs otherwise."""
     from genie_workers.engine.backends.numpy_backend import NumpyBackend
 
-    return NumpyBackend()
+    return NumpyBackend(block_kernels=False)
 
 
 def both(gpu, cpu, op: str, *args, **kwargs) -> tuple[np.ndarray, np.ndarray]:
