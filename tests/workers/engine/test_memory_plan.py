@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from genie_common.engine_options import EngineOptions
+from genie_common.registry import resolve_model
 from genie_workers.engine.backends.block_weight import BlockWeight
 from genie_workers.engine.backends.numpy_backend import NumpyBackend
 from genie_workers.engine.engine import Engine
@@ -48,10 +49,14 @@ def held_bytes(weights) -> int:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("kernels", [True, False], ids=["int8-blocks", "float32"])
-@pytest.mark.parametrize("arch", ["q4_k_m", "gemma3", "qwen2", "gemma4"])
+@pytest.mark.parametrize("arch", ["q4_k_m", "gemma3", "qwen2", "gemma4", "smollm2-135m"])
 def test_the_header_says_what_the_weights_take(tmp_path: Path, arch: str, kernels: bool) -> None:
+    """The plan against what the load holds, to the byte: the tiny models of each architecture, and SmolLM2's Q4_1
+    (float16 block scales, stacked and alone)."""
     path = Q4_K_M if arch == "q4_k_m" else tmp_path / f"{arch}.gguf"
-    if arch == "gemma4":
+    if arch == "smollm2-135m":
+        path = resolve_model(arch, progress=lambda _: None)
+    elif arch == "gemma4":
         write_tiny_gemma4(path)
     elif arch != "q4_k_m":
         write_tiny_model(arch, path)

@@ -34,8 +34,9 @@ GROUPED = frozenset({GROUPS, GROUPS_HIGH})
 @dataclass(frozen=True)
 class BlockWeight:
     q: np.ndarray  # int8 [rows, cols]; packed: uint8 [rows, row_bytes(layout, cols)]
-    scale: np.ndarray  # float32 [rows, cols // block]
-    offset: np.ndarray | None  # float32 [rows, cols // block], None for scale-only types
+    # float32 [rows, cols // block]; float16 in a GROUPED layout where every one is a float16 (_half_where_exact)
+    scale: np.ndarray
+    offset: np.ndarray | None  # as scale (the same dtype), None for scale-only types
     block: int  # 16 or 32
     # INT8, GROUPS (pack_groups) or GROUPS_HIGH (pack_groups_high); blocks of 32 when packed
     layout: int = INT8
@@ -233,6 +234,9 @@ UNPACKERS: dict[GGMLQuantizationType, tuple[Callable[[np.ndarray], Unpacked], in
     Q.Q6_K: (_q6_k, 16),
 }
 LAYOUTS = {Q.Q4_1: GROUPS, Q.Q4_K: GROUPS, Q.Q5_0: GROUPS_HIGH}  # the types kept packed (blocks of 32)
+# packed types whose scales and offsets stay float16: GGUF's own d and m (Q5_0's offset -16 d too), so a decode step
+# reads 20 bytes a Q4_1 block, not 24 (Q4_K's d * sc are no float16s)
+HALF_SCALES = frozenset({Q.Q4_1, Q.Q5_0})
 
 
 def row_bytes(layout: int, cols: int) -> int:
@@ -273,7 +277,19 @@ def to_blocks(tensor: TensorInfo) -> BlockWeight:
             tensor.release_bytes(r0 * raw.shape[1], r1 * raw.shape[1])  # the file's pages of the rows done
     if not np.isfinite(scale).all() or (offset is not None and not np.isfinite(offset).all()):
         raise ValueError(f"tensor {tensor.name} holds non-finite values (corrupt block scales?)")
+    if tensor.qtype in HALF_SCALES:
+        scale, offset = _half_where_exact(scale, offset)
     return BlockWeight(q, scale, offset, block, layout)
+
+
+def _half_where_exact(scale: np.ndarray, offset: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Scales and offsets as float16 when every one of them is a float16 (HALF_SCALES' always are, but for a Q5_0
+    scale past 4094, whose -16 d is none: float32 then)."""
+    parts = [a for a in (scale, offset) if a is not None]
+    halves = [a.astype(np.float16) for a in parts]
+    if not all(np.array_equal(h.astype(np.float32), a) for h, a in zip(halves, parts, strict=True)):
+        return scale, offset
+    return halves[0], halves[1] if offset is not None else None
 
 
 def concat_blocks(weights: list[BlockWeight]) -> BlockWeight:
@@ -292,6 +308,8 @@ def concat_blocks(weights: list[BlockWeight]) -> BlockWeight:
             [widen(w.offset, w) if w.offset is not None else np.zeros_like(widen(w.scale, w)) for w in weights]
         )
     layout = weights[0].layout
-    if layout and all(w.layout == layout for w in weights):
+    if layout and all(w.layout == layout for w in weights):  # (float16 parts beside float32 ones: all float32)
         return BlockWeight(np.concatenate([w.q for w in weights]), scale, offset, block, layout)
-    return BlockWeight(np.concatenate([w.values() for w in weights]), scale, offset, block)
+    f32 = np.float32
+    offset = None if offset is None else offset.astype(f32, copy=False)  # INT8's kernels read float32
+    return BlockWeight(np.concatenate([w.values() for w in weights]), scale.astype(f32, copy=False), offset, block)

@@ -139,7 +139,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_blk_gemv.restype = ctypes.c_int
     lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64]
     lib.genie_blk_dequant.restype = None
-    lib.genie_gq_products.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64, ctypes.c_int]
+    lib.genie_gq_products.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64, ctypes.c_int, ctypes.c_int]
     lib.genie_gq_products.restype = ctypes.c_int
     f = ctypes.c_float
     # q, k, ks, v, vs, n, lo, t, n_heads, n_kv, hd, hdv, scale, softcap, out
@@ -192,8 +192,9 @@ class BlockKernels:
         if cols != w_cols or cols % 32 or w.layout not in GROUPED or not w.q.flags.c_contiguous:
             raise ValueError(f"x has {cols} columns, the weight {w_cols} in layout {w.layout}")
         y = np.empty((n, rows), dtype=np.float32)
-        high = int(w.layout == GROUPS_HIGH)
-        if self.lib.genie_gq_products(*w.addresses, cols, x.ctypes.data, n, y.ctypes.data, rows, high) == -1:
+        high, half = int(w.layout == GROUPS_HIGH), int(w.scale.dtype == np.float16)
+        assert w.offset is None or w.offset.dtype == w.scale.dtype
+        if self.lib.genie_gq_products(*w.addresses, cols, x.ctypes.data, n, y.ctypes.data, rows, high, half) == -1:
             raise MemoryError(f"genie_gq_products: no memory for {n} coded inputs of {cols}")
         return y
 

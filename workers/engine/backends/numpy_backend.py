@@ -1,6 +1,7 @@
 """The CPU backend: NumPy for the activations, quantized weights as int8 blocks.
 
-Quantized matrices are unpacked at load time into int8 blocks with float32 scales (block_weight.py):
+Quantized matrices are unpacked at load time into int8 blocks with a scale (and offset) a block, float32 or for
+Q4_1 and Q5_0 GGUF's own float16s (block_weight.py):
 one byte per weight (half a byte for the 4-bit types, five eighths for Q5_0). The 4- and 5-bit types' products,
 any number of rows, run genie_gq_products on q8-coded inputs (a row's numbers whatever shares its call); the other
 types' products with up to `GEMV_MAX_TOKENS` rows (decode) run the C kernel that reads the rows directly
@@ -32,6 +33,7 @@ from .base import Array, Backend, NextInput, Weight
 from .block_weight import (
     GROUPED,
     GROUPS_HIGH,
+    HALF_SCALES,
     INT8,
     LAYOUTS,
     UNPACKERS,
@@ -142,7 +144,8 @@ class NumpyBackend(Backend):
         layout = layouts.pop() if len(layouts) == 1 else INT8
         cols = tensors[0].shape[-1]
         values = n // cols * row_bytes(layout, cols)
-        return values + n // block * 4 * (2 if affine else 1)  # and a float32 scale (and offset) a block
+        half = layout in GROUPED and all(t.qtype in HALF_SCALES for t in tensors)  # (stacked with float32: float32)
+        return values + n // block * (2 if half else 4) * (2 if affine else 1)  # and a scale (and offset) a block
 
     def scratch_bytes(self, cfg: Any, prefill_chunk: int, n_slots: int) -> tuple[int, int]:
         fixed, _ = super().scratch_bytes(cfg, prefill_chunk, n_slots)

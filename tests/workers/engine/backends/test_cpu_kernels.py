@@ -203,8 +203,18 @@ def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_al
     for qtype, cols in ((Q.Q4_1, 576), (Q.Q4_K, 768), (Q.Q4_1, 800), (Q.Q5_0, 1024), (Q.Q5_0, 640), (Q.Q4_1, 64)):
         rows = 37
         raw = signed_blocks(qtype, rows, cols, rng)
+        if qtype != Q.Q4_K:  # subnormal float16 scales (and mins) in some blocks: the float16 path widens them exactly
+            blocks = raw.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+            for off in F16_FIELDS[qtype]:
+                blocks[::5, off : off + 2] = (
+                    np.array([1, 0x3FF, 0x8001, 0x200], np.uint16)[np.arange(len(blocks[::5])) % 4]
+                    .view(np.uint8)
+                    .reshape(-1, 2)
+                )
         w = to_blocks(tensor_of(raw, qtype, rows, cols))
         assert w.layout in GROUPED
+        # Q4_1's and Q5_0's scales are GGUF's float16s: kept so (20 bytes a Q4_1 block); Q4_K's d * sc are not
+        assert w.scale.dtype == (np.float32 if qtype == Q.Q4_K else np.float16)
         x = rng.standard_normal((13, cols), dtype=np.float32)
         together = kernels.products(x, w)
         np.testing.assert_array_equal(together, reference.products(x, w))
@@ -247,6 +257,23 @@ def test_group_of_different_block_types(kernels):
     np.testing.assert_array_equal(g.dequantize(), np.concatenate(dense))
     x = rng.standard_normal((2, 512), dtype=np.float32)
     assert rel_err(kernels.gemv(x, g), x.astype(np.float64) @ np.concatenate(dense).astype(np.float64).T) < 1e-5
+
+
+def test_grouped_parts_of_float16_and_float32_scales_stack(kernels):
+    """Q4_1 (float16 scales) beside Q4_K (float32) in one grouped matrix: float32 for all, the same products; two
+    Q4_1 parts keep float16."""
+    rng = np.random.default_rng()
+    parts, dense = [], []
+    for qtype, rows in ((Q.Q4_1, 40), (Q.Q4_K, 24), (Q.Q4_1, 8)):
+        raw = signed_blocks(qtype, rows, 512, rng)
+        parts.append(to_blocks(tensor_of(raw, qtype, rows, 512)))
+        dense.append(dequantize(raw, qtype).reshape(rows, 512))
+    g = concat_blocks(parts)
+    assert g.layout in GROUPED and g.scale.dtype == np.float32 and g.offset is not None and g.offset.dtype == np.float32
+    np.testing.assert_array_equal(g.dequantize(), np.concatenate(dense))
+    x = rng.standard_normal((3, 512), dtype=np.float32)
+    assert product_err(kernels.products(x, g), q8_coded(x), np.concatenate(dense)) < 2e-6
+    assert concat_blocks([parts[0], parts[2]]).scale.dtype == np.float16
 
 
 def test_non_finite_block_scale_is_an_error_naming_the_tensor():

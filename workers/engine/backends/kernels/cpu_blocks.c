@@ -537,7 +537,8 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
 // L % (16 / T)) + 0 .. 3). Vectors 2i and 2i + 1 share 64 bytes: byte b holds vector 2i's value b in its low nibble
 // and vector 2i + 1's in its high one. Layout 4 (GROUPS_HIGH: 5-bit values, Q5_0's q + 16) puts after those 64
 // bytes two 64-bit words, the fifth bits of vector 2i's values (value b at bit b), then vector 2i + 1's: 80 bytes
-// a pair. Scales and offsets stay a float a block.
+// a pair. Scales and offsets stay a number a block: float32, or float16 where that holds them exactly (GGUF's
+// own Q4_1 / Q5_0 scales: 4 of a block's bytes, not 8; block_weight.load chooses).
 // An input is coded as llama.cpp's q8_0 (blocks of 32, d = max|x| / 127, codes round(x / d)) into the same layout.
 // The arithmetic of an (input, row), the same for any number of inputs and on every instruction set: per group in
 // order, exact integer sums a lane (a block's, or a part of one), then acc[L] = fmaf(sum[L], dx[L] * s[L], acc[L])
@@ -574,13 +575,39 @@ static inline int64_t gq_lane_block(const gq_shape *s, int64_t g, int L) {
     return g * 16 + L / (16 / (int)gq_group_T(s, g));
 }
 
-// the lanes' weight scales and offsets of group g of a row (s_r, o_r: its blocks'; o_r NULL: zeros)
-static inline void gq_lanes_c(const gq_shape *s, int64_t g, const float *s_r, const float *o_r, float *ls, float *lo) {
+// IEEE binary16 to float32 (exact, subnormals too)
+static inline float gq_half(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu, bits;
+    if (e == 0x1Fu)
+        bits = sign | 0x7F800000u | (m << 13);
+    else if (e != 0)
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    else if (m == 0)
+        bits = sign;
+    else {  // subnormal: m 2^-24, normalized
+        e = 113;
+        while (!(m & 0x400u)) m <<= 1, e--;
+        bits = sign | (e << 23) | ((m & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+// block b's number in a row's scales or offsets (half: float16 storage)
+static inline float gq_at(const void *p, int64_t b, int half) {
+    return half ? gq_half(((const uint16_t *)p)[b]) : ((const float *)p)[b];
+}
+
+// the lanes' weight scales and offsets of group g of a row (s_r, o_r: its blocks', float32 or with `half` float16;
+// o_r NULL: zeros)
+static inline void gq_lanes_c(const gq_shape *s, int64_t g, const void *s_r, const void *o_r, int half, float *ls,
+                              float *lo) {
     const int lpb = 16 / (int)gq_group_T(s, g);
     for (int L = 0; L < 16; L++) {
         const int64_t b = gq_lane_block(s, g, L);
-        ls[L] = b < s->nb ? s_r[b] : 0.0f;
-        lo[L] = b < s->nb && L % lpb == 0 && o_r != NULL ? o_r[b] : 0.0f;
+        ls[L] = b < s->nb ? gq_at(s_r, b, half) : 0.0f;
+        lo[L] = b < s->nb && L % lpb == 0 && o_r != NULL ? gq_at(o_r, b, half) : 0.0f;
     }
 }
 
@@ -625,7 +652,7 @@ static void gq_code_input(const gq_shape *s, const float *x, int8_t *codes, floa
     for (int64_t g = 0; g < s->groups; g++) {
         const int64_t T = gq_group_T(s, g);
         const int lpb = 16 / (int)T;
-        gq_lanes_c(s, g, d, xs, dxl + g * 16, xsl + g * 16);
+        gq_lanes_c(s, g, d, xs, 0, dxl + g * 16, xsl + g * 16);
         for (int64_t j = 0; j < T / 2; j++) {
             int8_t *dst = codes + (g * 8 + j) * 64;
             for (int L = 0; L < 16; L++) {
@@ -647,8 +674,8 @@ static inline float gq_red16(const float *a) {  // the vector paths' order
 }
 
 // One (input, row) in plain C
-static __attribute__((unused)) float gq_dot_c(const gq_shape *s, const uint8_t *w, const float *s_r, const float *o_r, const int8_t *codes,
-                      const float *dxl, const float *xsl, int H) {
+static __attribute__((unused)) float gq_dot_c(const gq_shape *s, const uint8_t *w, const void *s_r, const void *o_r, int half,
+                      const int8_t *codes, const float *dxl, const float *xsl, int H) {
     float acc[16] = {0}, ls[16], lo[16];
     for (int64_t g = 0; g < s->groups; g++) {
         int32_t sum[16] = {0};
@@ -664,13 +691,33 @@ static __attribute__((unused)) float gq_dot_c(const gq_shape *s, const uint8_t *
                 }
                 sum[i / 4] += u * codes[v * 64 + i];
             }
-        gq_lanes_c(s, g, s_r, o_r, ls, lo);
+        gq_lanes_c(s, g, s_r, o_r, half, ls, lo);
         for (int L = 0; L < 16; L++) {
             acc[L] = fmaf((float)sum[L], dxl[g * 16 + L] * ls[L], acc[L]);
             acc[L] = fmaf(lo[L], xsl[g * 16 + L], acc[L]);
         }
     }
     return gq_red16(acc);
+}
+
+// group g's numbers (scales or offsets) of row n of a tile, as float32: P itself, or (half) its float16s widened
+// into buf (16 floats; blocks past the row's end read as 0)
+static inline const float *gq_group_floats(const gq_shape *s, const void *P, int64_t n, int64_t g, int half, float *buf) {
+    if (!half) return (const float *)P + n * s->nb + g * 16;
+    const uint16_t *h = (const uint16_t *)P + n * s->nb + g * 16;
+    const int64_t have = s->nb - g * 16 < 16 ? s->nb - g * 16 : 16;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    _mm512_storeu_ps(buf, _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_maskz_loadu_epi16((__mmask32)((1u << have) - 1), h))));
+#elif defined(__F16C__)
+    if (have == 16) {
+        _mm256_storeu_ps(buf, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
+        _mm256_storeu_ps(buf + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8))));
+    } else
+        for (int i = 0; i < 16; i++) buf[i] = i < have ? gq_half(h[i]) : 0.0f;
+#else
+    for (int i = 0; i < 16; i++) buf[i] = i < have ? gq_half(h[i]) : 0.0f;
+#endif
+    return buf;
 }
 
 #if GQ_512
@@ -692,9 +739,9 @@ static inline float gq_red16v(__m512 a) {  // gq_red16's order
 // (cb bytes / lb floats apart). The float accumulators stay in memory between groups: the 16 integer sums, the
 // weights and the inputs fill the registers.
 static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, const uint8_t *W, int64_t rb,
-                                                          const float *S, const float *O, const int8_t *C, int64_t cb,
-                                                          const float *DX, const float *XS, int64_t lb, int MR,
-                                                          int NR, float *y, int64_t rows, int H) {
+                                                          const void *S, const void *O, int half, const int8_t *C,
+                                                          int64_t cb, const float *DX, const float *XS, int64_t lb,
+                                                          int MR, int NR, float *y, int64_t rows, int H) {
     float acc[GQ_TILE][GQ_TILE][16] __attribute__((aligned(64)));
     for (int m = 0; m < MR; m++)
         for (int n = 0; n < NR; n++) _mm512_store_ps(acc[m][n], _mm512_setzero_ps());
@@ -734,9 +781,10 @@ static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, con
         const __m512i at = _mm512_srlv_epi32(iota, _mm512_set1_epi32(__builtin_ctz((unsigned)lpb)));
         const __mmask16 first = _mm512_cmpeq_epi32_mask(_mm512_and_si512(iota, _mm512_set1_epi32(lpb - 1)), _mm512_setzero_si512());
         __m512 ws[GQ_TILE], wo[GQ_TILE];
+        float hs[16], ho[16];  // (float16 storage: the group's numbers widened)
         for (int n = 0; n < NR; n++) {
-            ws[n] = _mm512_permutexvar_ps(at, _mm512_maskz_loadu_ps(have, S + n * s->nb + g * 16));
-            wo[n] = O ? _mm512_maskz_mov_ps(first, _mm512_permutexvar_ps(at, _mm512_maskz_loadu_ps(have, O + n * s->nb + g * 16)))
+            ws[n] = _mm512_permutexvar_ps(at, _mm512_maskz_loadu_ps(have, gq_group_floats(s, S, n, g, half, hs)));
+            wo[n] = O ? _mm512_maskz_mov_ps(first, _mm512_permutexvar_ps(at, _mm512_maskz_loadu_ps(have, gq_group_floats(s, O, n, g, half, ho))))
                       : _mm512_setzero_ps();
         }
         for (int m = 0; m < MR; m++) {
@@ -791,9 +839,9 @@ static inline __m256 gq_lanes8(const float *b, int64_t have, int lpb, int h, int
 }
 // as the AVX-512 tile, a vector of 16 lanes as two halves (lanes 8h .. 8h + 7: bytes 32h .. 32h + 31)
 static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, const uint8_t *W, int64_t rb,
-                                                          const float *S, const float *O, const int8_t *C, int64_t cb,
-                                                          const float *DX, const float *XS, int64_t lb, int MR,
-                                                          int NR, float *y, int64_t rows, int H) {
+                                                          const void *S, const void *O, int half, const int8_t *C,
+                                                          int64_t cb, const float *DX, const float *XS, int64_t lb,
+                                                          int MR, int NR, float *y, int64_t rows, int H) {
     float acc[GQ_TILE][GQ_TILE][16] __attribute__((aligned(32)));
     memset(acc, 0, sizeof acc);
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
@@ -831,8 +879,10 @@ static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, con
                 const __m256 xd = _mm256_loadu_ps(DX + m * lb + g * 16 + 8 * h);
                 const __m256 xs = _mm256_loadu_ps(XS + m * lb + g * 16 + 8 * h);
                 for (int n = 0; n < NR; n++) {
-                    const __m256 ws = gq_lanes8(S + n * s->nb + g * 16, s->nb - g * 16, lpb, h, 0);
-                    const __m256 wo = O ? gq_lanes8(O + n * s->nb + g * 16, s->nb - g * 16, lpb, h, 1) : _mm256_setzero_ps();
+                    float hs[16], ho[16];  // (float16 storage: the group's numbers widened)
+                    const __m256 ws = gq_lanes8(gq_group_floats(s, S, n, g, half, hs), s->nb - g * 16, lpb, h, 0);
+                    const __m256 wo = O ? gq_lanes8(gq_group_floats(s, O, n, g, half, ho), s->nb - g * 16, lpb, h, 1)
+                                        : _mm256_setzero_ps();
                     __m256 a = _mm256_load_ps(acc[m][n] + 8 * h);
                     a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m][n]), _mm256_mul_ps(xd, ws), a);
                     _mm256_store_ps(acc[m][n] + 8 * h, _mm256_fmadd_ps(wo, xs, a));
@@ -850,13 +900,14 @@ static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, con
 
 struct gq_job {
     const uint8_t *w;
-    const float *scale, *offset;
+    const void *scale, *offset;  // float32, or float16 with `half`
     gq_shape s;
     const int8_t *codes;
     const float *dxl, *xsl;
     int64_t n, rows;
     float *y;
     int high;  // the 5-bit layout
+    int half;  // scale and offset in float16
 };
 
 // a claim of GQ_ROWS_A_CLAIM rows against every input, GQ_TILE x GQ_TILE at a time
@@ -872,27 +923,30 @@ static void gq_claim(const void *ctx, int64_t item) {
             for (int64_t m = m0; m < m1; m += GQ_TILE) {
                 const int mr = m1 - m < GQ_TILE ? (int)(m1 - m) : GQ_TILE;
                 const uint8_t *W = j->w + r * rb;
-                const float *S = j->scale + r * s->nb, *O = j->offset ? j->offset + r * s->nb : NULL;
+                const size_t sz = j->half ? 2 : 4;  // a scale's bytes
+                const void *S = (const char *)j->scale + r * s->nb * sz;
+                const void *O = j->offset ? (const char *)j->offset + r * s->nb * sz : NULL;
                 float *y = j->y + m * j->rows + r;
 #if GQ_SIMD
                 const int8_t *C = j->codes + m * cb;
                 const float *DX = j->dxl + m * lb, *XS = j->xsl + m * lb;
                 if (mr == GQ_TILE && nr == GQ_TILE && !j->high)  // (constant tiles: their arrays in registers)
-                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, GQ_TILE, GQ_TILE, y, j->rows, 0);
+                    gq_tile(s, W, rb, S, O, j->half, C, cb, DX, XS, lb, GQ_TILE, GQ_TILE, y, j->rows, 0);
                 else if (mr == GQ_TILE && nr == GQ_TILE)
-                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, GQ_TILE, GQ_TILE, y, j->rows, 1);
+                    gq_tile(s, W, rb, S, O, j->half, C, cb, DX, XS, lb, GQ_TILE, GQ_TILE, y, j->rows, 1);
                 else if (mr == 1 && nr == GQ_TILE && !j->high)  // a decode step of one stream
-                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, 1, GQ_TILE, y, j->rows, 0);
+                    gq_tile(s, W, rb, S, O, j->half, C, cb, DX, XS, lb, 1, GQ_TILE, y, j->rows, 0);
                 else if (mr == 1 && nr == GQ_TILE)
-                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, 1, GQ_TILE, y, j->rows, 1);
+                    gq_tile(s, W, rb, S, O, j->half, C, cb, DX, XS, lb, 1, GQ_TILE, y, j->rows, 1);
                 else if (!j->high)
-                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, mr, nr, y, j->rows, 0);
+                    gq_tile(s, W, rb, S, O, j->half, C, cb, DX, XS, lb, mr, nr, y, j->rows, 0);
                 else
-                    gq_tile(s, W, rb, S, O, C, cb, DX, XS, lb, mr, nr, y, j->rows, 1);
+                    gq_tile(s, W, rb, S, O, j->half, C, cb, DX, XS, lb, mr, nr, y, j->rows, 1);
 #else
                 for (int a = 0; a < mr; a++)
                     for (int b = 0; b < nr; b++)
-                        y[a * j->rows + b] = gq_dot_c(s, W + b * rb, S + b * s->nb, O ? O + b * s->nb : NULL,
+                        y[a * j->rows + b] = gq_dot_c(s, W + b * rb, (const char *)S + b * s->nb * sz,
+                                                      O ? (const char *)O + b * s->nb * sz : NULL, j->half,
                                                       j->codes + (m + a) * cb, j->dxl + (m + a) * lb,
                                                       j->xsl + (m + a) * lb, j->high);
 #endif
@@ -902,10 +956,10 @@ static void gq_claim(const void *ctx, int64_t item) {
 }
 
 // y[i * rows + r] = sum_k w[r, k] x[i * K + k] for the n inputs and every row of w (layout 3, GROUPS, or with
-// `high` 4, GROUPS_HIGH; scale and offset a float a block of 32, offset NULL: none); K % 32 == 0. Returns -1
-// (nothing written) without memory for the coded inputs.
-int genie_gq_products(const uint8_t *w, const float *scale, const float *offset, int64_t K, const float *x,
-                      int64_t n, float *y, int64_t rows, int high) {
+// `high` 4, GROUPS_HIGH; scale and offset a number a block of 32, float32 or with `half` float16, offset NULL:
+// none); K % 32 == 0. Returns -1 (nothing written) without memory for the coded inputs.
+int genie_gq_products(const uint8_t *w, const void *scale, const void *offset, int64_t K, const float *x, int64_t n,
+                      float *y, int64_t rows, int high, int half) {
     const gq_shape s = gq_shape_of(K);
     const int64_t cb = s.vecs * 64, lb = s.groups * 16;
     int8_t *codes = malloc((size_t)(n * cb + K)), *c = codes + n * cb;
@@ -918,7 +972,7 @@ int genie_gq_products(const uint8_t *w, const float *scale, const float *offset,
     float *dxl = lanes, *xsl = lanes + n * lb, *d = lanes + 2 * n * lb, *xs = d + K / 32;
     for (int64_t i = 0; i < n; i++)
         gq_code_input(&s, x + i * K, codes + i * cb, dxl + i * lb, xsl + i * lb, c, d, xs);
-    const struct gq_job job = {w, scale, offset, s, codes, dxl, xsl, n, rows, y, high != 0};
+    const struct gq_job job = {w, scale, offset, s, codes, dxl, xsl, n, rows, y, high != 0, half != 0};
     const int64_t claims = (rows + GQ_ROWS_A_CLAIM - 1) / GQ_ROWS_A_CLAIM;
     if (rows * K * n >= PARALLEL_MIN_WORK)
         pool_run(gq_claim, &job, claims);
