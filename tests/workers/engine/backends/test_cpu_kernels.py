@@ -123,7 +123,7 @@ def _has_avx2() -> bool:
 # without a GPU in a home), the compiler's plain C
 ISA_FLAGS = {
     "native": ["-O3", "-march=native", "-pthread"],
-    "avx2": ["-O3", "-mavx2", "-mfma", "-mno-avx512f", "-pthread"],
+    "avx2": ["-O3", "-mavx2", "-mfma", "-mf16c", "-mno-avx512f", "-pthread"],  # F16C: every AVX2 CPU has it
     "plain": ["-O3", "-pthread"],
 }
 
