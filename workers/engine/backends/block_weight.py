@@ -34,7 +34,7 @@ GROUPED = frozenset({GROUPS, GROUPS_HIGH})
 @dataclass(frozen=True)
 class BlockWeight:
     q: np.ndarray  # int8 [rows, cols]; packed: uint8 [rows, row_bytes(layout, cols)]
-    # float32 [rows, cols // block]; float16 in a GROUPED layout where every one is a float16 (_half_where_exact)
+    # float32 [rows, cols // block]; float16 for HALF_SCALES types (_half_where_exact)
     scale: np.ndarray
     offset: np.ndarray | None  # as scale (the same dtype), None for scale-only types
     block: int  # 16 or 32
