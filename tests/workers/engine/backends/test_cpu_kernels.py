@@ -244,14 +244,20 @@ def test_gemm_in_chunks_of_rows(kernels, monkeypatch):
     assert rel_err(kernels.gemm(x, w), ref) < 1e-5
 
 
+def random_parts(spec: tuple[tuple[Q, int], ...], cols: int, rng: np.random.Generator) -> tuple[list, list]:
+    """Matrices of the given (type, rows), cols wide, as loaded and as float32 (gguf's dequantization)."""
+    parts, dense = [], []
+    for qtype, rows in spec:
+        raw = signed_blocks(qtype, rows, cols, rng)
+        parts.append(to_blocks(tensor_of(raw, qtype, rows, cols)))
+        dense.append(dequantize(raw, qtype).reshape(rows, cols))
+    return parts, dense
+
+
 def test_group_of_different_block_types(kernels):
     """QKV or gate/up of mixed types (Q4_K offsets, Q6_K blocks of 16, Q8_0) stack into one matrix."""
     rng = np.random.default_rng()
-    parts, dense = [], []
-    for qtype, rows in ((Q.Q4_K, 64), (Q.Q6_K, 32), (Q.Q8_0, 48)):
-        raw = signed_blocks(qtype, rows, 512, rng)
-        parts.append(to_blocks(tensor_of(raw, qtype, rows, 512)))
-        dense.append(dequantize(raw, qtype).reshape(rows, 512))
+    parts, dense = random_parts(((Q.Q4_K, 64), (Q.Q6_K, 32), (Q.Q8_0, 48)), 512, rng)
     g = concat_blocks(parts)
     assert g.block == 16 and g.offset is not None
     np.testing.assert_array_equal(g.dequantize(), np.concatenate(dense))
@@ -263,11 +269,7 @@ def test_grouped_parts_of_float16_and_float32_scales_stack(kernels):
     """Q4_1 (float16 scales) beside Q4_K (float32) in one grouped matrix: float32 for all, the same products; two
     Q4_1 parts keep float16."""
     rng = np.random.default_rng()
-    parts, dense = [], []
-    for qtype, rows in ((Q.Q4_1, 40), (Q.Q4_K, 24), (Q.Q4_1, 8)):
-        raw = signed_blocks(qtype, rows, 512, rng)
-        parts.append(to_blocks(tensor_of(raw, qtype, rows, 512)))
-        dense.append(dequantize(raw, qtype).reshape(rows, 512))
+    parts, dense = random_parts(((Q.Q4_1, 40), (Q.Q4_K, 24), (Q.Q4_1, 8)), 512, rng)
     g = concat_blocks(parts)
     assert g.layout in GROUPED and g.scale.dtype == np.float32 and g.offset is not None and g.offset.dtype == np.float32
     np.testing.assert_array_equal(g.dequantize(), np.concatenate(dense))
