@@ -465,8 +465,9 @@ def test_head_dims_the_c_attention_does_not_take_keep_the_loop(kernels):
 
 
 def _pooled_products(rng: np.random.Generator, kernels: cpu_kernels.BlockKernels) -> list[tuple[Any, np.ndarray]]:
-    """Products large enough for the pool's threads (2 048 x 640: 64 claims of 32 rows, 128 of 16) and their
-    reference inputs: genie_blk_gemv (Q8_0) and genie_gq_products (Q4_1, Q5_0: groups) of two inputs."""
+    """Products large enough for the pool's threads (2 048 x 640: gemv's 64 claims of 32 rows; the groups' two
+    inputs a decode step's, a run of rows a thread) and their reference inputs: genie_blk_gemv (Q8_0) and
+    genie_gq_products (Q4_1, Q5_0: groups) of two inputs."""
     rows, cols = 2048, 640
     x = rng.standard_normal((2, cols), dtype=np.float32)
     q8, q4, q5 = (

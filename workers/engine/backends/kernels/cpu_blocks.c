@@ -21,7 +21,8 @@
 #include <unistd.h>
 
 #define PARALLEL_MIN_WORK (1 << 16)  // multiply-adds below which one thread is faster than waking others
-#define GEMV_ROWS_A_CLAIM 32         // rows a thread takes at a time
+#define GEMV_ROWS_A_CLAIM 32         // rows a thread takes at a time (a prompt's product)
+#define RUN_INPUTS 4                 // inputs up to which a product's rows are one run a thread (decode steps)
 #define ROTATE_ROWS_A_CLAIM 64       // rows of genie_rotate_rows a thread takes at a time
 
 // ---- the threads ----------------------------------------------------------------------------------------------
@@ -459,14 +460,16 @@ struct gemv_job {
     const float *scale, *offset, *x, *xsum;
     int64_t K, bs, n, rows, groups, tail;
     float *y;
+    int64_t per;  // row groups a claim
 };
 
-// A claim of GEMV_ROWS_A_CLAIM rows: in groups of GEMV_ROW_GROUP where the CPU has a kernel for it, the last rows
-// of a product one at a time. Rows are claimed in small runs, so a thread that another process holds up (a busy
-// machine) delays only its own run, not the whole product behind a static share.
+// A claim of `per` row groups: in groups of GEMV_ROW_GROUP where the CPU has a kernel for it, the last rows of a
+// product one at a time. A prompt's rows are claimed in small runs (GEMV_ROWS_A_CLAIM), so a thread that another
+// process holds up delays only its own run; a decode step's are one run a thread, which its core's prefetchers
+// follow (faster also beside a busy core, as measured).
 static void gemv_claim(const void *ctx, int64_t item) {
     const struct gemv_job *j = ctx;
-    const int64_t per = GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP, g1 = (item + 1) * per;
+    const int64_t per = j->per, g1 = (item + 1) * per;
     for (int64_t g = item * per; g < g1 && g < j->groups + j->tail; g++) {
         const int64_t r = g < j->groups ? g * GEMV_ROW_GROUP : j->groups * GEMV_ROW_GROUP + (g - j->groups);
         const int nr = g < j->groups ? GEMV_ROW_GROUP : 1;
@@ -496,8 +499,12 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
         }
     }
     const int64_t groups = rows / GEMV_ROW_GROUP, tail = rows - groups * GEMV_ROW_GROUP;
-    const struct gemv_job job = {q, scale, offset, x, xsum, K, bs, n, rows, groups, tail, y};
-    const int64_t per = GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP, claims = (groups + tail + per - 1) / per;
+    // a decode step's rows as one run a thread (genie_gq_products says why): Gemma 3's 262 144-row head 6.1-6.8 ms
+    // in claims of 32 rows, 4.4 in two runs (5.1-6.7 against 7.1-7.4 beside a busy core; bench/NOTES.md)
+    const int64_t threads = atomic_load(&pool.threads);
+    const int64_t per = n > RUN_INPUTS ? GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP : (groups + tail + threads - 1) / threads;
+    const struct gemv_job job = {q, scale, offset, x, xsum, K, bs, n, rows, groups, tail, y, per};
+    const int64_t claims = (groups + tail + per - 1) / per;
     if (rows * K * n >= PARALLEL_MIN_WORK) {
         pool_run(gemv_claim, &job, claims);
     } else {
@@ -546,7 +553,7 @@ void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset,
 // lane, zeros elsewhere); the row's output is red16(acc). A decode step (one input) and a prompt (many) give a
 // token the same bits, so a conversation continued from saved K/V continues as a cold run does.
 #define GQ_TILE 4         // inputs and rows a tile
-#define GQ_ROWS_A_CLAIM 16
+#define GQ_ROWS_A_CLAIM 16 // a prompt's claim (a decode step's: RUN_INPUTS)
 #define GQ_INPUT_CHUNK 64 // inputs whose codes a claim's rows meet before the next ones (they stay in L1/L2)
 
 typedef struct {
@@ -908,17 +915,18 @@ struct gq_job {
     float *y;
     int high;  // the 5-bit layout
     int half;  // scale and offset in float16
+    int64_t per_claim;  // rows a claim, a multiple of GQ_TILE
 };
 
-// a claim of GQ_ROWS_A_CLAIM rows against every input, GQ_TILE x GQ_TILE at a time
+// a claim of per_claim rows against every input, GQ_TILE x GQ_TILE at a time
 static void gq_claim(const void *ctx, int64_t item) {
     const struct gq_job *j = ctx;
     const gq_shape *s = &j->s;
     const int64_t rb = s->vecs / 2 * GQ_PAIR(j->high), cb = s->vecs * 64, lb = s->groups * 16;
-    const int64_t r1 = (item + 1) * GQ_ROWS_A_CLAIM < j->rows ? (item + 1) * GQ_ROWS_A_CLAIM : j->rows;
+    const int64_t r1 = (item + 1) * j->per_claim < j->rows ? (item + 1) * j->per_claim : j->rows;
     for (int64_t m0 = 0; m0 < j->n; m0 += GQ_INPUT_CHUNK) {
         const int64_t m1 = m0 + GQ_INPUT_CHUNK < j->n ? m0 + GQ_INPUT_CHUNK : j->n;
-        for (int64_t r = item * GQ_ROWS_A_CLAIM; r < r1; r += GQ_TILE) {
+        for (int64_t r = item * j->per_claim; r < r1; r += GQ_TILE) {
             const int nr = r1 - r < GQ_TILE ? (int)(r1 - r) : GQ_TILE;
             for (int64_t m = m0; m < m1; m += GQ_TILE) {
                 const int mr = m1 - m < GQ_TILE ? (int)(m1 - m) : GQ_TILE;
@@ -972,8 +980,13 @@ int genie_gq_products(const uint8_t *w, const void *scale, const void *offset, i
     float *dxl = lanes, *xsl = lanes + n * lb, *d = lanes + 2 * n * lb, *xs = d + K / 32;
     for (int64_t i = 0; i < n; i++)
         gq_code_input(&s, x + i * K, codes + i * cb, dxl + i * lb, xsl + i * lb, c, d, xs);
-    const struct gq_job job = {w, scale, offset, s, codes, dxl, xsl, n, rows, y, high != 0, half != 0};
-    const int64_t claims = (rows + GQ_ROWS_A_CLAIM - 1) / GQ_ROWS_A_CLAIM;
+    // A decode step reads each row once: a thread's rows as one run, so that each core's prefetchers follow one
+    // long stream. In 16-row claims the two threads' runs interleaved every ~5 KB and a SmolLM2 token's products
+    // took 6.7-6.9 ms against 4.0 (2 threads; 8.0-8.9 against 5.9 beside a busy core; bench/NOTES.md).
+    const int64_t threads = atomic_load(&pool.threads);
+    const int64_t per_claim = n > RUN_INPUTS ? GQ_ROWS_A_CLAIM : (rows + threads * GQ_TILE - 1) / (threads * GQ_TILE) * GQ_TILE;
+    const struct gq_job job = {w, scale, offset, s, codes, dxl, xsl, n, rows, y, high != 0, half != 0, per_claim};
+    const int64_t claims = (rows + per_claim - 1) / per_claim;
     if (rows * K * n >= PARALLEL_MIN_WORK)
         pool_run(gq_claim, &job, claims);
     else
