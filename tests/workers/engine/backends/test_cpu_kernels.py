@@ -513,6 +513,19 @@ def test_products_are_the_same_on_one_two_and_four_threads_and_from_two_callers_
         assert len(together) == 400
 
 
+def test_a_matrix_of_no_rows_gives_no_outputs(kernels):
+    """A decode step's rows are one run a thread: a product with no rows has no run to hand out, not a division by
+    a run of none (genie_gq_products, genie_blk_gemv)."""
+    rng = np.random.default_rng(3)
+    for qtype in (Q.Q8_0, Q.Q4_1):
+        w = to_blocks(tensor_of(signed_blocks(qtype, 8, 640, rng), qtype, 8, 640))
+        empty = BlockWeight(w.q[:0], w.scale[:0], None if w.offset is None else w.offset[:0], w.block, w.layout)
+        for n in (1, 9):
+            x = rng.standard_normal((n, 640), dtype=np.float32)
+            got = kernels.products(x, empty) if w.layout in GROUPED else kernels.gemv(x, empty)
+            assert got.shape == (n, 0)
+
+
 def test_a_forked_child_runs_products_on_threads_of_its_own(kernels):
     """The pool's threads are its process's: a child forked after they started (none of them in it) starts
     its own (the child has two threads after a product on two) and gets the parent's numbers."""

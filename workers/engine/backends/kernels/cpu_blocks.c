@@ -502,7 +502,8 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
     // a decode step's rows as one run a thread (genie_gq_products says why): Gemma 3's 262 144-row head 6.1-6.8 ms
     // in claims of 32 rows, 4.4 in two runs (5.1-6.7 against 7.1-7.4 beside a busy core; bench/NOTES.md)
     const int64_t threads = atomic_load(&pool.threads);
-    const int64_t per = n > RUN_INPUTS ? GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP : (groups + tail + threads - 1) / threads;
+    const int64_t run = (groups + tail + threads - 1) / threads;
+    const int64_t per = n > RUN_INPUTS || run == 0 ? GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP : run;  // (run 0: no rows)
     const struct gemv_job job = {q, scale, offset, x, xsum, K, bs, n, rows, groups, tail, y, per};
     const int64_t claims = (groups + tail + per - 1) / per;
     if (rows * K * n >= PARALLEL_MIN_WORK) {
@@ -984,7 +985,8 @@ int genie_gq_products(const uint8_t *w, const void *scale, const void *offset, i
     // long stream. In 16-row claims the two threads' runs interleaved every ~5 KB and a SmolLM2 token's products
     // took 6.7-6.9 ms against 4.0 (2 threads; 8.0-8.9 against 5.9 beside a busy core; bench/NOTES.md).
     const int64_t threads = atomic_load(&pool.threads);
-    const int64_t per_claim = n > RUN_INPUTS ? GQ_ROWS_A_CLAIM : (rows + threads * GQ_TILE - 1) / (threads * GQ_TILE) * GQ_TILE;
+    const int64_t run = (rows + threads * GQ_TILE - 1) / (threads * GQ_TILE) * GQ_TILE;
+    const int64_t per_claim = n > RUN_INPUTS || run == 0 ? GQ_ROWS_A_CLAIM : run;  // (run 0: no rows)
     const struct gq_job job = {w, scale, offset, s, codes, dxl, xsl, n, rows, y, high != 0, half != 0, per_claim};
     const int64_t claims = (rows + per_claim - 1) / per_claim;
     if (rows * K * n >= PARALLEL_MIN_WORK)
