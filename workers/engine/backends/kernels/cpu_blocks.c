@@ -499,8 +499,7 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
         }
     }
     const int64_t groups = rows / GEMV_ROW_GROUP, tail = rows - groups * GEMV_ROW_GROUP;
-    // a decode step's rows as one run a thread (genie_gq_products says why): Gemma 3's 262 144-row head 6.1-6.8 ms
-    // in claims of 32 rows, 4.4 in two runs (5.1-6.7 against 7.1-7.4 beside a busy core; bench/NOTES.md)
+    // a decode step's rows as one run a thread, as genie_gq_products' (bench/NOTES.md, CPU note item 7)
     const int64_t threads = atomic_load(&pool.threads);
     const int64_t run = (groups + tail + threads - 1) / threads;
     const int64_t per = n > RUN_INPUTS || run == 0 ? GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP : run;  // (run 0: no rows)
@@ -982,8 +981,8 @@ int genie_gq_products(const uint8_t *w, const void *scale, const void *offset, i
     for (int64_t i = 0; i < n; i++)
         gq_code_input(&s, x + i * K, codes + i * cb, dxl + i * lb, xsl + i * lb, c, d, xs);
     // A decode step reads each row once: a thread's rows as one run, so that each core's prefetchers follow one
-    // long stream. In 16-row claims the two threads' runs interleaved every ~5 KB and a SmolLM2 token's products
-    // took 6.7-6.9 ms against 4.0 (2 threads; 8.0-8.9 against 5.9 beside a busy core; bench/NOTES.md).
+    // long stream, where 16-row claims interleaved the threads every few KB (bench/NOTES.md, CPU note item 7:
+    // faster idle and beside a busy core alike).
     const int64_t threads = atomic_load(&pool.threads);
     const int64_t run = (rows + threads * GQ_TILE - 1) / (threads * GQ_TILE) * GQ_TILE;
     const int64_t per_claim = n > RUN_INPUTS || run == 0 ? GQ_ROWS_A_CLAIM : run;  // (run 0: no rows)
