@@ -414,8 +414,7 @@ __device__ __forceinline__ void dec_rows(const float* qkv, void* k_pool, void* v
             for (int e = 0; e < DPL; ++e) q[e] = v[e];
         } else if (row != -2) {  // the token's key or value row into the pools
             const long long dst = (long long)qpos * n_kv + kvh;
-            if (row >= 0) store_row_regs<DPL>(v, k_pool, k_scale, dst);
-            else store_row_regs<DPL>(v, v_pool, v_scale, dst);
+            store_row_regs<DPL>(v, row >= 0 ? k_pool : v_pool, row >= 0 ? k_scale : v_scale, dst);  // one copy
         }
     }
 }
@@ -478,7 +477,7 @@ __device__ __forceinline__ void dec_head(int g, int kvh, int ranks, float* out, 
     }
     if (x8 != nullptr) {
         __syncwarp();
-#pragma unroll
+#pragma unroll 1  // one copy of the coding: this code runs once a launch, fetched from L2 (bench/NOTES.md v30)
         for (int sb = 0; sb < HD / 32; ++sb) q8_code(hb[sb * 32 + lane], (int)(h * HD / 32) + sb, lane, xa);
     }
 }
@@ -526,7 +525,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     __shared__ __align__(16) float qs[G * DEC_HDP(DPL)];  // the queries, quarters DEC_QP apart
     __shared__ __align__(16) float kvb[HD];                // the merged head (x8 coding)
     __shared__ float accs[WARPS][G * HD];  // the warps' accumulators; row 0 then the block's, read by peers
-    __shared__ float ms[WARPS][G], ls[WARPS][G];
+    __shared__ float ms[WARPS][G], ls[WARPS][G], fw[WARPS][G];  // fw: each warp's weight in the block's merge
     __shared__ float bm[G], bl[G];  // the block's max and sum per head, read by peers
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool int8 = k_scale != nullptr;
@@ -580,38 +579,36 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
                 for (int e = 0; e < DPL; ++e) accs[vw][g * HD + lane * DPL + e] = acc[g][e];
         }
     }
-    // the warps merged: the block's max, sum and accumulator per head
-    if constexpr (P == WARPS)
+    // the warps merged: the block's max, sum and accumulator per head. Warp g takes head g's max and its warps'
+    // weights f_w = exp(m_w - max) (fw); the column sums weigh the raw accumulators, each product rounded before
+    // its sum (the bits of scaling each warp's accumulator first). Few instructions: this code runs once a launch.
+    if constexpr (P == WARPS) {  // (P < WARPS: the virtual warps' states are in ms, ls and accs already)
         if (lane == 0)
 #pragma unroll
             for (int g = 0; g < G; ++g) ms[warp][g] = m[g], ls[warp][g] = l[g];
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) accs[warp][g * HD + lane * DPL + e] = acc[g][e];
+    }
     __syncthreads();
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        float mb = NEG_INF;
-        for (int w = 0; w < n_m; ++w) mb = fmaxf(mb, ms[w][g]);
-        if constexpr (P == WARPS) {
-            const float f = m[g] == NEG_INF ? 0.f : __expf(m[g] - mb);
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) accs[warp][g * HD + lane * DPL + e] = acc[g][e] * f;
-        } else {
-            for (int vw = warp; vw < n_act; vw += P) {
-                const float mv = ms[vw][g], f = mv == NEG_INF ? 0.f : __expf(mv - mb);
-#pragma unroll
-                for (int e = 0; e < DPL; ++e) accs[vw][g * HD + lane * DPL + e] *= f;
-            }
-        }
-        if (threadIdx.x == 0) {
-            float lb = 0.f;
-            for (int w = 0; w < n_m; ++w)
-                if (ms[w][g] != NEG_INF) lb += ls[w][g] * __expf(ms[w][g] - mb);
-            bm[g] = mb, bl[g] = lb;
-        }
+    for (int g = warp; g < G; g += P) {
+        const float mw = lane < n_m ? ms[lane][g] : NEG_INF;
+        const float mb = warp_max(mw);
+        const float f = mw == NEG_INF ? 0.f : __expf(mw - mb);
+        const float lw = lane < n_m ? ls[lane][g] : 0.f;
+        if (lane < n_m) fw[lane][g] = f;
+        float lb = 0.f;  // in warp order; a warp without keys adds 0 * 0
+#pragma unroll 1
+        for (int w = 0; w < n_m; ++w) lb += __shfl_sync(FULL, lw, w) * __shfl_sync(FULL, f, w);
+        if (lane == 0) bm[g] = mb, bl[g] = lb;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {  // in place into row 0: column i is this thread's
+        const int g = i / HD;
         float sum = 0.f;  // n_m == 0: zeros, which the peers weigh by 0
-        for (int w = 0; w < n_m; ++w) sum += accs[w][i];
+#pragma unroll 4
+        for (int w = 0; w < n_m; ++w) sum = __fadd_rn(sum, __fmul_rn(accs[w][i], fw[w][g]));
         accs[0][i] = sum;
     }
     const int cols = n_heads * HD;  // x8_token >= 0: that token of an n-token product's input
