@@ -53,10 +53,21 @@ ATTN1_MAX_GROUP = 32  # and query heads a KV head
 DEQUANT_CHUNK_BYTES = 1 << 20  # float32 rows a pool thread dequantizes and multiplies per claim, at most
 CLAIMS_PER_THREAD = 4  # at least this many runs of rows per thread, so a held-up thread delays little
 
+GATES = {"silu": 0, "gelu_tanh": 1}  # genie_gated_act's kinds
 T = TypeVar("T")
 _DONE = object()  # each(): no item left
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
+_byte = ctypes.c_char
+
+
+def address(a: np.ndarray) -> int:
+    """A C-contiguous array's data address: ctypes' from_buffer takes ~0.3 us where numpy's `.ctypes.data` takes ~1 us,
+    and a SmolLM2 decode token passes ~750 arrays (bench/NOTES.md, CPU note 2026-12-07)."""
+    try:
+        return ctypes.addressof(_byte.from_buffer(a))  # type: ignore[arg-type]  # an ndarray is a buffer
+    except (TypeError, ValueError):  # read-only or empty: numpy's way
+        return a.ctypes.data
 
 
 def _cache_dir() -> Path:
@@ -142,14 +153,18 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_gq_products.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64, ctypes.c_int, ctypes.c_int]
     lib.genie_gq_products.restype = ctypes.c_int
     f = ctypes.c_float
-    # q, k, ks, v, vs, n, lo, t, n_heads, n_kv, hd, hdv, scale, softcap, out
-    lib.genie_attn_rows_i8.argtypes = [*[_ptr] * 5, _i64, _ptr, _ptr, *[_i64] * 4, f, f, _ptr]
+    # q, k, ks, v, vs, n, lo, t, positions, n_heads, n_kv, hd, hdv, scale, softcap, out
+    lib.genie_attn_rows_i8.argtypes = [*[_ptr] * 5, _i64, _ptr, _ptr, *[_i64] * 5, f, f, _ptr]
     lib.genie_attn_rows_i8.restype = ctypes.c_int
     i, i64 = ctypes.c_int, _i64
     lib.genie_qkv_i8.argtypes = [_ptr, *[i64] * 5, _ptr, f, i, _ptr, _ptr, i64, i, *[_ptr] * 5]
     lib.genie_qkv_i8.restype = None
     lib.genie_rotate_rows.argtypes = [_ptr, i64, i64]
     lib.genie_rotate_rows.restype = None
+    lib.genie_add_rms_norm.argtypes = [_ptr, _ptr, _ptr, i64, i64, f, _ptr, _ptr]
+    lib.genie_add_rms_norm.restype = None
+    lib.genie_gated_act.argtypes = [_ptr, i64, i64, i, _ptr]
+    lib.genie_gated_act.restype = ctypes.c_int
 
 
 def limit_blas_threads(n: int) -> None:
@@ -179,7 +194,7 @@ class BlockKernels:
         if cols != w_cols or cols % 32 or w.layout != INT8:  # the C code reads cols values of x for every row
             raise ValueError(f"x has {cols} columns, the weight {w_cols} in layout {w.layout}")
         y = np.empty((n, rows), dtype=np.float32)
-        if self.lib.genie_blk_gemv(*w.addresses, cols, w.block, x.ctypes.data, n, y.ctypes.data, rows) == -1:
+        if self.lib.genie_blk_gemv(*w.addresses, cols, w.block, address(x), n, address(y), rows) == -1:
             raise MemoryError(f"genie_blk_gemv: no memory for {n} x {cols // w.block} block sums")
         return y
 
@@ -194,7 +209,7 @@ class BlockKernels:
         y = np.empty((n, rows), dtype=np.float32)
         high, half = int(w.layout == GROUPS_HIGH), int(w.scale.dtype == np.float16)
         assert w.offset is None or w.offset.dtype == w.scale.dtype
-        if self.lib.genie_gq_products(*w.addresses, cols, x.ctypes.data, n, y.ctypes.data, rows, high, half) == -1:
+        if self.lib.genie_gq_products(*w.addresses, cols, address(x), n, address(y), rows, high, half) == -1:
             raise MemoryError(f"genie_gq_products: no memory for {n} coded inputs of {cols}")
         return y
 
@@ -202,29 +217,41 @@ class BlockKernels:
     def takes_attention(hd: int, hdv: int, group: int = 1) -> bool:
         """Whether genie_attn_rows_i8 takes these head dims (multiples of 16, at most ATTN1_MAX_DIM) and query
         heads a KV head (at most ATTN1_MAX_GROUP)."""
-        return all(d % 16 == 0 and 0 < d <= ATTN1_MAX_DIM for d in (hd, hdv)) and 0 < group <= ATTN1_MAX_GROUP
+        return (
+            0 < hd <= ATTN1_MAX_DIM
+            and 0 < hdv <= ATTN1_MAX_DIM
+            and hd % 16 == hdv % 16 == 0
+            and 0 < group <= ATTN1_MAX_GROUP
+        )
 
     def attention_rows(
-        self, q: np.ndarray, kv: LayerKV, slot: int, lo: np.ndarray, end: np.ndarray, scale: float, softcap: float
-    ) -> np.ndarray:
+        self, q: np.ndarray, kv: LayerKV, slot: int, lo: np.ndarray, end: np.ndarray, scale: float, softcap: float,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:  # fmt: skip
         """Each row's attention [n, n_heads, hdv]: row i's query q[i] [n_heads, hd] (rotated as the rows are) over
-        positions [lo[i], end[i]) of `slot` in an INT8 layer pool, the output left rotated; a row's numbers are
-        the same alone as among others (genie_attn_rows_i8)."""
+        positions [lo[i], end[i]) of `slot` in an INT8 layer pool, the output left rotated (into `out` when given, a
+        C-contiguous float32 [n, n_heads, hdv]); a row's numbers are the same alone as among others
+        (genie_attn_rows_i8, which checks the positions against the pool's)."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         n, n_heads, hd = q.shape
         n_kv, hdv = kv.k.shape[2], kv.v.shape[3]
         lo, t = np.ascontiguousarray(lo, dtype=np.int64), np.ascontiguousarray(end, dtype=np.int64) - lo
-        assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[3] == hd
-        assert (lo >= 0).all() and (t > 0).all() and int((lo + t).max()) <= kv.k.shape[1] and n_heads % n_kv == 0
+        assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[3] == hd and n_heads % n_kv == 0
         assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and self.takes_attention(hd, hdv)
-        out = np.empty((n, n_heads, hdv), dtype=np.float32)
+        assert lo.shape == t.shape == (n,)
+        if out is None:
+            out = np.empty((n, n_heads, hdv), dtype=np.float32)
+        elif out.shape != (n, n_heads, hdv) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"attention rows into {out.shape} {out.dtype}: [{n}, {n_heads}, {hdv}] float32 wanted")
         ks, vs = kv.k_scale[slot], kv.v_scale[slot]
         rc = self.lib.genie_attn_rows_i8(
-            q.ctypes.data, kv.k[slot].ctypes.data, ks.ctypes.data, kv.v[slot].ctypes.data, vs.ctypes.data,
-            n, lo.ctypes.data, t.ctypes.data, n_heads, n_kv, hd, hdv, scale, softcap, out.ctypes.data,
+            address(q), address(kv.k[slot]), address(ks), address(kv.v[slot]), address(vs),
+            n, address(lo), address(t), kv.k.shape[1], n_heads, n_kv, hd, hdv, scale, softcap, address(out),
         )  # fmt: skip
         if rc == -1:
             raise MemoryError(f"genie_attn_rows_i8: no memory for the partial results of {int(t.sum())} positions")
+        if rc == -3:
+            raise ValueError(f"attention over positions [{lo.tolist()}, {(lo + t).tolist()}) of {kv.k.shape[1]}")
         if rc:
             raise ValueError(f"genie_attn_rows_i8: {n_heads // n_kv} query heads a KV head, past {ATTN1_MAX_GROUP}")
         return out
@@ -249,20 +276,47 @@ class BlockKernels:
         assert norm is None or norm.shape == (H + Hkv, hd)
         q = np.empty((n, H, hd), dtype=np.float32)
         self.lib.genie_qkv_i8(
-            qkv.ctypes.data, n, H, Hkv, hd, hdv, None if norm is None else norm.ctypes.data, eps, int(v_norm),
-            cos.ctypes.data, sin.ctypes.data, 2 * cos.shape[1], int(neox), q.ctypes.data, kv.k[slot, pos0].ctypes.data,
-            kv.k_scale[slot, pos0].ctypes.data, kv.v[slot, pos0].ctypes.data, kv.v_scale[slot, pos0].ctypes.data,
+            address(qkv), n, H, Hkv, hd, hdv, None if norm is None else address(norm), eps, int(v_norm),
+            address(cos), address(sin), 2 * cos.shape[1], int(neox), address(q), address(kv.k[slot, pos0]),
+            address(kv.k_scale[slot, pos0]), address(kv.v[slot, pos0]), address(kv.v_scale[slot, pos0]),
         )  # fmt: skip
         return q
 
     def rotate(self, x: np.ndarray) -> np.ndarray:
         """x [..., d] @ kv_rotation(d) (d at most ATTN1_MAX_DIM) as a new array: genie_rotate_rows' butterflies, a
         row's numbers the same whatever rows share the call."""
-        y = np.array(x, dtype=np.float32, order="C")  # a copy: the rows are rotated in place
+        return self.rotate_in_place(np.array(x, dtype=np.float32, order="C"))
+
+    def rotate_in_place(self, y: np.ndarray) -> np.ndarray:
+        """rotate() of a C-contiguous float32 y, in y."""
         d = y.shape[-1]
-        assert 0 < d <= ATTN1_MAX_DIM
-        self.lib.genie_rotate_rows(y.ctypes.data, y.size // d, d)
+        assert 0 < d <= ATTN1_MAX_DIM and y.dtype == np.float32 and y.flags.c_contiguous
+        self.lib.genie_rotate_rows(address(y), y.size // d, d)
         return y
+
+    def add_rms_norm(
+        self, x: np.ndarray, r: np.ndarray | None, w: np.ndarray, eps: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(x + r, rms_norm(x + r) * w) for float32 rows x, r [n, d] and w [d], as new arrays; with r None, (x itself,
+        rms_norm(x) * w) (genie_add_rms_norm)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        d = x.shape[-1]
+        if w.shape != (d,) or w.dtype != np.float32 or (r is not None and r.shape != x.shape):
+            raise ValueError(f"rows {x.shape}, residual {None if r is None else r.shape}, norm weight {w.shape}")
+        h = np.empty_like(x)
+        s = x if r is None else np.empty_like(x)
+        rr = None if r is None else address(np.ascontiguousarray(r, dtype=np.float32))
+        self.lib.genie_add_rms_norm(address(x), rr, address(w), x.size // d, d, eps, address(s), address(h))
+        return s, h
+
+    def gated_act(self, gate_up: np.ndarray, kind: str) -> np.ndarray:
+        """act(gate) * up of gate_up [..., 2f] -> [..., f], act silu or gelu_tanh (genie_gated_act)."""
+        gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
+        f = gate_up.shape[-1] // 2
+        out = np.empty((*gate_up.shape[:-1], f), dtype=np.float32)
+        if self.lib.genie_gated_act(address(gate_up), out.size // f if f else 0, f, GATES.get(kind, -1), address(out)):
+            raise ValueError(f"unknown activation {kind}")
+        return out
 
     def dequantize(self, w: BlockWeight, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
         """float32 rows [r0, r1) of w into out[: r1 - r0] (C-contiguous)."""
@@ -272,7 +326,7 @@ class BlockKernels:
         if not (0 <= r0 <= r1 <= rows and dst.shape == (r1 - r0, cols) and dst.dtype == np.float32):
             raise ValueError(f"dequantize rows [{r0}, {r1}) of {w.shape} into {out.shape} {out.dtype}")
         assert dst.flags.c_contiguous and w.layout == INT8
-        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, dst.ctypes.data, r0, r1)
+        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, address(dst), r0, r1)
         return dst
 
     def gemm(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:

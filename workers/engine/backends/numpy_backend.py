@@ -204,7 +204,17 @@ class NumpyBackend(Backend):
             return self._blocks.gemm(x, weight)
         return x @ weight.T
 
+    def _c_norm(self, x: Array, weight: Array) -> bool:
+        """Whether genie_add_rms_norm takes this norm: float32 rows over the last axis, one weight row."""
+        return (
+            self._blocks is not None and self.xp is np and weight.ndim == 1 and x.dtype == weight.dtype == np.float32
+            and x.shape[-1] == weight.shape[0] > 0
+        )  # fmt: skip
+
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        if self._c_norm(x, weight):
+            assert self._blocks is not None
+            return self._blocks.add_rms_norm(x, None, weight, eps)[1]
         xp = self.xp
         ms = xp.einsum("...i,...i->...", x, x)[..., None] * np.float32(1.0 / x.shape[-1])
         return x * (np.float32(1.0) / xp.sqrt(ms + np.float32(eps))) * weight
@@ -255,8 +265,16 @@ class NumpyBackend(Backend):
             x[..., 1:rope_dim:2] = x0 * sin + x1 * cos
         return x
 
+    def add_rms_norm(self, x: Array, r: Array, weight: Array, eps: float) -> tuple[Array, Array]:
+        if self._c_norm(x, weight) and r.shape == x.shape:
+            assert self._blocks is not None
+            return self._blocks.add_rms_norm(x, r, weight, eps)
+        return super().add_rms_norm(x, r, weight, eps)
+
     def gated_act(self, gate_up: Array, kind: str) -> Array:
         xp = self.xp
+        if self._blocks is not None and xp is np and kind in cpu_kernels.GATES:
+            return self._blocks.gated_act(gate_up, kind)
         ffn = gate_up.shape[-1] // 2
         gate, up = gate_up[..., :ffn], gate_up[..., ffn:]
         if kind == "silu":  # x * sigmoid(x), with sigmoid through tanh: no overflow for large |x|
@@ -339,8 +357,8 @@ class NumpyBackend(Backend):
             out = np.empty((n, n_heads, v_dim), dtype=np.float32)
             for a in range(0, n, GEMV_MAX_TOKENS):
                 b = min(n, a + GEMV_MAX_TOKENS)
-                out[a:b] = blocks.attention_rows(q[a:b], kv, slot, first[a:b], pos[a:b] + 1, scale, softcap)
-            return self._rotate(out).reshape(n, n_heads * v_dim)
+                blocks.attention_rows(q[a:b], kv, slot, first[a:b], pos[a:b] + 1, scale, softcap, out=out[a:b])
+            return blocks.rotate_in_place(out).reshape(n, n_heads * v_dim)
         bias = None  # a single query sees every key in [lo, end): no mask to build
         if n > 1:  # -inf where a query may not see a key (after it, or out of its window), added to its scores
             q_pos = np.arange(pos0, end)[:, None]

@@ -435,6 +435,60 @@ def test_attention_of_more_query_heads_a_kv_head_than_the_c_code_holds_is_refuse
         kernels.attention_rows(q, layer, 0, np.array([0]), np.array([8]), 0.125, 0.0)
 
 
+@pytest.mark.parametrize(("lo", "end"), [(-1, 4), (0, 9), (5, 5), (6, 3)], ids=["before", "past", "none", "reversed"])
+def test_attention_over_positions_outside_the_pool_is_refused_not_read(kernels, lo, end):
+    """genie_attn_rows_i8 checks each row's positions against the pool's: a ValueError naming them, out untouched."""
+    from genie_workers.engine.kv_cache import LayerKV
+
+    layer = LayerKV(
+        np.zeros((1, 8, 1, 64), dtype=np.int8),
+        np.zeros((1, 8, 1, 64), dtype=np.int8),
+        np.ones((1, 8, 1), dtype=np.float32),
+        np.ones((1, 8, 1), dtype=np.float32),
+    )
+    q = np.ones((2, 2, 64), dtype=np.float32)
+    out = np.full((2, 2, 64), 7.0, dtype=np.float32)
+    with pytest.raises(ValueError, match="positions"):
+        kernels.attention_rows(q, layer, 0, np.array([0, lo]), np.array([8, end]), 0.125, 0.0, out=out)
+    assert (out == 7.0).all()
+    with pytest.raises(ValueError, match="float32 wanted"):
+        kernels.attention_rows(q, layer, 0, np.array([0, 0]), np.array([8, 8]), 0.125, 0.0, out=out[:1])
+    got = kernels.attention_rows(q, layer, 0, np.array([0, 2]), np.array([8, 3]), 0.125, 0.0, out=out)
+    assert got is out and (out == 0.0).all()  # zero values everywhere
+
+
+@pytest.mark.parametrize("d", [64, 576, 640, 2048, 37])
+def test_norms_and_gates_are_numpys_and_a_row_gets_the_same_alone(kernels, d):
+    """genie_add_rms_norm and genie_gated_act against the NumPy backend's formulas without the kernels (float32,
+    within 1e-6 of the largest value), a row alone bit for bit as among others, the inputs left as they were, and an
+    activation the C code does not know refused."""
+    rng = np.random.default_rng()
+    ref = NumpyBackend(block_kernels=False)
+    x = rng.standard_normal((5, d), dtype=np.float32) * 3
+    r = rng.standard_normal((5, d), dtype=np.float32)
+    w = rng.standard_normal(d, dtype=np.float32)
+    before = x.copy(), r.copy()
+    s, h = kernels.add_rms_norm(x, r, w, 1e-6)
+    want_s, want_h = ref.add_rms_norm(x, r, w, 1e-6)
+    np.testing.assert_array_equal(s, want_s)
+    assert rel_err(h, want_h) < 1e-6
+    same, h1 = kernels.add_rms_norm(x, None, w, 1e-6)
+    assert same is x and rel_err(h1, ref.rms_norm(x, w, 1e-6)) < 1e-6
+    np.testing.assert_array_equal(x, before[0])
+    np.testing.assert_array_equal(r, before[1])
+    np.testing.assert_array_equal(kernels.add_rms_norm(x[3:4], r[3:4], w, 1e-6)[1], h[3:4])
+    gate_up = rng.standard_normal((5, 2 * d), dtype=np.float32) * 4
+    gate_up[0, :6] = [0.0, 1e-7, -1e-7, 60.0, -60.0, -1e12]  # tanh's ends, a cube near float32's largest
+    for kind in ("silu", "gelu_tanh"):
+        got, want = kernels.gated_act(gate_up, kind), ref.gated_act(gate_up, kind)
+        assert np.isfinite(got).all() and np.abs(got - want).max() <= 1e-6 * np.abs(want).max(), kind
+        np.testing.assert_array_equal(kernels.gated_act(gate_up[2:3], kind), got[2:3])
+    with pytest.raises(ValueError, match="unknown activation relu"):
+        kernels.gated_act(gate_up, "relu")
+    with pytest.raises(ValueError, match="norm weight"):
+        kernels.add_rms_norm(x, r, w[1:], 1e-6)
+
+
 def test_one_token_attention_is_the_same_on_one_thread_and_two(kernels):
     """The runs of positions are fixed, not a share of the threads: the same sums, bit for bit."""
     from genie_workers.engine.kv_cache import LayerKV
@@ -638,6 +692,8 @@ def test_rotated_rows_are_the_rotation_matrix_product_and_a_row_gets_the_same_al
     np.testing.assert_array_equal(x, before)
     for i in (0, 151, 299):
         np.testing.assert_array_equal(kernels.rotate(x[i : i + 1]), got[i : i + 1])
+    assert kernels.rotate_in_place(x) is x
+    np.testing.assert_array_equal(x, got)
 
 
 def _file_rss_kib(path: Path) -> int:

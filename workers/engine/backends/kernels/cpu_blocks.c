@@ -1295,11 +1295,15 @@ static void attn_claim(const void *ctx, int64_t p) {  // part p: a run of positi
                j->hd, j->hdv, j->scale, j->softcap, scores, o, mx, mx + j->group);
 }
 
+// Returns 0; -1 without memory; -2 for more than ATTN1_MAX_GROUP query heads a KV head; -3 for a row's positions
+// not within [0, positions) of the slot or none (the rows' bounds are checked here, once, not by the caller).
 int genie_attn_rows_i8(const float *q, const int8_t *k, const float *ks, const int8_t *v, const float *vs, int64_t n,
-                       const int64_t *lo, const int64_t *t, int64_t n_heads, int64_t n_kv, int64_t hd, int64_t hdv,
-                       float scale, float softcap, float *out) {
+                       const int64_t *lo, const int64_t *t, int64_t positions, int64_t n_heads, int64_t n_kv,
+                       int64_t hd, int64_t hdv, float scale, float softcap, float *out) {
     const int64_t group = n_heads / n_kv, per = group * (ATTN1_RUN + hdv + 2);  // a part's scores, output, max, sum
     if (group > ATTN1_MAX_GROUP) return -2;
+    for (int64_t i = 0; i < n; i++)
+        if (lo[i] < 0 || t[i] <= 0 || t[i] > positions - lo[i]) return -3;
     int64_t *first = malloc(sizeof(int64_t) * (size_t)(n + 1)), work = 0;
     if (first == NULL) return -1;
     first[0] = 0;
@@ -1477,4 +1481,50 @@ void genie_rotate_rows(float *x, int64_t n, int64_t d) {
     } else {
         for (int64_t c = 0; c < claims; c++) rotate_claim(&job, c);
     }
+}
+
+// ---- the stream's norms and the FFN's gate, a row at a time ---------------------------------------------------
+// NumpyBackend's rms_norm, add_rms_norm and gated_act for float32 rows: a decode token makes two norms and a gate a
+// layer, each a handful of NumPy calls of ~1 us apiece on rows of a few hundred floats (bench/NOTES.md, CPU note
+// 2026-12-07). The sums in rms_inv's order; a row's numbers do not depend on the other rows.
+
+// h [n, d] = rms_norm(x + r) * w (r may be NULL: rms_norm(x) * w); with r, the sum goes to s [n, d] (may be x)
+void genie_add_rms_norm(const float *x, const float *r, const float *w, int64_t n, int64_t d, float eps, float *s,
+                        float *h) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * d;
+        if (r != NULL) {
+            float *si = s + i * d;
+            const float *ri = r + i * d;
+            for (int64_t j = 0; j < d; j++) si[j] = xi[j] + ri[j];
+            xi = si;
+        }
+        const float inv = rms_inv(xi, d, eps);
+        float *hi = h + i * d;
+        for (int64_t j = 0; j < d; j++) hi[j] = xi[j] * inv * w[j];
+    }
+}
+
+static inline float tanh_of(float x) {  // (1 - e^-2|x|) / (1 + e^-2|x|), signed: exp_le0's arithmetic, a vector
+    const float t = exp_le0(-2.0f * fabsf(x)), y = (1.0f - t) / (1.0f + t);
+    return x < 0.0f ? -y : y;
+}
+
+// out [n, f] = act(gate) * up for gate_up [n, 2f] (a row's gate, then its up); kind 0: silu as x (1 + tanh(x / 2)) / 2,
+// 1: gelu_tanh; returns -1 for another kind
+int genie_gated_act(const float *gate_up, int64_t n, int64_t f, int kind, float *out) {
+    if (kind != 0 && kind != 1) return -1;
+    for (int64_t i = 0; i < n; i++) {
+        const float *g = gate_up + i * 2 * f, *u = g + f;
+        float *o = out + i * f;
+        if (kind == 0) {
+            for (int64_t j = 0; j < f; j++) o[j] = g[j] * (0.5f + 0.5f * tanh_of(0.5f * g[j])) * u[j];
+        } else {
+            for (int64_t j = 0; j < f; j++) {
+                const float x = g[j], inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+                o[j] = 0.5f * x * (1.0f + tanh_of(inner)) * u[j];
+            }
+        }
+    }
+    return 0;
 }
