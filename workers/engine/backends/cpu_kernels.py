@@ -161,6 +161,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_qkv_i8.restype = None
     lib.genie_rotate_rows.argtypes = [_ptr, i64, i64]
     lib.genie_rotate_rows.restype = None
+    # qkv, n, H, Hkv, hd, hdv, qk_norm, eps, v_norm, cos, sin, rope_dim, neox, k, ks, v, vs, pos0, positions,
+    # window, scale, softcap, out
+    lib.genie_attend_i8.argtypes = [_ptr, *[i64] * 5, _ptr, f, i, _ptr, _ptr, i64, i, *[_ptr] * 4, *[i64] * 3]
+    lib.genie_attend_i8.argtypes += [f, f, _ptr]
+    lib.genie_attend_i8.restype = ctypes.c_int
     lib.genie_add_rms_norm.argtypes = [_ptr, _ptr, _ptr, i64, i64, f, _ptr, _ptr]
     lib.genie_add_rms_norm.restype = None
     lib.genie_gated_act.argtypes = [_ptr, i64, i64, i, _ptr]
@@ -281,6 +286,39 @@ class BlockKernels:
             address(kv.k_scale[slot, pos0]), address(kv.v[slot, pos0]), address(kv.v_scale[slot, pos0]),
         )  # fmt: skip
         return q
+
+    def attend_i8(
+        self, qkv: np.ndarray, heads: tuple[int, int], qk_norm: np.ndarray | None, eps: float, v_norm: bool,
+        cos: np.ndarray, sin: np.ndarray, neox: bool, kv: LayerKV, slot: int, pos0: int, window: int, scale: float,
+        softcap: float,
+    ) -> np.ndarray:  # fmt: skip
+        """A layer's attention from its QKV rows [n, (H + Hkv) * hd + Hkv * hdv] at positions pos0.. of `slot`: qkv_i8
+        (k and v into the INT8 pool), each row's attention over the positions it sees (the last `window`, or all)
+        and the output turned back, [n, H * hdv] (genie_attend_i8: qkv_i8, attention_rows and rotate in one call;
+        a row's numbers the same whatever rows share it)."""
+        (H, Hkv), n = heads, qkv.shape[0]
+        hd, hdv = kv.k.shape[3], kv.v.shape[3]
+        assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[2] == Hkv
+        assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and self.takes_attention(hd, hdv)
+        assert qkv.shape[1] == (H + Hkv) * hd + Hkv * hdv and cos.shape == sin.shape and cos.shape[0] == n
+        assert 2 * cos.shape[1] <= hd
+        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+        cos, sin = np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32)
+        norm = None if qk_norm is None else np.ascontiguousarray(qk_norm, dtype=np.float32)
+        assert norm is None or norm.shape == (H + Hkv, hd)
+        out = np.empty((n, H * hdv), dtype=np.float32)
+        rc = self.lib.genie_attend_i8(
+            address(qkv), n, H, Hkv, hd, hdv, None if norm is None else address(norm), eps, int(v_norm),
+            address(cos), address(sin), 2 * cos.shape[1], int(neox), address(kv.k[slot]), address(kv.k_scale[slot]),
+            address(kv.v[slot]), address(kv.v_scale[slot]), pos0, kv.k.shape[1], window, scale, softcap, address(out),
+        )  # fmt: skip
+        if rc == -1:
+            raise MemoryError(f"genie_attend_i8: no memory for {n} rows' attention")
+        if rc == -3:
+            raise ValueError(f"attention rows at positions {pos0}..{pos0 + n - 1} of {kv.k.shape[1]}")
+        if rc:
+            raise ValueError(f"genie_attend_i8: {H} query heads over {Hkv} KV heads (at most {ATTN1_MAX_GROUP} a head)")
+        return out
 
     def rotate(self, x: np.ndarray) -> np.ndarray:
         """x [..., d] @ kv_rotation(d) (d at most ATTN1_MAX_DIM) as a new array: genie_rotate_rows' butterflies, a

@@ -313,20 +313,20 @@ class NumpyBackend(Backend):
         slot: int,
         pos0: int,
     ) -> np.ndarray:
-        """With the C kernels and an INT8 pool: prepare_qkv's norms, RoPE, rotation and K/V store in one call of
-        genie_qkv_i8, whatever the number of rows (a prompt's and a decode step's rows the same numbers), then the
-        attention of the rotated q."""
+        """With the C kernels and an INT8 pool: prepare_qkv's norms, RoPE, rotation and K/V store, the attention of the
+        rotated q and the output's way back in one call of genie_attend_i8, whatever the number of rows (a prompt's
+        and a decode step's rows the same numbers)."""
         blocks, H, hd, hdv = self._blocks, cfg.n_heads, lc.head_dim, lc.v_head_dim
-        if blocks is None or self.xp is not np or kv.k_scale is None or not blocks.takes_attention(hd, hdv):
+        group = H // lc.n_kv_heads
+        if blocks is None or self.xp is not np or kv.k_scale is None or not blocks.takes_attention(hd, hdv, group):
             return super().self_attention(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
         table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
         p0, p1 = int(positions[0]), int(positions[-1]) + 1  # positions are consecutive
-        heads = (H, lc.n_kv_heads)
-        neox = cfg.rope_mode == "neox"
-        q = blocks.qkv_i8(
-            qkv, heads, qk_norm, cfg.rms_eps, cfg.v_norm, table.cos[p0:p1], table.sin[p0:p1], neox, kv, slot, pos0
-        )
-        return self._attend(q, kv, slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
+        cos, sin, neox = table.cos[p0:p1], table.sin[p0:p1], cfg.rope_mode == "neox"
+        return blocks.attend_i8(
+            qkv, (H, lc.n_kv_heads), qk_norm, cfg.rms_eps, cfg.v_norm, cos, sin, neox, kv, slot, pos0,
+            lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap,
+        )  # fmt: skip
 
     def attention(
         self, q: np.ndarray, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float

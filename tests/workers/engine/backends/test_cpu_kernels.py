@@ -678,6 +678,49 @@ def test_qkv_rows_into_an_int8_pool_are_numpys_and_a_row_gets_the_same_alone(
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize(
+    ("H", "Hkv", "hd", "hdv", "window"), [(9, 3, 64, 64, 0), (4, 1, 256, 256, 20), (8, 1, 80, 48, 0)]
+)
+def test_a_layers_attention_in_one_call_is_its_three_calls_and_a_row_gets_the_same_alone(
+    kernels, H, Hkv, hd, hdv, window
+):
+    """genie_attend_i8 against qkv_i8, attention_rows over each row's positions (the last `window`, or all) and the
+    rotation back, bit for bit, for a prompt of more rows than one attention call takes; the same rows one at a
+    time; and rows past the slot's positions refused with nothing written."""
+    from genie_workers.engine.kv_cache import LayerKV
+
+    rng = np.random.default_rng()
+    n, pos0, n_ctx, neox = 45, 3, 64, True
+
+    def pool() -> LayerKV:
+        return LayerKV(
+            np.zeros((2, n_ctx, Hkv, hd), np.int8), np.zeros((2, n_ctx, Hkv, hdv), np.int8),
+            np.zeros((2, n_ctx, Hkv), np.float32), np.zeros((2, n_ctx, Hkv), np.float32),
+        )  # fmt: skip
+
+    qkv = rng.standard_normal((n, (H + Hkv) * hd + Hkv * hdv), dtype=np.float32) * 3
+    norm = rng.uniform(0.5, 1.5, (H + Hkv, hd)).astype(np.float32)
+    table = NumpyBackend()._rope_table(10000.0, 1.0, hd, pos0 + n)
+    cos, sin = table.cos[pos0 : pos0 + n], table.sin[pos0 : pos0 + n]
+    want_kv, got_kv, alone_kv = pool(), pool(), pool()
+    q = kernels.qkv_i8(qkv, (H, Hkv), norm, 1e-6, False, cos, sin, neox, want_kv, 1, pos0)
+    pos = np.arange(pos0, pos0 + n)
+    lo = np.maximum(pos - window + 1, 0) if window else np.zeros(n, dtype=np.int64)
+    want = kernels.rotate(kernels.attention_rows(q, want_kv, 1, lo, pos + 1, 0.1, 0.0)).reshape(n, H * hdv)
+    got = kernels.attend_i8(qkv, (H, Hkv), norm, 1e-6, False, cos, sin, neox, got_kv, 1, pos0, window, 0.1, 0.0)
+    np.testing.assert_array_equal(got, want)
+    for i in range(n):
+        one = kernels.attend_i8(qkv[i : i + 1], (H, Hkv), norm, 1e-6, False, cos[i : i + 1], sin[i : i + 1], neox,
+                                alone_kv, 1, pos0 + i, window, 0.1, 0.0)  # fmt: skip
+        np.testing.assert_array_equal(one, got[i : i + 1])
+    for a, b in zip((got_kv.k, got_kv.v, got_kv.k_scale), (want_kv.k, want_kv.v, want_kv.k_scale), strict=True):
+        np.testing.assert_array_equal(a, b)
+    before = got_kv.k.copy()
+    with pytest.raises(ValueError, match="positions 62..64 of 64"):
+        kernels.attend_i8(qkv[:3], (H, Hkv), norm, 1e-6, False, cos[:3], sin[:3], neox, got_kv, 1, 62, 0, 0.1, 0.0)
+    np.testing.assert_array_equal(got_kv.k, before)
+
+
 @pytest.mark.parametrize("d", [64, 80, 256, 512])
 def test_rotated_rows_are_the_rotation_matrix_product_and_a_row_gets_the_same_alone(kernels, d):
     """genie_rotate_rows (kv_rotation's Hadamard blocks as butterflies) against x @ kv_rotation(d), and a prompt's

@@ -1528,3 +1528,44 @@ int genie_gated_act(const float *gate_up, int64_t n, int64_t f, int kind, float 
     }
     return 0;
 }
+
+// ---- a layer's attention from its QKV rows, in one call ----------------------------------------------------------
+// genie_qkv_i8 (q, and k and v into the slot's INT8 pools at positions pos0..), then each row's attention over the
+// positions it sees (genie_attn_rows_i8: [max(0, p - window + 1), p + 1) with a window, else [0, p + 1)), in calls
+// of ATTEND_ROWS rows (which bound the partial sums' buffer, not the numbers), then the output turned back
+// (genie_rotate_rows) into out [n, H, hdv]: NumpyBackend.self_attention's three calls and the NumPy between them
+// as one (a decode token made them ~30 times). k, ks, v, vs: the slot's rows from position 0, `positions` of them.
+// Returns 0, or genie_attn_rows_i8's -1 / -2, or -3 for rows past the slot's positions (nothing written then).
+#define ATTEND_ROWS 32
+int genie_attend_i8(const float *qkv, int64_t n, int64_t H, int64_t Hkv, int64_t hd, int64_t hdv,
+                    const float *qk_norm, float eps, int v_norm, const float *cos, const float *sin, int64_t rope_dim,
+                    int neox, int8_t *k, float *ks, int8_t *v, float *vs, int64_t pos0, int64_t positions,
+                    int64_t window, float scale, float softcap, float *out) {
+    if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > ATTN1_MAX_GROUP) return -2;
+    if (pos0 < 0 || n < 0 || n > positions - pos0) return -3;
+    float *q = malloc(sizeof(float) * (size_t)(n * H * hd + 1));
+    int64_t *lo = malloc(sizeof(int64_t) * 2 * ATTEND_ROWS);
+    if (q == NULL || lo == NULL) {
+        free(q);
+        free(lo);
+        return -1;
+    }
+    int64_t *t = lo + ATTEND_ROWS;
+    genie_qkv_i8(qkv, n, H, Hkv, hd, hdv, qk_norm, eps, v_norm, cos, sin, rope_dim, neox, q, k + pos0 * Hkv * hd,
+                 ks + pos0 * Hkv, v + pos0 * Hkv * hdv, vs + pos0 * Hkv);
+    int rc = 0;
+    for (int64_t a = 0; a < n && rc == 0; a += ATTEND_ROWS) {
+        const int64_t m = n - a < ATTEND_ROWS ? n - a : ATTEND_ROWS;
+        for (int64_t i = 0; i < m; i++) {
+            const int64_t p = pos0 + a + i;
+            lo[i] = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+            t[i] = p + 1 - lo[i];
+        }
+        rc = genie_attn_rows_i8(q + a * H * hd, k, ks, v, vs, m, lo, t, positions, H, Hkv, hd, hdv, scale, softcap,
+                                out + a * H * hdv);
+    }
+    if (rc == 0) genie_rotate_rows(out, n * H, hdv);
+    free(q);
+    free(lo);
+    return rc;
+}
