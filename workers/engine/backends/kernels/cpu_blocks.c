@@ -1161,6 +1161,10 @@ static inline __attribute__((always_inline)) void attn1_part_of(
         const vf fs = V_MUL(V_SET1(scale), V_LOAD(f));
         for (int64_t g = 0; g < group; g++) {
             float s[AW];
+            if (m == AW && softcap == 0.0f) {  // a whole vector of scores, straight to its place
+                V_STORE(scores + g * n + b, V_MUL(v_sums(lanes[g]), fs));
+                continue;
+            }
             V_STORE(s, V_MUL(v_sums(lanes[g]), fs));
             for (int64_t j = 0; j < m; j++) scores[g * n + b + j] = softcap != 0.0f ? softcap * tanhf(s[j] / softcap) : s[j];
         }
@@ -1169,13 +1173,26 @@ static inline __attribute__((always_inline)) void attn1_part_of(
         float *sg = scores + g * n, lane_max[AW], top = -INFINITY;
         vf mx = V_SET1(-INFINITY), total = V_ZERO();
         for (int64_t j = 0; j < n; j += AW) {
+            if (j + AW <= n) {
+                mx = V_MAX(mx, V_LOAD(sg + j));
+                continue;
+            }
             float x[AW];
             for (int64_t i = 0; i < AW; i++) x[i] = j + i < n ? sg[j + i] : -INFINITY;
             mx = V_MAX(mx, V_LOAD(x));
         }
         V_STORE(lane_max, mx);
         for (int i = 0; i < AW; i++) top = lane_max[i] > top ? lane_max[i] : top;
+        const vf vtop = V_SET1(top);
         for (int64_t j = 0; j < n; j += AW) {
+            if (j + AW <= n) {  // a whole vector: the same operations as below, without the per-lane copies
+                float f[AW];
+                for (int64_t i = 0; i < AW; i++) f[i] = vs[(j0 + j + i) * n_kv + h];
+                const vf e = v_exp_le0(V_SUB(V_LOAD(sg + j), vtop));
+                total = V_ADD(total, e);
+                V_STORE(sg + j, V_MUL(e, V_LOAD(f)));
+                continue;
+            }
             float x[AW], f[AW] = {0}, e[AW];
             for (int64_t i = 0; i < AW; i++) x[i] = j + i < n ? sg[j + i] - top : 0.0f;
             for (int64_t i = 0; i < AW && j + i < n; i++) f[i] = vs[(j0 + j + i) * n_kv + h];
