@@ -166,6 +166,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_attend_i8.argtypes = [_ptr, *[i64] * 5, _ptr, f, i, _ptr, _ptr, i64, i, *[_ptr] * 4, *[i64] * 3]
     lib.genie_attend_i8.argtypes += [f, f, _ptr]
     lib.genie_attend_i8.restype = ctypes.c_int
+    # x, r, norm, eps, s, n, K, kind, w, scale, offset, bs, high, half, y, rows
+    lib.genie_norm_products.argtypes = [_ptr, _ptr, _ptr, f, _ptr, i64, i64, i, *[_ptr] * 3, i64, i, i, _ptr, i64]
+    lib.genie_norm_products.restype = ctypes.c_int
     lib.genie_add_rms_norm.argtypes = [_ptr, _ptr, _ptr, i64, i64, f, _ptr, _ptr]
     lib.genie_add_rms_norm.restype = None
     lib.genie_gated_act.argtypes = [_ptr, i64, i64, i, _ptr]
@@ -346,6 +349,32 @@ class BlockKernels:
         rr = None if r is None else address(np.ascontiguousarray(r, dtype=np.float32))
         self.lib.genie_add_rms_norm(address(x), rr, address(w), x.size // d, d, eps, address(s), address(h))
         return s, h
+
+    def norm_product(
+        self, x: np.ndarray, r: np.ndarray | None, norm: np.ndarray, eps: float, w: BlockWeight
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """add_rms_norm(x, r, norm, eps) and its rows' product with w (products() for a GROUPED layout, else gemv())
+        in one call: (x + r, rms_norm(x + r) * norm @ w.T); with r None the first is x itself
+        (genie_norm_products)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        n, cols = x.shape
+        rows, w_cols = w.shape
+        if norm.shape != (cols,) or norm.dtype != np.float32 or (r is not None and r.shape != x.shape):
+            raise ValueError(f"rows {x.shape}, residual {None if r is None else r.shape}, norm weight {norm.shape}")
+        grouped = w.layout in GROUPED
+        if cols != w_cols or cols % 32 or not (grouped or w.layout == INT8) or not w.q.flags.c_contiguous:
+            raise ValueError(f"x has {cols} columns, the weight {w_cols} in layout {w.layout}")
+        s = x if r is None else np.empty_like(x)
+        y = np.empty((n, rows), dtype=np.float32)
+        high, half = int(w.layout == GROUPS_HIGH), int(w.scale.dtype == np.float16)
+        rr = None if r is None else address(np.ascontiguousarray(r, dtype=np.float32))
+        rc = self.lib.genie_norm_products(
+            address(x), rr, address(norm), eps, address(s), n, cols, 0 if grouped else 1, *w.addresses, w.block,
+            high, half, address(y), rows,
+        )  # fmt: skip
+        if rc == -1:
+            raise MemoryError(f"genie_norm_products: no memory for {n} normed rows of {cols}")
+        return s, y
 
     def gated_act(self, gate_up: np.ndarray, kind: str) -> np.ndarray:
         """act(gate) * up of gate_up [..., 2f] -> [..., f], act silu or gelu_tanh (genie_gated_act)."""

@@ -271,6 +271,19 @@ class NumpyBackend(Backend):
             return self._blocks.add_rms_norm(x, r, weight, eps)
         return super().add_rms_norm(x, r, weight, eps)
 
+    def add_norm_matmul(
+        self, x: Array, r: Array | None, norm: Array, eps: float, w: Weight, then: NextInput | None = None
+    ) -> tuple[Array, Array]:
+        # in one C call where a row's product is the same whatever rows share it (grouped layouts; int8 rows of a
+        # decode-sized step, which matmul would also run as one call)
+        fused = isinstance(w, BlockWeight) and (
+            w.layout in GROUPED or (w.layout == INT8 and x.shape[0] <= GEMV_MAX_TOKENS)
+        )
+        if fused and x.ndim == 2 and self._c_norm(x, norm) and (r is None or r.shape == x.shape):
+            assert self._blocks is not None and isinstance(w, BlockWeight)
+            return self._blocks.norm_product(x, r, norm, eps, w)
+        return super().add_norm_matmul(x, r, norm, eps, w, then)
+
     def gated_act(self, gate_up: Array, kind: str) -> Array:
         xp = self.xp
         if self._blocks is not None and xp is np and kind in cpu_kernels.GATES:

@@ -21,6 +21,7 @@ from gguf.quants import dequantize
 from genie_common.gguf_file import TensorInfo
 from genie_workers.engine.arch.layers import forward
 from genie_workers.engine.backends import cpu_kernels
+from genie_workers.engine.backends.base import Backend
 from genie_workers.engine.backends.block_weight import (
     GROUPED,
     LAYOUTS,
@@ -565,6 +566,35 @@ def test_products_are_the_same_on_one_two_and_four_threads_and_from_two_callers_
         for got in outs[1:] + together:
             np.testing.assert_array_equal(got, outs[0])
         assert len(together) == 400
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q6_K, Q.Q4_1, Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
+def test_a_norm_and_its_product_in_one_call_are_the_two_calls(kernels, qtype):
+    """genie_norm_products (Backend.add_norm_matmul's add, norm and product) against add_rms_norm then products()
+    (grouped layouts) or gemv() (int8 rows), bit for bit, with and without the residual, for a decode step's rows
+    and a prompt's; and the NumPy backend takes it for add_norm_matmul (the same result as its two steps)."""
+    rng = np.random.default_rng()
+    rows, cols = 1000, 512
+    w = to_blocks(tensor_of(signed_blocks(qtype, rows, cols, rng), qtype, rows, cols))
+    norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    product = kernels.products if w.layout in GROUPED else kernels.gemv
+    for n in (1, 3, 32 if w.layout in GROUPED else 7):
+        x = rng.standard_normal((n, cols), dtype=np.float32)
+        r = rng.standard_normal((n, cols), dtype=np.float32)
+        for res in (r, None):
+            s, y = kernels.norm_product(x, res, norm, 1e-6, w)
+            want_s, h = kernels.add_rms_norm(x, res, norm, 1e-6)
+            np.testing.assert_array_equal(s, want_s)
+            np.testing.assert_array_equal(y, product(h, w))
+            assert (s is x) == (res is None)
+    backend = NumpyBackend()
+    x, r = x[:1], r[:1]
+    got = backend.add_norm_matmul(x, r, norm, 1e-6, w)
+    want = Backend.add_norm_matmul(backend, x, r, norm, 1e-6, w)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="norm weight"):
+        kernels.norm_product(x, r, norm[1:], 1e-6, w)
 
 
 def test_a_matrix_of_no_rows_gives_no_outputs(kernels):

@@ -1586,3 +1586,19 @@ int genie_attend_i8(const float *qkv, int64_t n, int64_t H, int64_t Hkv, int64_t
     free(lo);
     return rc;
 }
+
+// ---- a norm and the product it feeds, in one call ----------------------------------------------------------------
+// Backend.add_norm_matmul: s = x + r (r may be NULL: s is x), y = (rms_norm(s) * norm) @ w.T through
+// genie_gq_products (grouped: kind 0) or genie_blk_gemv (int8 rows: kind 1), the normed rows in a buffer of its
+// own; the same numbers as genie_add_rms_norm and then the product. Returns the product's -1 without memory.
+int genie_norm_products(const float *x, const float *r, const float *norm, float eps, float *s, int64_t n, int64_t K,
+                        int kind, const void *w, const void *scale, const void *offset, int64_t bs, int high, int half,
+                        float *y, int64_t rows) {
+    float *h = malloc(sizeof(float) * (size_t)(n * K + 1));
+    if (h == NULL) return -1;
+    genie_add_rms_norm(x, r, norm, n, K, eps, r != NULL ? s : NULL, h);
+    const int rc = kind == 0 ? genie_gq_products(w, scale, offset, K, h, n, y, rows, high, half)
+                             : genie_blk_gemv(w, scale, offset, K, bs, h, n, y, rows);
+    free(h);
+    return rc;
+}
