@@ -271,18 +271,26 @@ class NumpyBackend(Backend):
             return self._blocks.add_rms_norm(x, r, weight, eps)
         return super().add_rms_norm(x, r, weight, eps)
 
+    def _one_call(self, x: Array, w: Weight) -> bool:
+        """Whether a product of these rows with w may run in one C call: a row's numbers are the same whatever rows
+        share it (grouped layouts; int8 rows of a decode-sized step, which matmul would also run as one call)."""
+        if not isinstance(w, BlockWeight) or self._blocks is None or self.xp is not np or x.ndim != 2:
+            return False
+        return w.layout in GROUPED or (w.layout == INT8 and x.shape[0] <= GEMV_MAX_TOKENS)
+
     def add_norm_matmul(
         self, x: Array, r: Array | None, norm: Array, eps: float, w: Weight, then: NextInput | None = None
     ) -> tuple[Array, Array]:
-        # in one C call where a row's product is the same whatever rows share it (grouped layouts; int8 rows of a
-        # decode-sized step, which matmul would also run as one call)
-        fused = isinstance(w, BlockWeight) and (
-            w.layout in GROUPED or (w.layout == INT8 and x.shape[0] <= GEMV_MAX_TOKENS)
-        )
-        if fused and x.ndim == 2 and self._c_norm(x, norm) and (r is None or r.shape == x.shape):
+        if self._one_call(x, w) and self._c_norm(x, norm) and (r is None or r.shape == x.shape):
             assert self._blocks is not None and isinstance(w, BlockWeight)
             return self._blocks.norm_product(x, r, norm, eps, w)
         return super().add_norm_matmul(x, r, norm, eps, w, then)
+
+    def gated_matmul(self, gate_up: Array, kind: str, w: Weight, then: NextInput | None = None) -> Array:
+        if self._one_call(gate_up, w) and kind in cpu_kernels.GATES and gate_up.dtype == np.float32:
+            assert self._blocks is not None and isinstance(w, BlockWeight)
+            return self._blocks.gated_product(gate_up, kind, w)
+        return super().gated_matmul(gate_up, kind, w, then)
 
     def gated_act(self, gate_up: Array, kind: str) -> Array:
         xp = self.xp

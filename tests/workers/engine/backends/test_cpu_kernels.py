@@ -569,10 +569,11 @@ def test_products_are_the_same_on_one_two_and_four_threads_and_from_two_callers_
 
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q6_K, Q.Q4_1, Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
-def test_a_norm_and_its_product_in_one_call_are_the_two_calls(kernels, qtype):
+def test_a_norm_or_a_gate_and_its_product_in_one_call_are_the_two_calls(kernels, qtype):
     """genie_norm_products (Backend.add_norm_matmul's add, norm and product) against add_rms_norm then products()
     (grouped layouts) or gemv() (int8 rows), bit for bit, with and without the residual, for a decode step's rows
-    and a prompt's; and the NumPy backend takes it for add_norm_matmul (the same result as its two steps)."""
+    and a prompt's; genie_gated_products (gated_matmul) against gated_act then the product alike; and the NumPy
+    backend takes them for add_norm_matmul and gated_matmul (the same results as their two steps)."""
     rng = np.random.default_rng()
     rows, cols = 1000, 512
     w = to_blocks(tensor_of(signed_blocks(qtype, rows, cols, rng), qtype, rows, cols))
@@ -587,12 +588,23 @@ def test_a_norm_and_its_product_in_one_call_are_the_two_calls(kernels, qtype):
             np.testing.assert_array_equal(s, want_s)
             np.testing.assert_array_equal(y, product(h, w))
             assert (s is x) == (res is None)
+        gate_up = rng.standard_normal((n, 2 * cols), dtype=np.float32) * 3
+        for act in ("silu", "gelu_tanh"):
+            np.testing.assert_array_equal(
+                kernels.gated_product(gate_up, act, w), product(kernels.gated_act(gate_up, act), w)
+            )
     backend = NumpyBackend()
     x, r = x[:1], r[:1]
     got = backend.add_norm_matmul(x, r, norm, 1e-6, w)
     want = Backend.add_norm_matmul(backend, x, r, norm, 1e-6, w)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
+    gate_up = gate_up[:1]
+    np.testing.assert_array_equal(
+        backend.gated_matmul(gate_up, "silu", w), Backend.gated_matmul(backend, gate_up, "silu", w)
+    )
+    with pytest.raises(ValueError, match="unknown activation relu"):
+        kernels.gated_product(gate_up, "relu", w)
     with pytest.raises(ValueError, match="norm weight"):
         kernels.norm_product(x, r, norm[1:], 1e-6, w)
 

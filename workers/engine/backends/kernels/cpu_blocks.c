@@ -1602,3 +1602,17 @@ int genie_norm_products(const float *x, const float *r, const float *norm, float
     free(h);
     return rc;
 }
+
+// Backend.gated_matmul: y = genie_gated_act(gate_up, kind) @ w.T (kinds and product as genie_norm_products'), the
+// gated rows in a buffer of its own. Returns -1 without memory, -2 for an unknown kind.
+int genie_gated_products(const float *gate_up, int64_t n, int64_t f, int act, int kind, const void *w,
+                         const void *scale, const void *offset, int64_t bs, int high, int half, float *y, int64_t rows) {
+    float *g = malloc(sizeof(float) * (size_t)(n * f + 1));
+    if (g == NULL) return -1;
+    int rc = genie_gated_act(gate_up, n, f, act, g) ? -2 : 0;
+    if (rc == 0)
+        rc = kind == 0 ? genie_gq_products(w, scale, offset, f, g, n, y, rows, high, half)
+                       : genie_blk_gemv(w, scale, offset, f, bs, g, n, y, rows);
+    free(g);
+    return rc;
+}
