@@ -66,7 +66,9 @@ def address(a: np.ndarray) -> int:
     and a SmolLM2 decode token passes ~750 arrays (bench/NOTES.md, CPU note 2026-12-07)."""
     try:
         return ctypes.addressof(_byte.from_buffer(a))  # type: ignore[arg-type]  # an ndarray is a buffer
-    except (TypeError, ValueError):  # read-only or empty: numpy's way
+    except (TypeError, ValueError):  # read-only, empty or not contiguous
+        if not a.flags.c_contiguous:
+            raise ValueError(f"the C kernels take C-contiguous arrays, not strides {a.strides}") from None
         return a.ctypes.data
 
 
@@ -353,13 +355,14 @@ class BlockKernels:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(x + r, rms_norm(x + r) * w) for float32 rows x, r [n, d] and w [d], as new arrays; with r None, (x itself,
         rms_norm(x) * w) (genie_add_rms_norm)."""
-        x = np.ascontiguousarray(x, dtype=np.float32)
+        x, w = np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(w)
         d = x.shape[-1]
         if w.shape != (d,) or w.dtype != np.float32 or (r is not None and r.shape != x.shape):
             raise ValueError(f"rows {x.shape}, residual {None if r is None else r.shape}, norm weight {w.shape}")
         h = np.empty_like(x)
         s = x if r is None else np.empty_like(x)
-        rr = None if r is None else address(np.ascontiguousarray(r, dtype=np.float32))
+        r = None if r is None else np.ascontiguousarray(r, dtype=np.float32)  # (held: the C code reads it)
+        rr = None if r is None else address(r)
         self.lib.genie_add_rms_norm(address(x), rr, address(w), x.size // d, d, eps, address(s), address(h))
         return s, h
 
@@ -369,7 +372,7 @@ class BlockKernels:
         """add_rms_norm(x, r, norm, eps) and its rows' product with w (products() for a GROUPED layout, else gemv())
         in one call: (x + r, rms_norm(x + r) * norm @ w.T); with r None the first is x itself
         (genie_norm_products)."""
-        x = np.ascontiguousarray(x, dtype=np.float32)
+        x, norm = np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(norm)
         n, cols = x.shape
         if norm.shape != (cols,) or norm.dtype != np.float32 or (r is not None and r.shape != x.shape):
             raise ValueError(f"rows {x.shape}, residual {None if r is None else r.shape}, norm weight {norm.shape}")
@@ -377,7 +380,8 @@ class BlockKernels:
         s = x if r is None else np.empty_like(x)
         y = np.empty((n, rows), dtype=np.float32)
         high, half = int(w.layout == GROUPS_HIGH), int(w.scale.dtype == np.float16)
-        rr = None if r is None else address(np.ascontiguousarray(r, dtype=np.float32))
+        r = None if r is None else np.ascontiguousarray(r, dtype=np.float32)  # (held: the C code reads it)
+        rr = None if r is None else address(r)
         rc = self.lib.genie_norm_products(
             address(x), rr, address(norm), eps, address(s), n, cols, kind, *w.addresses, w.block, high, half,
             address(y), rows,

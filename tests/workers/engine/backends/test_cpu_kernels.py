@@ -458,6 +458,21 @@ def test_attention_over_positions_outside_the_pool_is_refused_not_read(kernels, 
     assert got is out and (out == 0.0).all()  # zero values everywhere
 
 
+def test_array_addresses_for_the_c_code():
+    """address(): a C-contiguous array's data, read-only and empty ones too; a strided one is refused, not read
+    past (the C code walks rows as if they were packed)."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert cpu_kernels.address(a) == a.ctypes.data
+    assert cpu_kernels.address(a[1]) == a.ctypes.data + 16
+    ro = a.copy()
+    ro.flags.writeable = False
+    assert cpu_kernels.address(ro) == ro.ctypes.data
+    empty = np.empty((0, 4), dtype=np.float32)
+    assert cpu_kernels.address(empty) == empty.ctypes.data
+    with pytest.raises(ValueError, match="C-contiguous"):
+        cpu_kernels.address(a[:, ::2])
+
+
 @pytest.mark.parametrize("d", [64, 576, 640, 2048, 37])
 def test_norms_and_gates_are_numpys_and_a_row_gets_the_same_alone(kernels, d):
     """genie_add_rms_norm and genie_gated_act against the NumPy backend's formulas without the kernels (float32,
@@ -478,6 +493,9 @@ def test_norms_and_gates_are_numpys_and_a_row_gets_the_same_alone(kernels, d):
     np.testing.assert_array_equal(x, before[0])
     np.testing.assert_array_equal(r, before[1])
     np.testing.assert_array_equal(kernels.add_rms_norm(x[3:4], r[3:4], w, 1e-6)[1], h[3:4])
+    strided = np.repeat(r, 2, axis=1)[:, ::2]  # a copy is made for the C code, and kept until it is done
+    for got, want in zip(kernels.add_rms_norm(x, strided, w, 1e-6), (s, h), strict=True):
+        np.testing.assert_array_equal(got, want)
     gate_up = rng.standard_normal((5, 2 * d), dtype=np.float32) * 4
     gate_up[0, :6] = [0.0, 1e-7, -1e-7, 60.0, -60.0, -1e12]  # tanh's ends, a cube near float32's largest
     for kind in ("silu", "gelu_tanh"):
