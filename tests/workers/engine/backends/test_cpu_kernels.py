@@ -235,6 +235,78 @@ def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_al
     lib.genie_set_threads(cpu_kernels.default_threads())
 
 
+# reads the inputs of one genie_gq_products call (int64 K, n, rows, high, half and byte counts, then w, scale,
+# offset and x) from argv[1], writes y to argv[2]: the call as an aarch64 build makes it, under qemu
+ARM_DRIVER = """
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+int genie_gq_products(const uint8_t *w, const void *scale, const void *offset, int64_t K, const float *x, int64_t n,
+                      float *y, int64_t rows, int high, int half);
+int genie_set_threads(int n);
+static void *part(FILE *f, int64_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (bytes && fread(p, 1, bytes, f) != (size_t)bytes) exit(3);
+    return p;
+}
+int main(int argc, char **argv) {
+    FILE *f = fopen(argv[1], "rb");
+    int64_t h[9];
+    if (f == NULL || fread(h, 8, 9, f) != 9) return 2;
+    void *w = part(f, h[5]), *s = part(f, h[6]), *o = part(f, h[7]);
+    float *x = part(f, h[8]), *y = malloc(sizeof(float) * h[1] * h[2]);
+    genie_set_threads(2);
+    if (genie_gq_products(w, s, h[7] ? o : NULL, h[0], x, h[1], y, h[2], (int)h[3], (int)h[4])) return 4;
+    FILE *out = fopen(argv[2], "wb");
+    fwrite(y, sizeof(float), h[1] * h[2], out);
+    return fclose(out);
+}
+"""
+
+
+@pytest.mark.parametrize("march", ["armv8.2-a+dotprod", "armv8-a"])
+def test_an_arm_build_of_the_grouped_products_gives_this_machines_bits(kernels, march, tmp_path):
+    """genie_gq_products built for aarch64 (with the dot product: the NEON path a Jetson's or a Pi 5's cores run;
+    without: the plain C path) and run under qemu: the bits of this machine's build for Q4_1 (float16 scales),
+    Q5_0 (the fifth bits) and Q4_K rows (float32 scales, a tail group), a decode step and a prompt. Skipped
+    without the cross compiler and qemu (Debian: gcc-aarch64-linux-gnu, qemu-user)."""
+    cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+    if cc is None or qemu is None:
+        pytest.skip("no aarch64 cross compiler or qemu-aarch64 on this machine")
+    (tmp_path / "driver.c").write_text(ARM_DRIVER)
+    source = ROOT / "workers/engine/backends/kernels" / cpu_kernels.SOURCE
+    exe = tmp_path / "gq"
+    build = [
+        cc,
+        "-O3",
+        f"-march={march}",
+        "-pthread",
+        "-std=c11",
+        "-o",
+        str(exe),
+        str(tmp_path / "driver.c"),
+        str(source),
+        "-lm",
+    ]
+    subprocess.run(build, check=True, capture_output=True, timeout=300)
+    rng = np.random.default_rng()
+    for qtype, rows, cols in ((Q.Q4_1, 40, 576), (Q.Q5_0, 33, 640), (Q.Q4_K, 24, 1280)):
+        w = to_blocks(tensor_of(signed_blocks(qtype, rows, cols, rng), qtype, rows, cols))
+        assert w.layout in GROUPED
+        for n in (1, 5):
+            x = rng.standard_normal((n, cols), dtype=np.float32)
+            parts = [
+                np.ascontiguousarray(a) for a in (w.q, w.scale, w.offset if w.offset is not None else np.empty(0), x)
+            ]
+            high, half = int(w.layout == LAYOUTS[Q.Q5_0]), int(w.scale.dtype == np.float16)
+            head = np.array([cols, n, rows, high, half, *(a.nbytes for a in parts)], dtype=np.int64)
+            (tmp_path / "in").write_bytes(head.tobytes() + b"".join(a.tobytes() for a in parts))
+            run = [qemu, "-L", "/usr/aarch64-linux-gnu", str(exe), str(tmp_path / "in"), str(tmp_path / "out")]
+            subprocess.run(run, check=True, capture_output=True, timeout=300)
+            got = np.fromfile(tmp_path / "out", dtype=np.float32).reshape(n, rows)
+            np.testing.assert_array_equal(got, kernels.products(x, w), err_msg=f"{march} {qtype.name} n={n}")
+
+
 def test_gemm_in_chunks_of_rows(kernels, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "DEQUANT_CHUNK_BYTES", 100 * 256 * 4)  # chunks of 100 rows, a ragged last one
     rng = np.random.default_rng()

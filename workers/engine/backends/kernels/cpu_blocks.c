@@ -4,8 +4,9 @@
 // block scales) instead of four, and a decode step reads a quarter of the bytes.
 //
 // Compiled at first use with the system C compiler (cpu_kernels.py) and called through ctypes; the
-// row loops run on the threads of a pool of genie's own (below). The dot product has an AVX2 path
-// (x86-64 since 2013) and a plain C one the compiler vectorizes as it can (NEON on a Jetson).
+// row loops run on the threads of a pool of genie's own (below). The dot products have AVX-512 and AVX2 paths
+// (x86-64 since 2013), for the 4- and 5-bit groups an Armv8.2 dot-product path (a Jetson Orin's or a Pi 5's
+// cores: gq_dot_neon), and a plain C one the compiler vectorizes as it can; the same bits on each.
 
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -905,6 +906,56 @@ static inline __attribute__((always_inline)) void gq_tile(const gq_shape *s, con
 #define GQ_SIMD 0
 #endif
 
+#if !GQ_SIMD && defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
+// gq_dot_c's numbers with Armv8.2's dot product (a Jetson Orin's or a Pi 5's cores): sdot sums four int8 products
+// into each 32-bit lane of a 16-byte vector, so a 64-value vector's 16 lanes are four sdots on its four quarters,
+// each lane a block's (or part of one's) exact integer sum as in the plain form; the 4-bit values (0..15) are
+// int8 as they are, a 5-bit value's fifth bit (layout 4) adds 16 before the dot. The float part is gq_dot_c's
+// lane by lane (fused multiply-adds in the same order), then gq_red16.
+static inline uint8x16_t gq_fifth16(uint16_t bits) {  // 16 for each set bit i of bits, in byte i; else 0
+    static const uint8_t each[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t rep = vcombine_u8(vdup_n_u8((uint8_t)bits), vdup_n_u8((uint8_t)(bits >> 8)));
+    return vandq_u8(vtstq_u8(rep, vld1q_u8(each)), vdupq_n_u8(16));
+}
+
+static float gq_dot_neon(const gq_shape *s, const uint8_t *w, const void *s_r, const void *o_r, int half,
+                         const int8_t *codes, const float *dxl, const float *xsl, int H) {
+    float acc[16] = {0}, ls[16], lo[16];
+    const uint8x16_t low4 = vdupq_n_u8(15);
+    for (int64_t g = 0; g < s->groups; g++) {
+        int32x4_t sum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+        const int64_t v0 = g * 8, v1 = v0 + gq_group_T(s, g) / 2;
+        for (int64_t v = v0; v < v1; v += 2) {  // a pair (T / 2 is even): 64 bytes, low nibbles v, high v + 1
+            const uint8_t *pair = w + v / 2 * GQ_PAIR(H);
+            uint64_t bits[2] = {0, 0};
+            if (H) memcpy(bits, pair + 64, 16);
+            for (int q = 0; q < 4; q++) {
+                const uint8x16_t b = vld1q_u8(pair + 16 * q);
+                uint8x16_t lo_u = vandq_u8(b, low4), hi_u = vshrq_n_u8(b, 4);
+                if (H) {  // bit i of each word: value i's fifth bit; this quarter's values are 16q .. 16q + 15
+                    lo_u = vaddq_u8(lo_u, gq_fifth16((uint16_t)(bits[0] >> (16 * q))));
+                    hi_u = vaddq_u8(hi_u, gq_fifth16((uint16_t)(bits[1] >> (16 * q))));
+                }
+                sum[q] = vdotq_s32(sum[q], vreinterpretq_s8_u8(lo_u), vld1q_s8(codes + v * 64 + 16 * q));
+                sum[q] = vdotq_s32(sum[q], vreinterpretq_s8_u8(hi_u), vld1q_s8(codes + (v + 1) * 64 + 16 * q));
+            }
+        }
+        int32_t lane[16];
+        for (int q = 0; q < 4; q++) vst1q_s32(lane + 4 * q, sum[q]);
+        gq_lanes_c(s, g, s_r, o_r, half, ls, lo);
+        for (int L = 0; L < 16; L++) {
+            acc[L] = fmaf((float)lane[L], dxl[g * 16 + L] * ls[L], acc[L]);
+            acc[L] = fmaf(lo[L], xsl[g * 16 + L], acc[L]);
+        }
+    }
+    return gq_red16(acc);
+}
+#define GQ_DOT gq_dot_neon
+#else
+#define GQ_DOT gq_dot_c
+#endif
+
 struct gq_job {
     const uint8_t *w;
     const void *scale, *offset;  // float32, or float16 with `half`
@@ -953,7 +1004,7 @@ static void gq_claim(const void *ctx, int64_t item) {
 #else
                 for (int a = 0; a < mr; a++)
                     for (int b = 0; b < nr; b++)
-                        y[a * j->rows + b] = gq_dot_c(s, W + b * rb, (const char *)S + b * s->nb * sz,
+                        y[a * j->rows + b] = GQ_DOT(s, W + b * rb, (const char *)S + b * s->nb * sz,
                                                       O ? (const char *)O + b * s->nb * sz : NULL, j->half,
                                                       j->codes + (m + a) * cb, j->dxl + (m + a) * lb,
                                                       j->xsl + (m + a) * lb, j->high);
