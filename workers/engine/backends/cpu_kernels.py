@@ -279,6 +279,23 @@ class BlockKernels:
             raise ValueError(f"genie_attn_rows_i8: {n_heads // n_kv} query heads a KV head, past {ATTN1_MAX_GROUP}")
         return out
 
+    def _qkv_rows(
+        self, qkv: np.ndarray, heads: tuple[int, int], qk_norm: np.ndarray | None, cos: np.ndarray, sin: np.ndarray,
+        kv: LayerKV,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, int, int]:  # fmt: skip
+        """genie_qkv_i8's and genie_attend_i8's inputs checked against the pool and made C-contiguous float32: qkv,
+        cos, sin, the qk norm (or None), hd and hdv."""
+        (H, Hkv), n = heads, qkv.shape[0]
+        hd, hdv = kv.k.shape[3], kv.v.shape[3]
+        assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[2] == Hkv
+        assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and self.takes_attention(hd, hdv)
+        assert qkv.shape[1] == (H + Hkv) * hd + Hkv * hdv and cos.shape == sin.shape and cos.shape[0] == n
+        assert 2 * cos.shape[1] <= hd and (qk_norm is None or qk_norm.shape == (H + Hkv, hd))
+        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+        cos, sin = np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32)
+        norm = None if qk_norm is None else np.ascontiguousarray(qk_norm, dtype=np.float32)
+        return qkv, cos, sin, norm, hd, hdv
+
     def qkv_i8(
         self, qkv: np.ndarray, heads: tuple[int, int], qk_norm: np.ndarray | None, eps: float, v_norm: bool,
         cos: np.ndarray, sin: np.ndarray, neox: bool, kv: LayerKV, slot: int, pos0: int,
@@ -287,20 +304,13 @@ class BlockKernels:
         Hkv, hd], if any) and turned by RoPE (cos, sin [n, rope_dim / 2] of the rows' positions), v normed when
         v_norm; k and v rotated and coded into the INT8 pool `kv` at positions pos0.. of `slot`; returns q [n, H, hd]
         rotated as the stored rows are (genie_qkv_i8: the same numbers for a row whatever rows share the call)."""
+        qkv, cos, sin, norm, hd, hdv = self._qkv_rows(qkv, heads, qk_norm, cos, sin, kv)
         (H, Hkv), n = heads, qkv.shape[0]
-        hd, hdv = kv.k.shape[3], kv.v.shape[3]
-        assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[2] == Hkv
-        assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and 0 <= pos0 and pos0 + n <= kv.k.shape[1]
-        assert self.takes_attention(hd, hdv) and qkv.shape[1] == (H + Hkv) * hd + Hkv * hdv
-        assert cos.shape == sin.shape and cos.shape[0] == n and 2 * cos.shape[1] <= hd
-        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
-        cos, sin = np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32)
-        norm = None if qk_norm is None else np.ascontiguousarray(qk_norm, dtype=np.float32)
-        assert norm is None or norm.shape == (H + Hkv, hd)
+        assert 0 <= pos0 and pos0 + n <= kv.k.shape[1] and kv.k_scale is not None and kv.v_scale is not None
         q = np.empty((n, H, hd), dtype=np.float32)
         self.lib.genie_qkv_i8(
-            address(qkv), n, H, Hkv, hd, hdv, None if norm is None else address(norm), eps, int(v_norm),
-            address(cos), address(sin), 2 * cos.shape[1], int(neox), address(q), address(kv.k[slot, pos0]),
+            address(qkv), n, H, Hkv, hd, hdv, None if norm is None else address(norm), eps, int(v_norm), address(cos),
+            address(sin), 2 * cos.shape[1], int(neox), address(q), address(kv.k[slot, pos0]),
             address(kv.k_scale[slot, pos0]), address(kv.v[slot, pos0]), address(kv.v_scale[slot, pos0]),
         )  # fmt: skip
         return q
@@ -314,20 +324,13 @@ class BlockKernels:
         (k and v into the INT8 pool), each row's attention over the positions it sees (the last `window`, or all)
         and the output turned back, [n, H * hdv] (genie_attend_i8: qkv_i8, attention_rows and rotate in one call;
         a row's numbers the same whatever rows share it)."""
+        qkv, cos, sin, norm, hd, hdv = self._qkv_rows(qkv, heads, qk_norm, cos, sin, kv)
         (H, Hkv), n = heads, qkv.shape[0]
-        hd, hdv = kv.k.shape[3], kv.v.shape[3]
-        assert kv.k_scale is not None and kv.v_scale is not None and kv.k.shape[2] == Hkv
-        assert kv.k.flags.c_contiguous and kv.v.flags.c_contiguous and self.takes_attention(hd, hdv)
-        assert qkv.shape[1] == (H + Hkv) * hd + Hkv * hdv and cos.shape == sin.shape and cos.shape[0] == n
-        assert 2 * cos.shape[1] <= hd
-        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
-        cos, sin = np.ascontiguousarray(cos, dtype=np.float32), np.ascontiguousarray(sin, dtype=np.float32)
-        norm = None if qk_norm is None else np.ascontiguousarray(qk_norm, dtype=np.float32)
-        assert norm is None or norm.shape == (H + Hkv, hd)
+        assert kv.k_scale is not None and kv.v_scale is not None
         out = np.empty((n, H * hdv), dtype=np.float32)
         rc = self.lib.genie_attend_i8(
-            address(qkv), n, H, Hkv, hd, hdv, None if norm is None else address(norm), eps, int(v_norm),
-            address(cos), address(sin), 2 * cos.shape[1], int(neox), address(kv.k[slot]), address(kv.k_scale[slot]),
+            address(qkv), n, H, Hkv, hd, hdv, None if norm is None else address(norm), eps, int(v_norm), address(cos),
+            address(sin), 2 * cos.shape[1], int(neox), address(kv.k[slot]), address(kv.k_scale[slot]),
             address(kv.v[slot]), address(kv.v_scale[slot]), pos0, kv.k.shape[1], window, scale, softcap, address(out),
         )  # fmt: skip
         if rc == -1:
