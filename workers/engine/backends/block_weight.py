@@ -234,9 +234,12 @@ UNPACKERS: dict[GGMLQuantizationType, tuple[Callable[[np.ndarray], Unpacked], in
     Q.Q6_K: (_q6_k, 16),
 }
 LAYOUTS = {Q.Q4_1: GROUPS, Q.Q4_K: GROUPS, Q.Q5_0: GROUPS_HIGH}  # the types kept packed (blocks of 32)
-# packed types whose scales and offsets stay float16: GGUF's own d and m (Q5_0's offset -16 d too), so a decode step
-# reads 20 bytes a Q4_1 block, not 24 (Q4_K's d * sc are no float16s)
-HALF_SCALES = frozenset({Q.Q4_1, Q.Q5_0})
+# types whose scales and offsets stay float16: GGUF's own d and m (Q5_0's offset -16 d too), so a decode step reads
+# 20 bytes a Q4_1 block, not 24, and 34 a Q8_0 block, not 36 (Gemma 3's 262 144-row head: 178 MB, not 189); Q4_K's
+# and Q6_K's d * sc are no float16s. Int8 rows keep them so up to cpu_blocks.c's GEMV_HALF_BLOCKS blocks a row
+# (which its gemv widens on the stack), and as float32 once stacked with other matrices (concat_blocks).
+HALF_SCALES = frozenset({Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_0, Q.Q5_1})
+GEMV_HALF_BLOCKS = 1024
 
 
 def row_bytes(layout: int, cols: int) -> int:
@@ -277,7 +280,7 @@ def to_blocks(tensor: TensorInfo) -> BlockWeight:
             tensor.release_bytes(r0 * raw.shape[1], r1 * raw.shape[1])  # the file's pages of the rows done
     if not np.isfinite(scale).all() or (offset is not None and not np.isfinite(offset).all()):
         raise ValueError(f"tensor {tensor.name} holds non-finite values (corrupt block scales?)")
-    if tensor.qtype in HALF_SCALES:
+    if tensor.qtype in HALF_SCALES and (layout != INT8 or cols // block <= GEMV_HALF_BLOCKS):
         scale, offset = _half_where_exact(scale, offset)
     return BlockWeight(q, scale, offset, block, layout)
 

@@ -148,9 +148,9 @@ def load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     lib.genie_set_threads.argtypes = [ctypes.c_int]
     lib.genie_set_threads.restype = ctypes.c_int
-    lib.genie_blk_gemv.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64]
+    lib.genie_blk_gemv.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, ctypes.c_int]
     lib.genie_blk_gemv.restype = ctypes.c_int
-    lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64]
+    lib.genie_blk_dequant.argtypes = [_ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, ctypes.c_int]
     lib.genie_blk_dequant.restype = None
     lib.genie_gq_products.argtypes = [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64, ctypes.c_int, ctypes.c_int]
     lib.genie_gq_products.restype = ctypes.c_int
@@ -217,8 +217,12 @@ class BlockKernels:
         if cols != w_cols or cols % 32 or w.layout != INT8:  # the C code reads cols values of x for every row
             raise ValueError(f"x has {cols} columns, the weight {w_cols} in layout {w.layout}")
         y = np.empty((n, rows), dtype=np.float32)
-        if self.lib.genie_blk_gemv(*w.addresses, cols, w.block, address(x), n, address(y), rows) == -1:
+        half = int(w.scale.dtype == np.float16)
+        rc = self.lib.genie_blk_gemv(*w.addresses, cols, w.block, address(x), n, address(y), rows, half)
+        if rc == -1:
             raise MemoryError(f"genie_blk_gemv: no memory for {n} x {cols // w.block} block sums")
+        if rc:
+            raise ValueError(f"genie_blk_gemv: float16 scales of {cols // w.block} blocks a row, past the C code's")
         return y
 
     def products(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:
@@ -426,7 +430,7 @@ class BlockKernels:
         if not (0 <= r0 <= r1 <= rows and dst.shape == (r1 - r0, cols) and dst.dtype == np.float32):
             raise ValueError(f"dequantize rows [{r0}, {r1}) of {w.shape} into {out.shape} {out.dtype}")
         assert dst.flags.c_contiguous and w.layout == INT8
-        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, address(dst), r0, r1)
+        self.lib.genie_blk_dequant(*w.addresses, cols, w.block, address(dst), r0, r1, int(w.scale.dtype == np.float16))
         return dst
 
     def gemm(self, x: np.ndarray, w: BlockWeight) -> np.ndarray:

@@ -31,6 +31,7 @@ from ..model_config import LayerConfig, ModelConfig, RopeMode
 from . import cpu_kernels
 from .base import Array, Backend, NextInput, Weight
 from .block_weight import (
+    GEMV_HALF_BLOCKS,
     GROUPED,
     GROUPS_HIGH,
     HALF_SCALES,
@@ -144,7 +145,10 @@ class NumpyBackend(Backend):
         layout = layouts.pop() if len(layouts) == 1 else INT8
         cols = tensors[0].shape[-1]
         values = n // cols * row_bytes(layout, cols)
-        half = layout in GROUPED and all(t.qtype in HALF_SCALES for t in tensors)  # (stacked with float32: float32)
+        # float16 as to_blocks keeps them, float32 once an int8 group is stacked (concat_blocks)
+        half = all(t.qtype in HALF_SCALES for t in tensors) and (
+            layout in GROUPED or (len(tensors) == 1 and cols // block <= GEMV_HALF_BLOCKS)
+        )
         return values + n // block * (2 if half else 4) * (2 if affine else 1)  # and a scale (and offset) a block
 
     def scratch_bytes(self, cfg: Any, prefill_chunk: int, n_slots: int) -> tuple[int, int]:

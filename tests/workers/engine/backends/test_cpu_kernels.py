@@ -307,6 +307,34 @@ def test_an_arm_build_of_the_grouped_products_gives_this_machines_bits(kernels, 
             np.testing.assert_array_equal(got, kernels.products(x, w), err_msg=f"{march} {qtype.name} n={n}")
 
 
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q5_1], ids=lambda q: q.name)
+def test_int8_rows_keep_ggufs_float16_scales_and_give_the_float32_scales_numbers(kernels, qtype):
+    """Q8_0 / Q4_0 / Q5_1 rows keep GGUF's float16 d (and m): gemv, its norm and gate forms and the prompt path's
+    dequantized rows give the bits of the same matrix with float32 scales; a stacked group is float32."""
+    import dataclasses
+
+    rng = np.random.default_rng()
+    rows, cols = 300, 640
+    w = to_blocks(tensor_of(signed_blocks(qtype, rows, cols, rng), qtype, rows, cols))
+    assert w.scale.dtype == np.float16 and (w.offset is None or w.offset.dtype == np.float16)
+    wide = dataclasses.replace(
+        w, scale=w.scale.astype(np.float32), offset=None if w.offset is None else w.offset.astype(np.float32)
+    )
+    x = rng.standard_normal((3, cols), dtype=np.float32)
+    np.testing.assert_array_equal(kernels.gemv(x, w), kernels.gemv(x, wide))
+    norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    np.testing.assert_array_equal(
+        kernels.norm_product(x, x, norm, 1e-6, w)[1], kernels.norm_product(x, x, norm, 1e-6, wide)[1]
+    )
+    gate_up = rng.standard_normal((2, 2 * cols), dtype=np.float32)
+    np.testing.assert_array_equal(
+        kernels.gated_product(gate_up, "silu", w), kernels.gated_product(gate_up, "silu", wide)
+    )
+    out = np.empty((rows, cols), dtype=np.float32)
+    np.testing.assert_array_equal(kernels.dequantize(w, 0, rows, out), w.dequantize())
+    assert concat_blocks([w, w]).scale.dtype == np.float32
+
+
 def test_gemm_in_chunks_of_rows(kernels, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "DEQUANT_CHUNK_BYTES", 100 * 256 * 4)  # chunks of 100 rows, a ragged last one
     rng = np.random.default_rng()

@@ -242,6 +242,7 @@ int genie_set_threads(int n) {
 // (a hint: past the matrix's end it reads nothing). The hardware's prefetchers stop at 4 KiB pages: Gemma 3's
 // 262 144-row head ran at 137 ns a row on one thread without this, 83 with it (bench/NOTES.md, CPU note 2026-12-06d).
 #define PREFETCH_ROWS 8
+#define GEMV_HALF_BLOCKS 1024  // float16 scales a row genie_blk_gemv widens on the stack, at most (K 32 768 of Q8_0)
 static inline void prefetch_rows(const int8_t *qr, const float *sr, int64_t stride, int64_t nb) {
     for (int64_t off = 0; off < 4 * stride; off += 64) __builtin_prefetch(qr + PREFETCH_ROWS * stride + off, 0, 3);
     for (int64_t off = 0; off < 4 * nb; off += 16) __builtin_prefetch(sr + PREFETCH_ROWS * nb + off, 0, 3);
@@ -427,13 +428,12 @@ static inline __attribute__((always_inline)) void row_sums(const int8_t *qr, con
 }
 
 // Rows [r, r + NR) against the n inputs, four at a time, plus the offsets' share: offset[b] * (sum of x over
-// block b).
-static inline __attribute__((always_inline)) void rows_gemv(const int8_t *q, const float *scale, const float *offset,
+// block b); sr and orr: the scales and offsets (or NULL) of row r on, nb = K / BS a row.
+static inline __attribute__((always_inline)) void rows_gemv(const int8_t *q, const float *sr, const float *orr,
                                                             int64_t K, int64_t BS, const float *x, const float *xsum,
                                                             int64_t n, float *y, int64_t ldy, int64_t r, int NR) {
     const int64_t nb = K / BS;
     const int8_t *qr = q + r * K;
-    const float *sr = scale + r * nb;
     float sums[16] = {0};
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         const float *xs0 = x + i0 * K;
@@ -447,8 +447,8 @@ static inline __attribute__((always_inline)) void rows_gemv(const int8_t *q, con
         for (int64_t j = 0; j < NR; j++)
             for (int64_t i = i0; i < i0 + m; i++) {
                 float sum = sums[j * 4 + i - i0];
-                if (offset != NULL) {
-                    const float *orow = offset + (r + j) * nb, *xs = xsum + i * nb;
+                if (orr != NULL) {
+                    const float *orow = orr + j * nb, *xs = xsum + i * nb;
                     for (int64_t b = 0; b < nb; b++) sum += orow[b] * xs[b];
                 }
                 y[i * ldy + r + j] = sum;
@@ -458,11 +458,32 @@ static inline __attribute__((always_inline)) void rows_gemv(const int8_t *q, con
 
 struct gemv_job {
     const int8_t *q;
-    const float *scale, *offset, *x, *xsum;
+    const void *scale, *offset;  // float32, or float16 with `half`
+    const float *x, *xsum;
     int64_t K, bs, n, rows, groups, tail;
     float *y;
     int64_t per;  // row groups a claim
+    int half;
 };
+
+static inline float gq_half(uint16_t h);
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+// n numbers from p (float32, or with `half` float16) into dst as float32
+static void to_floats(const void *p, int64_t n, int half, float *dst) {
+    if (!half) {
+        memcpy(dst, p, sizeof(float) * (size_t)n);
+        return;
+    }
+    const uint16_t *h = p;
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < n; i++) dst[i] = gq_half(h[i]);
+}
 
 // A claim of `per` row groups: in groups of GEMV_ROW_GROUP where the CPU has a kernel for it, the last rows of a
 // product one at a time. A prompt's rows are claimed in small runs (GEMV_ROWS_A_CLAIM), so a thread that another
@@ -471,21 +492,32 @@ struct gemv_job {
 static void gemv_claim(const void *ctx, int64_t item) {
     const struct gemv_job *j = ctx;
     const int64_t per = j->per, g1 = (item + 1) * per;
+    const int64_t nb = j->K / j->bs;
+    float sbuf[GEMV_ROW_GROUP * GEMV_HALF_BLOCKS], obuf[GEMV_ROW_GROUP * GEMV_HALF_BLOCKS];
     for (int64_t g = item * per; g < g1 && g < j->groups + j->tail; g++) {
         const int64_t r = g < j->groups ? g * GEMV_ROW_GROUP : j->groups * GEMV_ROW_GROUP + (g - j->groups);
         const int nr = g < j->groups ? GEMV_ROW_GROUP : 1;
+        const float *sr = (const float *)j->scale + r * nb, *orr = j->offset ? (const float *)j->offset + r * nb : NULL;
+        if (j->half) {  // the rows' float16s widened (genie_blk_gemv keeps nb within GEMV_HALF_BLOCKS)
+            to_floats((const uint16_t *)j->scale + r * nb, nr * nb, 1, sbuf);
+            sr = sbuf;
+            if (j->offset) to_floats((const uint16_t *)j->offset + r * nb, nr * nb, 1, obuf), orr = obuf;
+        }
         if (j->bs == 32)
-            rows_gemv(j->q, j->scale, j->offset, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
+            rows_gemv(j->q, sr, orr, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
         else
-            rows_gemv(j->q, j->scale, j->offset, j->K, 16, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
+            rows_gemv(j->q, sr, orr, j->K, 16, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
     }
 }
 
-// y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0; q int8 values.
-// Returns -1 (nothing written) when the offsets' block sums of x find no memory.
-int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs, const float *x,
-                   int64_t n, float *y, int64_t rows) {
+// y[i * rows + r] = sum_k w[r, k] * x[i * K + k] for all rows r and the n inputs i; K % 32 == 0; q int8 values;
+// scale and offset float32, or with `half` float16 (GGUF's own: a Q8_0 row reads 34 bytes a block, not 36).
+// Returns -1 (nothing written) when the offsets' block sums of x find no memory, -2 for float16 scales of more
+// than GEMV_HALF_BLOCKS blocks a row.
+int genie_blk_gemv(const int8_t *q, const void *scale, const void *offset, int64_t K, int64_t bs, const float *x,
+                   int64_t n, float *y, int64_t rows, int half) {
     const int64_t nb = K / bs;
+    if (half && nb > GEMV_HALF_BLOCKS) return -2;
     float *xsum = NULL;  // xsum[i * nb + b]: x[i] summed over block b, for the offsets' share
     if (offset != NULL) {
         xsum = malloc(sizeof(float) * (size_t)(n * nb));
@@ -504,7 +536,7 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
     const int64_t threads = atomic_load(&pool.threads);
     const int64_t run = (groups + tail + threads - 1) / threads;
     const int64_t per = n > RUN_INPUTS || run == 0 ? GEMV_ROWS_A_CLAIM / GEMV_ROW_GROUP : run;  // (run 0: no rows)
-    const struct gemv_job job = {q, scale, offset, x, xsum, K, bs, n, rows, groups, tail, y, per};
+    const struct gemv_job job = {q, scale, offset, x, xsum, K, bs, n, rows, groups, tail, y, per, half};
     const int64_t claims = (groups + tail + per - 1) / per;
     if (rows * K * n >= PARALLEL_MIN_WORK) {
         pool_run(gemv_claim, &job, claims);
@@ -518,24 +550,26 @@ int genie_blk_gemv(const int8_t *q, const float *scale, const float *offset, int
 // out[(r - r0) * K + k] = w[r, k] for rows r in [r0, r1): float32 rows for a BLAS GEMM. Exact: every
 // scale * q product of a GGUF type fits a float32 significand, so this equals the reference dequant.
 // Serial: the many-token product runs one of these per thread of its own pool (cpu_kernels.py).
-static inline __attribute__((always_inline)) void dequant_rows(const int8_t *q, const float *scale, const float *offset,
+static inline __attribute__((always_inline)) void dequant_rows(const int8_t *q, const void *scale, const void *offset,
                                                                int64_t K, int64_t bs, float *out, int64_t r0,
-                                                               int64_t r1) {
+                                                               int64_t r1, int half) {
     const int64_t nb = K / bs;
     for (int64_t r = r0; r < r1; r++) {
         const int8_t *qr = q + r * K;
         float *o = out + (r - r0) * K;
         for (int64_t b = 0; b < nb; b++) {
-            const float s = scale[r * nb + b];
-            const float m = offset != NULL ? offset[r * nb + b] : 0.0f;
+            const float s = half ? gq_half(((const uint16_t *)scale)[r * nb + b]) : ((const float *)scale)[r * nb + b];
+            const float m = offset == NULL ? 0.0f
+                            : half         ? gq_half(((const uint16_t *)offset)[r * nb + b])
+                                           : ((const float *)offset)[r * nb + b];
             for (int64_t k = 0; k < bs; k++) o[b * bs + k] = s * (float)qr[b * bs + k] + m;
         }
     }
 }
 
-void genie_blk_dequant(const int8_t *q, const float *scale, const float *offset, int64_t K, int64_t bs,
-                       float *out, int64_t r0, int64_t r1) {
-    dequant_rows(q, scale, offset, K, bs, out, r0, r1);
+void genie_blk_dequant(const int8_t *q, const void *scale, const void *offset, int64_t K, int64_t bs, float *out,
+                       int64_t r0, int64_t r1, int half) {
+    dequant_rows(q, scale, offset, K, bs, out, r0, r1, half);
 }
 
 // ---- 4-bit weights in groups, met by q8-coded inputs: one product for every number of inputs ----------------
@@ -1649,7 +1683,7 @@ int genie_norm_products(const float *x, const float *r, const float *norm, float
     if (h == NULL) return -1;
     genie_add_rms_norm(x, r, norm, n, K, eps, r != NULL ? s : NULL, h);
     const int rc = kind == 0 ? genie_gq_products(w, scale, offset, K, h, n, y, rows, high, half)
-                             : genie_blk_gemv(w, scale, offset, K, bs, h, n, y, rows);
+                             : genie_blk_gemv(w, scale, offset, K, bs, h, n, y, rows, half);
     free(h);
     return rc;
 }
@@ -1663,7 +1697,7 @@ int genie_gated_products(const float *gate_up, int64_t n, int64_t f, int act, in
     int rc = genie_gated_act(gate_up, n, f, act, g) ? -2 : 0;
     if (rc == 0)
         rc = kind == 0 ? genie_gq_products(w, scale, offset, f, g, n, y, rows, high, half)
-                       : genie_blk_gemv(w, scale, offset, f, bs, g, n, y, rows);
+                       : genie_blk_gemv(w, scale, offset, f, bs, g, n, y, rows, half);
     free(g);
     return rc;
 }
