@@ -1,7 +1,7 @@
 """The CPU backend: NumPy for the activations, quantized weights as int8 blocks.
 
 Quantized matrices are unpacked at load time into int8 blocks with a scale (and offset) a block, float32 or for
-Q4_1 and Q5_0 GGUF's own float16s (block_weight.py):
+Q4_1, Q5_0, Q8_0, Q4_0 and Q5_1 GGUF's own float16s (block_weight.py):
 one byte per weight (half a byte for the 4-bit types, five eighths for Q5_0). The 4- and 5-bit types' products,
 any number of rows, run genie_gq_products on q8-coded inputs (a row's numbers whatever shares its call); the other
 types' products with up to `GEMV_MAX_TOKENS` rows (decode) run the C kernel that reads the rows directly
