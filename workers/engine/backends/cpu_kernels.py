@@ -187,14 +187,14 @@ def limit_blas_threads(n: int) -> None:
     threadpool_limits(limits=n, user_api="blas")
 
 
-def _product_kind(w: BlockWeight, cols: int) -> tuple[int, int]:
-    """genie_norm_products' and genie_gated_products' kind for w (0: grouped, 1: int8 rows) and its rows; raises
-    for inputs of another width or a layout neither product takes."""
+def _product_args(w: BlockWeight, cols: int) -> tuple[int, int, int, int]:
+    """genie_norm_products' and genie_gated_products' kind for w (0: grouped, 1: int8 rows), its rows, and its
+    `high` and `half` flags; raises for inputs of another width or a layout neither product takes."""
     rows, w_cols = w.shape
     grouped = w.layout in GROUPED
     if cols != w_cols or cols % 32 or not (grouped or w.layout == INT8) or not w.q.flags.c_contiguous:
         raise ValueError(f"x has {cols} columns, the weight {w_cols} in layout {w.layout}")
-    return (0 if grouped else 1), rows
+    return (0 if grouped else 1), rows, int(w.layout == GROUPS_HIGH), int(w.scale.dtype == np.float16)
 
 
 class BlockKernels:
@@ -307,7 +307,8 @@ class BlockKernels:
         """A layer's QKV rows [n, (H + Hkv) * hd + Hkv * hdv] (heads = (H, Hkv)): q and k normed (qk_norm rows [H +
         Hkv, hd], if any) and turned by RoPE (cos, sin [n, rope_dim / 2] of the rows' positions), v normed when
         v_norm; k and v rotated and coded into the INT8 pool `kv` at positions pos0.. of `slot`; returns q [n, H, hd]
-        rotated as the stored rows are (genie_qkv_i8: the same numbers for a row whatever rows share the call)."""
+        rotated as the stored rows are (genie_qkv_i8: the same numbers for a row whatever rows share the call). The
+        engine takes attend_i8, which runs this inside; here q can be seen (the tests check it against NumPy's)."""
         qkv, cos, sin, norm, hd, hdv = self._qkv_rows(qkv, heads, qk_norm, cos, sin, kv)
         (H, Hkv), n = heads, qkv.shape[0]
         assert 0 <= pos0 and pos0 + n <= kv.k.shape[1] and kv.k_scale is not None and kv.v_scale is not None
@@ -383,10 +384,9 @@ class BlockKernels:
         n, cols = x.shape
         if norm.shape != (cols,) or norm.dtype != np.float32 or (r is not None and r.shape != x.shape):
             raise ValueError(f"rows {x.shape}, residual {None if r is None else r.shape}, norm weight {norm.shape}")
-        kind, rows = _product_kind(w, cols)
+        kind, rows, high, half = _product_args(w, cols)
         s = x if r is None else np.empty_like(x)
         y = np.empty((n, rows), dtype=np.float32)
-        high, half = int(w.layout == GROUPS_HIGH), int(w.scale.dtype == np.float16)
         r = None if r is None else np.ascontiguousarray(r, dtype=np.float32)  # (held: the C code reads it)
         rr = None if r is None else address(r)
         rc = self.lib.genie_norm_products(
@@ -401,9 +401,8 @@ class BlockKernels:
         """gated_act(gate_up, act) @ w.T in one call, the product as norm_product's (genie_gated_products)."""
         gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
         n, f = gate_up.shape[0], gate_up.shape[1] // 2
-        kind, rows = _product_kind(w, f)
+        kind, rows, high, half = _product_args(w, f)
         y = np.empty((n, rows), dtype=np.float32)
-        high, half = int(w.layout == GROUPS_HIGH), int(w.scale.dtype == np.float16)
         rc = self.lib.genie_gated_products(
             address(gate_up), n, f, GATES.get(act, -1), kind, *w.addresses, w.block, high, half, address(y), rows
         )

@@ -471,13 +471,8 @@ static inline float gq_half(uint16_t h);
 #include <immintrin.h>
 #endif
 
-// n numbers from p (float32, or with `half` float16) into dst as float32
-static void to_floats(const void *p, int64_t n, int half, float *dst) {
-    if (!half) {
-        memcpy(dst, p, sizeof(float) * (size_t)n);
-        return;
-    }
-    const uint16_t *h = p;
+// n float16s from h into dst as float32
+static void halves_to_floats(const uint16_t *h, int64_t n, float *dst) {
     int64_t i = 0;
 #if defined(__F16C__)
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
@@ -499,9 +494,9 @@ static void gemv_claim(const void *ctx, int64_t item) {
         const int nr = g < j->groups ? GEMV_ROW_GROUP : 1;
         const float *sr = (const float *)j->scale + r * nb, *orr = j->offset ? (const float *)j->offset + r * nb : NULL;
         if (j->half) {  // the rows' float16s widened (genie_blk_gemv keeps nb within GEMV_HALF_BLOCKS)
-            to_floats((const uint16_t *)j->scale + r * nb, nr * nb, 1, sbuf);
+            halves_to_floats((const uint16_t *)j->scale + r * nb, nr * nb, sbuf);
             sr = sbuf;
-            if (j->offset) to_floats((const uint16_t *)j->offset + r * nb, nr * nb, 1, obuf), orr = obuf;
+            if (j->offset) halves_to_floats((const uint16_t *)j->offset + r * nb, nr * nb, obuf), orr = obuf;
         }
         if (j->bs == 32)
             rows_gemv(j->q, sr, orr, j->K, 32, j->x, j->xsum, j->n, j->y, j->rows, r, nr);
