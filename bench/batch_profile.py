@@ -30,6 +30,9 @@ from batch import load, random_prompt, sync  # noqa: E402
 from gpu_replay import graph_ms, skip  # noqa: E402
 
 FAMILIES = ("gemvn", "gemv1m", "q8_input", "attention_dec", "add_rms_norm", "rms_norm", "dequant", "qkv_post")
+# the 8.x chains, the dp4a products, and what a Gemma 4 step runs beside them (its generic attention, the GELU gate,
+# prepare_q's RoPE)
+FAMILIES += ("gemv1_chainc", "gemv1q", "attention_gqa", "gated_act", "rope")
 WARM_STEPS = 3
 
 
