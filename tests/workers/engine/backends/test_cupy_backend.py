@@ -554,10 +554,17 @@ def test_gated_act(gpu, cpu, kind):
     assert rel_err(out, ref) < 1e-6
 
 
+@pytest.mark.parametrize("block_kib", [None, 99])  # the GPU's own shared memory a block, and an RTX 30 / 40's
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
-@pytest.mark.parametrize("heads,n_kv,hd,hdv", [(8, 2, 128, 128), (4, 1, 256, 256), (16, 8, 128, 128), (8, 2, 192, 128)])
-def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd, hdv):
+@pytest.mark.parametrize(
+    "heads,n_kv,hd,hdv",
+    [(8, 2, 128, 128), (4, 1, 256, 256), (16, 8, 128, 128), (8, 2, 192, 128), (8, 1, 256, 256), (8, 1, 512, 512)],
+)
+def test_kv_write_and_attention(gpu, cpu, monkeypatch, kv_dtype, heads, n_kv, hd, hdv, block_kib):
     import cupy as cp
+
+    if block_kib is not None:
+        monkeypatch.setattr(gpu, "_smem_per_block", block_kib * 1024)
 
     from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
 
@@ -606,6 +613,15 @@ def test_kv_write_and_attention(gpu, cpu, kv_dtype, heads, n_kv, hd, hdv):
             # from PREFILL_ATTENTION_MIN_TOKENS tokens the tensor-core kernel takes FP16 Q (and P): ~5e-4
             bound = 2e-3 if n >= PREFILL_ATTENTION_MIN_TOKENS else 1e-4 if kv_dtype == "int8" else 1e-5
             assert rel_err(out, ref) < bound, (n, window, softcap)
+
+
+def test_prefill_attention_takes_the_form_that_fits_the_block(gpu, monkeypatch):
+    """An RTX 30 / 40 block (99 KiB) takes head dim 256 in tiles of 32 keys and 512 through the generic kernel; an
+    Orin's (163 KiB) and Hopper's (227 KiB) take 256 in tiles of 64 and 512 in two blocks of V's dims."""
+    for kib, forms in ((99, ("256_k32", None)), (163, ("256", "512")), (227, ("256", "512"))):
+        monkeypatch.setattr(gpu, "_smem_per_block", kib * 1024)
+        got = tuple(None if f is None else f[0] for f in (gpu._prefill_form(hd, 64) for hd in (256, 512)))
+        assert got == forms, kib
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])

@@ -36,7 +36,11 @@ PREFILL_ATTENTION_MIN_TOKENS = 16
 
 PF_WARPS, PF_KEYS = 4, 64  # as in attention.cu (PF_WARPS: its default; attention.cu takes -DPF_WARPS)
 
-PF_HEAD_DIMS = frozenset({16, 32, 64, 128, 256})  # its instantiations (K and V head dims equal)
+# its instantiations (K and V head dims equal): head dim -> (name, V dims a block, keys a tile), the first whose shared
+# memory fits the GPU's block taken (an RTX 30 / 40's 99 KiB takes 256's in tiles of 32 keys; 512's needs 118 KiB)
+PF_FORMS: dict[int, tuple[tuple[str, int, int], ...]] = {hd: ((str(hd), hd, PF_KEYS),) for hd in (16, 32, 64, 128)}
+PF_FORMS[256] = (("256", 256, PF_KEYS), ("256_k32", 256, 32))
+PF_FORMS[512] = (("512", 256, 32),)  # V's dims in two blocks; its rows rotated back by fwht_rows_16 (INT8 K/V)
 
 GQA_MAX_TOKENS = 8  # attention_gqa's queries a launch (attention.cu)
 
@@ -79,9 +83,11 @@ def _head_dims_problem(hd: int, hdv: int) -> str | None:
     return None
 
 
-def _prefill_attention_smem(hd: int, rows: int) -> int:
-    """attention_prefill's dynamic shared memory: Q, the K tile and the transposed V tile in FP16, scales."""
-    return 2 * rows * (hd + 8) + 2 * PF_KEYS * (hd + 8) + 2 * hd * (PF_KEYS + 8) + 4 * 2 * PF_KEYS
+def _prefill_attention_smem(hd: int, rows: int, dv: int, keys: int) -> int:
+    """attention_prefill's dynamic shared memory: Q, then the K tile, the transposed V tile (a block's dv of V's dims)
+    in FP16 and their scales, or (dv == hd) the FP32 output rows that take that area after the last tile."""
+    tiles = 2 * keys * (hd + 8) + 2 * dv * (keys + 8) + 4 * 2 * keys
+    return 2 * rows * (hd + 8) + max(tiles, 4 * rows * (hd + 4) if dv == hd else 0)
 
 
 class CupyAttention(CupyCore):
@@ -398,6 +404,11 @@ class CupyAttention(CupyCore):
             shared_mem=max(hd, hdv) * 4,
         )
 
+    def _prefill_form(self, hd: int, rows: int) -> tuple[str, int, int] | None:
+        """attention_prefill's form for head dim hd at `rows` query rows a block (PF_FORMS): the first that fits."""
+        fits = (f for f in PF_FORMS.get(hd, ()) if _prefill_attention_smem(hd, rows, *f[1:]) <= self._smem_per_block)
+        return next(fits, None)
+
     def attention(self, q: Any, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float) -> Any:
         cp = self.xp
         if kv.k.dtype == cp.float32:
@@ -413,12 +424,14 @@ class CupyAttention(CupyCore):
         pools = self._slot_pools(kv, slot)
         group = heads // n_kv
         pf_rows = 16 * self.tuning.pf_warps
-        if n >= PREFILL_ATTENTION_MIN_TOKENS and hd == hdv and hd in PF_HEAD_DIMS and pf_rows % group == 0:
-            kernel = self._op(f"attention_prefill_{hd}")
-            smem = _prefill_attention_smem(hd, pf_rows)
+        form = self._prefill_form(hd, pf_rows) if hd == hdv and pf_rows % group == 0 else None
+        if n >= PREFILL_ATTENTION_MIN_TOKENS and form is not None:
+            name, dv, keys = form
+            kernel = self._op(f"attention_prefill_{name}")
+            smem = _prefill_attention_smem(hd, pf_rows, dv, keys)
             kernel.allow_smem(smem)
             kernel(
-                (-(-n // (pf_rows // group)), n_kv),
+                (-(-n // (pf_rows // group)), n_kv, hd // dv),
                 (32 * self.tuning.pf_warps,),
                 (
                     q,
@@ -436,6 +449,9 @@ class CupyAttention(CupyCore):
                 ),
                 shared_mem=smem,
             )
+            if dv < hd and kv.k_scale is not None:  # the rows' rotation back, which needs all their dims
+                rows = n * heads
+                self._op(f"fwht_rows_{hd // 32}")((-(-rows // 8),), (256,), (out, np.int32(rows)))
             return out
         dpl = hd // 32
         if n <= GQA_MAX_TOKENS and hd == hdv and hd % 32 == 0 and (group, dpl) in GQA_KERNELS:

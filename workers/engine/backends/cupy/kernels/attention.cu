@@ -858,7 +858,10 @@ DEC_SHAPES(DEC_INSTANTIATE_GLOBAL)
 // row's values sit in the four lanes of a quad), and P V accumulates into O, also in registers. Q is
 // rotated (INT8) and pre-scaled in FP32 before its conversion to FP16; O is normalized, rotated back (INT8)
 // and written as [n_tok, n_heads, HD]. Instantiated for HD == HDV in {16, 32, 64, 128, 256} and G dividing
-// PF_ROWS; dynamic shared memory as in pf_smem (the backend computes the same).
+// PF_ROWS, in tiles of KEYS = PF_KEYS keys, and of 32 (`_k32`) for 256 where a block may have less shared memory (an
+// RTX 30 / 40: 99 KiB); dynamic shared memory as in pf_smem (the backend computes the same). HD 512 (Gemma 4's global
+// layers) in blocks of DV = 256 of V's dims (blockIdx.z), each computing all of S for its half of O, whose rows it
+// writes unrotated: INT8 K/V's rotation back is the backend's next launch (fwht_rows), as a row needs all 512 dims.
 #ifndef PF_WARPS
 #define PF_WARPS 4
 #endif
@@ -911,18 +914,19 @@ __device__ __forceinline__ void load_lane(float (&v)[E], const float* row, bool 
     }
 }
 
-template <int HD>
+template <int HD, int DV, int KEYS>
 __device__ void attention_prefill(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
                                   const float* v_scale, float* out, int n_tok, int n_heads, int n_kv, int blk,
                                   const int* pos0p, int window, float scale, float softcap) {
-    constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = PF_KEYS + 8, LDO = HD + 4;
+    constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = KEYS + 8, LDO = HD + 4;
     extern __shared__ __align__(16) unsigned char sm[];
     __half* Qs = reinterpret_cast<__half*>(sm);  // [PF_ROWS][LDQ]
-    __half* Ks = Qs + PF_ROWS * LDQ;             // [PF_KEYS][LDK]
-    __half* Vt = Ks + PF_KEYS * LDK;             // [HD][LDV]: V transposed
-    float* ksc = reinterpret_cast<float*>(Vt + HD * LDV);  // [PF_KEYS]
-    float* vsc = ksc + PF_KEYS;                            // [PF_KEYS]
-    float* Of = reinterpret_cast<float*>(Ks);  // [PF_ROWS][LDO] FP32 rows, over the K/V area when it is idle
+    __half* Ks = Qs + PF_ROWS * LDQ;             // [KEYS][LDK]
+    __half* Vt = Ks + KEYS * LDK;                // [DV][LDV]: this block's V dims, transposed
+    float* ksc = reinterpret_cast<float*>(Vt + DV * LDV);  // [KEYS]
+    float* vsc = ksc + KEYS;                               // [KEYS]
+    float* Of = reinterpret_cast<float*>(Ks);  // [PF_ROWS][LDO] FP32 rows, after the K/V area when it is idle (DV == HD)
+    const int dv0 = DV == HD ? 0 : blockIdx.z * DV;  // this block's V dims: dv0 ..
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
     const int G = n_heads / n_kv, tok_per_block = PF_ROWS / G;
@@ -972,25 +976,26 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
         lo[i] = window > 0 ? max(0, qpos[i] - window + 1) : 0;
     }
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-    float o[HD / 8][4];
+    float o[DV / 8][4];
 #pragma unroll
-    for (int d = 0; d < HD / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    for (int d = 0; d < DV / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
 
     const int kv_hi = pos0 + min(t0 + tok_per_block, n_tok) - 1;
     const int kv_lo = window > 0 ? max(0, pos0 + t0 - window + 1) : 0;
-    for (int k0 = kv_lo; k0 <= kv_hi; k0 += PF_KEYS) {
+    for (int k0 = kv_lo; k0 <= kv_hi; k0 += KEYS) {
         __syncthreads();  // every warp is done with the previous tile (and with Q's FP32 staging)
-        for (int c = threadIdx.x; c < PF_KEYS * (HD / 8); c += blockDim.x) {
+        for (int c = threadIdx.x; c < KEYS * (HD / 8); c += blockDim.x) {
             const int jj = c / (HD / 8), i = (c % (HD / 8)) * 8, j = k0 + jj;
             const long long off = ((long long)j * n_kv + kvh) * HD + i;
             const uint4 kk = j <= kv_hi ? load8_half(k_pool, off, int8) : make_uint4(0, 0, 0, 0);
             *reinterpret_cast<uint4*>(Ks + jj * LDK + i) = kk;
+            if (DV != HD && (i < dv0 || i >= dv0 + DV)) continue;  // another block's V dims
             const uint4 vv = j <= kv_hi ? load8_half(v_pool, off, int8) : make_uint4(0, 0, 0, 0);
             const __half* vh = reinterpret_cast<const __half*>(&vv);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) Vt[(i + e) * LDV + jj] = vh[e];
+            for (int e = 0; e < 8; ++e) Vt[(i - dv0 + e) * LDV + jj] = vh[e];
         }
-        for (int jj = threadIdx.x; jj < PF_KEYS; jj += blockDim.x) {
+        for (int jj = threadIdx.x; jj < KEYS; jj += blockDim.x) {
             const int j = k0 + jj;
             const bool in = j <= kv_hi && int8;
             ksc[jj] = in ? k_scale[(long long)j * n_kv + kvh] : 1.f;
@@ -999,16 +1004,16 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
         __syncthreads();
 
         // S = Q K^T: 8 n-tiles of 8 keys, k-steps of 16 dims
-        float s[PF_KEYS / 8][4];
+        float s[KEYS / 8][4];
 #pragma unroll
-        for (int n = 0; n < PF_KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int n = 0; n < KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
         const __half* qa = Qs + (16 * warp + g) * LDQ + 2 * tq;
 #pragma unroll
         for (int kt = 0; kt < HD / 16; ++kt) {
             const unsigned a[4] = {lds32(qa + 16 * kt), lds32(qa + 8 * LDQ + 16 * kt), lds32(qa + 16 * kt + 8),
                                    lds32(qa + 8 * LDQ + 16 * kt + 8)};
 #pragma unroll
-            for (int n = 0; n < PF_KEYS / 8; ++n) {
+            for (int n = 0; n < KEYS / 8; ++n) {
                 const __half* kb = Ks + (8 * n + g) * LDK + 16 * kt + 2 * tq;
                 mma16816(s[n], a, lds32(kb), lds32(kb + 8));
             }
@@ -1016,7 +1021,7 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
         // online softmax on the registers: s[n][0..1] row g, keys 8n + 2tq + {0, 1}; s[n][2..3] row g + 8
         float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-        for (int n = 0; n < PF_KEYS / 8; ++n)
+        for (int n = 0; n < KEYS / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int i = e >> 1, jj = 8 * n + 2 * tq + (e & 1), j = k0 + jj;
@@ -1038,9 +1043,9 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
             m[i] = m_new;
         }
         float sum[2] = {0.f, 0.f};
-        unsigned pa[PF_KEYS / 8][2];  // P as FP16 pairs: [n][row g, row g + 8]
+        unsigned pa[KEYS / 8][2];  // P as FP16 pairs: [n][row g, row g + 8]
 #pragma unroll
-        for (int n = 0; n < PF_KEYS / 8; ++n) {
+        for (int n = 0; n < KEYS / 8; ++n) {
             float p[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -1059,7 +1064,7 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
             l[i] = l[i] * corr[i] + sum[i];
         }
 #pragma unroll
-        for (int d = 0; d < HD / 8; ++d) {
+        for (int d = 0; d < DV / 8; ++d) {
             o[d][0] *= corr[0];
             o[d][1] *= corr[0];
             o[d][2] *= corr[1];
@@ -1067,17 +1072,29 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
         }
         // O += P V: k-steps of 16 keys (P's n-tiles 2kt and 2kt + 1 are the A fragment), n-tiles of 8 dims
 #pragma unroll
-        for (int kt = 0; kt < PF_KEYS / 16; ++kt) {
+        for (int kt = 0; kt < KEYS / 16; ++kt) {
             const unsigned a[4] = {pa[2 * kt][0], pa[2 * kt][1], pa[2 * kt + 1][0], pa[2 * kt + 1][1]};
 #pragma unroll
-            for (int d = 0; d < HD / 8; ++d) {
+            for (int d = 0; d < DV / 8; ++d) {
                 const __half* vb = Vt + (8 * d + g) * LDV + 16 * kt + 2 * tq;
                 mma16816(o[d], a, lds32(vb), lds32(vb + 8));
             }
         }
     }
-    __syncthreads();  // the K/V area becomes the FP32 output rows
     const float inv[2] = {l[0] > 0.f ? 1.f / l[0] : 0.f, l[1] > 0.f ? 1.f / l[1] : 0.f};
+    if constexpr (DV != HD) {  // this block's dims of its rows, unrotated: straight from the registers
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int row = 16 * warp + g + 8 * i, t = t0 + row / G, h = kvh * G + row % G;
+            if (t >= n_tok) continue;
+            float* dst = out + ((long long)t * n_heads + h) * HD + dv0 + 2 * tq;
+#pragma unroll
+            for (int d = 0; d < DV / 8; ++d)
+                *reinterpret_cast<float2*>(dst + 8 * d) = make_float2(o[d][2 * i] * inv[i], o[d][2 * i + 1] * inv[i]);
+        }
+        return;
+    }
+    __syncthreads();  // the K/V area becomes the FP32 output rows
 #pragma unroll
     for (int d = 0; d < HD / 8; ++d)
 #pragma unroll
@@ -1108,18 +1125,34 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
     }
 }
 
-#define PF_INSTANTIATE(HD)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * PF_WARPS) attention_prefill_##HD(                      \
+#define PF_INSTANTIATE(NAME, HD, DV, KEYS)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * PF_WARPS) attention_prefill_##NAME(                    \
         const float* q, const void* k_pool, const void* v_pool, const float* k_scale, const float* v_scale,  \
         float* out, int n_tok, int n_heads, int n_kv, int blk, const int* pos0p, int window, float scale,    \
         float softcap, long long k_slot, long long v_slot, long long s_slot) {                              \
         AT_SLOT(pos0p, k_pool, v_pool, k_scale, v_scale, k_slot, v_slot, s_slot);                           \
         GRID_DEP_START();                                                                                    \
-        attention_prefill<HD>(q, k_pool, v_pool, k_scale, v_scale, out, n_tok, n_heads, n_kv, blk, pos0p,  \
-                              window, scale, softcap);                                                       \
+        attention_prefill<HD, DV, KEYS>(q, k_pool, v_pool, k_scale, v_scale, out, n_tok, n_heads, n_kv, blk, \
+                                        pos0p, window, scale, softcap);                                    \
     }
-PF_INSTANTIATE(16)
-PF_INSTANTIATE(32)
-PF_INSTANTIATE(64)
-PF_INSTANTIATE(128)
-PF_INSTANTIATE(256)
+PF_INSTANTIATE(16, 16, 16, PF_KEYS)
+PF_INSTANTIATE(32, 32, 32, PF_KEYS)
+PF_INSTANTIATE(64, 64, 64, PF_KEYS)
+PF_INSTANTIATE(128, 128, 128, PF_KEYS)
+PF_INSTANTIATE(256, 256, 256, PF_KEYS)
+PF_INSTANTIATE(256_k32, 256, 256, 32)
+PF_INSTANTIATE(512, 512, 256, 32)
+
+// INT8 K/V's rotation back on rows of 32 E floats in place (fwht_regs: the same bits as attention_prefill's own),
+// a warp a row: the rows attention_prefill_512 wrote unrotated.
+extern "C" __global__ void fwht_rows_16(float* x, int rows) {
+    GRID_DEP_START();
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    float v[16];
+    float* r = x + (long long)row * 512;
+    load_lane<16>(v, r, true);
+    fwht_regs<16>(v);
+#pragma unroll
+    for (int e = 0; e < 16; e += 4) *reinterpret_cast<float4*>(r + lane * 16 + e) = make_float4(v[e], v[e + 1], v[e + 2], v[e + 3]);
+}
