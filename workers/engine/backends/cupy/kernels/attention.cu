@@ -925,7 +925,7 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
     __half* Vt = Ks + KEYS * LDK;                // [DV][LDV]: this block's V dims, transposed
     float* ksc = reinterpret_cast<float*>(Vt + DV * LDV);  // [KEYS]
     float* vsc = ksc + KEYS;                               // [KEYS]
-    float* Of = reinterpret_cast<float*>(Ks);  // [PF_ROWS][LDO] FP32 rows, after the K/V area when it is idle (DV == HD)
+    float* Of = reinterpret_cast<float*>(Ks);  // [PF_ROWS][LDO] FP32 rows over the K/V area when it is idle (DV == HD)
     const int dv0 = DV == HD ? 0 : blockIdx.z * DV;  // this block's V dims: dv0 ..
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
@@ -1003,7 +1003,7 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
         }
         __syncthreads();
 
-        // S = Q K^T: 8 n-tiles of 8 keys, k-steps of 16 dims
+        // S = Q K^T: KEYS / 8 n-tiles of 8 keys, k-steps of 16 dims
         float s[KEYS / 8][4];
 #pragma unroll
         for (int n = 0; n < KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
