@@ -168,8 +168,8 @@ def _attention(
     many = len(batch.segments) > 1
     # the one-token segments (several streams' decode rows) at once, where the backend can: it fills their rows
     together = None
-    if many and lc.kv_source == i and sum(1 for s in batch.segments if s.n == 1) > 1:
-        together = b.decode_attention(qkv, cfg, lc, qk_norm, layer_kv, batch)
+    if many and sum(1 for s in batch.segments if s.n == 1) > 1:
+        together = b.decode_attention(qkv, cfg, lc, qk_norm, layer_kv, batch, shared=lc.kv_source != i)
     outs = []
     for j, seg in enumerate(batch.segments):
         if together is not None and seg.n == 1:
@@ -181,9 +181,7 @@ def _attention(
         if lc.kv_source == i:
             outs.append(b.self_attention(part, cfg, lc, qk_norm, positions, layer_kv, seg.slot, seg.pos0))
         else:  # K/V of an earlier layer, already written for these positions
-            q = b.prepare_q(part, cfg, lc, qk_norm, positions)
-            window, scale, cap = lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap
-            outs.append(b.attention(q, layer_kv, seg.slot, seg.pos0, window, scale, cap))
+            outs.append(b.shared_attention(part, cfg, lc, qk_norm, positions, layer_kv, seg.slot, seg.pos0))
         if together is not None:
             together[batch.rows(j)] = outs.pop()
     if together is not None:

@@ -131,11 +131,18 @@ class Backend(ABC):
         return False
 
     def decode_attention(
-        self, qkv: Array, cfg: ModelConfig, lc: LayerConfig, qk_norm: Array | None, kv: LayerKV, batch: Batch
+        self,
+        qkv: Array,
+        cfg: ModelConfig,
+        lc: LayerConfig,
+        qk_norm: Array | None,
+        kv: LayerKV,
+        batch: Batch,
+        shared: bool = False,
     ) -> Array | None:
-        """In a step of several segments, self_attention for every one-token segment at once: an array
-        [n, H * hdv] whose rows of those segments are filled (the caller fills the others), or None where
-        this backend runs them one by one (the default)."""
+        """In a step of several segments, self_attention (shared: shared_attention, qkv the queries alone) for
+        every one-token segment at once: an array [n, H * hdv] whose rows of those segments are filled (the caller
+        fills the others), or None where this backend runs them one by one (the default)."""
         return None
 
     def stage_rows(self, groups: tuple[int, ...]) -> None:  # noqa: B027 (a hook, as stage_segment)
@@ -247,6 +254,22 @@ class Backend(ABC):
         """A layer's attention over its own K/V: prepare_qkv (storing this layer's k and v), then attention of
         its q -> [n, H * hdv]. A device backend may do both in one kernel."""
         q = self.prepare_qkv(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+        return self.attention(q, kv, slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
+
+    def shared_attention(
+        self,
+        q: Array,
+        cfg: ModelConfig,
+        lc: LayerConfig,
+        q_norm: Array | None,
+        positions: np.ndarray,
+        kv: LayerKV,
+        slot: int,
+        pos0: int,
+    ) -> Array:
+        """A layer's attention over an earlier layer's K/V, already written for these positions (its product is Q
+        alone, [n, H * hd]): prepare_q, then attention -> [n, H * hdv]. A device backend may do both in one kernel."""
+        q = self.prepare_q(q, cfg, lc, q_norm, positions)
         return self.attention(q, kv, slot, pos0, lc.sliding_window, cfg.attn_scale, cfg.attn_logit_softcap)
 
     def prepare_q(

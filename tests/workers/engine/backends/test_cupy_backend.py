@@ -903,21 +903,30 @@ def _dec_ranks_apply(gpu, ranks: tuple[int, int]) -> None:
     gpu.retune(**changes)
 
 
+# (query heads, KV heads, head dim, V normed): Qwen3-4B's and 0.6B's, Gemma 3's, small ones, a group of 8 in head
+# groups (2 of 4), and Gemma 4 E2B's sliding and global layers (8 heads of 256 as 2 groups of 4, of 512 as 4 of 2)
+DEC_LAYOUTS = [
+    (32, 8, 128, False), (16, 8, 128, False), (4, 1, 256, False), (8, 1, 64, False), (2, 2, 64, False),
+    (16, 2, 128, False), (8, 1, 256, True), (8, 1, 512, True),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize("ranks", DEC_RANKS)
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
-@pytest.mark.parametrize("heads,n_kv,hd", [(32, 8, 128), (16, 8, 128), (4, 1, 256), (8, 1, 64), (2, 2, 64)])
-def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, ranks):
-    """attention_dec (q/k norm, RoPE, the K/V store and attention of one token, ATT_CL blocks per KV head as a
+@pytest.mark.parametrize("heads,n_kv,hd,v_norm", DEC_LAYOUTS)
+def test_self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, v_norm, ranks):
+    """attention_dec (q/k norm, RoPE, the K/V store and attention of one token, ATT_CL blocks per head group as a
     cluster, or `ranks` blocks as attention_decg on 8.x) against the NumPy backend's prepare_qkv and attention, at
-    depths that leave blocks no keys, a few and many, with and without a window and a logit softcap."""
+    depths that leave blocks no keys, a few and many, with and without a window and a logit softcap; then a layer
+    that reads those K/V (shared_attention: the queries alone, nothing stored) against NumPy's."""
     try:
         _dec_ranks_apply(gpu, ranks)
-        _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd)
+        _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, v_norm)
     finally:
         gpu.retune(**DEC_DEFAULT)
 
 
-def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
+def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, v_norm):
     import cupy as cp
 
     from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
@@ -948,6 +957,7 @@ def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
             0.0,
             softcap,
             (lc,),
+            v_norm=v_norm,
         )
         lc = cfg.layers[0]
         config = KVCacheConfig(1, n_kv, hd, hd, n_ctx, n_slots=2, dtype=kv_dtype)
@@ -990,18 +1000,33 @@ def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd):
                 if wo is not None:  # the o product takes the kernel's own code of its output: q8_input's of a copy
                     o = cp.asnumpy(gpu.matmul(out, wo))
                     np.testing.assert_array_equal(o, cp.asnumpy(gpu.matmul(out.copy(), wo)))
+                # a later layer reading these K/V: its queries alone, its q norm rows alone, nothing stored
+                q = rng.standard_normal((1, heads * hd), dtype=np.float32)
+                q_norm = None if qk_norm is None else qk_norm[:heads]
+                stored = [cp.asnumpy(a).copy() for a in (dev.layers[0].k, dev.layers[0].v)]
+                out = gpu.shared_attention(
+                    cp.asarray(q), cfg, lc, None if q_norm is None else cp.asarray(q_norm), positions, dev.layers[0],
+                    1, pos0,
+                )  # fmt: skip
+                ref = cpu.shared_attention(q.copy(), cfg, lc, q_norm, positions, host.layers[0], 1, pos0)
+                assert rel_err(cp.asnumpy(out), ref) < bound, ("shared", pos0, window, softcap, qk_norm is None)
+                for a, b in zip(stored, (dev.layers[0].k, dev.layers[0].v), strict=True):
+                    np.testing.assert_array_equal(a, cp.asnumpy(b))
 
 
 @pytest.mark.parametrize("ranks", DEC_RANKS)
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
-@pytest.mark.parametrize("heads,n_kv,hd", [(32, 8, 128), (16, 8, 128), (4, 1, 256), (8, 1, 64)])
-def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, kv_dtype, heads, n_kv, hd, ranks):
+@pytest.mark.parametrize("heads,n_kv,hd,v_norm", [layout for layout in DEC_LAYOUTS if layout[:3] != (2, 2, 64)])
+def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(
+    gpu, kv_dtype, heads, n_kv, hd, v_norm, ranks
+):
     """attention_decn (one launch for the one-token rows of a step of several streams, each in its own slot at
     its own depth; blocks of fewer warps than attention_dec's, each running several of its warps' shares of
     the keys), and attention_decb (a block a row and KV head running attention_dec's blocks as virtual ranks),
     give every row, bit for bit, what attention_dec gives it alone: at depths that leave those shares empty,
     one task each, and several, with and without a window and a logit softcap; and code the rows as q8_input
-    codes them for the o product. On 8.x for any count of blocks a KV head."""
+    codes them for the o product. On 8.x for any count of blocks a KV head. A layer that reads those K/V (shared:
+    its queries alone) likewise, against shared_attention."""
     import cupy as cp
 
     from genie_workers.engine.backends.cupy.rows import RowsInput, q8_rows
@@ -1022,7 +1047,7 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
             lc = LayerConfig(rope_base=1e6, rope_scale=1.0, sliding_window=window)
             cfg = ModelConfig(
                 "qwen3", 1, 1024, heads, n_kv, hd, hd, 3072, 1000, n_ctx, 1e-6, "neox", hd, "silu", hd**-0.5, 1.0, 0.0,
-                softcap, (lc,),
+                softcap, (lc,), v_norm=v_norm,
             )  # fmt: skip
             lc = cfg.layers[0]
             kv = KVCache(KVCacheConfig(1, n_kv, hd, hd, n_ctx, n_slots=len(depths), dtype=kv_dtype), cp).layers[0]
@@ -1050,6 +1075,15 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(gpu, k
                 one = gpu.self_attention(qkv[slot : slot + 1], cfg, lc, norm, np.array([pos]), kv, slot, pos)
                 np.testing.assert_array_equal(
                     together[slot], cp.asnumpy(one)[0], err_msg=f"{kernel}: {pos} {window} {softcap}"
+                )
+            q = cp.ascontiguousarray(qkv[:, : heads * hd])  # a later layer's queries over the same K/V
+            gpu.stage_batch(batch)
+            together = cp.asnumpy(gpu.decode_attention(q, cfg, lc, norm[:heads], kv, batch, shared=True))
+            for slot, pos in enumerate(depths):
+                gpu.stage_inputs(np.zeros(1, np.int64), pos, slot=slot)
+                one = gpu.shared_attention(q[slot : slot + 1], cfg, lc, norm[:heads], np.array([pos]), kv, slot, pos)
+                np.testing.assert_array_equal(
+                    together[slot], cp.asnumpy(one)[0], err_msg=f"shared {kernel}: {pos} {window} {softcap}"
                 )
     finally:
         gpu.retune(decb_min_blocks=default, **DEC_DEFAULT)

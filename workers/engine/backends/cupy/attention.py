@@ -29,7 +29,8 @@ ATTENTION_MAX_SPLITS = 32
 # the GQA decode kernels (attention_gqa_G_DPL in attention.cu): (query heads per KV head, head dim / 32)
 GQA_KERNELS = frozenset({(g, d) for g in (1, 2, 4, 8) for d in (2, 4, 8)} - {(8, 8)})
 
-DEC_KERNELS = GQA_KERNELS - {(8, 4)}  # attention_dec's (group, head dim / 32): a warp a query head, the key, the value
+# attention_dec's (group, head dim / 32), DEC_SHAPES in attention.cu: a warp a query head, the key, the value
+DEC_KERNELS = GQA_KERNELS - {(8, 4)} | {(2, 16)}
 
 # the tensor-core prefill kernel (attention_prefill in attention.cu): from this many tokens a pass
 PREFILL_ATTENTION_MIN_TOKENS = 16
@@ -65,6 +66,21 @@ def _decb_shape(group: int, dpl: int, tuning: CupyTuning, ranks: int) -> tuple[i
     per_group = warps * group * hd + 2 * warps * group
     floats = queries + group * hd + groups * per_group + ranks * (group * hd + 2 * group)
     return 32 * p * groups, 4 * floats
+
+
+def dec_groups(group: int, dpl: int) -> tuple[int, int] | None:
+    """attention_dec's (heads a block, head groups a KV head) for `group` query heads a KV head of 32 dpl dims: the
+    group itself where a kernel takes it, else the largest kernel's group that divides it (Gemma 4 E2B's 8 heads
+    of 256 dims as 2 groups of 4, of 512 as 4 of 2: attention.cu's head groups); None where none does."""
+    for g in (group, 8, 4, 2, 1):
+        if g <= group and group % g == 0 and (g, dpl) in DEC_KERNELS:
+            return g, group // g
+    return None
+
+
+def _kv_mode(cfg: ModelConfig, shared: bool) -> np.int32:
+    """attention_dec's kv_mode: KV_VNORM (1), KV_SHARED (2: the layer reads an earlier layer's K/V)."""
+    return np.int32(int(cfg.v_norm) | 2 * int(shared))
 
 
 def _slot_bytes(kv: LayerKV) -> tuple[np.int64, np.int64, np.int64]:
@@ -206,11 +222,44 @@ class CupyAttention(CupyCore):
         9.0, through global memory as attention_decg on 8.x), which also codes its output as the products' input:
         `matmul` of this very array uses that code (so the array must not be changed in place before it;
         layers.forward only multiplies it)."""
-        cp = self.xp
-        H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
-        group = H // Hkv
         if qkv.shape[0] != 1 or not self._dec_kernel_takes(cfg, lc, kv):
             return super().self_attention(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+        return self._dec_one(qkv, cfg, lc, qk_norm, positions, kv, slot, shared=False)
+
+    def shared_attention(
+        self,
+        q: Any,
+        cfg: ModelConfig,
+        lc: LayerConfig,
+        q_norm: Any,
+        positions: np.ndarray,
+        kv: LayerKV,
+        slot: int,
+        pos0: int,
+    ) -> Any:
+        """One token of a layer that reads an earlier layer's K/V: attention_dec as self_attention runs it, its
+        q norm and RoPE in the same launch, nothing stored."""
+        if q.shape[0] != 1 or not self._dec_kernel_takes(cfg, lc, kv):
+            return super().shared_attention(q, cfg, lc, q_norm, positions, kv, slot, pos0)
+        return self._dec_one(q, cfg, lc, q_norm, positions, kv, slot, shared=True)
+
+    def _dec_one(
+        self,
+        qkv: Any,
+        cfg: ModelConfig,
+        lc: LayerConfig,
+        qk_norm: Any,
+        positions: np.ndarray,
+        kv: LayerKV,
+        slot: int,
+        shared: bool,
+    ) -> Any:
+        """attention_dec of one token (self_attention's, or under KV_SHARED shared_attention's)."""
+        cp = self.xp
+        H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
+        groups = dec_groups(H // Hkv, hd // 32)
+        assert groups is not None and self.family.decode_attention is not None
+        group, hgs = groups
         qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
         table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
         out = cp.empty((1, H * hdv), dtype=cp.float32)
@@ -219,11 +268,10 @@ class CupyAttention(CupyCore):
         x8 = cp.empty(2 * cols + cols // 4, dtype=cp.int8) if cols <= Q8_MAX_COLS else None
         self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
-        assert self.family.decode_attention is not None
-        ranks = self._dec_ranks(Hkv)
-        parts, done = self._dec_scratch(1, Hkv, group, hd, ranks)
+        ranks = self._dec_ranks(Hkv * hgs)
+        parts, done = self._dec_scratch(1, Hkv * hgs, group, hd, ranks)
         self._op(f"{self.family.decode_attention[0]}_{group}_{hd // 32}")(
-            (Hkv * ranks,),
+            (Hkv * hgs * ranks,),
             (32 * _dec_warps(group, hd // 32, self.tuning.dec_max_warps),),
             (
                 qkv,
@@ -246,19 +294,22 @@ class CupyAttention(CupyCore):
                 parts,
                 done,
                 np.int32(ranks),
+                np.int32(hgs),
+                _kv_mode(cfg, shared),
             ),
         )
         return out
 
-    def _dec_ranks(self, n_kv: int) -> int:
-        """The blocks a KV head of attention_dec and its kin, whose shares of the keys define the numbers (so a
-        row's attention alone and in a step's launch use the same): on 9.0 a cluster's ATT_CL; on 8.x the
-        tuning's, or with 0 (the default) as many as the SMs hold one a KV head's (attention_decg's 16 warps fill
-        an SM), at most DEC_MAX_RANKS: an 8-SM Orin's 8 KV heads a block each, the 132-SM H100's 16
-        (bench/NOTES.md v26); of those the kernel uses a position's share where tuning.dec_rank_tasks asks."""
+    def _dec_ranks(self, n_groups: int) -> int:
+        """The blocks a head group (a KV head's query heads, or a share of them: dec_groups) of attention_dec and
+        its kin, for a layer of n_groups of them, whose shares of the keys define the numbers (so a row's
+        attention alone and in a step's launch use the same): on 9.0 a cluster's ATT_CL; on 8.x the tuning's, or
+        with 0 (the default) as many as the SMs hold one a group's (attention_decg's 16 warps fill an SM), at
+        most DEC_MAX_RANKS: an 8-SM Orin's 8 KV heads a block each, the 132-SM H100's 16 (bench/NOTES.md v26);
+        of those the kernel uses a position's share where tuning.dec_rank_tasks asks."""
         if self.family.paths_90:
             return ATTENTION_CLUSTER
-        return self.tuning.dec_ranks or max(1, min(DEC_MAX_RANKS, self.n_sm // n_kv))
+        return self.tuning.dec_ranks or max(1, min(DEC_MAX_RANKS, self.n_sm // n_groups))
 
     def _dec_scratch(self, rows: int, n_kv: int, group: int, hd: int, ranks: int) -> tuple[Any, Any]:
         """The global merge's scratch (attention_decg and attention_decgn, 8.x; NULLs for the cluster kernels):
@@ -288,8 +339,7 @@ class CupyAttention(CupyCore):
             and kv.k.dtype != self.xp.float32
             and hd == hdv
             and hd % 32 == 0
-            and (H // Hkv, hd // 32) in DEC_KERNELS
-            and not cfg.v_norm
+            and dec_groups(H // Hkv, hd // 32) is not None
             and (cfg.rope_mode != "neox" or lc.rope_dim // 2 & (lc.rope_dim // 2 - 1) == 0)
         )
 
@@ -297,8 +347,7 @@ class CupyAttention(CupyCore):
         """Every layer's one-token attention of a step of several streams is attention_decn (decode_attention),
         which reads each stream's slot from the staged buffer: nothing in such a step names a slot."""
         return self.tuning.use_decode_rows and all(
-            lc.kv_source == i and self._dec_kernel_takes(cfg, lc, kv.layers[cfg.kv_pools[i]])
-            for i, lc in enumerate(cfg.layers)
+            self._dec_kernel_takes(cfg, lc, kv.layers[cfg.kv_pools[i]]) for i, lc in enumerate(cfg.layers)
         )
 
     def mixed_steps_by_shape(self, cfg: ModelConfig, kv: KVCache) -> bool:
@@ -308,21 +357,23 @@ class CupyAttention(CupyCore):
         return self.tuning.capture_mixed and self.decode_steps_by_count(cfg, kv)
 
     def decode_attention(
-        self, qkv: Any, cfg: ModelConfig, lc: LayerConfig, qk_norm: Any, kv: LayerKV, batch: Batch
+        self, qkv: Any, cfg: ModelConfig, lc: LayerConfig, qk_norm: Any, kv: LayerKV, batch: Batch, shared: bool = False
     ) -> Any:
         """Every one-token segment's attention_dec in one launch (attention_decn: a row of clusters a segment, or
         on 8.x attention_decgn, a row of ATT_CL blocks a KV head merged through global memory; its row, slot and
         position from the buffer stage_batch filled; from tuning.decb_min_blocks rows x KV heads attention_decb, a
-        block a row and KV head; all the same numbers), written into its row of the output.
-        When every row is a one-token segment's, the kernel also codes the output as the rows path's q8_input
-        would (rows.q8_rows: the n-token layout), and the o product (rows.matmul of this very array) takes that
-        code."""
+        block a row and head group; all the same numbers), written into its row of the output; `shared`: a layer
+        reading an earlier layer's K/V (qkv its queries alone), as shared_attention. When every row is a one-token
+        segment's, the kernel also codes the output as the rows path's q8_input would (rows.q8_rows: the n-token
+        layout), and the o product (rows.matmul of this very array) takes that code."""
         cp = self.xp
         if not (self.tuning.use_decode_rows and self._dec_kernel_takes(cfg, lc, kv)):
             return None
         n_dec = sum(1 for s in batch.segments if s.n == 1)
         H, Hkv, hd = cfg.n_heads, lc.n_kv_heads, lc.head_dim
-        group = H // Hkv
+        groups = dec_groups(H // Hkv, hd // 32)
+        assert groups is not None
+        group, hgs = groups
         qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
         last = max(s.pos0 for s in batch.segments if s.n == 1)
         table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, last + 1, lc.rope_freq_factors)
@@ -331,19 +382,19 @@ class CupyAttention(CupyCore):
         self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
         parts = done = null
-        ranks = self._dec_ranks(Hkv)
+        ranks = self._dec_ranks(Hkv * hgs)
         threads, smem = _decb_shape(group, hd // 32, self.tuning, ranks)
         # a block a row and KV head (attention.cu's attention_decb) where its shared memory fits a block of this
         # GPU: the 4B's 154 KiB do on an Orin (163 KiB) and a Hopper, not on an RTX 30 / 40 (99 KiB), which takes
         # the kernel below (the same numbers)
-        if n_dec * Hkv >= self.tuning.decb_min_blocks and smem <= self._smem_per_block:
-            kernel, grid, block = self._op(f"attention_decb_{group}_{hd // 32}"), (Hkv, n_dec), (threads,)
+        if n_dec * Hkv * hgs >= self.tuning.decb_min_blocks and smem <= self._smem_per_block:
+            kernel, grid, block = self._op(f"attention_decb_{group}_{hd // 32}"), (Hkv * hgs, n_dec), (threads,)
             kernel.allow_smem(smem)
         else:  # `ranks` blocks a row and KV head (a cluster, or merged through global memory)
             assert self.family.decode_attention is not None
             kernel, smem = self._op(f"{self.family.decode_attention[1]}_{group}_{hd // 32}"), 0
-            grid, block = (Hkv * ranks, n_dec), (32 * _decn_warps(group, hd // 32, self.tuning),)
-            parts, done = self._dec_scratch(n_dec, Hkv, group, hd, ranks)
+            grid, block = (Hkv * hgs * ranks, n_dec), (32 * _decn_warps(group, hd // 32, self.tuning),)
+            parts, done = self._dec_scratch(n_dec, Hkv * hgs, group, hd, ranks)
         kernel(
             grid,
             block,
@@ -373,6 +424,8 @@ class CupyAttention(CupyCore):
                 parts,
                 done,
                 np.int32(ranks),
+                np.int32(hgs),
+                _kv_mode(cfg, shared),
             ),
             smem,
         )

@@ -6,7 +6,7 @@
 #define KV_INT8 1
 #define KV_F16 2
 
-// N bytes (1, 2, 4, 8 or 16; aligned) at p into w[0, ceil(N / 4)).
+// N bytes (1, 2, 4, 8, 16 or 32; aligned) at p into w[0, ceil(N / 4)).
 template <int N>
 __device__ __forceinline__ void load_bytes(const void* p, unsigned* w) {
     if constexpr (N == 1) w[0] = *reinterpret_cast<const unsigned char*>(p);
@@ -15,9 +15,13 @@ __device__ __forceinline__ void load_bytes(const void* p, unsigned* w) {
     else if constexpr (N == 8) {
         const uint2 v = *reinterpret_cast<const uint2*>(p);
         w[0] = v.x, w[1] = v.y;
-    } else {
-        const uint4 v = *reinterpret_cast<const uint4*>(p);
-        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else {  // 16 bytes a load: an FP16 row's 32 (a lane's 16 dims of a 512-dim head) in two
+        static_assert(N % 16 == 0 && N <= 32, "1, 2, 4, 8, 16 or 32 bytes");
+#pragma unroll
+        for (int c = 0; c < N / 16; ++c) {
+            const uint4 v = reinterpret_cast<const uint4*>(p)[c];
+            w[4 * c] = v.x, w[4 * c + 1] = v.y, w[4 * c + 2] = v.z, w[4 * c + 3] = v.w;
+        }
     }
 }
 

@@ -336,12 +336,10 @@ __device__ __forceinline__ void dec_load(DecTask<DPL>& t, const void* k_pool, co
     t.ks = t.vs = 1.f;
     if (int8) {
         t.ks = k_scale[krow], t.vs = v_scale[krow];
-        const uint2* kr = reinterpret_cast<const uint2*>(reinterpret_cast<const signed char*>(k_pool) + krow * HD + qd * QD);
+        // 16-byte loads: a quarter's QD = 8 DPL bytes start 16-byte aligned (the row's HD bytes do)
+        const uint4* kr = reinterpret_cast<const uint4*>(reinterpret_cast<const signed char*>(k_pool) + krow * HD + qd * QD);
 #pragma unroll
-        for (int c = 0; c < QD / 16; ++c) {
-            const uint2 a = kr[2 * c], b = kr[2 * c + 1];
-            t.k[c] = make_uint4(a.x, a.y, b.x, b.y);
-        }
+        for (int c = 0; c < QD / 16; ++c) t.k[c] = kr[c];
     } else {
         const uint4* kr = reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(k_pool) + krow * HD + qd * QD);
 #pragma unroll
@@ -380,21 +378,23 @@ __device__ __forceinline__ void dec_task(const DecTask<DPL>& t, const float* qs,
     for (int k = 0; k < 8; ++k) accumulate_v<G, DPL>(acc, p, t.v[k], 4 * k, int8);  // p is 0 for a dead key
 }
 
-// The token's rows of KV head kvh, a row a warp by role (role = warp + i STRIDE: r < G query head r, normed,
-// roped and (INT8) rotated into qs; where `last`, G the key and G + 1 the value, normed and roped (the key) and
-// stored into the pools at qpos). The norm weights and RoPE values load before the wait for the QKV product.
+// The token's rows of the block's G query heads (head group vh: query heads vh G .., of KV head pk), a row a warp
+// by role (role = warp + i STRIDE: r < G query head vh G + r, normed, roped and (INT8) rotated into qs; where
+// `last`, G the key and G + 1 the value of KV head pk, the key normed and roped, the value normed without a weight
+// where v_norm, and stored into the pools at qpos). The norm weights and RoPE values load before the wait for the
+// QKV product.
 template <int G, int DPL, int ROLES, int STRIDE>
 __device__ __forceinline__ void dec_rows(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale,
-                                         float* qs, int n_heads, int n_kv, int kvh, bool last, const float* qk_norm,
-                                         float eps, const float* cos_t, const float* sin_t, int rope_dim, int neox,
-                                         int qpos, bool int8) {
+                                         float* qs, int n_heads, int n_kv, int vh, int pk, bool last, bool v_norm,
+                                         const float* qk_norm, float eps, const float* cos_t, const float* sin_t,
+                                         int rope_dim, int neox, int qpos, bool int8) {
     constexpr int HD = 32 * DPL;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float w[DPL], c[DPL], sn[DPL], v[DPL];
 #pragma unroll
     for (int i = 0; i < ROLES; ++i) {
         const int role = warp + i * STRIDE;
-        const int row = role < G ? kvh * G + role : role == G && last ? n_heads + kvh : role == G + 1 && last ? -1 : -2;
+        const int row = role < G ? vh * G + role : role == G && last ? n_heads + pk : role == G + 1 && last ? -1 : -2;
         if (row >= 0) {
             rope_pairs<DPL>(c, sn, cos_t, sin_t, rope_dim, neox, qpos);
 #pragma unroll
@@ -402,18 +402,23 @@ __device__ __forceinline__ void dec_rows(const float* qkv, void* k_pool, void* v
         }
         if (i == 0) GRID_DEP_START();
         if (row != -2) {
-            const long long src = row >= 0 ? (long long)row * HD : (long long)(n_heads + n_kv + kvh) * HD;
+            const long long src = row >= 0 ? (long long)row * HD : (long long)(n_heads + n_kv + pk) * HD;
 #pragma unroll
             for (int e = 0; e < DPL; ++e) v[e] = qkv[src + lane * DPL + e];
         }
         if (row >= 0) norm_rope_regs<DPL>(v, w, qk_norm != nullptr, eps, c, sn, rope_dim, neox);
+        else if (row == -1 && v_norm) {  // the value: RMSNorm without a weight (Gemma 4), nothing rotated
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) w[e] = 1.f;
+            norm_rope_regs<DPL>(v, w, true, eps, c, sn, 0, neox);
+        }
         if (role < G) {  // a query head: rotated (INT8) into shared memory
             if (int8) fwht_regs<DPL>(v);
             float* q = qs + role * DEC_HDP(DPL) + (lane >> 3) * DEC_QP(DPL) + (lane & 7) * DPL;
 #pragma unroll
             for (int e = 0; e < DPL; ++e) q[e] = v[e];
         } else if (row != -2) {  // the token's key or value row into the pools
-            const long long dst = (long long)qpos * n_kv + kvh;
+            const long long dst = (long long)qpos * n_kv + pk;
             store_row_regs<DPL>(v, row >= 0 ? k_pool : v_pool, row >= 0 ? k_scale : v_scale, dst);  // one copy
         }
     }
@@ -427,12 +432,12 @@ __device__ __forceinline__ void dec_scan(DecTask<DPL>& task, int base, int j1, c
                                          float (&m)[G], float (&l)[G]) {
     while (base <= j1) {
         const int next = base + 8 * WARPS;
-        if constexpr (WARPS == 8) {  // the next task's loads go out before this one's arithmetic
+        if constexpr (WARPS == 8 && DPL <= 8) {  // the next task's loads go out before this one's arithmetic
             DecTask<DPL> nt;
             if (next <= j1) dec_load<DPL>(nt, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
             dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
             task = nt;
-        } else {  // 16 warps: two tasks' loads would not fit their 128 registers (the first went out early)
+        } else {  // 16 warps (or DPL 16): two tasks' loads would not fit their registers (the first went out early)
             dec_task<G, DPL>(task, qs, base, j1, scale, softcap, int8, acc, m, l);
             if (next <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, next, j1, int8);
         }
@@ -513,12 +518,19 @@ template <int G, int DPL>
 struct DecPart {
     static constexpr int FLOATS = G * 32 * DPL + 2 * G;  // the accumulator [G][HD], then m [G], then l [G]
 };
+// Head groups: a KV head's n_heads / n_kv query heads in hgs groups of G (a group of 8 heads of 256 or 512 dims
+// as 2 of 4 or 4 of 2, whose accumulators fit), each group the blocks of a KV head of its own (its ranks, its parts
+// and merge), all of them reading the KV head's keys; where `last`, every group's last rank stores the same bytes
+// of the token's K and V rows. kv_mode: KV_VNORM (the values normed without a weight before they are stored),
+// KV_SHARED (the layer reads an earlier layer's K/V: qkv holds the queries alone, nothing is stored).
+#define KV_VNORM 1
+#define KV_SHARED 2
 template <int G, int DPL, int WARPS, int P = WARPS, bool DEC_GLOBAL = false>
 __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out,
                               signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t,
                               const float* sin_t, int rope_dim, int neox, const int* pos0p, int window, float scale,
                               float softcap, long long x8_token = -1, float* parts = nullptr, int* done = nullptr,
-                              int n_ranks = ATT_CL) {
+                              int n_ranks = ATT_CL, int hgs = 1, int kv_mode = 0) {
     constexpr int HD = 32 * DPL;
     static_assert(WARPS >= G + 2, "a warp for each query head, the key and the value");
     static_assert(P <= WARPS && WARPS % P == 0, "physical warps run whole sets of virtual ones");
@@ -540,7 +552,7 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     const int grid_ranks = DEC_GLOBAL ? n_ranks : ATT_CL;
     const int ranks = DEC_GLOBAL ? dec_ranks_at(n_ranks, n_tasks) : ATT_CL;
     const unsigned rank = DEC_GLOBAL ? blockIdx.x % grid_ranks : cluster_rank();
-    const int kvh = blockIdx.x / grid_ranks;
+    const int hg = blockIdx.x / grid_ranks, kvh = hg / hgs;  // the block's head group, and its KV head
     if (DEC_GLOBAL && (int)rank >= ranks) return;  // a block this depth does not use (the whole block leaves)
     const int t0 = (int)rank * n_tasks / ranks, t1 = ((int)rank + 1) * n_tasks / ranks;
     const int j0 = lo + 8 * t0, j1 = min(qpos, lo + 8 * t1 - 1);
@@ -554,8 +566,9 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     int base = j0 + 8 * warp;
     if (base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
     constexpr int ROLES = P == WARPS ? 1 : (G + 2 + P - 1) / P;  // roles a warp takes at most
-    dec_rows<G, DPL, ROLES, P>(qkv, k_pool, v_pool, k_scale, v_scale, qs, n_heads, n_kv, kvh, rank == ranks - 1,
-                               qk_norm, eps, cos_t, sin_t, rope_dim, neox, qpos, int8);
+    dec_rows<G, DPL, ROLES, P>(qkv, k_pool, v_pool, k_scale, v_scale, qs, n_heads, n_kv, hg, kvh,
+                               rank == ranks - 1 && !(kv_mode & KV_SHARED), kv_mode & KV_VNORM, qk_norm, eps, cos_t,
+                               sin_t, rope_dim, neox, qpos, int8);
     __syncthreads();  // queries ready; the new K/V rows visible to this block's loads
     if (base <= j1 && base + 7 >= qpos)  // the task holding the new key read its rows before they were stored
         dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
@@ -615,7 +628,8 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
     const X8At xa = x8_token < 0 ? x8_row(x8, cols) : x8_quad(x8, x8_token, cols);
     if constexpr (DEC_GLOBAL) {
         constexpr int PF = DecPart<G, DPL>::FLOATS;
-        float* kv_parts = parts + ((long long)blockIdx.y * n_kv + kvh) * n_ranks * PF;
+        const long long group = (long long)blockIdx.y * n_kv * hgs + hg;
+        float* kv_parts = parts + group * n_ranks * PF;
         __shared__ int last;
         __syncthreads();  // row 0 of accs complete
         for (int i = threadIdx.x; i < G * HD; i += blockDim.x) kv_parts[rank * PF + i] = accs[0][i];
@@ -625,24 +639,24 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         }
         __threadfence();  // this block's state before its count
         __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(&done[(long long)blockIdx.y * n_kv + kvh], 1) == ranks - 1;
+        if (threadIdx.x == 0) last = atomicAdd(&done[group], 1) == ranks - 1;
         __syncthreads();
         if (!last) return;
         __threadfence();  // the others' states after their counts
         for (int g = warp; g < G; g += P) {  // head g over the ranks in rank order, as the cluster's block g
             dec_head<G, DPL>(
-                g, kvh, ranks, out, x8, xa, n_heads, int8, &accs[0][g * HD],
+                g, hg, ranks, out, x8, xa, n_heads, int8, &accs[0][g * HD],
                 [&](int p) { return __ldcg(kv_parts + p * PF + G * HD + g); },
                 [&](int p) { return __ldcg(kv_parts + p * PF + G * HD + G + g); },
                 [&](int p, int e) { return __ldcg(kv_parts + p * PF + g * HD + lane * DPL + e); });
         }
-        if (threadIdx.x == 0) done[(long long)blockIdx.y * n_kv + kvh] = 0;
+        if (threadIdx.x == 0) done[group] = 0;
     } else {
         cluster_sync();  // every block's state is complete
         if (rank < G && warp == 0) {  // head g = rank over the cluster, by one warp, peers in rank order
             const int g = rank;
             dec_head<G, DPL>(
-                g, kvh, ATT_CL, out, x8, xa, n_heads, int8, kvb, [&](int p) { return ld_peer(&bm[g], p); },
+                g, hg, ATT_CL, out, x8, xa, n_heads, int8, kvb, [&](int p) { return ld_peer(&bm[g], p); },
                 [&](int p) { return ld_peer(&bl[g], p); },
                 [&](int p, int e) { return ld_peer(&accs[0][g * HD + lane * DPL + e], p); });
         }
@@ -679,7 +693,8 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
                                signed char* x8, int n_heads, int n_kv, const float* qk_norm, float eps,
                                const float* cos_t, const float* sin_t, int rope_dim, int neox, const int* pos0p,
                                int window, float scale, float softcap, long long x8_token, float* = nullptr,
-                               int* = nullptr, int n_ranks = ATT_CL) {  // (DEC_ROWS's parts and done: attention_decgn's)
+                               int* = nullptr, int n_ranks = ATT_CL, int hgs = 1, int kv_mode = 0) {  // (DEC_ROWS's
+                               // parts and done: attention_decgn's; hgs, kv_mode: attention_dec's)
     constexpr int HD = 32 * DPL, NW = P * RG;
     static_assert(NW >= G, "a warp for each head's merge over the ranks");
     static_assert(WARPS % P == 0, "groups run whole sets of virtual warps");
@@ -694,7 +709,7 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
     float* racc = ob + L::OB + RG * L::GROUP;  // [n_ranks][G HD]
     float* rm = racc + n_ranks * L::RANK;      // [n_ranks][G]
     float* rl = rm + n_ranks * G;
-    const int kvh = blockIdx.x;
+    const int hg = blockIdx.x, kvh = hg / hgs;  // the block's head group, and its KV head
     const bool int8 = k_scale != nullptr;
     // as attention_dec: the keys' split and this warp's first task's loads (its group's first rank) before the
     // wait, then the token's rows (dec_rows: a warp a role, every role in this one block)
@@ -707,8 +722,9 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
     DecTask<DPL> task;
     int base = j0 + 8 * pw;
     if (base <= j1) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
-    dec_rows<G, DPL, (G + 2 + NW - 1) / NW, NW>(qkv, k_pool, v_pool, k_scale, v_scale, qs, n_heads, n_kv, kvh, true,
-                                                qk_norm, eps, cos_t, sin_t, rope_dim, neox, qpos, int8);
+    dec_rows<G, DPL, (G + 2 + NW - 1) / NW, NW>(qkv, k_pool, v_pool, k_scale, v_scale, qs, n_heads, n_kv, hg, kvh,
+                                                !(kv_mode & KV_SHARED), kv_mode & KV_VNORM, qk_norm, eps, cos_t,
+                                                sin_t, rope_dim, neox, qpos, int8);
     __syncthreads();  // queries ready; the new K/V rows visible to the block's loads
     if (base <= j1 && base + 7 >= qpos) dec_load<DPL>(task, k_pool, v_pool, k_scale, v_scale, n_kv, kvh, base, j1, int8);
     for (int r = rg; r < ranks; r += RG) {  // virtual rank r: block r of attention_dec
@@ -764,7 +780,7 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
     if (warp < G) {  // head g over the ranks in rank order, by warp g, as attention_dec's cluster block g
         const int g = warp;
         dec_head<G, DPL>(
-            g, kvh, ranks, out, x8, x8_quad(x8, x8_token, n_heads * HD), n_heads, int8, ob + g * HD,
+            g, hg, ranks, out, x8, x8_quad(x8, x8_token, n_heads * HD), n_heads, int8, ob + g * HD,
             [&](int p) { return rm[p * G + g]; }, [&](int p) { return rl[p * G + g]; },
             [&](int p, int e) { return racc[p * L::RANK + g * HD + lane * DPL + e]; });
     }
@@ -793,30 +809,31 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
 // as many blocks an SM as leave a thread attention_dec's registers (128 for DPL <= 4 at 16 warps, else 255 at 8)
 // A kernel over a step's decode rows (attention_decn_*, attention_decgn_*, attention_decb_*): blockIdx.y's row, its
 // slot's pools and its position, into FN (attention_dec run on fewer warps, or attention_decb); parts and done:
-// attention_decgn's merge through global memory (NULL for the others); n_ranks: blocks a KV head (ATT_CL on 9.0)
+// attention_decgn's merge through global memory (NULL for the others); n_ranks: blocks a head group (ATT_CL on
+// 9.0); hgs, kv_mode: attention_dec's (a row of qkv is the queries alone under KV_SHARED)
 #define DEC_ROWS(NAME, DPL, FN)                                                                                       \
     NAME(const float* qkv, char* k_pools, char* v_pools, float* k_scales, float* v_scales, float* out, signed char* x8, \
          int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t, const float* sin_t, int rope_dim, \
          int neox, const int* dec, int n_dec, long long kv_stride, long long scale_stride, int window, float scale,    \
-         float softcap, float* parts, int* done, int n_ranks) {                                                       \
+         float softcap, float* parts, int* done, int n_ranks, int hgs, int kv_mode) {                                 \
         const int* d = dec + blockIdx.y;                                                                              \
         const long long row = d[0], slot = d[n_dec];                                                                  \
-        const long long qkv_cols = (long long)(n_heads + 2 * n_kv) * 32 * DPL;                                       \
+        const long long qkv_cols = (long long)(n_heads + (kv_mode & KV_SHARED ? 0 : 2 * n_kv)) * 32 * DPL;            \
         FN(qkv + row * qkv_cols, k_pools + slot * kv_stride, v_pools + slot * kv_stride,                              \
            k_scales ? k_scales + slot * scale_stride : nullptr, v_scales ? v_scales + slot * scale_stride : nullptr,   \
            out + row * n_heads * 32 * DPL, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox, d + 2 * n_dec, \
-           window, scale, softcap, row, parts, done, n_ranks);                                                        \
+           window, scale, softcap, row, parts, done, n_ranks, hgs, kv_mode);                                          \
     }
 // One token (the slot and position staged: AT_SLOT) into FN; parts, done: attention_decg's (NULL for attention_dec);
-// n_ranks: its blocks a KV head (attention_dec's cluster: ATT_CL)
+// n_ranks: its blocks a head group (attention_dec's cluster: ATT_CL); hgs, kv_mode: attention_dec's
 #define DEC_ONE(NAME, FN)                                                                                             \
     NAME(const float* qkv, void* k_pool, void* v_pool, float* k_scale, float* v_scale, float* out, signed char* x8,    \
          int n_heads, int n_kv, const float* qk_norm, float eps, const float* cos_t, const float* sin_t, int rope_dim, \
          int neox, const int* pos0p, int window, float scale, float softcap, long long k_slot, long long v_slot,        \
-         long long s_slot, float* parts, int* done, int n_ranks) {                                                     \
+         long long s_slot, float* parts, int* done, int n_ranks, int hgs, int kv_mode) {                               \
         AT_SLOT(pos0p, k_pool, v_pool, k_scale, v_scale, k_slot, v_slot, s_slot);                                     \
         FN(qkv, k_pool, v_pool, k_scale, v_scale, out, x8, n_heads, n_kv, qk_norm, eps, cos_t, sin_t, rope_dim, neox,  \
-           pos0p, window, scale, softcap, -1, parts, done, n_ranks);                                                   \
+           pos0p, window, scale, softcap, -1, parts, done, n_ranks, hgs, kv_mode);                                     \
     }
 // 9.0: a cluster of ATT_CL blocks a KV head (attention_dec, attention_decn)
 #define DEC_INSTANTIATE_CLUSTER(G, DPL)                                                                               \
@@ -837,7 +854,7 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
         DEC_ROWS(attention_decb_##G##_##DPL, DPL,                                                                     \
                  (attention_decb<G, DPL, DEC_WARPS(G, DPL), DECN_P(G, DPL), DECB_RG(G, DPL)>))
 // the (query heads a KV head, head dim / 32) the decode kernels are built for (DEC_KERNELS in attention.py)
-#define DEC_SHAPES(X) X(1, 2) X(1, 4) X(1, 8) X(2, 2) X(2, 4) X(2, 8) X(4, 2) X(4, 4) X(4, 8) X(8, 2)
+#define DEC_SHAPES(X) X(1, 2) X(1, 4) X(1, 8) X(2, 2) X(2, 4) X(2, 8) X(4, 2) X(4, 4) X(4, 8) X(8, 2) X(2, 16)
 DEC_SHAPES(DEC_INSTANTIATE_B)
 #if PATHS_90
 #if __CUDA_ARCH__ >= 900
