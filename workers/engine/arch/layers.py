@@ -126,14 +126,14 @@ def _forward(
             if plain_tail and i + 1 < len(weights.layers):
                 then = NextInput(residual=x, norm=weights.layers[i + 1].attn_norm, eps=cfg.rms_eps)
             pending = b.gated_matmul(gate_up, cfg.activation, lw.w_down, then)
-            if "post_ffn_norm" in opt:
-                pending = b.rms_norm(pending, opt["post_ffn_norm"], cfg.rms_eps)
-            if ple is not None or "layer_scale" in opt:  # the layer's tail reads the updated stream: add now
-                x, pending = x + pending, None
+            if ple is None and "layer_scale" not in opt:
+                if "post_ffn_norm" in opt:
+                    pending = b.rms_norm(pending, opt["post_ffn_norm"], cfg.rms_eps)
+            else:  # the layer's tail reads the updated stream: add now (the scale comes last, after the PLE branch)
+                scale = None if ple is not None else opt.get("layer_scale")
+                x, pending = b.add_normed(x, pending, opt.get("post_ffn_norm"), cfg.rms_eps, scale), None
                 if ple is not None:
-                    x = x + _ple_branch(cfg, lc, lw, b, x, ple[:, i])
-                if "layer_scale" in opt:
-                    x = x * opt["layer_scale"]
+                    x = _ple_branch(cfg, lw, b, x, ple[:, i])
             if interrupt is not None and interrupt():
                 raise Interrupted
     finally:
@@ -189,12 +189,13 @@ def _attention(
     return outs[0] if len(outs) == 1 else b.stack_rows(outs)
 
 
-def _ple_branch(cfg: ModelConfig, lc: LayerConfig, lw: LayerWeights, b: Backend, x: Array, ple_i: Array) -> Array:
-    """rms_norm(W_proj (act(W_gate x) * ple_i)): what a layer's per-layer input adds to the stream [n, d]."""
+def _ple_branch(cfg: ModelConfig, lw: LayerWeights, b: Backend, x: Array, ple_i: Array) -> Array:
+    """(x + rms_norm(W_proj (act(W_gate x) * ple_i))) times the layer scale when there is one: the stream [n, d]
+    after a layer's per-layer input."""
     opt = lw.optional
-    gate = b.matmul(x, opt["ple_gate"])  # [n, P]
-    gated = b.gated_act(b.xp.concatenate([gate, ple_i], axis=-1), cfg.activation)
-    return b.rms_norm(b.matmul(gated, opt["ple_proj"]), opt["ple_post_norm"], cfg.rms_eps)
+    gated = b.gated_pair(b.matmul(x, opt["ple_gate"]), ple_i, cfg.activation)  # [n, P]
+    branch = b.matmul(gated, opt["ple_proj"])
+    return b.add_normed(x, branch, opt["ple_post_norm"], cfg.rms_eps, opt.get("layer_scale"))
 
 
 def expected_shapes(cfg: ModelConfig, lc: LayerConfig) -> dict[str, tuple[int, ...]]:

@@ -201,6 +201,12 @@ class Backend(ABC):
         x = x + r
         return x, self.rms_norm(x, weight, eps)
 
+    def add_normed(self, x: Array, y: Array, weight: Array | None, eps: float, scale: Array | None = None) -> Array:
+        """x + rms_norm(y) (y itself when weight is None), times `scale` [1] when given: a post-norm's residual add
+        and the layer scale after it (Gemma 4)."""
+        x = x + (y if weight is None else self.rms_norm(y, weight, eps))
+        return x if scale is None else x * scale
+
     def add_norm_matmul(
         self, x: Array, r: Array | None, norm: Array, eps: float, w: Weight, then: NextInput | None = None
     ) -> tuple[Array, Array]:
@@ -299,6 +305,11 @@ class Backend(ABC):
     @abstractmethod
     def gated_act(self, gate_up: Array, kind: str) -> Array:
         """act(gate) * up for gate_up = [gate | up] of shape [n, 2 * ffn]; act = silu | gelu_tanh."""
+
+    def gated_pair(self, gate: Array, up: Array, kind: str) -> Array:
+        """act(gate) * up for gate, up of shape [n, cols] (up may be a view with rows apart): gated_act of the
+        two side by side."""
+        return self.gated_act(self.xp.concatenate([gate, up], axis=-1), kind)
 
     @abstractmethod
     def kv_write(self, kv: LayerKV, slot: int, pos0: int, k: Array, v: Array) -> None:

@@ -537,6 +537,37 @@ def test_add_rms_norm(gpu, n, d):
     assert rel_err(cp.asnumpy(new_x), s) < 1e-7 and rel_err(cp.asnumpy(h), ref) < 1e-6
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("n,d", [(1, 1536), (7, 640), (64, 1024)])
+def test_add_normed(gpu, n, d, scaled):
+    """x + rms_norm(y) * w, times the layer scale: Gemma 4's post-FFN norm and per-layer input tail."""
+    import cupy as cp
+
+    rng = np.random.default_rng()
+    x, y = rng.standard_normal((2, n, d), dtype=np.float32) * 30
+    w = rng.standard_normal(d, dtype=np.float32)
+    scale = np.array([0.37], np.float32) if scaled else None
+    out = gpu.add_normed(
+        cp.asarray(x), cp.asarray(y), cp.asarray(w), 1e-6, None if scale is None else cp.asarray(scale)
+    )
+    y64 = y.astype(np.float64)
+    ref = (x + y64 / np.sqrt((y64 * y64).mean(axis=-1, keepdims=True) + 1e-6) * w) * (1.0 if scale is None else scale)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-6
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("n", [1, 5])
+def test_gated_pair_reads_a_layers_column_of_the_per_layer_inputs(gpu, cpu, kind, n):
+    import cupy as cp
+
+    rng = np.random.default_rng()
+    gate = 3 * rng.standard_normal((n, 256), dtype=np.float32)
+    ple = rng.standard_normal((n, 35, 256), dtype=np.float32)  # [n, layers, P]: a layer's inputs are rows apart
+    out = gpu.gated_pair(cp.asarray(gate), cp.asarray(ple)[:, 7], kind)
+    ref = cpu.gated_pair(gate, ple[:, 7], kind)
+    assert rel_err(cp.asnumpy(out), ref) < 1e-6
+
+
 @pytest.mark.parametrize("mode", ["neox", "norm"])
 @pytest.mark.parametrize("rope_dim", [128, 64])
 def test_rope(gpu, cpu, mode, rope_dim):

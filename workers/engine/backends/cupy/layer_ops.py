@@ -45,6 +45,22 @@ class CupyLayerOps(CupyCore):
         )
         return x, y
 
+    def add_normed(self, x: Any, y: Any, weight: Any | None, eps: float, scale: Any | None = None) -> Any:
+        if weight is None:
+            return super().add_normed(x, y, weight, eps, scale)
+        cp = self.xp
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        y = cp.ascontiguousarray(y, dtype=cp.float32)
+        d = x.shape[-1]
+        out = cp.empty_like(x)
+        s = np.uint64(0) if scale is None else cp.ascontiguousarray(scale, dtype=cp.float32)  # null: no scale
+        self._op("add_normed")(
+            (x.size // d,),
+            (threads_for(d),),
+            (x, y, cp.ascontiguousarray(weight), s, out, np.int32(d), np.float32(eps)),
+        )
+        return out
+
     def rope(
         self,
         x: Any,
@@ -86,6 +102,20 @@ class CupyLayerOps(CupyCore):
             ((n * ffn + THREADS - 1) // THREADS,),
             (THREADS,),
             (gate_up, out, np.int32(n), np.int32(ffn), np.int32(ACTIVATIONS[kind])),
+        )
+        return out
+
+    def gated_pair(self, gate: Any, up: Any, kind: str) -> Any:
+        cp = self.xp
+        gate = cp.ascontiguousarray(gate, dtype=cp.float32)
+        n, cols = gate.shape
+        if up.dtype != cp.float32 or up.strides[-1] != 4:
+            up = cp.ascontiguousarray(up, dtype=cp.float32)
+        out = cp.empty((n, cols), dtype=cp.float32)
+        self._op("gated_pair")(
+            ((n * cols + THREADS - 1) // THREADS,),
+            (THREADS,),
+            (gate, up, out, np.int32(n), np.int32(cols), np.int64(up.strides[0] // 4), np.int32(ACTIVATIONS[kind])),
         )
         return out
 

@@ -35,6 +35,23 @@ extern "C" __global__ void add_rms_norm(float* x, const float* res, const float*
     for (int i = threadIdx.x; i < d; i += blockDim.x) y[r * d + i] = xr[i] * inv * w[i];
 }
 
+// out[r, :] = (x[r, :] + rms_norm(y[r, :]) * w) * s: a post-norm's residual add (Gemma 4's FFN output and its
+// per-layer input), times the layer's scale *s (1 when s is null). The norm's product is
+// rounded before the add, as rms_norm then an add would round it. One block per row.
+extern "C" __global__ void add_normed(const float* x, const float* y, const float* w, const float* s, float* out,
+                                      int d, float eps) {
+    GRID_DEP_START();
+    __shared__ float red[32];
+    const long long r = blockIdx.x;
+    const float* yr = y + r * d;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += yr[i] * yr[i];
+    const float inv = rsqrtf(block_reduce<false>(ss, red) / d + eps);
+    const float scale = s == nullptr ? 1.f : *s;
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+        out[r * d + i] = __fmul_rn(__fadd_rn(x[r * d + i], __fmul_rn(__fmul_rn(yr[i], inv), w[i])), scale);
+}
+
 // The position of a batch's first token is read from device memory (pos0p), so a captured CUDA graph
 // replays a decode step at any position.
 
@@ -65,6 +82,17 @@ extern "C" __global__ void gated_act(const float* gu, float* out, int n_tok, int
     out[i] = gated(gu[t * 2 * ffn + j], gu[t * 2 * ffn + ffn + j], kind);
 }
 
+
+// out[t, j] = act(g[t, j]) * u[t * u_ld + j] for t < n_tok, j < cols: the gate and the up part apart (Gemma 4's
+// per-layer input: its gate product beside a row of the step's per-layer embeddings, u_ld floats apart).
+extern "C" __global__ void gated_pair(const float* g, const float* u, float* out, int n_tok, int cols, long long u_ld,
+                                      int kind) {
+    GRID_DEP_START();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)n_tok * cols) return;
+    const long long t = i / cols, j = i % cols;
+    out[i] = gated(g[i], u[t * u_ld + j], kind);
+}
 
 // Store K rows [n_tok, n_heads, hd] and V rows [n_tok, n_heads, hdv] at positions pos0 + t of one slot's
 // pools [n_ctx, n_heads, hd(v)] (the staged slot's: AT_SLOT): blockIdx.y 0 writes K, 1 writes V (one launch for both). One block per
