@@ -33,7 +33,7 @@ FAMILIES = ("gemvn", "gemv1m", "q8_input", "attention_dec", "add_rms_norm", "rms
 # the 8.x chains, the dp4a products, and what a Gemma 4 step runs beside them (its generic attention, the GELU gate,
 # prepare_q's RoPE)
 FAMILIES += ("gemv1_chainc", "gemv1q", "attention_gqa", "gated_act", "rope")
-FAMILIES += ("add_normed", "gated_pair")  # a Gemma 4 layer's tail (its post-FFN norm, its per-layer input)
+FAMILIES += ("add_normed", "gated_pair", "q8_add_normed")  # a Gemma layer's post-norms, its per-layer input
 WARM_STEPS = 3
 
 

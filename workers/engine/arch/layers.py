@@ -23,6 +23,34 @@ class Interrupted(Exception):
     """A forward pass stopped between layers because its caller asked (a cancelled request)."""
 
 
+@dataclass(frozen=True, eq=False)
+class Pending:
+    """A product's output y on its way into the stream: x + y, or x + rms_norm(y) * norm (a post-norm), times
+    `scale` when there is one (Gemma 4's layer scale). The next product takes it with its own input."""
+
+    y: Array
+    norm: Array | None = None
+    scale: Array | None = None
+
+
+def _add_matmul(
+    cfg: ModelConfig,
+    b: Backend,
+    x: Array,
+    p: Pending | None,
+    norm: Array | None,
+    w: Weight,
+    then: NextInput | None = None,
+) -> tuple[Array, Array]:
+    """x after `p`, and its product with w (rms-normed by `norm` first when given) -> (x, product)."""
+    if p is not None and (p.norm is not None or p.scale is not None):
+        return b.add_normed_matmul(x, p.y, p.norm, cfg.rms_eps, p.scale, norm, w, then)
+    if norm is None:
+        x = x if p is None else x + p.y
+        return x, b.matmul(x, w, then)
+    return b.add_norm_matmul(x, None if p is None else p.y, norm, cfg.rms_eps, w, then)
+
+
 @dataclass
 class LayerWeights:
     attn_norm: Array
@@ -104,43 +132,42 @@ def _forward(
     dev_ids = b.stage_batch(batch)
     x = b.embed(weights.embed, dev_ids, cfg.embed_scale)  # [n, d]
     ple = per_layer_inputs(cfg, weights, b, x, dev_ids) if cfg.ple_dim else None
-    pending = None  # the previous layer's FFN output, added to x together with this layer's input norm
+    pending = None  # what the previous layer's output adds to x: taken with this layer's input norm
     try:
         for i, (lw, lc) in enumerate(zip(weights.layers, cfg.layers, strict=True)):
             opt = lw.optional
             # [n, (H + Hkv) * hd + Hkv * hdv]
-            x, qkv = b.add_norm_matmul(x, pending, lw.attn_norm, cfg.rms_eps, lw.qkv)
+            x, qkv = _add_matmul(cfg, b, x, pending, lw.attn_norm, lw.qkv)
             if "bqkv" in opt:
                 qkv += opt["bqkv"]
             attn = _attention(cfg, b, kv, batch, i, lc, qkv, opt.get("qk_norm"))
+            gated = NextInput(act=cfg.activation)
             if "post_attn_norm" in opt:
-                o = b.rms_norm(b.matmul(attn, lw.wo), opt["post_attn_norm"], cfg.rms_eps)
+                o = Pending(b.matmul(attn, lw.wo), opt["post_attn_norm"])
+                x, gate_up = _add_matmul(cfg, b, x, o, lw.ffn_norm, lw.gate_up, gated)  # [n, 2 * ffn]
             else:
                 o = b.matmul(attn, lw.wo, NextInput(residual=x, norm=lw.ffn_norm, eps=cfg.rms_eps))
-            gated = NextInput(act=cfg.activation)
-            x, gate_up = b.add_norm_matmul(x, o, lw.ffn_norm, cfg.rms_eps, lw.gate_up, gated)  # [n, 2 * ffn]
+                x, gate_up = b.add_norm_matmul(x, o, lw.ffn_norm, cfg.rms_eps, lw.gate_up, gated)
             # the next layer's input norm takes the FFN's output straight from the product, when nothing
             # comes between
             plain_tail = ple is None and not {"post_ffn_norm", "layer_scale"} & opt.keys()
             then = None
             if plain_tail and i + 1 < len(weights.layers):
                 then = NextInput(residual=x, norm=weights.layers[i + 1].attn_norm, eps=cfg.rms_eps)
-            pending = b.gated_matmul(gate_up, cfg.activation, lw.w_down, then)
-            if ple is None and "layer_scale" not in opt:
-                if "post_ffn_norm" in opt:
-                    pending = b.rms_norm(pending, opt["post_ffn_norm"], cfg.rms_eps)
-            else:  # the layer's tail reads the updated stream: add now (the scale comes last, after the PLE branch)
-                scale = None if ple is not None else opt.get("layer_scale")
-                x, pending = b.add_normed(x, pending, opt.get("post_ffn_norm"), cfg.rms_eps, scale), None
-                if ple is not None:
-                    x = _ple_branch(cfg, lw, b, x, ple[:, i])
+            down = b.gated_matmul(gate_up, cfg.activation, lw.w_down, then)
+            if ple is None:
+                pending = Pending(down, opt.get("post_ffn_norm"), opt.get("layer_scale"))
+            else:  # the per-layer input's branch reads the stream after the FFN's add; the scale comes after it
+                x, gate = _add_matmul(cfg, b, x, Pending(down, opt.get("post_ffn_norm")), None, opt["ple_gate"])
+                branch = b.gated_matmul(gate, cfg.activation, opt["ple_proj"], up=ple[:, i])  # act(gate) * ple_i
+                pending = Pending(branch, opt["ple_post_norm"], opt.get("layer_scale"))
             if interrupt is not None and interrupt():
                 raise Interrupted
     finally:
         if len(batch.segments) > 1:
             b.stage_segment(None)
     if pending is not None:
-        x = x + pending
+        x = b.add_normed(x, pending.y, pending.norm, cfg.rms_eps, pending.scale)
     if logit_rows is None:
         return None
     if len(batch.segments) > 1:
@@ -187,15 +214,6 @@ def _attention(
     if together is not None:
         return together
     return outs[0] if len(outs) == 1 else b.stack_rows(outs)
-
-
-def _ple_branch(cfg: ModelConfig, lw: LayerWeights, b: Backend, x: Array, ple_i: Array) -> Array:
-    """(x + rms_norm(W_proj (act(W_gate x) * ple_i))) times the layer scale when there is one: the stream [n, d]
-    after a layer's per-layer input."""
-    opt = lw.optional
-    gated = b.gated_pair(b.matmul(x, opt["ple_gate"]), ple_i, cfg.activation)  # [n, P]
-    branch = b.matmul(gated, opt["ple_proj"])
-    return b.add_normed(x, branch, opt["ple_post_norm"], cfg.rms_eps, opt.get("layer_scale"))
 
 
 def expected_shapes(cfg: ModelConfig, lc: LayerConfig) -> dict[str, tuple[int, ...]]:

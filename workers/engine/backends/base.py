@@ -216,8 +216,31 @@ class Backend(ABC):
         x, h = self.add_rms_norm(x, r, norm, eps)
         return x, self.matmul(h, w, then)
 
-    def gated_matmul(self, gate_up: Array, kind: str, w: Weight, then: NextInput | None = None) -> Array:
-        """gated_act(gate_up, kind) @ w.T: the FFN's activation and down projection."""
+    def add_normed_matmul(
+        self,
+        x: Array,
+        y: Array,
+        y_norm: Array | None,
+        eps: float,
+        scale: Array | None,
+        norm: Array | None,
+        w: Weight,
+        then: NextInput | None = None,
+    ) -> tuple[Array, Array]:
+        """(x', rms_norm(x') @ w.T) for x' = add_normed(x, y, y_norm, eps, scale), or x' @ w.T itself when norm is
+        None: a post-norm's residual add (Gemma 3 and 4) and the product that reads the stream after it."""
+        x = self.add_normed(x, y, y_norm, eps, scale)
+        if norm is None:
+            return x, self.matmul(x, w, then)
+        return self.add_norm_matmul(x, None, norm, eps, w, then)
+
+    def gated_matmul(
+        self, gate_up: Array, kind: str, w: Weight, then: NextInput | None = None, up: Array | None = None
+    ) -> Array:
+        """gated_act(gate_up, kind) @ w.T: the FFN's activation and down projection; with `up`, gate_up is the
+        gate alone and the input is gated_pair(gate_up, up, kind) (Gemma 4's per-layer input)."""
+        if up is not None:
+            return self.matmul(self.gated_pair(gate_up, up, kind), w, then)
         return self.matmul(self.gated_act(gate_up, kind), w, then)
 
     def prepare_qkv(

@@ -290,11 +290,13 @@ class NumpyBackend(Backend):
             return self._blocks.norm_product(x, r, norm, eps, w)
         return super().add_norm_matmul(x, r, norm, eps, w, then)
 
-    def gated_matmul(self, gate_up: Array, kind: str, w: Weight, then: NextInput | None = None) -> Array:
-        if self._one_call(gate_up, w) and kind in cpu_kernels.GATES and gate_up.dtype == np.float32:
+    def gated_matmul(
+        self, gate_up: Array, kind: str, w: Weight, then: NextInput | None = None, up: Array | None = None
+    ) -> Array:
+        if up is None and self._one_call(gate_up, w) and kind in cpu_kernels.GATES and gate_up.dtype == np.float32:
             assert self._blocks is not None and isinstance(w, BlockWeight)
             return self._blocks.gated_product(gate_up, kind, w)
-        return super().gated_matmul(gate_up, kind, w, then)
+        return super().gated_matmul(gate_up, kind, w, then, up)
 
     def gated_act(self, gate_up: Array, kind: str) -> Array:
         xp = self.xp

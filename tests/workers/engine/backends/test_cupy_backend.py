@@ -804,6 +804,58 @@ def test_add_norm_matmul_fused_into_the_decode_gemv(gpu, with_residual):
     assert rel_err(cp.asnumpy(x3_new)[:1], s) < 1e-7 and rel_err(cp.asnumpy(out3)[:1], h @ dense.T) < TF32_REL
 
 
+@pytest.mark.parametrize("normed", [True, False])
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize("d", [768, 1536, 2048])  # add_normed's block: 768 threads, then 1024
+def test_add_normed_matmul_one_launch_has_the_numbers_of_its_two(gpu, monkeypatch, normed, scaled, d):
+    """One token: the post-norm's add and the next product's coding in one launch (q8_add_normed) give what
+    add_normed then the product give, bit for bit; four rows (the composition) give each its one-token numbers."""
+    import cupy as cp
+
+    from genie_workers.engine.backends.base import Backend
+
+    launched = []
+    real = type(gpu)._kernel_named
+    monkeypatch.setattr(gpu, "_kernel_named", lambda name: launched.append(name) or real(gpu, name))
+    rng = np.random.default_rng(d)
+    w, dense = _quant_weight(Q.Q4_K, 512, d, rng)
+    x, y = (cp.asarray(a) for a in rng.standard_normal((2, 4, d), dtype=np.float32) * 20)
+    yw, nw = (cp.asarray(a) for a in rng.standard_normal((2, d), dtype=np.float32))
+    scale = cp.asarray(np.array([0.37], np.float32)) if scaled else None
+    norm = nw if normed else None
+    fused = [gpu.add_normed_matmul(x[k : k + 1], y[k : k + 1], yw, 1e-6, scale, norm, w) for k in range(4)]
+    assert launched.count("q8_add_normed") == 4  # the one launch, not the composition's two
+    two = [Backend.add_normed_matmul(gpu, x[k : k + 1], y[k : k + 1], yw, 1e-6, scale, norm, w) for k in range(4)]
+    rows_new, rows_out = gpu.add_normed_matmul(x, y, yw, 1e-6, scale, norm, w)
+    for k, ((x1, out1), (x2, out2)) in enumerate(zip(fused, two, strict=True)):
+        assert cp.array_equal(x1, x2) and cp.array_equal(out1, out2)
+        assert cp.array_equal(rows_new[k : k + 1], x1) and cp.array_equal(rows_out[k : k + 1], out1)
+    s = cp.asnumpy(x).astype(np.float64) + _rms_norm64(cp.asnumpy(y), cp.asnumpy(yw), 1e-6)
+    s *= 0.37 if scaled else 1.0
+    h = _rms_norm64(s, cp.asnumpy(nw), 1e-6) if normed else s
+    assert rel_err(cp.asnumpy(rows_new), s) < 1e-6
+    assert rel_err(cp.asnumpy(rows_out), h @ dense.T) < 1e-3  # int8 activations
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+def test_gated_matmul_of_a_separate_up_has_the_numbers_of_gated_pair_then_the_product(gpu, kind):
+    """Gemma 4's per-layer input: act(gate) * ple_i, ple_i a layer's column of [n, layers, P], coded by q8_input for
+    one token; gated_pair then the product for a step's rows, each row its one-token numbers."""
+    import cupy as cp
+
+    rng = np.random.default_rng()
+    w, dense = _quant_weight(Q.Q4_K, 1536, 256, rng)
+    gate = cp.asarray(3 * rng.standard_normal((4, 256), dtype=np.float32))
+    ple = cp.asarray(rng.standard_normal((4, 35, 256), dtype=np.float32))
+    alone = [gpu.gated_matmul(gate[k : k + 1], kind, w, up=ple[k : k + 1, 7]) for k in range(4)]
+    two = [gpu.matmul(gpu.gated_pair(gate[k : k + 1], ple[k : k + 1, 7], kind), w) for k in range(4)]
+    together = gpu.gated_matmul(gate, kind, w, up=ple[:, 7])
+    for k in range(4):
+        assert cp.array_equal(alone[k], two[k]) and cp.array_equal(together[k : k + 1], alone[k])
+    act = cp.asnumpy(gpu.gated_pair(gate, ple[:, 7], kind)).astype(np.float64)
+    assert rel_err(cp.asnumpy(together), act @ dense.T) < 1e-3  # int8 activations
+
+
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
 def test_gated_matmul_fused_into_the_decode_gemv(gpu, cpu, kind, qtype):

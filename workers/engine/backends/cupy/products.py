@@ -371,9 +371,57 @@ class CupyProducts(CupyWeights):
         x8 = self._q8_input(x, x.shape[1], r, norm, None if r is None else x_new, eps, _X_NORM)
         return x_new, self._matmul_q8(x8, parts, then=then)
 
-    def gated_matmul(self, gate_up: Any, kind: str, w: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
+    def add_normed_matmul(
+        self,
+        x: Any,
+        y: Any,
+        y_norm: Any,
+        eps: float,
+        scale: Any,
+        norm: Any,
+        w: QuantWeight | GroupWeight,
+        then: NextInput | None = None,
+    ) -> tuple[Any, Any]:
+        # one token: the add and the coding in one launch (q8_add_normed), the numbers of add_normed's and
+        # q8_input's two; rows (a step's several tokens) take the two, a launch each for all rows
+        if x.shape[0] > 1 or y_norm is None or not self._fusable(x, w):
+            return super().add_normed_matmul(x, y, y_norm, eps, scale, norm, w, then)
+        cp = self.xp
+        self._take_coded()  # whatever y's product coded is not for x'
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        x_new = cp.empty_like(x)
+        cols = x.shape[1]
+        x8 = cp.empty(2 * cols + cols // 4, dtype=cp.int8)
+        null = np.uint64(0)
+        self._kernel_named("q8_add_normed")(
+            (1,),
+            (Q8_THREADS,),
+            (
+                x,
+                cp.ascontiguousarray(y, dtype=cp.float32),
+                cp.ascontiguousarray(y_norm, dtype=cp.float32),
+                null if scale is None else cp.ascontiguousarray(scale, dtype=cp.float32),
+                x_new,
+                np.float32(eps),
+                null if norm is None else cp.ascontiguousarray(norm, dtype=cp.float32),
+                np.int32(cols),
+                x8,
+            ),
+        )
+        parts = w.parts if isinstance(w, GroupWeight) else [w]
+        return x_new, self._matmul_q8(x8, parts, then=then)
+
+    def gated_matmul(
+        self, gate_up: Any, kind: str, w: QuantWeight | GroupWeight, then: NextInput | None = None, up: Any = None
+    ) -> Any:
         cp = self.xp
         coded = self._take_coded()
+        if up is not None:  # rows: gated_pair, then their product; one token: q8_input takes up beside the gate
+            if gate_up.shape[0] > 1 or not self._fusable(gate_up, w) or up.dtype != cp.float32 or up.strides[-1] != 4:
+                return super().gated_matmul(gate_up, kind, w, then, up)
+            gate = cp.ascontiguousarray(gate_up, dtype=cp.float32)
+            x8 = self._q8_input(gate, gate.shape[1], r=up, mode=_X_GATED, act=ACTIVATIONS[kind])
+            return self._matmul_q8(x8, w.parts if isinstance(w, GroupWeight) else [w], then=then)
         if gate_up.shape[0] > 1:
             return rows.gated_matmul(self, gate_up, kind, w, then, coded)
         if not self._fusable(gate_up, w):

@@ -51,7 +51,8 @@ __device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols,
 //
 // q8_input writes the x8 buffer that blocks.cuh describes, and takes over the operation that produced x:
 // X_PLAIN x itself; X_GATED act(x[i]) *
-// x[cols + i] (x = [gate | up]: the FFN's activation); X_NORM rms_norm(x + r) * w (r may be NULL), writing
+// x[cols + i] (x = [gate | up]: the FFN's activation), or act(x[i]) * r[i] where r is not NULL (one row: Gemma 4's
+// per-layer input); X_NORM rms_norm(x + r) * w (r may be NULL), writing
 // x + r to x_new when that is not NULL (the residual add and the next layer's input norm); X_NORM_LATE
 // (x + r) * w without the RMS factor, each 32-value group's sum of squares to ss, exactly as a product's
 // EP_NORM epilogue codes it (the product applies the factor: nss). A block a row: row b of x, r and x_new
@@ -62,7 +63,7 @@ __device__ void gemv1(const u8* W, const float* x, float* y, int rows, int cols,
 #define X_NORM 2
 #define X_NORM_LATE 3
 #define Q8_MAX 16  // values per thread: cols <= Q8_MAX * blockDim.x (the backend checks)
-extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(1024) q8_input(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ w,
                                     float* x_new, float eps, int mode, int act, int cols, signed char* x8,
                                     long long x_stride, int n_token, float* ss_out) {
     // one block a row, a few microseconds: the product that reads x8 may start now and load its weights meanwhile
@@ -85,7 +86,7 @@ extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __
         v[k] = 0.f;
         if (i < cols) {
             if (mode == X_GATED) {
-                v[k] = gated(x[i], x[cols + i], act);
+                v[k] = gated(x[i], r ? r[i] : x[cols + i], act);
             } else {
                 v[k] = x[i];
                 if (mode == X_NORM || mode == X_NORM_LATE) {
@@ -112,6 +113,57 @@ extern "C" __global__ void q8_input(const float* __restrict__ x, const float* __
             v[k] *= wv[k];
         }
         q8_code(v[k], sb, lane, x8at);
+    }
+}
+
+// One token's x' = (x + rms_norm(y) * yw) * s (s may be NULL) written to x_new, then coded as q8_input codes x'
+// (X_NORM with w; X_PLAIN where w is NULL): layer_ops.cu's add_normed and q8_input in one launch, with their
+// numbers (each takes the values t + k * blockDim.x a thread, as add_normed's loop does at 1024 threads, and sums
+// in block_reduce's order; add_normed's fewer warps for d < 1024 are the warps here that add an exact 0). A post-norm's residual add and the product that reads the stream after it (Gemma 3, 4).
+extern "C" __global__ void __launch_bounds__(1024) q8_add_normed(const float* __restrict__ x, const float* __restrict__ y,
+                                         const float* __restrict__ yw, const float* __restrict__ s, float* x_new,
+                                         float eps, const float* __restrict__ w, int cols, signed char* x8) {
+    grid_dep_launch();
+    grid_dep_wait();
+    __shared__ float red[32];
+    const X8At x8at = x8_row(x8, cols);
+    const int n_warps = blockDim.x >> 5, n_sb = cols / 32;
+    float v[Q8_MAX], wv[Q8_MAX];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < Q8_MAX; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        v[k] = 0.f;
+        if (i < cols) {
+            v[k] = y[i];
+            ss += v[k] * v[k];
+        }
+    }
+    const float inv_y = rsqrtf(block_reduce<false>(ss, red) / cols + eps);
+    const float scale = s == nullptr ? 1.f : *s;
+    ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < Q8_MAX; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < cols) {
+            v[k] = __fmul_rn(__fadd_rn(x[i], __fmul_rn(__fmul_rn(v[k], inv_y), yw[i])), scale);
+            x_new[i] = v[k];
+            if (w) {
+                wv[k] = w[i];
+                ss += v[k] * v[k];
+            }
+        }
+    }
+    if (w) {  // as q8_input's X_NORM
+        const float inv = rsqrtf(block_reduce<false>(ss, red) / cols + eps);
+#pragma unroll
+        for (int k = 0; k < Q8_MAX; ++k) v[k] = v[k] * inv * wv[k];
+    }
+#pragma unroll
+    for (int k = 0; k < Q8_MAX; ++k) {
+        const int sb = (threadIdx.x >> 5) + k * n_warps;
+        if (sb >= n_sb) break;
+        q8_code(v[k], sb, threadIdx.x & 31, x8at);
     }
 }
 
