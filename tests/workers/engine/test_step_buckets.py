@@ -73,16 +73,21 @@ def test_no_padding_past_the_context(engines: tuple[Engine, Engine]) -> None:
 @pytest.mark.skipif(not cupy_available(), reason="needs CuPy and an NVIDIA GPU")
 def test_cupy_replays_one_captured_step_for_every_short_prompt() -> None:
     """Prompts of 9, 13 and 16 tokens all run as the captured 16-token step (one capture, then replays with
-    other ids, positions and logit rows), each within TF32's error of the NumPy backend's logits."""
+    other ids, positions and logit rows), each within TF32's error of the logits CuPy gives the prompt unpadded
+    and uncaptured. The reference is CuPy's own: NumPy's products code their inputs to 8 bits (numpy_backend.py)
+    and the prefill GEMM does not, which alone moves this Q4_K_M model's logits by up to 4.8 % of their largest."""
+    from genie_workers.engine.backends.cupy.backend import CupyBackend
+
+    class Unpadded(CupyBackend):
+        step_buckets = ()
+
     path = ROOT / "testkit/fixtures/tiny/llama-q4_k_m.gguf"
-    engines = [
-        Engine(EngineOptions(model=str(path), backend=b, ctx=128, prefill_chunk=64, parallel=1))
-        for b in ("cupy", "numpy")
-    ]
-    gpu, cpu = engines
+    options = EngineOptions(model=str(path), backend="cupy", ctx=128, prefill_chunk=64, parallel=1)
+    gpu, plain = Engine(options), Engine(options, Model.load(str(path), Unpadded()))
     for n in (9, 13, 16):
         ids = [1, *np.random.default_rng(n).integers(3, 200, n - 1).tolist()]
-        got, want = logits_of(gpu, ids), logits_of(cpu, ids)
-        assert np.abs(got - want).max() <= 5e-3 * np.abs(want).max()
+        got, want = logits_of(gpu, ids), logits_of(plain, ids)
+        assert np.abs(got - want).max() <= 5e-3 * np.abs(want).max()  # TF32's error, should the sizes' forms differ
     padded = [key for key in gpu._steps if isinstance(key, tuple) and "padded" in key]
     assert padded == [("step", 16, "padded", True)] and gpu._steps[padded[0]] is not False
+    assert not [key for key in plain._steps if isinstance(key, tuple) and "padded" in key]

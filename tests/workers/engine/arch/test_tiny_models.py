@@ -80,11 +80,12 @@ def test_tiny_model_chunked_prefill_and_decode(arch: str, tmp_path: Path) -> Non
 
 
 def test_q4_k_m_model_matches_llama_cpp() -> None:
-    """llama.cpp quantizes activations to Q8_K inside its K-quant matmuls and genie does not, so the
-    logits differ by more than rounding (logit std here is ~1.3). Measured when the fixture was made
-    (llama-cpp-python 0.3.36): top-1 agreement 29/30, mean |d| 0.054, max |d| 0.58. A float64 re-run
-    of the same graph with Q8_K-rounded matmul inputs lands within mean 4e-4 of llama.cpp, and without
-    that rounding within 1.5e-5 of genie, so the gap is the activation quantization alone."""
+    """llama.cpp quantizes activations to Q8_K (blocks of 256) inside its K-quant matmuls, so the logits
+    differ by more than rounding (logit std here is ~1.3). Measured when the fixture was made (llama-cpp-python
+    0.3.36), genie's products then on float inputs: top-1 agreement 29/30, mean |d| 0.054, max |d| 0.58. A
+    float64 re-run of the same graph with Q8_K-rounded matmul inputs lands within mean 4e-4 of llama.cpp, and
+    without that rounding within 1.5e-5 of genie, so the gap is the activation quantization alone. The CPU
+    products now code their inputs as q8_0 (blocks of 32), not as Q8_K: 30/30, mean 0.060, max 0.59."""
     ids, want = _golden("llama-q4_k_m")
     got = _logits(FIXTURES / "llama-q4_k_m.gguf", ids)
     d = np.abs(got - want)
