@@ -49,6 +49,15 @@ def skip(backend, family: str | None) -> None:
             return Skipped() if family and name.startswith(family) else kernel
 
         setattr(backend, attr, pick)
+    # the 8.x chain launches gemv1_chainc itself (cuLaunchKernel on the real kernel, whose occupancy it also
+    # reads): it keeps the real kernel, and a skipped chain launches nothing
+    chain = getattr(backend, "_chain", None)
+    if chain is not None:
+        from genie_workers.engine.backends.cupy.chain import Chain
+
+        chain._kernel = lambda: CupyBackend._kernel_named(backend, "gemv1_chainc")
+        skipped = bool(family) and "gemv1_chainc".startswith(family)
+        chain._launch = (lambda *args: None) if skipped else Chain._launch.__get__(chain)
 
 
 def replay_us(engine, pos: int, replays: int) -> float:
