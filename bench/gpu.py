@@ -3,7 +3,7 @@
 KV; none for E2B yet, so its row has no ratio).
 
     python bench/gpu.py [--models qwen3-0.6b qwen3-4b gemma4-e2b] [--kv int8 f16] [--depths 0 1024 4096]
-                        [--repeats 3] [--out DIR] [--llama DIR/llama.json]
+                        [--repeats 3] [--out DIR] [--llama DIR/llama.json] [--tune KNOB:VALUE[,...]]
 
 Writes the synthetic GGUFs (bench/synthetic.py) into --out (default /tmp/genie-bench), then for each model
 and KV type prints pp512 (prefill of 512 tokens) and tg128 (128 greedy tokens, decode steps replayed as
@@ -96,6 +96,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     p.add_argument("--llama", type=Path, help="llama.cpp's figures of this call (bench/llama_gpu.py's llama.json)")
+    p.add_argument("--tune", default="", help="CupyTuning fields for the CuPy backend, e.g. prefill_gemm:1")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     anchors = ANCHORS
@@ -107,6 +108,11 @@ def main() -> None:
     from genie_workers.engine.model import Model
 
     backend = CupyBackend()
+    if args.tune:
+        from gpu_variants import apply, parse_variant
+
+        apply(backend, parse_variant(f"tuned={args.tune}")[1])
+        print(f"tuning: {backend.tuning}")
     rows = []
     for name in args.models:
         path = synthetic_file(name, args.out)

@@ -384,6 +384,28 @@ def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
     assert cp.isnan(out[:, :3]).all()  # nothing outside the part's columns written
 
 
+@pytest.mark.parametrize(("compute", "bound"), [(0, TF32_REL), (1, TF32_REL), (2, 8 * TF32_REL)])
+def test_the_prefill_gemm_takes_its_inputs_as_the_tuning_says(gpu, compute, bound):
+    """CupyTuning.prefill_gemm (a bench's knob): TF32 and float16 inputs (the same 10-bit mantissa) within TF32's
+    bound of float64, bfloat16's (7 bits) within eight times it."""
+    import cupy as cp
+
+    rng = np.random.default_rng(7)
+    rows, cols = 512, 1536
+    blocks = random_blocks(Q.Q4_K, rows, cols, rng)
+    w = QuantWeight(cp.asarray(blocks.reshape(-1)), Q.Q4_K, rows, cols)
+    x = rng.standard_normal((64, cols), dtype=np.float32) * 30
+    ref = x.astype(np.float64) @ dequantize(blocks, Q.Q4_K).astype(np.float64).T
+    before = gpu.tuning.prefill_gemm
+    out = cp.empty((64, rows), dtype=cp.float32)
+    gpu.retune(prefill_gemm=compute)
+    try:
+        gpu._prefill_matmul(cp.asarray(x), w, out, 0)
+    finally:
+        gpu.retune(prefill_gemm=before)
+    assert rel_err(cp.asnumpy(out), ref) < bound
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 def test_tiny_model_nll_matches_numpy(gpu, tmp_path, arch, kv_dtype):

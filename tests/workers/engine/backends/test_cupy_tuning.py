@@ -34,6 +34,8 @@ def test_bad_values_are_refused_and_the_object_is_frozen():
         CupyTuning(mma_threads=-1)
     with pytest.raises(ValueError, match="dec_ranks must be at most 32"):  # a lane each in the merge
         CupyTuning(dec_ranks=33)
+    with pytest.raises(ValueError, match="prefill_gemm must be 0"):
+        CupyTuning(prefill_gemm=3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         CupyTuning().use_mma = False  # type: ignore[misc]
 

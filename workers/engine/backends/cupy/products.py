@@ -37,7 +37,8 @@ from .weights import CupyWeights, GroupWeight, QuantWeight
 OCTET_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})  # int8-activation one-token kernels
 # cuBLAS / CUDA enums (cublas_api.h, library_types.h): gemmEx's data and compute types
 _CUDA_R_32F = 0
-_CUBLAS_COMPUTE_32F_FAST_TF32 = 77
+# CUBLAS_COMPUTE_32F_FAST_TF32, _FAST_16F, _FAST_16BF: the prefill GEMM's compute, by CupyTuning.prefill_gemm
+_PREFILL_COMPUTE = (77, 74, 75)
 _CUBLAS_GEMM_DEFAULT = -1
 
 
@@ -252,8 +253,8 @@ class CupyProducts(CupyWeights):
 
     def _prefill_matmul(self, x: Any, w: QuantWeight, out: Any, col0: int) -> None:
         """out[:, col0:col0 + w.rows] = x @ w.T on the tensor cores: a tile of rows at a time is
-        dequantized to bounded float32 scratch, then one cuBLAS TF32 GEMM writes the tile's columns of
-        `out` in place."""
+        dequantized to bounded float32 scratch, then one cuBLAS GEMM (TF32, or as the tuning's prefill_gemm says)
+        writes the tile's columns of `out` in place."""
         cp = self.xp
         from cupy_backends.cuda.libs import cublas
 
@@ -293,7 +294,7 @@ class CupyProducts(CupyWeights):
                 out.data.ptr + (col0 + r0) * 4,
                 _CUDA_R_32F,
                 ldo,
-                _CUBLAS_COMPUTE_32F_FAST_TF32,
+                _PREFILL_COMPUTE[self.tuning.prefill_gemm],
                 _CUBLAS_GEMM_DEFAULT,
             )
 

@@ -70,6 +70,9 @@ class CupyTuning:
     dec_max_warps: int = 16  # attention_dec's warps a block at most (DEC_MAX_WARPS)
     decn_warps: int = 4  # attention_decn's warps a block (DECN_WARPS: 4, 8 or 16; at most attention_dec's)
     dec_rank_tasks: int = 8  # DEC_RANK_TASKS (above, dec_ranks)
+    # the prefill GEMM's inputs inside cuBLAS (float32 arrays either way): 0 TF32, 1 float16 (FAST_16F: TF32's 10-bit
+    # mantissa at twice its tensor rate, float16's range), 2 bfloat16 (FAST_16BF: float32's range, 7 bits); benches
+    prefill_gemm: int = 0
 
     def __post_init__(self) -> None:
         if self.decn_warps not in (4, 8, 16):
@@ -79,6 +82,8 @@ class CupyTuning:
                 raise ValueError(f"{name} must be 1, 2 or 4, not {getattr(self, name)}")
         if self.mma_ilp not in (-1, 0, 1):
             raise ValueError(f"mma_ilp must be -1 (the kernel family's), 0 or 1, not {self.mma_ilp}")
+        if self.prefill_gemm not in (0, 1, 2):
+            raise ValueError(f"prefill_gemm must be 0 (TF32), 1 (float16) or 2 (bfloat16), not {self.prefill_gemm}")
         if self.dec_ranks > DEC_MAX_RANKS:
             raise ValueError(f"dec_ranks must be at most {DEC_MAX_RANKS}, not {self.dec_ranks}")
         for f in fields(self):
