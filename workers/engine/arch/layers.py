@@ -51,6 +51,12 @@ def _add_matmul(
     return b.add_norm_matmul(x, None if p is None else p.y, norm, cfg.rms_eps, w, then)
 
 
+def _into(cfg: ModelConfig, x: Array, post: Array, scale: Array | None, norm: Array | None) -> NextInput:
+    """The hint for a product whose output y joins the stream x by a post-norm (Pending(y, post, scale)) that
+    add_normed_matmul takes with the next product, rms-normed by `norm` (None: x' itself)."""
+    return NextInput(residual=x, norm=norm, eps=cfg.rms_eps, post_norm=post, scale=scale)
+
+
 @dataclass
 class LayerWeights:
     attn_norm: Array
@@ -142,8 +148,10 @@ def _forward(
                 qkv += opt["bqkv"]
             attn = _attention(cfg, b, kv, batch, i, lc, qkv, opt.get("qk_norm"))
             gated = NextInput(act=cfg.activation)
+            nxt = None if i + 1 == len(weights.layers) else weights.layers[i + 1].attn_norm  # the next layer's norm
             if "post_attn_norm" in opt:
-                o = Pending(b.matmul(attn, lw.wo), opt["post_attn_norm"])
+                post = opt["post_attn_norm"]
+                o = Pending(b.matmul(attn, lw.wo, _into(cfg, x, post, None, lw.ffn_norm)), post)
                 x, gate_up = _add_matmul(cfg, b, x, o, lw.ffn_norm, lw.gate_up, gated)  # [n, 2 * ffn]
             else:
                 o = b.matmul(attn, lw.wo, NextInput(residual=x, norm=lw.ffn_norm, eps=cfg.rms_eps))
@@ -151,16 +159,23 @@ def _forward(
             # the next layer's input norm takes the FFN's output straight from the product, when nothing
             # comes between
             plain_tail = ple is None and not {"post_ffn_norm", "layer_scale"} & opt.keys()
+            post, scale = opt.get("post_ffn_norm"), opt.get("layer_scale")
             then = None
-            if plain_tail and i + 1 < len(weights.layers):
-                then = NextInput(residual=x, norm=weights.layers[i + 1].attn_norm, eps=cfg.rms_eps)
+            if plain_tail and nxt is not None:
+                then = NextInput(residual=x, norm=nxt, eps=cfg.rms_eps)
+            elif post is not None and ple is not None:  # the PLE gate's product takes x' itself
+                then = _into(cfg, x, post, None, None)
+            elif post is not None and nxt is not None:
+                then = _into(cfg, x, post, scale, nxt)
             down = b.gated_matmul(gate_up, cfg.activation, lw.w_down, then)
             if ple is None:
-                pending = Pending(down, opt.get("post_ffn_norm"), opt.get("layer_scale"))
+                pending = Pending(down, post, scale)
             else:  # the per-layer input's branch reads the stream after the FFN's add; the scale comes after it
-                x, gate = _add_matmul(cfg, b, x, Pending(down, opt.get("post_ffn_norm")), None, opt["ple_gate"])
-                branch = b.gated_matmul(gate, cfg.activation, opt["ple_proj"], up=ple[:, i])  # act(gate) * ple_i
-                pending = Pending(branch, opt["ple_post_norm"], opt.get("layer_scale"))
+                x, gate = _add_matmul(cfg, b, x, Pending(down, post), None, opt["ple_gate"])
+                post = opt["ple_post_norm"]
+                then = None if nxt is None else _into(cfg, x, post, scale, nxt)
+                branch = b.gated_matmul(gate, cfg.activation, opt["ple_proj"], then, up=ple[:, i])  # act(gate) * ple_i
+                pending = Pending(branch, post, scale)
             if interrupt is not None and interrupt():
                 raise Interrupted
     finally:

@@ -30,14 +30,17 @@ Weight = Any
 
 @dataclass(frozen=True, eq=False)
 class NextInput:
-    """What the next operation does with a product's output: `gated_matmul(out, act, ...)` (act set) or
-    `add_norm_matmul(residual, out, norm, eps, ...)` (norm set). A hint that lets a device backend prepare that
+    """What the next operation does with a product's output: `gated_matmul(out, act, ...)` (act set),
+    `add_norm_matmul(residual, out, norm, eps, ...)` (norm set), or `add_normed_matmul(residual, out, post_norm,
+    eps, scale, norm, ...)` (post_norm set; norm may be None). A hint that lets a device backend prepare that
     input as it writes the output (one pass less); results are the same with or without it."""
 
     act: str | None = None
     residual: Array | None = None
     norm: Array | None = None
     eps: float = 0.0
+    post_norm: Array | None = None
+    scale: Array | None = None
 
 
 class Backend(ABC):

@@ -830,25 +830,30 @@ def test_add_norm_matmul_fused_into_the_decode_gemv(gpu, with_residual):
 @pytest.mark.parametrize("scaled", [True, False])
 @pytest.mark.parametrize("d", [768, 1536, 2048])  # add_normed's block: 768 threads, then 1024
 def test_add_normed_matmul_one_launch_has_the_numbers_of_its_two(gpu, monkeypatch, normed, scaled, d):
-    """One token: the post-norm's add and the next product's coding in one launch (q8_add_normed) give what
-    add_normed then the product give, bit for bit; four rows (the composition) give each its one-token numbers."""
+    """The post-norm's add and the next product's coding in one launch (q8_add_normed) give what add_normed then
+    the product give, bit for bit: one token alone, and a step's six rows (a quad of gemvn's input and half
+    of the next) in one launch for all, each row its one-token numbers."""
     import cupy as cp
 
     from genie_workers.engine.backends.base import Backend
 
     launched = []
-    real = type(gpu)._kernel_named
-    monkeypatch.setattr(gpu, "_kernel_named", lambda name: launched.append(name) or real(gpu, name))
+    for attr in ("_kernel_named", "_op"):  # quant.cu's kernels, and layer_ops.cu's (add_normed)
+        real = getattr(type(gpu), attr)
+        monkeypatch.setattr(gpu, attr, lambda name, real=real: launched.append(name) or real(gpu, name))
     rng = np.random.default_rng(d)
+    n = 6
     w, dense = _quant_weight(Q.Q4_K, 512, d, rng)
-    x, y = (cp.asarray(a) for a in rng.standard_normal((2, 4, d), dtype=np.float32) * 20)
+    x, y = (cp.asarray(a) for a in rng.standard_normal((2, n, d), dtype=np.float32) * 20)
     yw, nw = (cp.asarray(a) for a in rng.standard_normal((2, d), dtype=np.float32))
     scale = cp.asarray(np.array([0.37], np.float32)) if scaled else None
     norm = nw if normed else None
-    fused = [gpu.add_normed_matmul(x[k : k + 1], y[k : k + 1], yw, 1e-6, scale, norm, w) for k in range(4)]
-    assert launched.count("q8_add_normed") == 4  # the one launch, not the composition's two
-    two = [Backend.add_normed_matmul(gpu, x[k : k + 1], y[k : k + 1], yw, 1e-6, scale, norm, w) for k in range(4)]
+    fused = [gpu.add_normed_matmul(x[k : k + 1], y[k : k + 1], yw, 1e-6, scale, norm, w) for k in range(n)]
+    assert launched.count("q8_add_normed") == n  # the one launch, not the composition's two
+    launched.clear()
     rows_new, rows_out = gpu.add_normed_matmul(x, y, yw, 1e-6, scale, norm, w)
+    assert launched.count("q8_add_normed") == 1 and "q8_input" not in launched and "add_normed" not in launched
+    two = [Backend.add_normed_matmul(gpu, x[k : k + 1], y[k : k + 1], yw, 1e-6, scale, norm, w) for k in range(n)]
     for k, ((x1, out1), (x2, out2)) in enumerate(zip(fused, two, strict=True)):
         assert cp.array_equal(x1, x2) and cp.array_equal(out1, out2)
         assert cp.array_equal(rows_new[k : k + 1], x1) and cp.array_equal(rows_out[k : k + 1], out1)
@@ -857,6 +862,58 @@ def test_add_normed_matmul_one_launch_has_the_numbers_of_its_two(gpu, monkeypatc
     h = _rms_norm64(s, cp.asnumpy(nw), 1e-6) if normed else s
     assert rel_err(cp.asnumpy(rows_new), s) < 1e-6
     assert rel_err(cp.asnumpy(rows_out), h @ dense.T) < 1e-3  # int8 activations
+
+
+@pytest.mark.parametrize("normed", [True, False])
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize(("qtype", "d"), [(Q.Q4_K, 768), (Q.Q4_K, 1536), (Q.Q6_K, 2048), (Q.Q4_K, 4096)])
+@pytest.mark.parametrize("block", ["256", "512", "dp4a"])
+def test_a_post_norms_product_codes_the_next_products_input(gpu, monkeypatch, qtype, d, normed, scaled, block):
+    """One token: a product whose output joins the stream by a post-norm (NextInput.post_norm, Gemma's o, down and
+    PLE products) computes x' and the next product's codes in its last block, so the consumer launches no
+    q8_add_normed; its output, x' and the consumer's output are those of the two launches, bit for bit. gemv1m's
+    blocks of 256 and of 512 threads (each emulates q8_add_normed's 1 024); the dp4a product (gemv1q) takes no
+    post-norm: the consumer's q8_add_normed codes x'."""
+    import cupy as cp
+
+    from genie_workers.engine.backends.base import NextInput
+
+    launched = []
+    for attr in ("_kernel_named", "_op"):
+        real = getattr(type(gpu), attr)
+        monkeypatch.setattr(gpu, attr, lambda name, real=real: launched.append(name) or real(gpu, name))
+    rng = np.random.default_rng(d)
+    producer, _ = _quant_weight(qtype, d, 512, rng)
+    consumer, dense = _quant_weight(Q.Q4_K, 256, d, rng)
+    a = cp.asarray(rng.standard_normal((1, 512), dtype=np.float32))
+    x = cp.asarray(rng.standard_normal((1, d), dtype=np.float32) * 20)
+    pw, nw = (cp.asarray(v) for v in rng.standard_normal((2, d), dtype=np.float32))
+    scale = cp.asarray(np.array([0.37], np.float32)) if scaled else None
+    norm = nw if normed else None
+    then = NextInput(residual=x, norm=norm, eps=1e-6, post_norm=pw, scale=scale)
+    tunings = {"256": {}, "512": {"mma_threads": 512, "mma_blocks_per_sm": 1}, "dp4a": {"use_mma": False}}
+    before = gpu.tuning
+    gpu.retune(**tunings[block])
+    try:
+        assert block == "dp4a" or gpu._mma_shape(producer)[1] == int(block)
+        taken = gpu._epilogue_for(then, [producer])
+        assert taken is (None if block == "dp4a" else then)
+        y = gpu.matmul(a, producer, then)
+        x1, out1 = gpu.add_normed_matmul(x, y, pw, 1e-6, scale, norm, consumer)
+        assert launched.count("q8_add_normed") == (block == "dp4a")
+        y2 = gpu.matmul(a, producer)
+        x2, out2 = gpu.add_normed_matmul(x, y2, pw, 1e-6, scale, norm, consumer)
+        assert launched.count("q8_add_normed") == 1 + (block == "dp4a")
+    finally:
+        gpu.retune(use_mma=before.use_mma, mma_threads=before.mma_threads, mma_blocks_per_sm=before.mma_blocks_per_sm)
+    assert cp.array_equal(y, y2) and cp.array_equal(x1, x2) and cp.array_equal(out1, out2)
+    s = cp.asnumpy(x).astype(np.float64) + _rms_norm64(cp.asnumpy(y), cp.asnumpy(pw), 1e-6)
+    s *= 0.37 if scaled else 1.0
+    h = _rms_norm64(s, cp.asnumpy(nw), 1e-6) if normed else s
+    assert rel_err(cp.asnumpy(x1), s) < 1e-6
+    assert rel_err(cp.asnumpy(out1), h @ dense.T) < 1e-3  # int8 activations
+    # a graph replays it: the block counter is back at zero after every launch
+    assert not cp.asnumpy(gpu._ep_cnt).any()
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])

@@ -42,8 +42,11 @@ def product(chain: Recorder, x8, nss=None, res=None, epilogue: int = 0, grid: in
     y, ep_x8, xnew, ss = Buf(), Buf(), Buf(), Buf()
     args = (Buf(), x8, y, np.int32(64), np.int32(256), np.int32(1), nss or NULL, np.int32(8), np.float32(1e-6))
     args += (np.int32(epilogue), np.int32(0), ep_x8 if epilogue else NULL, Buf(), res or NULL, Buf(), NULL, NULL)
+    args += (NULL, NULL, np.float32(0.0))  # a post-norm's weight, scale and eps
     if epilogue == 2:  # a norm: x_new and the sums of squares too
-        args = (*args[:15], xnew, ss)
+        args = (*args[:15], xnew, ss, *args[17:])
+    if epilogue == 3:  # a post-norm: x_new, its weight, the layer scale and eps
+        args = (*args[:15], xnew, NULL, Buf(), Buf(), np.float32(1e-6))
     kernel = lambda *a, **k: chain.alone.append(a[0])  # noqa: E731
     return Product(kernel, args, 12, grid, threads, smem), SimpleNamespace(y=y, x8=ep_x8, xnew=xnew, ss=ss)
 
@@ -71,6 +74,29 @@ def test_a_layer_from_o_to_the_next_q_k_v_is_one_launch_each_product_waiting_for
     assert ops["x8"][3] == down_out.x8.data.ptr and ops["ep"]["res"][2] == o_out.xnew.data.ptr
     assert list(ops["ep"]["mode"]) == [2, 1, 2, 0, 0] and ops["ep"]["x8"][2] == down_out.x8.data.ptr
     assert list(ops["base"]) == [0] * 5  # v's 3 blocks after q/k's 8 would make 11: more than the 8 resident
+
+
+def test_a_gemma_layers_post_norms_keep_the_chain_going_from_o_to_the_ple_gate():
+    """Gemma 4's o and down products code their post-norm's x' and the next input in their last block (EP_POSTNORM,
+    mode 3): the FFN reads o's codes, down adds to o's x' (its residual), the PLE gate reads down's codes. One
+    launch; each waits for the product before it; the post-norm's weight, scale and eps reach the table."""
+    chain = Recorder()
+    attn_x8, x = Buf(), Buf()
+    o, o_out = product(chain, attn_x8, res=x, epilogue=3)
+    gu, gu_out = product(chain, o_out.x8, epilogue=1, grid=6)
+    down, down_out = product(chain, gu_out.x8, res=o_out.xnew, epilogue=3)
+    gate, _ = product(chain, down_out.x8, grid=2)
+    for p in (o, gu, down, gate):
+        chain.add(p)
+    chain.flush()
+    ((_, _, _, table),) = chain.chains
+    ops = table["op"][:4]
+    assert list(ops["dep"]) == [-1, 0, 1, 2]
+    assert list(ops["ep"]["mode"]) == [3, 1, 3, 0]
+    assert ops["ep"]["res"][2] == o_out.xnew.data.ptr and ops["ep"]["xnew"][2] == down_out.xnew.data.ptr
+    for k, p in ((0, o), (2, down)):
+        assert ops["ep"]["pw"][k] == p.arg("ep_pw") != 0 and ops["ep"]["ps"][k] == p.arg("ep_ps") != 0
+        assert ops["ep"]["eps"][k] == np.float32(1e-6)
 
 
 def test_a_product_that_does_not_read_its_predecessor_runs_on_the_blocks_after_it_where_they_are_resident():

@@ -31,7 +31,9 @@ CHAIN_MAX = 8  # quant.cu's CHAIN_MAX: products a launch
 # quant.cu's Epilogue, ChainOp and Chain, field for field (C alignment: align=True), and where each field comes
 # from in gemv1mc's arguments (Product.args)
 EPILOGUE = np.dtype(
-    [("mode", "<i4"), ("act", "<i4"), *((n, "<u8") for n in ("x8", "cnt", "res", "w", "xnew", "ss"))], align=True
+    [("mode", "<i4"), ("act", "<i4"), *((n, "<u8") for n in ("x8", "cnt", "res", "w", "xnew", "ss", "pw", "ps"))]
+    + [("eps", "<f4")],
+    align=True,
 )
 _INTS = ("rows", "cols", "tpb", "type", "n_ss", "grid", "dep", "counted", "last_wait", "base")
 OP = np.dtype(
@@ -41,11 +43,11 @@ OP = np.dtype(
 CHAIN = np.dtype([("op", OP, (CHAIN_MAX,)), ("sync", "<u8"), ("n", "<i4")], align=True)
 # gemv1mc's arguments in order (products.py _gemv1q), and which of them are the op's and its epilogue's
 ARGS: tuple[str, ...] = ("W", "x8", "y", "rows", "cols", "tpb", "nss", "n_ss", "eps", "mode", "act")
-ARGS += ("ep_x8", "ep_cnt", "ep_res", "ep_w", "ep_xnew", "ep_ss")
+ARGS += ("ep_x8", "ep_cnt", "ep_res", "ep_w", "ep_xnew", "ep_ss", "ep_pw", "ep_ps", "ep_eps")
 _AT = {name: i for i, name in enumerate(ARGS)}
 _OP_POINTERS = ("W", "x8", "y", "nss")
 _EP_FIELDS = {"mode": "mode", "act": "act", "x8": "ep_x8", "cnt": "ep_cnt", "res": "ep_res", "w": "ep_w"}
-_EP_FIELDS |= {"xnew": "ep_xnew", "ss": "ep_ss"}
+_EP_FIELDS |= {"xnew": "ep_xnew", "ss": "ep_ss", "pw": "ep_pw", "ps": "ep_ps", "eps": "ep_eps"}
 
 
 @dataclass(frozen=True)

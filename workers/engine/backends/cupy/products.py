@@ -22,6 +22,7 @@ from .quant_consts import (
     _EP_GATED,
     _EP_NONE,
     _EP_NORM,
+    _EP_POSTNORM,
     _X_GATED,
     _X_NORM,
     ACTIVATIONS,
@@ -31,6 +32,7 @@ from .quant_consts import (
     MMA_STATIC_SMEM,
     Q8_MAX_COLS,
     Q8_THREADS,
+    QA_MAX_COLS,
 )
 from .weights import CupyWeights, GroupWeight, QuantWeight
 
@@ -116,7 +118,8 @@ class CupyProducts(CupyWeights):
             return 0
         tiles = -(-w.rows // 16)
         per_block = -(-tiles // (self.n_sm * self._mma_shape(w)[0]))
-        return 0 if then is not None and 16 * per_block > EP_MAX_ROWS else per_block
+        grouped = then is not None and then.post_norm is None  # a post-norm's epilogue counts blocks, not groups
+        return 0 if grouped and 16 * per_block > EP_MAX_ROWS else per_block
 
     def _ring_bytes(self, w: QuantWeight) -> int:
         """gemv1m's and gemvn's ring of weight stages in shared memory, for w's type."""
@@ -171,7 +174,13 @@ class CupyProducts(CupyWeights):
         rows_per_block = 16 * mma_tiles or THREADS // 32 // ks * rows_per_warp
         null = np.uint64(0)
         mode, act, coded = _EP_NONE, 0, None
-        if then is not None:
+        if then is not None and then.post_norm is not None:  # the block that completes the product codes the row
+            assert mma_tiles, "EP_POSTNORM is gemv1m's (_epilogue_for)"
+            cp = self.xp
+            coded = Coded(out, cp.empty(2 * w.rows + w.rows // 4, dtype=cp.int8), then)
+            coded.x_new = cp.empty((1, w.rows), dtype=cp.float32)
+            mode = _EP_POSTNORM
+        elif then is not None:
             len_ = w.rows // 2 if then.act is not None else w.rows
             assert rows_per_block <= EP_MAX_ROWS and len_ % 32 == 0  # EP_MAX_GROUPS in quant.cu
             cp = self.xp
@@ -219,9 +228,12 @@ class CupyProducts(CupyWeights):
                 null if coded is None else coded.x8,
                 self._ep_cnt,
                 null if residual is None else residual,
-                null if mode != _EP_NORM else then.norm,  # type: ignore[union-attr]
+                null if mode not in (_EP_NORM, _EP_POSTNORM) or then.norm is None else then.norm,  # type: ignore[union-attr]
                 null if coded is None or coded.x_new is None else coded.x_new,
                 null if coded is None or coded.ss is None else coded.ss,
+                null if mode != _EP_POSTNORM else then.post_norm,  # type: ignore[union-attr]
+                null if mode != _EP_POSTNORM or then.scale is None else then.scale,  # type: ignore[union-attr]
+                np.float32(then.eps if mode == _EP_POSTNORM else 0.0),  # type: ignore[union-attr]
             ),
         )
         return coded
@@ -231,19 +243,34 @@ class CupyProducts(CupyWeights):
 
     def _epilogue_for(self, then: NextInput | None, parts: list[QuantWeight]) -> NextInput | None:
         """`then` where one product's kernel can code its consumer's input: a single matrix whose output (act:
-        each half) is whole 32-value groups; a norm's residual and weight float32 vectors of the output's size."""
+        each half) is whole 32-value groups; a norm's residual and weight float32 vectors of the output's size;
+        a post-norm's also its weight (and scale) such, where gemv1m takes the product (quant.cu's EP_POSTNORM is
+        its epilogue's alone) with a block that divides q8_add_normed's."""
         if then is None or not self.tuning.use_epilogues or len(parts) != 1:
             return None
         rows = parts[0].rows
         if then.act is not None:
             return then if rows % 64 == 0 and then.act in ACTIVATIONS else None
         cp = self.xp
-        if then.norm is None or rows % 32 or then.norm.size != rows or then.norm.dtype != cp.float32:
+        if then.post_norm is not None:
+            vectors = [then.post_norm, *(v for v in (then.norm,) if v is not None)]
+            probe = self._ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
+            if rows % 32 or then.residual is None or not self._mma_tiles(parts[0], probe, then):
+                return None
+            if Q8_THREADS % self._mma_shape(parts[0])[1]:
+                return None
+            if then.scale is not None and (then.scale.size != 1 or then.scale.dtype != cp.float32):
+                return None
+        elif then.norm is None:
+            return None
+        else:
+            vectors = [then.norm]
+        if any(v.size != rows or v.dtype != cp.float32 or not v.flags.c_contiguous for v in vectors) or rows % 32:
             return None
         res = then.residual  # a row of it a row of the output (the rows path asks this for one row of many)
         if res is not None and (res.shape[-1] != rows or res.dtype != cp.float32 or not res.flags.c_contiguous):
             return None
-        return then if then.norm.flags.c_contiguous else None
+        return then
 
     def _matmul_part(self, x: Any, w: QuantWeight, out: Any, col0: int) -> None:
         if x.shape[0] == 1:
@@ -383,19 +410,38 @@ class CupyProducts(CupyWeights):
         w: QuantWeight | GroupWeight,
         then: NextInput | None = None,
     ) -> tuple[Any, Any]:
-        # one token: the add and the coding in one launch (q8_add_normed), the numbers of add_normed's and
-        # q8_input's two; rows (a step's several tokens) take the two, a launch each for all rows
-        if x.shape[0] > 1 or y_norm is None or not self._fusable(x, w):
-            return super().add_normed_matmul(x, y, y_norm, eps, scale, norm, w, then)
+        # one token: x' and its codes as y's product coded them in its last block (NextInput.post_norm), else the
+        # add and the coding in one launch (q8_add_normed), the numbers of add_normed's and q8_input's two; a step's
+        # rows: q8_add_normed, a block a row, where one gemvn launch takes them all (rows.py)
+        if y_norm is not None and x.shape[0] == 1 and self._fusable(x, w):
+            cp = self.xp
+            parts = w.parts if isinstance(w, GroupWeight) else [w]
+            coded = self._take_coded()
+            c = None if coded is None else coded.then
+            if c is not None and c.post_norm is y_norm and coded.out is y and c.residual is x:  # type: ignore[union-attr]
+                if c.scale is scale and c.norm is norm and c.eps == eps:
+                    return coded.x_new, self._matmul_q8(coded.x8, parts, then=then)
+            if x.shape[1] <= QA_MAX_COLS:
+                x = cp.ascontiguousarray(x, dtype=cp.float32)
+                x_new = cp.empty_like(x)
+                x8 = cp.empty(2 * x.shape[1] + x.shape[1] // 4, dtype=cp.int8)
+                self._q8_add_normed(x, y, y_norm, eps, scale, norm, x_new, x8, n_token=False)
+                return x_new, self._matmul_q8(x8, parts, then=then)
+        if y_norm is not None and x.shape[0] > 1 and x.shape[1] <= QA_MAX_COLS:
+            done = rows.add_normed_matmul(self, x, y, y_norm, eps, scale, norm, w, then)
+            if done is not None:
+                return done
+        return super().add_normed_matmul(x, y, y_norm, eps, scale, norm, w, then)
+
+    def _q8_add_normed(
+        self, x: Any, y: Any, y_norm: Any, eps: float, scale: Any, norm: Any, x_new: Any, x8: Any, n_token: bool
+    ) -> None:
+        """x_new = add_normed(x, y, y_norm, eps, scale) and its codes (normed by `norm` when given) into x8: a
+        one-token buffer, or (n_token) the n-token layout of gemvn's input, a block a row of x."""
         cp = self.xp
-        self._take_coded()  # whatever y's product coded is not for x'
-        x = cp.ascontiguousarray(x, dtype=cp.float32)
-        x_new = cp.empty_like(x)
-        cols = x.shape[1]
-        x8 = cp.empty(2 * cols + cols // 4, dtype=cp.int8)
         null = np.uint64(0)
         self._kernel_named("q8_add_normed")(
-            (1,),
+            (x.shape[0],),
             (Q8_THREADS,),
             (
                 x,
@@ -405,12 +451,12 @@ class CupyProducts(CupyWeights):
                 x_new,
                 np.float32(eps),
                 null if norm is None else cp.ascontiguousarray(norm, dtype=cp.float32),
-                np.int32(cols),
+                np.int32(x.shape[1]),
                 x8,
+                np.int64(x.shape[1]),
+                np.int32(n_token),
             ),
         )
-        parts = w.parts if isinstance(w, GroupWeight) else [w]
-        return x_new, self._matmul_q8(x8, parts, then=then)
 
     def gated_matmul(
         self, gate_up: Any, kind: str, w: QuantWeight | GroupWeight, then: NextInput | None = None, up: Any = None

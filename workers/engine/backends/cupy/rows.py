@@ -7,8 +7,9 @@ cores' columns, in one launch whose blocks read the weights from HBM once (group
 groups' blocks beside them read them from L2). The coding is the producer's where the one-token path's is: gemvn's
 epilogue codes its consumer's input as gemv1m's does (a norm of the output plus the residual without its RMS factor,
 which the consumer's gemvn applies, or act(gate) * up) when one launch takes every row, and attention_decn codes the
-o product's input; else q8_input (a launch for all rows, a block a row) codes them the same way (X_NORM_LATE for a
-norm the one-token product's epilogue would have coded). Other rows run as they would alone: a row of another weight
+o product's input; a post-norm's add and the next coding are q8_add_normed's (a block a row: add_normed_matmul);
+else q8_input (a launch for all rows, a block a row) codes them the same way (X_NORM_LATE for a norm the one-token
+product's epilogue would have coded). Other rows run as they would alone: a row of another weight
 type through the one-token kernels, a prompt chunk of more than ROWS_MAX tokens through the prefill GEMM.
 
 The functions take the backend (its products part, products.py) first and use its one-token machinery: _mma_tiles,
@@ -99,7 +100,7 @@ def _fits(gpu: CupyProducts, parts: list[QuantWeight], then: NextInput | None) -
 def _late(gpu: CupyProducts, parts: list[QuantWeight], then: NextInput | None) -> bool:
     """Whether one row alone would have its consumer's input coded by this product's norm epilogue."""
     ep = gpu._epilogue_for(then, parts)
-    return ep is not None and ep.act is None and gpu._fusable_parts(parts)
+    return ep is not None and ep.act is None and ep.post_norm is None and gpu._fusable_parts(parts)
 
 
 def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeight, then: NextInput | None) -> Any:
@@ -125,7 +126,8 @@ def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeigh
                 if b - a == 1:
                     gpu._gemv1q(part, x8[0], out[a, col0:], None if ss is None else ss[0], inp.eps, alone=alone)
                 else:
-                    ep = alone if calls == [(0, n)] else None
+                    # gemvn's epilogue codes groups; a post-norm's consumer codes the rows (add_normed_matmul)
+                    ep = alone if calls == [(0, n)] and (alone is None or alone.post_norm is None) else None
                     coded = gemvn(gpu, part, x8, b - a, out[a:b, col0:], ss, inp.eps, ep)
                 col0 += part.rows
         else:
@@ -333,6 +335,30 @@ def add_norm_matmul(
     mode = X_NORM_LATE if late else X_NORM
     inp = RowsInput(x, mode, norm=cp.ascontiguousarray(norm), eps=eps, r=r, added=None if r is None else added)
     return added, _product(gpu, inp, w, then)
+
+
+def add_normed_matmul(
+    gpu: CupyProducts, x: Any, y: Any, y_norm: Any, eps: float, scale: Any, norm: Any, w: Any, then: NextInput | None
+) -> tuple[Any, Any] | None:
+    """x' = add_normed(x, y, y_norm, eps, scale) and its product (rms-normed by `norm` first when given) for a
+    step's rows, x' and its codes in one launch (q8_add_normed, a block a row: each row's numbers are those of
+    add_normed and q8_input, as a token alone has them), where one gemvn launch takes every row; else None (the
+    caller composes add_normed and the product, as before)."""
+    cp = gpu.xp
+    parts = w.parts if hasattr(w, "parts") else [w]
+    n, cols = x.shape
+    groups = gpu._row_groups if sum(gpu._row_groups) == n else (n,)
+    if n > ROWS_MAX or cols % 128 or row_calls(groups, ROWS_MAX) != [(0, n)] or not _fits(gpu, parts, then):
+        return None
+    gpu._take_coded()  # whatever y's product coded is not for x'
+    gpu._late_out = None
+    x = cp.ascontiguousarray(x, dtype=cp.float32)
+    x_new = cp.empty_like(x)
+    x8 = x8_quads(cp, n, cols)
+    gpu._q8_add_normed(x, y, y_norm, eps, scale, norm, x_new, x8, n_token=True)
+    if norm is None:
+        return x_new, _product(gpu, RowsInput(x_new, x8=x8), w, then)
+    return x_new, _product(gpu, RowsInput(x_new, X_NORM, norm=norm, eps=eps, x8=x8), w, then)
 
 
 def gated_matmul(

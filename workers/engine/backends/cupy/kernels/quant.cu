@@ -116,51 +116,60 @@ extern "C" __global__ void __launch_bounds__(1024) q8_input(const float* __restr
     }
 }
 
-// One token's x' = (x + rms_norm(y) * yw) * s (s may be NULL) written to x_new, then coded as q8_input codes x'
+// Each row's x' = (x + rms_norm(y) * yw) * s (s may be NULL) written to x_new, then coded as q8_input codes x'
 // (X_NORM with w; X_PLAIN where w is NULL): layer_ops.cu's add_normed and q8_input in one launch, with their
 // numbers (each takes the values t + k * blockDim.x a thread, as add_normed's loop does at 1024 threads, and sums
-// in block_reduce's order; add_normed's fewer warps for d < 1024 are the warps here that add an exact 0). A post-norm's residual add and the product that reads the stream after it (Gemma 3, 4).
+// in block_reduce's order; add_normed's fewer warps for d < 1024 are the warps here that add an exact 0). A post-norm's
+// residual add and the product that reads the stream after it (Gemma 3, 4). A block a row: row b of x, y and x_new
+// starts x_stride floats after row b - 1; x8 is one row (n_token 0) or token b of an n-token product's input. Every
+// load is issued before the first reduction (one trip to memory, not three): at most QA_MAX values a thread.
+#define QA_MAX 8  // cols <= QA_MAX * 1024 (the backend checks)
 extern "C" __global__ void __launch_bounds__(1024) q8_add_normed(const float* __restrict__ x, const float* __restrict__ y,
-                                         const float* __restrict__ yw, const float* __restrict__ s, float* x_new,
-                                         float eps, const float* __restrict__ w, int cols, signed char* x8) {
+                                         const float* __restrict__ yw, const float* __restrict__ s, float* __restrict__ x_new,
+                                         float eps, const float* __restrict__ w, int cols, signed char* x8,
+                                         long long x_stride, int n_token) {
     grid_dep_launch();
     grid_dep_wait();
     __shared__ float red[32];
-    const X8At x8at = x8_row(x8, cols);
+    x += blockIdx.x * x_stride;
+    y += blockIdx.x * x_stride;
+    x_new += blockIdx.x * x_stride;
+    const X8At x8at = n_token ? x8_quad(x8, blockIdx.x, cols) : x8_row(x8, cols);
     const int n_warps = blockDim.x >> 5, n_sb = cols / 32;
-    float v[Q8_MAX], wv[Q8_MAX];
+    float v[QA_MAX], xv[QA_MAX], ywv[QA_MAX], wv[QA_MAX];
     float ss = 0.f;
 #pragma unroll
-    for (int k = 0; k < Q8_MAX; ++k) {
+    for (int k = 0; k < QA_MAX; ++k) {
         const int i = threadIdx.x + k * blockDim.x;
         v[k] = 0.f;
         if (i < cols) {
             v[k] = y[i];
-            ss += v[k] * v[k];
+            xv[k] = x[i];
+            ywv[k] = yw[i];
+            if (w) wv[k] = w[i];
         }
     }
-    const float inv_y = rsqrtf(block_reduce<false>(ss, red) / cols + eps);
     const float scale = s == nullptr ? 1.f : *s;
+#pragma unroll
+    for (int k = 0; k < QA_MAX; ++k) ss += v[k] * v[k];  // the values past cols add an exact 0, as add_normed's none
+    const float inv_y = rsqrtf(block_reduce<false>(ss, red) / cols + eps);
     ss = 0.f;
 #pragma unroll
-    for (int k = 0; k < Q8_MAX; ++k) {
+    for (int k = 0; k < QA_MAX; ++k) {
         const int i = threadIdx.x + k * blockDim.x;
         if (i < cols) {
-            v[k] = __fmul_rn(__fadd_rn(x[i], __fmul_rn(__fmul_rn(v[k], inv_y), yw[i])), scale);
+            v[k] = __fmul_rn(__fadd_rn(xv[k], __fmul_rn(__fmul_rn(v[k], inv_y), ywv[k])), scale);
             x_new[i] = v[k];
-            if (w) {
-                wv[k] = w[i];
-                ss += v[k] * v[k];
-            }
+            if (w) ss += v[k] * v[k];
         }
     }
     if (w) {  // as q8_input's X_NORM
         const float inv = rsqrtf(block_reduce<false>(ss, red) / cols + eps);
 #pragma unroll
-        for (int k = 0; k < Q8_MAX; ++k) v[k] = v[k] * inv * wv[k];
+        for (int k = 0; k < QA_MAX; ++k) v[k] = v[k] * inv * wv[k];
     }
 #pragma unroll
-    for (int k = 0; k < Q8_MAX; ++k) {
+    for (int k = 0; k < QA_MAX; ++k) {
         const int sb = (threadIdx.x >> 5) + k * n_warps;
         if (sb >= n_sb) break;
         q8_code(v[k], sb, threadIdx.x & 31, x8at);
@@ -185,9 +194,14 @@ __device__ __forceinline__ void next_unit(int& r, int& b, int nb, int n_rows) {
 // when their 32 values are scaled alike, so the consumer applies it (gemv1_octets' nss), from the group sums
 // of squares written to ss (each a warp's fixed-order sum). A group is complete when every block holding one
 // of its rows has written them: cnt[g] counts them (zero between launches; the coding block resets it).
+// EP_POSTNORM: the output is a post-norm's y (Gemma 3, 4): the block that completes the product (the last of its
+// blocks to count itself in cnt[0]) computes the row's x' = (res + rms_norm(y) * pw) * ps (ps NULL: no scale)
+// into xnew and codes x' normed by w (w NULL: x' itself), as q8_add_normed does (postnorm_row): the launch of
+// add_normed and the consumer's coding is gone, and on 8.x a chain runs on through the post-norm.
 #define EP_NONE 0
 #define EP_GATED 1
 #define EP_NORM 2
+#define EP_POSTNORM 3
 #define EP_MAX_GROUPS 16  // groups a block's rows touch: at most 224 rows a block (the backend checks), so <= 8 a run
 struct Epilogue {
     int mode, act;
@@ -197,6 +211,9 @@ struct Epilogue {
     const float* w;
     float* xnew;
     float* ss;
+    const float* pw;  // EP_POSTNORM: the post-norm's weight, the scale (NULL: none) and the norms' eps
+    const float* ps;
+    float eps;
 };
 // blocks of rpb rows holding a row of group g: its rows, or (gated) its gate rows and its up rows
 __device__ int group_blocks(int g, int len, int rpb, bool gated) {
@@ -250,7 +267,80 @@ __device__ __forceinline__ void ep_code(const float* y, int len, int g, const Ep
     }
     q8_code(v, g, lane, x8);
 }
+// EP_POSTNORM's row: q8_add_normed's numbers with this block's threads (blockDim.x a power of two that divides
+// Q8_BLOCK): thread t runs that kernel's threads t + j blockDim.x (j < Q8_BLOCK / blockDim.x) in turn, each with
+// its values t + j blockDim.x + k Q8_BLOCK and its sums in the same order, and a warp's butterflies a virtual warp
+// at a time into block_reduce's slots, which are then added in block_reduce's order.
+#define Q8_BLOCK 1024  // q8_add_normed's block (quant_consts.Q8_THREADS)
+__device__ float postnorm_sum(const float* red) {  // block_reduce<false>'s total of the Q8_BLOCK threads' sums
+    __syncthreads();  // red's slots are written
+    float r = red[0];
+    for (int i = 1; i < Q8_BLOCK / 32; ++i) r += red[i];
+    return r;
+}
+// Out of line: it runs once a launch, and inlined it cost gemv1mc_q6_k a spill (sm_87: 98 registers -> 64 and 32
+// bytes spilled); the Epilogue by value: a reference gave it an address, so every thread of gemv1_chainc copied its
+// whole Chain into local memory at the start (162 STL.64) and gemv1m kept an 80-byte frame
+__device__ __noinline__ void postnorm_row(const float* y, int cols, const Epilogue ep) {
+    __shared__ float red[Q8_BLOCK / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    const int vts = Q8_BLOCK / blockDim.x;
+    for (int j = 0; j < vts; ++j) {
+        float ss = 0.f;
+        for (int i = threadIdx.x + j * blockDim.x; i < cols; i += Q8_BLOCK) {
+            const float v = __ldcg(y + i);
+            ss += v * v;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp + j * n_warps] = ss;
+    }
+    const float inv_y = rsqrtf(postnorm_sum(red) / cols + ep.eps);
+    const float scale = ep.ps == nullptr ? 1.f : *ep.ps;
+    __syncthreads();  // every thread has read red
+    for (int j = 0; j < vts; ++j) {
+        float ss = 0.f;
+        for (int i = threadIdx.x + j * blockDim.x; i < cols; i += Q8_BLOCK) {
+            const float v = __fmul_rn(__fadd_rn(__ldcg(ep.res + i), __fmul_rn(__fmul_rn(__ldcg(y + i), inv_y), ep.pw[i])), scale);
+            ep.xnew[i] = v;
+            ss += v * v;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp + j * n_warps] = ss;
+    }
+    const float inv = ep.w ? rsqrtf(postnorm_sum(red) / cols + ep.eps) : 1.f;
+    const X8At x8 = x8_row(ep.x8, cols);
+    for (int j = 0; j < vts; ++j) {
+        const int t = threadIdx.x + j * blockDim.x;  // its sub-blocks: (t >> 5) + k (Q8_BLOCK / 32), whole a warp
+        for (int k = 0; t + k * Q8_BLOCK < cols; ++k) {
+            const int i = t + k * Q8_BLOCK;
+            float v = ep.xnew[i];  // this thread's own store
+            if (ep.w) v = v * inv * ep.w[i];
+            q8_code(v, (t >> 5) + k * (Q8_BLOCK / 32), lane, x8);
+        }
+    }
+}
+__device__ void postnorm_epilogue(const float* y, int rows, int rpb, const Epilogue& ep) {
+    __shared__ int last;
+    __syncthreads();  // this block's rows of y are written
+    if (threadIdx.x == 0) {
+        last = count_acq_rel(ep.cnt) == (rows + rpb - 1) / rpb - 1;
+        if (last) ep.cnt[0] = 0;  // ready for the next launch (a graph replays this one)
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the other blocks' rows (their counts were acquired by thread 0)
+    postnorm_row(y, rows, ep);
+}
+// POST: the kernel has EP_POSTNORM (gemv1m's; in gemv1q's it put the accumulators in local memory, a 96-byte frame,
+// and the backend gives it no post-norm)
+template <bool POST>
 __device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue& ep, int blk) {
+    if constexpr (POST) {
+        if (ep.mode == EP_POSTNORM) {
+            postnorm_epilogue(y, rows, rpb, ep);
+            return;
+        }
+    }
     __shared__ int groups[EP_MAX_GROUPS], codes[EP_MAX_GROUPS];
     const int len = ep.mode == EP_GATED ? rows / 2 : rows;
     const int n = ep_groups(rows, rpb, blk, ep, groups, codes);
@@ -354,7 +444,7 @@ __device__ void gemv1_octets(const u8* W, const signed char* x8, float* y, int r
             y[r0] = s * inv;
         }
     }
-    if (ep.mode != EP_NONE) gemv_epilogue(y, rows, ((blockDim.x >> 5) / ks) * rpw, ep, blockIdx.x);
+    if (ep.mode != EP_NONE) gemv_epilogue<false>(y, rows, ((blockDim.x >> 5) / ks) * rpw, ep, blockIdx.x);
 }
 // Shared-memory staging of the one-token products' weights (Hopper): bulk copies (cp.async.bulk) that complete
 // on an mbarrier, so one lane can keep tens of KB in flight without holding them in registers.
@@ -774,7 +864,7 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
             if (row < rows) y[row] = v * inv;
         }
     }
-    if (ep.mode != EP_NONE) gemv_epilogue(y, rows, 16 * tpb, ep, blk);
+    if (ep.mode != EP_NONE) gemv_epilogue<true>(y, rows, 16 * tpb, ep, blk);
 #endif
 }
 
@@ -1013,8 +1103,8 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
     extern "C" __global__ void __launch_bounds__(512) OP##_##NAME(                                                 \
         const u8* W, const signed char* x8, float* y, int rows, int cols, int tpb, const float* nss, int n_ss,     \
         float eps, int ep_mode, int ep_act, signed char* ep_x8, int* ep_cnt, const float* ep_res, const float* ep_w, \
-        float* ep_xnew, float* ep_ss) {                                                                           \
-        const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                          \
+        float* ep_xnew, float* ep_ss, const float* ep_pw, const float* ep_ps, float ep_eps) {                     \
+        const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss, ep_pw, ep_ps, ep_eps};    \
         gemv1_mma<T, BULK>(W, x8, y, rows, cols, tpb, nss, n_ss, eps, ep, blockIdx.x, [] { GRID_DEP_START(); });  \
     }
 #define INSTANTIATE_N(T, NG, NAME, OP, BULK)                                                                      \
@@ -1022,7 +1112,7 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
         const u8* W, const signed char* x8, int n_tok, float* y, long long y_stride, int rows, int cols, int tpb,  \
         int sets, const float* nss, int n_ss, float eps, int ep_mode, int ep_act, signed char* ep_x8, int* ep_cnt,  \
         const float* ep_res, const float* ep_w, float* ep_xnew, float* ep_ss) {                                   \
-        const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                          \
+        const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss, nullptr, nullptr, 0.f};   \
         gemvn_mma<T, NG, BULK>(W, x8, n_tok, y, y_stride, rows, cols, tpb, sets, nss, n_ss, eps, ep);             \
     }
 #define INSTANTIATE_MMA(OP1, OPN, BULK)          \
@@ -1078,7 +1168,7 @@ struct Chain {
     int* sync;
     int n;
 };
-static_assert(sizeof(ChainOp) == 136 && sizeof(Chain) == 1104, "chain.py's OP and CHAIN describe these");
+static_assert(sizeof(ChainOp) == 160 && sizeof(Chain) == 1296, "chain.py's OP and CHAIN describe these");
 __device__ __forceinline__ int ld_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -1122,8 +1212,9 @@ extern "C" __global__ void __launch_bounds__(512) gemv1_chainc(const Chain c) {
     extern "C" __global__ void gemv1q_##NAME(const u8* W, const signed char* x8, float* y, int rows, int cols,  \
                                              long long row_bytes, int rpw, int ks, const float* nss, int n_ss,  \
                                              float eps, int ep_mode, int ep_act, signed char* ep_x8, int* ep_cnt, \
-                                             const float* ep_res, const float* ep_w, float* ep_xnew, float* ep_ss) { \
-        const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss};                        \
+                                             const float* ep_res, const float* ep_w, float* ep_xnew, float* ep_ss, \
+                                             const float* ep_pw, const float* ep_ps, float ep_eps) {             \
+        const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss, ep_pw, ep_ps, ep_eps};  \
         gemv1_octets<T>(W, x8, y, rows, cols, row_bytes, rpw, ks, nss, n_ss, eps, ep);                          \
     }
 INSTANTIATE_Q(12, q4_k)
