@@ -171,10 +171,12 @@ def _forward(
             if ple is None:
                 pending = Pending(down, post, scale)
             else:  # the per-layer input's branch reads the stream after the FFN's add; the scale comes after it
-                x, gate = _add_matmul(cfg, b, x, Pending(down, post), None, opt["ple_gate"])
+                up = ple[:, i]  # one view: the gate's product may code act(gate) * up for the very array
+                gated_up = NextInput(act=cfg.activation, up=up)
+                x, gate = _add_matmul(cfg, b, x, Pending(down, post), None, opt["ple_gate"], gated_up)
                 post = opt["ple_post_norm"]
                 then = None if nxt is None else _into(cfg, x, post, scale, nxt)
-                branch = b.gated_matmul(gate, cfg.activation, opt["ple_proj"], then, up=ple[:, i])  # act(gate) * ple_i
+                branch = b.gated_matmul(gate, cfg.activation, opt["ple_proj"], then, up=up)  # act(gate) * ple_i
                 pending = Pending(branch, post, scale)
             if interrupt is not None and interrupt():
                 raise Interrupted

@@ -30,10 +30,11 @@ Weight = Any
 
 @dataclass(frozen=True, eq=False)
 class NextInput:
-    """What the next operation does with a product's output: `gated_matmul(out, act, ...)` (act set),
-    `add_norm_matmul(residual, out, norm, eps, ...)` (norm set), or `add_normed_matmul(residual, out, post_norm,
-    eps, scale, norm, ...)` (post_norm set; norm may be None). A hint that lets a device backend prepare that
-    input as it writes the output (one pass less); results are the same with or without it."""
+    """What the next operation does with a product's output: `gated_matmul(out, act, ...)` (act set; with `up`,
+    `gated_matmul(out, act, ..., up=up)`: Gemma 4's per-layer input), `add_norm_matmul(residual, out, norm, eps,
+    ...)` (norm set), or `add_normed_matmul(residual, out, post_norm, eps, scale, norm, ...)` (post_norm set; norm
+    may be None). A hint that lets a device backend prepare that input as it writes the output (one pass less);
+    results are the same with or without it."""
 
     act: str | None = None
     residual: Array | None = None
@@ -41,6 +42,7 @@ class NextInput:
     eps: float = 0.0
     post_norm: Array | None = None
     scale: Array | None = None
+    up: Array | None = None
 
 
 class Backend(ABC):

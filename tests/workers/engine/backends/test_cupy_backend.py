@@ -917,6 +917,38 @@ def test_a_post_norms_product_codes_the_next_products_input(gpu, monkeypatch, qt
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+def test_a_gates_product_codes_act_of_it_times_a_separate_up(gpu, monkeypatch, kind):
+    """Gemma 4's per-layer input, one token: the gate's product (NextInput(act, up=ple_i)) codes act(gate) * ple_i
+    in its epilogue (EP_GATED_UP), so the next product launches no q8_input; the gate, and the next product's
+    output, are those of q8_input's coding, bit for bit; the group counters are back at zero."""
+    import cupy as cp
+
+    from genie_workers.engine.backends.base import NextInput
+
+    launched = []
+    real = type(gpu)._kernel_named
+    monkeypatch.setattr(gpu, "_kernel_named", lambda name: launched.append(name) or real(gpu, name))
+    rng = np.random.default_rng(11)
+    w_gate, _ = _quant_weight(Q.Q4_K, 256, 1536, rng)
+    w_proj, _ = _quant_weight(Q.Q4_K, 1536, 256, rng)
+    x = cp.asarray(rng.standard_normal((1, 1536), dtype=np.float32))
+    ple = cp.asarray(rng.standard_normal((1, 35, 256), dtype=np.float32))
+    up = ple[:, 7]
+    then = NextInput(act=kind, up=up)
+    assert gpu._epilogue_for(then, [w_gate]) is then
+    gate = gpu.matmul(x, w_gate, then)
+    launched.clear()
+    got = gpu.gated_matmul(gate, kind, w_proj, up=up)
+    assert "q8_input" not in launched
+    gate2 = gpu.matmul(x, w_gate)
+    launched.clear()
+    want = gpu.gated_matmul(gate2, kind, w_proj, up=up)
+    assert "q8_input" in launched
+    assert cp.array_equal(gate, gate2) and cp.array_equal(got, want)
+    assert not cp.asnumpy(gpu._ep_cnt).any()
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
 def test_gated_matmul_of_a_separate_up_has_the_numbers_of_gated_pair_then_the_product(gpu, kind):
     """Gemma 4's per-layer input: act(gate) * ple_i, ple_i a layer's column of [n, layers, P], coded by q8_input for
     one token; gated_pair then the product for a step's rows, each row its one-token numbers."""

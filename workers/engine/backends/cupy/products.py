@@ -20,6 +20,7 @@ from .core import Coded
 from .kernels import THREADS
 from .quant_consts import (
     _EP_GATED,
+    _EP_GATED_UP,
     _EP_NONE,
     _EP_NORM,
     _EP_POSTNORM,
@@ -181,12 +182,12 @@ class CupyProducts(CupyWeights):
             coded.x_new = cp.empty((1, w.rows), dtype=cp.float32)
             mode = _EP_POSTNORM
         elif then is not None:
-            len_ = w.rows // 2 if then.act is not None else w.rows
+            len_ = w.rows // 2 if then.act is not None and then.up is None else w.rows
             assert rows_per_block <= EP_MAX_ROWS and len_ % 32 == 0  # EP_MAX_GROUPS in quant.cu
             cp = self.xp
             coded = Coded(out, cp.empty(2 * len_ + len_ // 4, dtype=cp.int8), then)
             if then.act is not None:
-                mode, act = _EP_GATED, ACTIVATIONS[then.act]
+                mode, act = _EP_GATED if then.up is None else _EP_GATED_UP, ACTIVATIONS[then.act]
             else:
                 mode = _EP_NORM
                 coded.x_new = cp.empty((1, len_), dtype=cp.float32)
@@ -194,7 +195,7 @@ class CupyProducts(CupyWeights):
             if self._ep_cnt.size < len_ // 32:  # zero between launches (the coding blocks reset them)
                 self._ep_cnt = cp.zeros(len_ // 32, dtype=cp.int32)
                 self._version += 1  # captured steps hold the old counters
-        residual = None if then is None else then.residual
+        residual = None if then is None else then.residual if then.up is None else then.up
         grid = ((w.rows + rows_per_block - 1) // rows_per_block,)
         if mma_tiles:
             assert self.family.products is not None  # _mma_tiles is 0 where the family has none
@@ -249,9 +250,13 @@ class CupyProducts(CupyWeights):
         if then is None or not self.tuning.use_epilogues or len(parts) != 1:
             return None
         rows = parts[0].rows
+        cp = self.xp
+        if then.act is not None and then.up is not None:  # the output is the gate; the up a float32 row of its size
+            up = then.up
+            fits = up.dtype == cp.float32 and up.shape[-1] == rows and up.strides[-1] == 4 and rows % 32 == 0
+            return then if fits and then.act in ACTIVATIONS else None
         if then.act is not None:
             return then if rows % 64 == 0 and then.act in ACTIVATIONS else None
-        cp = self.xp
         if then.post_norm is not None:
             vectors = [then.post_norm, *(v for v in (then.norm,) if v is not None)]
             probe = self._ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
@@ -466,6 +471,9 @@ class CupyProducts(CupyWeights):
         if up is not None:  # rows: gated_pair, then their product; one token: q8_input takes up beside the gate
             if gate_up.shape[0] > 1 or not self._fusable(gate_up, w) or up.dtype != cp.float32 or up.strides[-1] != 4:
                 return super().gated_matmul(gate_up, kind, w, then, up)
+            c = None if coded is None else coded.then
+            if c is not None and coded.out is gate_up and c.act == kind and c.up is up:  # type: ignore[union-attr]
+                return self._matmul_q8(coded.x8, w.parts if isinstance(w, GroupWeight) else [w], then=then)
             gate = cp.ascontiguousarray(gate_up, dtype=cp.float32)
             x8 = self._q8_input(gate, gate.shape[1], r=up, mode=_X_GATED, act=ACTIVATIONS[kind])
             return self._matmul_q8(x8, w.parts if isinstance(w, GroupWeight) else [w], then=then)

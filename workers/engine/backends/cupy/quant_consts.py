@@ -5,7 +5,7 @@ from gguf import GGMLQuantizationType
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the kernels' activation codes (common.cuh)
 _X_GATED, _X_NORM = 1, 2  # q8_input's modes in quant.cu (X_NORM_LATE: rows.py)
-_EP_NONE, _EP_GATED, _EP_NORM, _EP_POSTNORM = 0, 1, 2, 3  # the dp4a products' epilogues (quant.cu)
+_EP_NONE, _EP_GATED, _EP_NORM, _EP_POSTNORM, _EP_GATED_UP = 0, 1, 2, 3, 4  # the dp4a products' epilogues (quant.cu)
 Q8_THREADS = 1024  # q8_input's block (a block an input row)
 EP_MAX_ROWS = 224  # rows a block of a product with an epilogue (EP_MAX_GROUPS in quant.cu: 8 groups a run)
 MMA_UNITS = 10  # MMA_U: 256-value units a column stage of gemv1m and gemvn (a Qwen3 row of 2 560 values is one)

@@ -126,8 +126,10 @@ def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeigh
                 if b - a == 1:
                     gpu._gemv1q(part, x8[0], out[a, col0:], None if ss is None else ss[0], inp.eps, alone=alone)
                 else:
-                    # gemvn's epilogue codes groups; a post-norm's consumer codes the rows (add_normed_matmul)
-                    ep = alone if calls == [(0, n)] and (alone is None or alone.post_norm is None) else None
+                    # gemvn's epilogue codes groups of its own output; a post-norm's consumer codes the rows
+                    # (add_normed_matmul), a separate up's gated_pair and q8_input
+                    one = alone is None or (alone.post_norm is None and alone.up is None)  # group epilogues alone
+                    ep = alone if calls == [(0, n)] and one else None
                     coded = gemvn(gpu, part, x8, b - a, out[a:b, col0:], ss, inp.eps, ep)
                 col0 += part.rows
         else:

@@ -198,10 +198,13 @@ __device__ __forceinline__ void next_unit(int& r, int& b, int nb, int n_rows) {
 // blocks to count itself in cnt[0]) computes the row's x' = (res + rms_norm(y) * pw) * ps (ps NULL: no scale)
 // into xnew and codes x' normed by w (w NULL: x' itself), as q8_add_normed does (postnorm_row): the launch of
 // add_normed and the consumer's coding is gone, and on 8.x a chain runs on through the post-norm.
+// EP_GATED_UP: the output is the gate alone and res the up (Gemma 4's per-layer input): the group is
+// act(gate) * up, as q8_input's X_GATED with its r codes it.
 #define EP_NONE 0
 #define EP_GATED 1
 #define EP_NORM 2
 #define EP_POSTNORM 3
+#define EP_GATED_UP 4
 #define EP_MAX_GROUPS 16  // groups a block's rows touch: at most 224 rows a block (the backend checks), so <= 8 a run
 struct Epilogue {
     int mode, act;
@@ -250,13 +253,15 @@ __device__ int ep_groups(int rows, int rpb, int blk, const Epilogue& ep, int* gr
     return n;
 }
 // Group g of one token's consumer input coded by a warp: y the token's product output (rows values), x8 where
-// its code goes (len = the consumer's values), res / xnew / ss its rows
+// its code goes (len = the consumer's values), res / xnew / ss its rows. UP: the kernel has EP_GATED_UP (the
+// one-token products'; in gemvn's it only moved registers: gemvnc3_q4_k spilled 8 bytes more on sm_87)
+template <bool UP>
 __device__ __forceinline__ void ep_code(const float* y, int len, int g, const Epilogue& ep, const X8At& x8,
                                         const float* res, float* xnew, float* ss) {
     const int lane = threadIdx.x & 31, i = 32 * g + lane;
     float v;
-    if (ep.mode == EP_GATED) {
-        v = gated(__ldcg(y + i), __ldcg(y + len + i), ep.act);
+    if (ep.mode == EP_GATED || (UP && ep.mode == EP_GATED_UP)) {  // the up: y's second half, or res
+        v = gated(__ldcg(y + i), !UP || ep.mode == EP_GATED ? __ldcg(y + len + i) : __ldcg(res + i), ep.act);
     } else {
         v = __ldcg(y + i);
         if (res) v += __ldcg(res + i);  // through L2: a chain's earlier product may have written it (gemv1_chainc)
@@ -348,7 +353,7 @@ __device__ void gemv_epilogue(const float* y, int rows, int rpb, const Epilogue&
     for (int k = warp; k < n; k += blockDim.x >> 5) {
         if (!codes[k]) continue;
         __threadfence();  // the other blocks' rows (their counts were acquired by this block's thread k)
-        ep_code(y, len, groups[k], ep, x8_row(ep.x8, len), ep.res, ep.xnew, ep.ss);
+        ep_code<true>(y, len, groups[k], ep, x8_row(ep.x8, len), ep.res, ep.xnew, ep.ss);
     }
 }
 // The n-token product's epilogue: gemv_epilogue for each of the n_tok tokens of the block's set (their rows are
@@ -366,7 +371,7 @@ __device__ void gemvn_epilogue(const float* y, long long y_stride, int n_tok, in
         if (!codes[k]) continue;
         __threadfence();
         const long long r = (long long)t * len;
-        ep_code(y + t * y_stride, len, groups[k], ep, x8_quad(ep.x8, t, len), ep.res ? ep.res + r : nullptr,
+        ep_code<false>(y + t * y_stride, len, groups[k], ep, x8_quad(ep.x8, t, len), ep.res ? ep.res + r : nullptr,
                 ep.xnew ? ep.xnew + r : nullptr, ep.ss ? ep.ss + r / 32 : nullptr);
     }
 }
