@@ -284,11 +284,14 @@ from genie_workers.engine.backends.cupy import CupyBackend, QuantWeight
 from genie_workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q8_rows
 
 gpu, rng = CupyBackend(), np.random.default_rng(0)
-for qtype, cols in ((Q.Q4_K, 512), (Q.Q4_K, 4096), (Q.Q6_K, 512)):
-    w = QuantWeight(cp.asarray(random_blocks(qtype, 256, cols, rng).reshape(-1)), qtype, 256, cols)
+# 256 rows: prompt chunks in sets of 1 or 2 groups; 1 024 and 19 456 rows (64 and 1 216 tiles): sets of 3, 5 and 8
+shapes = [(Q.Q4_K, 256, 512), (Q.Q4_K, 256, 4096), (Q.Q6_K, 256, 512)]
+shapes += [(q, rows, 512) for q in (Q.Q4_K, Q.Q6_K) for rows in (1024, 19456)]
+for qtype, rows, cols in shapes:
+    w = QuantWeight(cp.asarray(random_blocks(qtype, rows, cols, rng).reshape(-1)), qtype, rows, cols)
     for n in (5, 9, 10, 11, 12, 13, 17, 21, 26, 33, 40, 45, 57, 64):
         x8, ss = q8_rows(gpu, RowsInput(cp.asarray(rng.standard_normal((n, cols), dtype=np.float32)), X_PLAIN), 0, n)
-        gemvn(gpu, w, x8, n, cp.empty((n, 256), dtype=cp.float32), ss, 1e-6)
+        gemvn(gpu, w, x8, n, cp.empty((n, rows), dtype=cp.float32), ss, 1e-6)
 cp.cuda.Device().synchronize()
 """
 

@@ -72,16 +72,32 @@ def test_the_n_token_products_groups_a_block_by_matrix_and_tokens():
 
 def test_a_prompt_chunks_sets_of_groups_weigh_the_weights_passes_against_empty_groups_and_idle_slots():
     """gemvn's groups a block for a prompt chunk (more than four groups; no GPU: the rule alone), for the 4B's
-    matrices with 8.x's instantiations: 40 tokens of gate_up (1 216 tiles) in 2 sets of 5 on an H100 (264 block
-    slots) and on an 8-SM Orin (16), 64 tokens in 2 sets of 8; v (64 tiles) in sets of 3, four sets that still
-    fill the H100's slots in one wave (sets of 5: the same wave, a longer tile); 9.0's, of 1, 2 and 4: 4."""
+    matrices with 8.x's instantiations (9.0's too, the counts past 4 in their cp.async form): 40 tokens of gate_up
+    (1 216 tiles) in 2 sets of 5 on an H100 (264 block slots) and on an 8-SM Orin (16), 64 tokens in 2 sets of 8;
+    v (64 tiles) in sets of 3, four sets that still fill the H100's slots in one wave (sets of 5: the same wave, a
+    longer tile); of 1, 2 and 4 alone: 4."""
     from genie_workers.engine.backends.cupy.rows import prompt_groups
 
     q4, q6 = AMPERE.n_groups
+    assert HOPPER.n_groups == AMPERE.n_groups
     assert prompt_groups(q4, 10, 1216, 264) == prompt_groups(q4, 10, 1216, 16) == 5
     assert prompt_groups(q4, 16, 1216, 264) == 8
     assert prompt_groups(q6, 10, 64, 264) == 3
-    assert prompt_groups(HOPPER.n_groups[0], 10, 1216, 264) == 4
+    assert prompt_groups((1, 2, 4), 10, 1216, 264) == 4
+
+
+def test_9_0_takes_the_cp_async_form_where_the_bulk_one_spills():
+    """The n-token product's name a count of groups: 9.0's bulk gemvn at 1, 2 and 4 groups, its cp.async gemvnc at 3,
+    5 and 8 (quant.cu instantiates those under PATHS_90); 8.x's gemvnc at every count."""
+    assert [HOPPER.gemvn(g) for g in (1, 2, 3, 4, 5, 8)] == [
+        "gemvn1",
+        "gemvn2",
+        "gemvnc3",
+        "gemvn4",
+        "gemvnc5",
+        "gemvnc8",
+    ]
+    assert [AMPERE.gemvn(g) for g in (1, 3, 8)] == ["gemvnc1", "gemvnc3", "gemvnc8"]
 
 
 @pytest.mark.parametrize(

@@ -275,7 +275,7 @@ def gemvn(
             gpu._version += 1  # captured steps hold the old counters
     smem = gemvn_smem(gpu, w, threads, ng)
     assert gpu.family.products is not None  # gemvn runs where _mma_tiles found the tensor-core products
-    kernel = gpu._kernel(f"{gpu.family.products[1]}{ng}", w.qtype)
+    kernel = gpu._kernel(gpu.family.gemvn(ng), w.qtype)
     kernel.allow_smem(smem)
     kernel(
         (-(-w.rows // (16 * tpb)) * sets,),

@@ -1131,11 +1131,18 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
     INSTANTIATE_N(14, 4, q6_k, OPN, BULK)
 #if PATHS_90
 INSTANTIATE_MMA(gemv1m, gemvn, true)
+// a prompt chunk's sets of 3, 5 and 8 groups by cp.async (family.n_cp_async): their bulk forms spill (sm_90: 148
+// bytes at 5 groups, 356 at 8), these not or hardly (3: 0; 5: 20 for Q4_K, 12 for Q6_K; 8: 4)
+INSTANTIATE_N(12, 3, q4_k, gemvnc, false)
+INSTANTIATE_N(12, 5, q4_k, gemvnc, false)
+INSTANTIATE_N(12, 8, q4_k, gemvnc, false)
+INSTANTIATE_N(14, 3, q6_k, gemvnc, false)
+INSTANTIATE_N(14, 5, q6_k, gemvnc, false)
 #else
 INSTANTIATE_MMA(gemv1mc, gemvnc, false)
 // 8.x's prompt chunks (more than four groups) take sets of 3, 5 and, for Q4_K, 8 groups too (rows.prompt_groups,
 // KernelFamily.n_groups): under __launch_bounds__(512)'s 128 registers these spill at most 16 bytes on sm_87 and
-// sm_86 (Q6_K at 8 spills 424; on sm_90 Q4_K at 5 spills 148, so 9.0 keeps 1, 2 and 4)
+// sm_86 (Q6_K at 8 spills 424; on sm_90 their bulk form spills more: 9.0 takes these cp.async ones, above)
 INSTANTIATE_N(12, 3, q4_k, gemvnc, false)
 INSTANTIATE_N(12, 5, q4_k, gemvnc, false)
 INSTANTIATE_N(12, 8, q4_k, gemvnc, false)
