@@ -465,10 +465,23 @@ __device__ __forceinline__ void dec_head(int g, int kvh, int ranks, float* out, 
     float v[DPL];
 #pragma unroll
     for (int e = 0; e < DPL; ++e) v[e] = 0.f;
-    for (int p = 0; p < ranks; ++p) {
-        const float wp = __shfl_sync(FULL, w, p);
+    // RB ranks' rows loaded before any is added (32 registers), then added in rank order: a row comes from L2
+    // (attention_decg's parts) or a peer's shared memory, and loaded as it was added the merge waited a round trip
+    // every rank or two (32 ranks at depth 4 096 on 8.x); the same FMAs in the same order, so the same numbers
+    constexpr int RB = DPL >= 32 ? 1 : 32 / DPL;
+    for (int p0 = 0; p0 < ranks; p0 += RB) {
+        float a[RB][DPL];
 #pragma unroll
-        for (int e = 0; e < DPL; ++e) v[e] += acc_of(p, e) * wp;
+        for (int q = 0; q < RB; ++q)
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) a[q][e] = p0 + q < ranks ? acc_of(p0 + q, e) : 0.f;
+#pragma unroll
+        for (int q = 0; q < RB; ++q) {
+            if (p0 + q >= ranks) break;  // the same for every lane
+            const float wp = __shfl_sync(FULL, w, p0 + q);
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) v[e] += a[q][e] * wp;
+        }
     }
     const float inv = 1.f / lsum;
 #pragma unroll
