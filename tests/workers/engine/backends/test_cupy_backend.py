@@ -183,17 +183,19 @@ def test_a_retuned_compiled_size_builds_its_module_again_with_the_same_numbers(g
 
 
 def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatch):
-    """On 8.x, a layer's o -> gate/up -> down -> next layer's q/k and v (each coding the next one's input) go out as
-    one gemv1_chainc launch of five products (chain.py), v on the blocks after q/k's, and every output is what the
-    five launches alone give, bit for bit; a product that nothing reads next sends what is held at once."""
+    """On 8.x (on 9.0 with CupyTuning.chains_90, a bench's knob), a layer's o -> gate/up -> down -> next layer's q/k
+    and v (each coding the next one's input) go out as one gemv1_chainc launch of five products (chain.py), v on the
+    blocks after q/k's, and every output is what the five launches alone give, bit for bit; a product that nothing
+    reads next sends what is held at once."""
     import cupy as cp
 
     from genie_workers.engine.backends.base import NextInput
     from genie_workers.engine.backends.cupy import GroupWeight
     from genie_workers.engine.backends.cupy.chain import Chain
 
-    if not gpu.family.chains:
-        pytest.skip("products are chained on the 8.x paths (GENIE_CUDA_COMPAT=sm87 on a 9.0 GPU)")
+    if gpu.family.products is None:
+        pytest.skip("chains hold the tensor-core products (compute capability 8.0 or later)")
+    knob = {} if gpu.family.chains else {"chains_90": True}  # 9.0: the bench's knob
     rng = np.random.default_rng(7)
     d, ffn, eps = 1024, 2048, 1e-6
 
@@ -222,9 +224,9 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
         x2, q = gpu.add_norm_matmul(x1, ffn_out, norm2, eps, qkv)
         return [cp.asnumpy(a) for a in (o, x1, gu, ffn_out, x2, q)]
 
-    default = gpu.tuning.use_chains
+    before = gpu.tuning
     try:
-        gpu.retune(use_chains=True)
+        gpu.retune(use_chains=True, **knob)
         chained = layer()
         assert launched == [5]
         assert bases == [[0, 0, 0, 0, 80]]  # q/k's 80 tiles of 16 rows a block each, then v's 16 beside them
@@ -232,7 +234,7 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
         alone = layer()
         assert launched == [5]
     finally:
-        gpu.retune(use_chains=default)
+        gpu.retune(use_chains=before.use_chains, chains_90=before.chains_90)
     for got, want in zip(chained, alone, strict=True):
         np.testing.assert_array_equal(got, want)
 

@@ -1,4 +1,5 @@
-"""One-token products chained into one launch on compute capability 8.x (quant.cu's gemv1_chainc).
+"""One-token products chained into one launch on compute capability 8.x (quant.cu's gemv1_chainc); on 9.0 where a
+bench asks (CupyTuning.chains_90).
 
 8.x has no programmatic dependent launch, so each product kernel of a decode step starts only once the one
 before has drained, and its first weights are requested only then. A product whose output only the next

@@ -30,7 +30,8 @@ class KernelFamily:
     # decoded +0-3 % with the same numbers (bench/NOTES.md v28); 9.0 keeps the chain, not measured otherwise
     mma_ilp: bool
     # one-token products that feed each other in one launch (chain.py, gemv1_chainc): 8.x, which has no
-    # programmatic dependent launch to start a product's weights before its predecessor ends
+    # programmatic dependent launch to start a product's weights before its predecessor ends (9.0: a bench's
+    # knob, CupyTuning.chains_90)
     chains: bool
     # gemvn's instantiations for Q4_K and Q6_K: groups of four tokens a block (quant.cu). A prompt chunk of more than
     # four groups takes the count rows.prompt_groups finds fastest; a step's decode rows take 1, 2 or 4

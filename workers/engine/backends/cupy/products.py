@@ -204,7 +204,8 @@ class CupyProducts(CupyWeights):
             kernel.allow_smem(smem)
             head: tuple = (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int32(mma_tiles))
             launch = partial(kernel, grid, (threads,), shared_mem=smem)
-            if hold and self.family.chains and self.tuning.use_chains:  # one launch with its consumer (chain.py)
+            chains = self.family.chains or self.tuning.chains_90
+            if hold and chains and self.tuning.use_chains:  # one launch with its consumer (chain.py)
                 launch = partial(self._hold, kernel, int(w.qtype), grid[0], threads, smem)
         else:
             head = (

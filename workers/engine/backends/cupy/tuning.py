@@ -50,6 +50,9 @@ class CupyTuning:
     # ... and, where the kernel family chains (8.x), run in one launch with it (chain.py): +11 % decode on the 8.x
     # paths with the same logits (bench/NOTES.md v25, and 2026-12-06 for the sm87 GPU suite with it on)
     use_chains: bool = True
+    # ... on 9.0 too, in the chain's cp.async form (the same numbers), where its products otherwise overlap by
+    # programmatic dependent launch alone: a bench's knob, not measured yet (bench/NOTES.md)
+    chains_90: bool = False
     # Q4_K/Q6_K products on the tensor cores (gemv1m, gemvn; 8.0 and later)
     use_mma: bool = True
     mma_threads: int = 256

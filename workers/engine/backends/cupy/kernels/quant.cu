@@ -1148,8 +1148,10 @@ INSTANTIATE_N(12, 5, q4_k, gemvnc, false)
 INSTANTIATE_N(12, 8, q4_k, gemvnc, false)
 INSTANTIATE_N(14, 3, q6_k, gemvnc, false)
 INSTANTIATE_N(14, 5, q6_k, gemvnc, false)
+#endif
 
-// Several one-token products in one launch (8.x, which has no programmatic dependent launch): a decode layer's
+// Several one-token products in one launch (8.x, which has no programmatic dependent launch; 9.0 where a bench asks,
+// CupyTuning.chains_90: their cp.async form there too): a decode layer's
 // o, gate/up and down and the next layer's q/k and v, each coding the next one's input in its epilogue. Every
 // block of the launch is resident at once (the backend checks the occupancy), and block b runs block b - base of
 // each product's own grid in turn (a product that does not read its predecessor may start where that one's
@@ -1216,7 +1218,6 @@ extern "C" __global__ void __launch_bounds__(512) gemv1_chainc(const Chain c) {
         }
     }
 }
-#endif
 
 // The one-token products of the dp4a types, on an x8 buffer from q8_input or a producer's epilogue:
 // gemv1q_q4_k, gemv1q_q6_k (gemv1m_* above is the tensor-core form, for compute capability 9.0).
