@@ -874,11 +874,11 @@ def test_add_normed_matmul_one_launch_has_the_numbers_of_its_two(gpu, monkeypatc
 @pytest.mark.parametrize(("qtype", "d"), [(Q.Q4_K, 768), (Q.Q4_K, 1536), (Q.Q6_K, 2048), (Q.Q4_K, 4096)])
 @pytest.mark.parametrize("block", ["256", "512", "dp4a"])
 def test_a_post_norms_product_codes_the_next_products_input(gpu, monkeypatch, qtype, d, normed, scaled, block):
-    """One token: a product whose output joins the stream by a post-norm (NextInput.post_norm, Gemma's o, down and
-    PLE products) computes x' and the next product's codes in its last block, so the consumer launches no
-    q8_add_normed; its output, x' and the consumer's output are those of the two launches, bit for bit. gemv1m's
-    blocks of 256 and of 512 threads (each emulates q8_add_normed's 1 024); the dp4a product (gemv1q) takes no
-    post-norm: the consumer's q8_add_normed codes x'."""
+    """With CupyTuning.post_epilogues (off by default), one token: a product whose output joins the stream by a
+    post-norm (NextInput.post_norm, Gemma's o, down and PLE products) computes x' and the next product's codes in
+    its last block, so the consumer launches no q8_add_normed; its output, x' and the consumer's output are those of
+    the two launches, bit for bit. gemv1m's blocks of 256 and of 512 threads (each emulates q8_add_normed's 1 024);
+    the dp4a product (gemv1q) takes no post-norm: the consumer's q8_add_normed codes x'."""
     import cupy as cp
 
     from genie_workers.engine.backends.base import NextInput
@@ -898,7 +898,7 @@ def test_a_post_norms_product_codes_the_next_products_input(gpu, monkeypatch, qt
     then = NextInput(residual=x, norm=norm, eps=1e-6, post_norm=pw, scale=scale)
     tunings = {"256": {}, "512": {"mma_threads": 512, "mma_blocks_per_sm": 1}, "dp4a": {"use_mma": False}}
     before = gpu.tuning
-    gpu.retune(**tunings[block])
+    gpu.retune(post_epilogues=True, **tunings[block])
     try:
         assert block == "dp4a" or gpu._mma_shape(producer)[1] == int(block)
         taken = gpu._epilogue_for(then, [producer])
@@ -910,7 +910,12 @@ def test_a_post_norms_product_codes_the_next_products_input(gpu, monkeypatch, qt
         x2, out2 = gpu.add_normed_matmul(x, y2, pw, 1e-6, scale, norm, consumer)
         assert launched.count("q8_add_normed") == 1 + (block == "dp4a")
     finally:
-        gpu.retune(use_mma=before.use_mma, mma_threads=before.mma_threads, mma_blocks_per_sm=before.mma_blocks_per_sm)
+        gpu.retune(
+            use_mma=before.use_mma,
+            mma_threads=before.mma_threads,
+            mma_blocks_per_sm=before.mma_blocks_per_sm,
+            post_epilogues=before.post_epilogues,
+        )
     assert cp.array_equal(y, y2) and cp.array_equal(x1, x2) and cp.array_equal(out1, out2)
     s = cp.asnumpy(x).astype(np.float64) + _rms_norm64(cp.asnumpy(y), cp.asnumpy(pw), 1e-6)
     s *= 0.37 if scaled else 1.0

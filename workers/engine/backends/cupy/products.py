@@ -246,8 +246,8 @@ class CupyProducts(CupyWeights):
     def _epilogue_for(self, then: NextInput | None, parts: list[QuantWeight]) -> NextInput | None:
         """`then` where one product's kernel can code its consumer's input: a single matrix whose output (act:
         each half) is whole 32-value groups; a norm's residual and weight float32 vectors of the output's size;
-        a post-norm's also its weight (and scale) such, where gemv1m takes the product (quant.cu's EP_POSTNORM is
-        its epilogue's alone) with a block that divides q8_add_normed's."""
+        a post-norm's also its weight (and scale) such, where the tuning asks (post_epilogues) and gemv1m takes the
+        product (quant.cu's EP_POSTNORM is its epilogue's alone) with a block that divides q8_add_normed's."""
         if then is None or not self.tuning.use_epilogues or len(parts) != 1:
             return None
         rows = parts[0].rows
@@ -259,6 +259,8 @@ class CupyProducts(CupyWeights):
         if then.act is not None:
             return then if rows % 64 == 0 and then.act in ACTIVATIONS else None
         if then.post_norm is not None:
+            if not self.tuning.post_epilogues:
+                return None
             vectors = [then.post_norm, *(v for v in (then.norm,) if v is not None)]
             probe = self._ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
             if rows % 32 or then.residual is None or not self._mma_tiles(parts[0], probe, then):
@@ -416,15 +418,16 @@ class CupyProducts(CupyWeights):
         w: QuantWeight | GroupWeight,
         then: NextInput | None = None,
     ) -> tuple[Any, Any]:
-        # one token: x' and its codes as y's product coded them in its last block (NextInput.post_norm), else the
-        # add and the coding in one launch (q8_add_normed), the numbers of add_normed's and q8_input's two; a step's
-        # rows: q8_add_normed, a block a row, where one gemvn launch takes them all (rows.py)
+        # one token: x' and its codes as y's product coded them in its last block (NextInput.post_norm, where
+        # tuning.post_epilogues asks), else the add and the coding in one launch (q8_add_normed), the numbers of
+        # add_normed's and q8_input's two; a step's rows: q8_add_normed, a block a row, where one gemvn launch
+        # takes them all (rows.py)
         if y_norm is not None and x.shape[0] == 1 and self._fusable(x, w):
             cp = self.xp
             parts = w.parts if isinstance(w, GroupWeight) else [w]
             coded = self._take_coded()
             c = None if coded is None else coded.then
-            if c is not None and c.post_norm is y_norm and coded.out is y and c.residual is x:  # type: ignore[union-attr]
+            if coded is not None and c is not None and c.post_norm is y_norm and coded.out is y and c.residual is x:
                 if c.scale is scale and c.norm is norm and c.eps == eps:
                     return coded.x_new, self._matmul_q8(coded.x8, parts, then=then)
             if x.shape[1] <= QA_MAX_COLS:
@@ -473,7 +476,7 @@ class CupyProducts(CupyWeights):
             if gate_up.shape[0] > 1 or not self._fusable(gate_up, w) or up.dtype != cp.float32 or up.strides[-1] != 4:
                 return super().gated_matmul(gate_up, kind, w, then, up)
             c = None if coded is None else coded.then
-            if c is not None and coded.out is gate_up and c.act == kind and c.up is up:  # type: ignore[union-attr]
+            if coded is not None and c is not None and coded.out is gate_up and c.act == kind and c.up is up:
                 return self._matmul_q8(coded.x8, w.parts if isinstance(w, GroupWeight) else [w], then=then)
             gate = cp.ascontiguousarray(gate_up, dtype=cp.float32)
             x8 = self._q8_input(gate, gate.shape[1], r=up, mode=_X_GATED, act=ACTIVATIONS[kind])
