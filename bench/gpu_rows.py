@@ -1,9 +1,10 @@
 """The n-token products on the GPU (gemvn, kernels/quant.cu; backends/cupy/rows.py) against the one-token gemv1m, on
-the Q4_K and Q6_K matrix shapes of Qwen3-4B: microseconds a product and the weights' GB/s, for 1 (gemv1m) and
-2 / 4 / 8 / 16 tokens (gemvn), each captured as a graph of one product a copy of the matrix (> 4x the L2, so
-every launch reads its weights from HBM, as a decode step does) and replayed.
+the Q4_K and Q6_K matrix shapes of Qwen3-4B (or --model gemma4-e2b's): microseconds a product and the weights'
+GB/s, for 1 (gemv1m) and 2 / 4 / 8 / 16 tokens (gemvn), each captured as a graph of one product a copy of the
+matrix (> 4x the L2, so every launch reads its weights from HBM, as a decode step does) and replayed.
 
-    python bench/gpu_rows.py [--tokens 1 2 4 8 16 32] [--groups 1|2|4] [--only gate_up] [--tune KNOB:VALUE,...]
+    python bench/gpu_rows.py [--model qwen3-4b|gemma4-e2b] [--tokens 1 2 4 8 16 32] [--groups 1|2|4] [--only gate_up]
+                             [--tune KNOB:VALUE,...]
 
 --tune: CupyTuning fields (bench/gpu_variants.py's knobs), e.g. gemvn_groups_wide:2.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -23,6 +25,24 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_gemv import SHAPES  # noqa: E402
 from synthetic import _blocks  # noqa: E402
+
+Q = GGMLQuantizationType
+# Gemma 4 E2B's products (bench/NOTES-gemma4.md §1.1: d 1 536, 8 heads of 256 / 512, FFN 6 144 and 12 288 in the
+# 20 shared layers, per-layer inputs of 256): q / k / v of a sliding layer together, o of a global layer, and the
+# down and PLE matrices, whose 1 536 rows are 96 tiles of 16 for the GPU's block slots
+E2B_SHAPES = [
+    ("qkv 2560x1536", Q.Q4_K, 2560, 1536),
+    ("o 1536x2048", Q.Q4_K, 1536, 2048),
+    ("o global 1536x4096", Q.Q4_K, 1536, 4096),
+    ("gate_up 12288x1536", Q.Q4_K, 12288, 1536),
+    ("gate_up shared 24576x1536", Q.Q4_K, 24576, 1536),
+    ("down 1536x6144", Q.Q4_K, 1536, 6144),
+    ("down shared 1536x12288", Q.Q4_K, 1536, 12288),
+    ("down shared 1536x12288", Q.Q6_K, 1536, 12288),
+    ("ple gate 256x1536", Q.Q4_K, 256, 1536),
+    ("ple proj 1536x256", Q.Q4_K, 1536, 256),
+    ("output 262144x1536", Q.Q6_K, 262144, 1536),
+]
 
 
 def replay_us(backend: Any, run: Any, n_launches: int) -> float:
@@ -43,6 +63,7 @@ def replay_us(backend: Any, run: Any, n_launches: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("qwen3-4b", "gemma4-e2b"), default="qwen3-4b", help="whose matrix shapes")
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     p.add_argument(
         "--groups", type=int, default=0, help="gemvn_groups, _staged and _wide, all three (0: the backend's)"
@@ -69,7 +90,7 @@ def main() -> None:
     print("µs a product (GB/s of its weights); 1 token: gemv1m, more: gemvn")
     print("| matrix | type | MB | " + " | ".join(f"{n} tok" for n in args.tokens) + " |")
     print("|" + "---|" * (3 + len(args.tokens)), flush=True)
-    for label, qtype, rows, cols in SHAPES:
+    for label, qtype, rows, cols in E2B_SHAPES if args.model == "gemma4-e2b" else SHAPES:
         if args.only not in label:
             continue
         block = _blocks(qtype, rows, cols, rng).reshape(-1)
