@@ -50,7 +50,8 @@ def test_a_knob_set_on_the_backend_is_an_error_not_ignored():
 
 def test_the_n_token_products_groups_a_block_by_matrix_and_tokens():
     """gemvn's groups of four tokens a block (no GPU: the rule alone), for the 4B's matrices on an H200 (132 SMs,
-    two blocks an SM): two for most, four for the Q4_K matrices of several column stages (o, down) at any count,
+    two blocks an SM): two for most, four for the Q4_K matrices of several column stages (o, down) at any count
+    (two where twice their tiles fit the slots),
     and for gate_up (1 216 tiles, over four a block slot) up to 16 tokens; never more than the groups there are;
     every choice follows the tuning."""
     from gguf import GGMLQuantizationType as Q
@@ -68,6 +69,10 @@ def test_the_n_token_products_groups_a_block_by_matrix_and_tokens():
     wide_off = CupyTuning(gemvn_groups_wide=2)
     assert groups_a_block(wide_off, Q.Q4_K, *gate_up, 16, slots) == 2
     assert groups_a_block(t, Q.Q4_K, *gate_up, 16, 4 * slots) == 2  # a GPU with four times the slots
+    # E2B's down (96 tiles of 12 288 values): 2 sets of 2 groups where twice its tiles fit the slots (an H100's),
+    # else (an Orin's 16 slots) one of 4 as the 4B's
+    e2b_down = (96, 12288)
+    assert groups_a_block(t, Q.Q4_K, *e2b_down, 16, slots) == 2 and groups_a_block(t, Q.Q4_K, *e2b_down, 16, 16) == 4
 
 
 def test_a_prompt_chunks_sets_of_groups_weigh_the_weights_passes_against_empty_groups_and_idle_slots():

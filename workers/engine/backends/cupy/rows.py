@@ -205,12 +205,14 @@ def groups_that_fit(gpu: CupyProducts, w: QuantWeight, threads: int, ng: int) ->
 def groups_a_block(tuning: CupyTuning, qtype: GGMLQuantizationType, tiles: int, cols: int, n: int, slots: int) -> int:
     """Groups of four tokens a block of gemvn takes for n tokens of a matrix of `tiles` tiles of 16 rows of
     `cols` values, with `slots` blocks resident on the GPU at once: 1, 2 or 4, at most the groups there are.
-    gemvn_groups_staged for a Q4_K matrix whose rows take several column stages, gemvn_groups_wide for one of at
-    least four tiles a slot at up to 16 tokens (gate_up), else gemvn_groups (bench/NOTES.md v17, v20)."""
+    gemvn_groups_staged for a Q4_K matrix whose rows take several column stages (at most 2 where twice its tiles
+    fit the slots: E2B's down and global o, 96 tiles, on an H100's 264 slots, 16 tokens 23.1 -> 17.4 and 8.0 -> 6.5
+    µs as 2 sets; the 4B's 160 tiles keep 4, v17), gemvn_groups_wide for one of at least four tiles a slot at up to
+    16 tokens (gate_up), else gemvn_groups (bench/NOTES.md v17, v20; NOTES-gemma4.md §14)."""
     groups = -(-n // 4)
     q4 = qtype == GGMLQuantizationType.Q4_K
     if q4 and cols > MMA_UNITS * 256:  # rows of several column stages
-        most = tuning.gemvn_groups_staged
+        most = tuning.gemvn_groups_staged if 2 * tiles > slots else min(2, tuning.gemvn_groups_staged)
     elif q4 and groups <= 4 and tiles >= 4 * slots:  # many tiles a block slot, up to 16 tokens
         most = tuning.gemvn_groups_wide
     else:
