@@ -17,32 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_gemv import SHAPES  # noqa: E402
+from gpu_gemv import E2B_SHAPES, SHAPES  # noqa: E402
 from synthetic import _blocks  # noqa: E402
-
-Q = GGMLQuantizationType
-# Gemma 4 E2B's products (bench/NOTES-gemma4.md §1.1: d 1 536, 8 heads of 256 / 512, FFN 6 144 and 12 288 in the
-# 20 shared layers, per-layer inputs of 256): q / k / v of a sliding layer together, o of a global layer, and the
-# down and PLE matrices, whose 1 536 rows are 96 tiles of 16 for the GPU's block slots
-E2B_SHAPES = [
-    ("qkv 2560x1536", Q.Q4_K, 2560, 1536),
-    ("o 1536x2048", Q.Q4_K, 1536, 2048),
-    ("o global 1536x4096", Q.Q4_K, 1536, 4096),
-    ("gate_up 12288x1536", Q.Q4_K, 12288, 1536),
-    ("gate_up shared 24576x1536", Q.Q4_K, 24576, 1536),
-    ("down 1536x6144", Q.Q4_K, 1536, 6144),
-    ("down shared 1536x12288", Q.Q4_K, 1536, 12288),
-    ("down shared 1536x12288", Q.Q6_K, 1536, 12288),
-    ("ple gate 256x1536", Q.Q4_K, 256, 1536),
-    ("ple proj 1536x256", Q.Q4_K, 1536, 256),
-    ("output 262144x1536", Q.Q6_K, 262144, 1536),
-]
 
 
 def replay_us(backend: Any, run: Any, n_launches: int) -> float:
