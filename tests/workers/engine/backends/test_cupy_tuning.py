@@ -51,9 +51,8 @@ def test_a_knob_set_on_the_backend_is_an_error_not_ignored():
 def test_the_n_token_products_groups_a_block_by_matrix_and_tokens():
     """gemvn's groups of four tokens a block (no GPU: the rule alone), for the 4B's matrices on an H200 (132 SMs,
     two blocks an SM): two for most, four for the Q4_K matrices of several column stages (o, down) at any count
-    (two where twice their tiles fit the slots),
-    and for gate_up (1 216 tiles, over four a block slot) up to 16 tokens; never more than the groups there are;
-    every choice follows the tuning."""
+    (two where twice their tiles fit the slots), and for gate_up (1 216 tiles, over four a block slot) up to 16
+    tokens; never more than the groups there are; every choice follows the tuning."""
     from gguf import GGMLQuantizationType as Q
 
     from genie_workers.engine.backends.cupy.rows import groups_a_block
