@@ -47,16 +47,17 @@ class CupyTuning:
     # 33.3 -> 17.7 ms to its first token (bench/NOTES.md v16)
     capture_mixed: bool = True
     use_epilogues: bool = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
-    # ... and a post-norm's hint too (EP_POSTNORM: the product's last block computes x' and the next codes): off, as
-    # the one block's row-long tail costs more than the launch it saves: E2B decode @0 / @4096 on an H100 412 / 374
-    # tok/s without it, 335 / 308 with it; 8.x 370 / 349 against 299 / 283 (bench/NOTES-gemma4.md §14)
-    post_epilogues: bool = False
     # ... and, where the kernel family chains (8.x), run in one launch with it (chain.py): +11 % decode on the 8.x
     # paths with the same logits (bench/NOTES.md v25, and 2026-12-06 for the sm87 GPU suite with it on)
     use_chains: bool = True
     # ... on 9.0 too, in the chain's cp.async form (the same numbers), where its products otherwise overlap by
     # programmatic dependent launch alone: a bench's knob, not measured yet (bench/NOTES.md)
     chains_90: bool = False
+    # a post-norm's NextInput hint coded by its producing product too (EP_POSTNORM: the last block computes x' and the
+    # next codes): off, as that one block's row-long tail cost more than the launch it saves: E2B decode @0 / @4096
+    # on an H100 412 / 374 tok/s without it, 335 / 308 with it; 8.x 370 / 349 against 299 / 283 (bench/NOTES.md,
+    # session 2026-12-07e)
+    post_epilogues: bool = False
     # Q4_K/Q6_K products on the tensor cores (gemv1m, gemvn; 8.0 and later)
     use_mma: bool = True
     mma_threads: int = 256
