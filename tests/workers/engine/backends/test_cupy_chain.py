@@ -1,5 +1,6 @@
-"""Which one-token products chain.py holds for one gemv1_chainc launch, what each waits for, and when it lets
-them go as their own kernels: the bookkeeping, with no GPU (test_cupy_backend.py runs the launch on one)."""
+"""Which products chain.py holds for one gemv1_chainc launch (one token) or gemvn_chainc launch (a step's rows), what
+each waits for, and when it lets them go as their own kernels: the bookkeeping, with no GPU (test_cupy_backend.py
+runs the launches on one)."""
 
 from __future__ import annotations
 
@@ -27,14 +28,15 @@ class Recorder(Chain):
     """A Chain whose launches are recorded, on a GPU of n_sm SMs that fits `fit` blocks an SM."""
 
     def __init__(self, n_sm: int = 4, fit: int = 2) -> None:
-        super().__init__(SimpleNamespace(zeros=lambda n, dtype: Buf(), int32=np.int32), lambda: None, n_sm)
-        self.fit, self.chains, self.alone = fit, [], []
+        super().__init__(SimpleNamespace(zeros=lambda n, dtype: Buf(), int32=np.int32), lambda n_token: None, n_sm)
+        self.fit, self.chains, self.alone, self.kernels = fit, [], [], []
 
-    def _blocks_fit(self, threads: int, smem: int) -> int:
+    def _blocks_fit(self, n_token: bool, threads: int, smem: int) -> int:
         return self.fit
 
-    def _launch(self, grid: int, threads: int, smem: int, table: np.ndarray) -> None:
+    def _launch(self, n_token: bool, grid: int, threads: int, smem: int, table: np.ndarray) -> None:
         self.chains.append((grid, threads, smem, table.copy()))
+        self.kernels.append("gemvn_chainc" if n_token else "gemv1_chainc")
 
 
 def product(chain: Recorder, x8, nss=None, res=None, epilogue: int = 0, grid: int = 8, threads: int = 256, smem=1000):
@@ -49,6 +51,19 @@ def product(chain: Recorder, x8, nss=None, res=None, epilogue: int = 0, grid: in
         args = (*args[:15], xnew, NULL, Buf(), Buf(), np.float32(1e-6))
     kernel = lambda *a, **k: chain.alone.append(a[0])  # noqa: E731
     return Product(kernel, args, 12, grid, threads, smem), SimpleNamespace(y=y, x8=ep_x8, xnew=xnew, ss=ss)
+
+
+def rows_product(chain: Recorder, x8, n: int, ss=None, res=None, epilogue: int = 0, grid: int = 8, stride: int = 64):
+    """A gemvnc1 launch (rows.gemvn's arguments) of n tokens of x8 (their sums of squares ss, residual rows res),
+    whose output rows lie `stride` floats apart, and with an epilogue its consumer's input, in new buffers."""
+    y, ep_x8, xnew, ep_ss = Buf(), Buf(), Buf(), Buf()
+    args = (Buf(), x8, np.int32(n), y, np.int64(stride), np.int32(64), np.int32(256), np.int32(1), np.int32(1))
+    args += (ss or NULL, np.int32(8), np.float32(1e-6), np.int32(epilogue), np.int32(0))
+    args += (ep_x8 if epilogue else NULL, Buf(), res or NULL, Buf() if epilogue == 2 else NULL)
+    args += (xnew, ep_ss) if epilogue == 2 else (NULL, NULL)
+    kernel = lambda *a, **k: chain.alone.append(a[0])  # noqa: E731
+    p = Product(kernel, args, 14, grid, 256, 1000, n_token=True)
+    return p, SimpleNamespace(y=y, x8=ep_x8, xnew=xnew, ss=ep_ss)
 
 
 def test_a_layer_from_o_to_the_next_q_k_v_is_one_launch_each_product_waiting_for_its_input():
@@ -171,3 +186,57 @@ def test_clear_forgets_what_is_held():
     chain.clear()
     chain.flush()
     assert not chain.chains and not chain.alone
+
+
+def test_a_steps_rows_chain_from_o_to_the_next_q_k_v_as_one_token_does_in_gemvn_chainc():
+    """Three streams' rows: o, gate/up, down and the next q/k and v as gemvnc1 launches (rows.gemvn) hold for one
+    gemvn_chainc launch, with the dependencies a token's products have, and each op's tokens, row stride and sets
+    (which gemv1_chainc's ops leave 0) in the table."""
+    chain = Recorder()
+    attn_x8, x = Buf(), Buf()
+    o, o_out = rows_product(chain, attn_x8, 3, res=x, epilogue=2)
+    gu, gu_out = rows_product(chain, o_out.x8, 3, ss=o_out.ss, epilogue=1, grid=6)
+    down, down_out = rows_product(chain, gu_out.x8, 3, res=o_out.xnew, epilogue=2)
+    qk, _ = rows_product(chain, down_out.x8, 3, ss=down_out.ss, stride=80)  # q/k's part of a [q/k | v] output
+    v, _ = rows_product(chain, down_out.x8, 3, ss=down_out.ss, grid=3, stride=80)
+    for p in (o, gu, down, qk, v):
+        chain.add(p)
+    chain.flush()
+    assert chain.kernels == ["gemvn_chainc"] and not chain.alone
+    ops = chain.chains[0][3]["op"][:5]
+    assert list(ops["dep"]) == [-1, 0, 1, 2, 2] and list(ops["counted"]) == [1, 1, 1, 0, 0]
+    assert list(ops["n_tok"]) == [3] * 5 and list(ops["sets"]) == [1] * 5
+    assert list(ops["y_stride"]) == [64] * 3 + [80] * 2
+    assert list(ops["type"]) == [14] * 5 and list(ops["ep"]["mode"]) == [2, 1, 2, 0, 0]
+    assert ops["nss"][1] == o_out.ss.data.ptr and ops["ep"]["res"][2] == o_out.xnew.data.ptr
+    assert ops["ep"]["ss"][2] == down_out.ss.data.ptr and ops["ep"]["pw"][0] == 0  # gemvn has no post-norm
+
+
+def test_one_tokens_products_and_a_steps_rows_go_out_in_launches_of_their_own():
+    """A one-token product and n tokens' products are not one launch (another kernel): the n-token product sends
+    what is held first, as a product of another block size does; so do the one-token products after n tokens'."""
+    chain = Recorder()
+    one, out = product(chain, Buf(), epilogue=1)
+    chain.add(one)
+    rows, rows_out = rows_product(chain, out.x8, 2, epilogue=1)
+    chain.add(rows)
+    assert chain.alone == [(8,)] and len(chain) == 1  # the lone one-token product went out as its own kernel
+    rows2, _ = rows_product(chain, rows_out.x8, 2)
+    chain.add(rows2)
+    after, _ = product(chain, Buf())
+    chain.add(after)
+    assert chain.kernels == ["gemvn_chainc"] and int(chain.chains[0][3]["n"]) == 2 and len(chain) == 1
+    one_op = chain.chains[0][3]["op"][0]
+    assert one_op["n_tok"] == 2 and one_op["sets"] == 1
+
+
+def test_a_one_token_products_op_leaves_the_n_token_fields_zero():
+    chain = Recorder()
+    a, out = product(chain, Buf(), epilogue=1)
+    b, _ = product(chain, out.x8)
+    chain.add(a)
+    chain.add(b)
+    chain.flush()
+    ops = chain.chains[0][3]["op"][:2]
+    assert chain.kernels == ["gemv1_chainc"]
+    assert list(ops["n_tok"]) == [0, 0] and list(ops["sets"]) == [0, 0] and list(ops["y_stride"]) == [0, 0]

@@ -1,5 +1,5 @@
-"""One-token products chained into one launch on compute capability 8.x (quant.cu's gemv1_chainc); on 9.0 where a
-bench asks (CupyTuning.chains_90).
+"""Products chained into one launch on compute capability 8.x (quant.cu's gemv1_chainc for one token, gemvn_chainc for
+a step's rows in one group of four tokens a block); on 9.0 where a bench asks (CupyTuning.chains_90).
 
 8.x has no programmatic dependent launch, so each product kernel of a decode step starts only once the one
 before has drained, and its first weights are requested only then. A product whose output only the next
@@ -11,7 +11,7 @@ requested, only for the blocks of the product whose output it reads: a layer's o
 next layer's q/k and v become one launch. A product that does not read its predecessor (v beside q/k) runs on
 the blocks after that one's where they fit (`_bases`). Every block must be resident at once, which `flush`
 checks with the driver's occupancy; where it is not, or for a single product, the products go out as their own
-kernels.
+kernels. One token's products and a step's rows' go out in launches of their own (another kernel each).
 
 Each held product keeps its arrays (so CuPy's pool hands none of their memory to later work before the launch);
 a product may depend on one earlier product only, and on whatever that one waited for, so a product whose
@@ -38,14 +38,19 @@ EPILOGUE = np.dtype(
 )
 _INTS = ("rows", "cols", "tpb", "type", "n_ss", "grid", "dep", "counted", "last_wait", "base")
 OP = np.dtype(
-    [*((n, "<u8") for n in ("W", "x8", "y", "nss")), ("ep", EPILOGUE), *((n, "<i4") for n in _INTS), ("eps", "<f4")],
+    [*((n, "<u8") for n in ("W", "x8", "y", "nss")), ("ep", EPILOGUE), *((n, "<i4") for n in _INTS), ("eps", "<f4")]
+    + [("y_stride", "<i8"), ("n_tok", "<i4"), ("sets", "<i4")],  # the n-token products' (gemvn_chainc)
     align=True,
 )
 CHAIN = np.dtype([("op", OP, (CHAIN_MAX,)), ("sync", "<u8"), ("n", "<i4")], align=True)
-# gemv1mc's arguments in order (products.py _gemv1q), and which of them are the op's and its epilogue's
+# gemv1mc's arguments in order (products.py _gemv1q), gemvnc1's (rows.gemvn), and which of them are the op's and
+# its epilogue's (an argument a kernel lacks is 0 in the op)
 ARGS: tuple[str, ...] = ("W", "x8", "y", "rows", "cols", "tpb", "nss", "n_ss", "eps", "mode", "act")
 ARGS += ("ep_x8", "ep_cnt", "ep_res", "ep_w", "ep_xnew", "ep_ss", "ep_pw", "ep_ps", "ep_eps")
+ARGS_N: tuple[str, ...] = ("W", "x8", "n_tok", "y", "y_stride", "rows", "cols", "tpb", "sets", "nss", "n_ss", "eps")
+ARGS_N += ("mode", "act", "ep_x8", "ep_cnt", "ep_res", "ep_w", "ep_xnew", "ep_ss")
 _AT = {name: i for i, name in enumerate(ARGS)}
+_AT_N = {name: i for i, name in enumerate(ARGS_N)}
 _OP_POINTERS = ("W", "x8", "y", "nss")
 _EP_FIELDS = {"mode": "mode", "act": "act", "x8": "ep_x8", "cnt": "ep_cnt", "res": "ep_res", "w": "ep_w"}
 _EP_FIELDS |= {"xnew": "ep_xnew", "ss": "ep_ss", "pw": "ep_pw", "ps": "ep_ps", "eps": "ep_eps"}
@@ -53,18 +58,31 @@ _EP_FIELDS |= {"xnew": "ep_xnew", "ss": "ep_ss", "pw": "ep_pw", "ps": "ep_ps", "
 
 @dataclass(frozen=True)
 class Product:
-    """One gemv1mc launch: its kernel and arguments (in gemv1mc's order) and shape."""
+    """One gemv1mc launch, or (n_token) one gemvnc1 launch: its kernel and arguments (in that kernel's order) and
+    shape."""
 
     kernel: Any  # the product's own Kernel (kernels.py), for a launch alone
     args: tuple
-    qtype: int  # 12 (Q4_K) or 14 (Q6_K): gemv1_mma's T
+    qtype: int  # 12 (Q4_K) or 14 (Q6_K): gemv1_mma's and gemvn_mma's T
     grid: int
     threads: int
     smem: int
+    n_token: bool = False
+
+    def __post_init__(self) -> None:
+        want = len(ARGS_N if self.n_token else ARGS)
+        if len(self.args) != want:
+            raise ValueError(f"{'gemvnc1' if self.n_token else 'gemv1mc'} takes {want} arguments, not {len(self.args)}")
 
     def arg(self, name: str) -> int | float:
-        """An argument as the kernel takes it: an array's address (0: NULL), a number."""
-        a = self.args[_AT[name]]
+        """An argument as the kernel takes it: an array's address (0: NULL), a number (0: one of the other kernel's
+        that this one lacks)."""
+        at, other = (_AT_N, _AT) if self.n_token else (_AT, _AT_N)
+        if name not in at:
+            if name not in other:
+                raise KeyError(name)
+            return 0
+        a = self.args[at[name]]
         if isinstance(a, np.generic):
             return float(a) if isinstance(a, np.floating) else int(a)
         return int(a.data.ptr)
@@ -85,14 +103,14 @@ class Product:
 class Chain:
     """The products held for one launch (add, flush)."""
 
-    def __init__(self, xp: Any, kernel: Callable[[], Any], n_sm: int) -> None:
+    def __init__(self, xp: Any, kernel: Callable[[bool], Any], n_sm: int) -> None:
         self._xp = xp
-        self._kernel = kernel  # gemv1_chainc's Kernel, built on first use
+        self._kernel = kernel  # gemv1_chainc's Kernel, or (True: n tokens) gemvn_chainc's, built on first use
         self._n_sm = n_sm
         self._sync = xp.zeros(2 * CHAIN_MAX, dtype=xp.int32)
         self._held: list[Product] = []
         self._deps: list[int] = []
-        self._fits: dict[tuple[int, int], int] = {}  # (threads, smem) -> blocks an SM
+        self._fits: dict[tuple[bool, int, int], int] = {}  # (n_token, threads, smem) -> blocks an SM
         self._driver: Any = None
 
     def __len__(self) -> int:
@@ -101,7 +119,8 @@ class Chain:
     def add(self, p: Product) -> None:
         """Hold p for the next launch, after the held products it reads from."""
         dep = self._dep(p)
-        if dep is None or (self._held and p.threads != self._held[0].threads) or len(self._held) == CHAIN_MAX:
+        first = self._held[0] if self._held else p
+        if dep is None or (p.threads, p.n_token) != (first.threads, first.n_token) or len(self._held) == CHAIN_MAX:
             self.flush()
             dep = -1
         self._held.append(p)
@@ -133,8 +152,8 @@ class Chain:
         if not held:
             return
         self._held, self._deps = [], []
-        threads, smem = held[0].threads, max(p.smem for p in held)
-        width = self._n_sm * self._blocks_fit(threads, smem) if len(held) > 1 else 0
+        threads, smem, n_token = held[0].threads, max(p.smem for p in held), held[0].n_token
+        width = self._n_sm * self._blocks_fit(n_token, threads, smem) if len(held) > 1 else 0
         if max(p.grid for p in held) > width:
             for p in held:
                 p.kernel((p.grid,), (p.threads,), p.args, shared_mem=p.smem)
@@ -144,7 +163,7 @@ class Chain:
         table = np.zeros((), dtype=CHAIN)
         for k, (p, dep) in enumerate(zip(held, deps, strict=True)):
             op = table["op"][k]
-            for name in (*_OP_POINTERS, "rows", "cols", "tpb", "n_ss", "eps"):
+            for name in (*_OP_POINTERS, "rows", "cols", "tpb", "n_ss", "eps", "y_stride", "n_tok", "sets"):
                 op[name] = p.arg(name)
             for field, name in _EP_FIELDS.items():
                 op["ep"][field] = p.arg(name)
@@ -152,7 +171,7 @@ class Chain:
             op["counted"] = int(k in deps)
             op["last_wait"] = int(dep >= 0 and k == max(j for j, d in enumerate(deps) if d == dep))
         table["sync"], table["n"] = int(self._sync.data.ptr), len(held)
-        self._launch(grid, threads, smem, table)
+        self._launch(n_token, grid, threads, smem, table)
 
     def _bases(self, held: list[Product], deps: list[int], width: int) -> list[int]:
         """Each product's first block in a launch of at most `width` blocks: where a product does not read its
@@ -166,26 +185,27 @@ class Chain:
                 bases[k] = after
         return bases
 
-    def _blocks_fit(self, threads: int, smem: int) -> int:
-        if (threads, smem) not in self._fits:
-            kernel = self._kernel()
+    def _blocks_fit(self, n_token: bool, threads: int, smem: int) -> int:
+        if (n_token, threads, smem) not in self._fits:
+            kernel = self._kernel(n_token)
             kernel.allow_smem(smem)
             n = ctypes.c_int(0)
             status = self._cuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 ctypes.byref(n), kernel.raw.kernel.ptr, threads, smem
             )
-            self._fits[(threads, smem)] = n.value if status == 0 else 0
-        return self._fits[(threads, smem)]
+            self._fits[(n_token, threads, smem)] = n.value if status == 0 else 0
+        return self._fits[(n_token, threads, smem)]
 
-    def _launch(self, grid: int, threads: int, smem: int, table: np.ndarray) -> None:
-        kernel = self._kernel()
+    def _launch(self, n_token: bool, grid: int, threads: int, smem: int, table: np.ndarray) -> None:
+        kernel = self._kernel(n_token)
         kernel.allow_smem(smem)
         params = ctypes.create_string_buffer(table.tobytes(), CHAIN.itemsize)
         args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         stream = self._xp.cuda.get_current_stream().ptr
         status = self._cuda().cuLaunchKernel(kernel.raw.kernel.ptr, grid, 1, 1, threads, 1, 1, smem, stream, args, None)
         if status != 0:
-            raise RuntimeError(f"cuLaunchKernel of gemv1_chainc failed: CUresult {status}")
+            name = "gemvn_chainc" if n_token else "gemv1_chainc"
+            raise RuntimeError(f"cuLaunchKernel of {name} failed: CUresult {status}")
 
     def _cuda(self) -> Any:
         if self._driver is None:

@@ -119,8 +119,8 @@ class CupyCore(NumpyBackend):
         self._coded: Coded | None = None  # the last product's output coded for its consumer, until one takes it
         self._late_out: Any = None  # the last rows product's output, when its consumer codes it late (rows.py)
         self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
-        # one-token products held for one launch (8.x): every other launch sends them first (Kernel.__call__)
-        self._chain = Chain(cupy, lambda: self._kernel_named("gemv1_chainc"), self.n_sm)
+        # products held for one launch (8.x, chain.py): every other launch sends them first (Kernel.__call__)
+        self._chain = Chain(cupy, lambda n: self._kernel_named("gemvn_chainc" if n else "gemv1_chainc"), self.n_sm)
 
     def _options(self, module: str, tuning: CupyTuning) -> tuple[str, ...]:
         """A module's build options: the tuning's sizes, the products' ring (MMA_STAGES) and items (MMA_ILP), and

@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType
 
 from ..base import NextInput
 from ..numpy_backend import row_calls
+from .chain import Product
 from .core import Coded
 from .quant_consts import (
     _EP_GATED,
@@ -130,11 +131,15 @@ def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeigh
                     # (add_normed_matmul), a separate up's gated_pair and q8_input
                     one = alone is None or (alone.post_norm is None and alone.up is None)  # group epilogues alone
                     ep = alone if calls == [(0, n)] and one else None
-                    coded = gemvn(gpu, part, x8, b - a, out[a:b, col0:], ss, inp.eps, ep)
+                    whole = calls == [(0, n)]  # one launch a part: it may be held for a chained launch (chain.py)
+                    coded = gemvn(gpu, part, x8, b - a, out[a:b, col0:], ss, inp.eps, ep, hold=whole)
                 col0 += part.rows
         else:
+            gpu._chain.flush()  # the rows may be a held product's output: the float path reads them by CuPy's copies
             out[a:b] = gpu._one_matmul(_float_rows(gpu, inp, a, b), weight)
-    if coded is not None:
+    if coded is None:  # `out` is for anyone: the products held with those that fed it go out now
+        gpu._chain.flush()
+    else:
         coded.out = out  # the consumer is handed `out` itself
     gpu._coded = coded
     gpu._late_out = out if coded is None and _late(gpu, parts, then) else None
@@ -239,7 +244,15 @@ def prompt_groups(allowed: tuple[int, ...], groups: int, tiles: int, slots: int)
 
 
 def gemvn(
-    gpu: CupyProducts, w: QuantWeight, x8: Any, n: int, out: Any, ss: Any, eps: float, then: NextInput | None = None
+    gpu: CupyProducts,
+    w: QuantWeight,
+    x8: Any,
+    n: int,
+    out: Any,
+    ss: Any,
+    eps: float,
+    then: NextInput | None = None,
+    hold: bool = False,
 ) -> Coded | None:
     """out[k, :w.rows] = w @ x_k for the n coded rows of x8 (times row k's RMS factor from ss[k]): one gemvn
     launch with gemv1m's warps for w, groups of four tokens a block (groups_a_block's for a step's decode rows,
@@ -247,7 +260,9 @@ def gemvn(
     make the blocks of all the sets one wave (the sets of more than gemvn_groups groups multiply the blocks:
     with gemv1m's tiles a block, 16 tokens ran as a wave and a half, the half costing nearly a wave). With
     `then` (an epilogue one row alone would have), the kernel also codes each row's consumer input as that
-    epilogue codes it, into rows of q8_rows's layout, which it returns (Coded, rows of `then.residual`)."""
+    epilogue codes it, into rows of q8_rows's layout, which it returns (Coded, rows of `then.residual`).
+    `hold`: where the family chains, a launch of 2-4 tokens (one group of four a block, one set) may wait to go out in
+    one launch with those that read it (chain.py, gemvn_chainc), as one token's products do (products.py _gemv1q)."""
     cp = gpu.xp
     blocks, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
@@ -279,33 +294,35 @@ def gemvn(
     assert gpu.family.products is not None  # gemvn runs where _mma_tiles found the tensor-core products
     kernel = gpu._kernel(gpu.family.gemvn(ng), w.qtype)
     kernel.allow_smem(smem)
-    kernel(
-        (-(-w.rows // (16 * tpb)) * sets,),
-        (threads,),
-        (
-            w.data,
-            x8,
-            np.int32(n),
-            out,
-            np.int64(out.strides[0] // 4),
-            np.int32(w.rows),
-            np.int32(w.cols),
-            np.int32(tpb),
-            np.int32(sets),
-            null if ss is None else ss,
-            np.int32(0 if ss is None else ss.shape[1]),
-            np.float32(eps),
-            np.int32(mode),
-            np.int32(act),
-            null if coded is None else coded.x8,
-            gpu._ep_cnt,
-            null if then is None or then.residual is None else then.residual,
-            null if mode != _EP_NORM else then.norm,  # type: ignore[union-attr]
-            null if coded is None or coded.x_new is None else coded.x_new,
-            null if coded is None or coded.ss is None else coded.ss,
-        ),
-        shared_mem=smem,
+    grid = -(-w.rows // (16 * tpb)) * sets
+    args = (
+        w.data,
+        x8,
+        np.int32(n),
+        out,
+        np.int64(out.strides[0] // 4),
+        np.int32(w.rows),
+        np.int32(w.cols),
+        np.int32(tpb),
+        np.int32(sets),
+        null if ss is None else ss,
+        np.int32(0 if ss is None else ss.shape[1]),
+        np.float32(eps),
+        np.int32(mode),
+        np.int32(act),
+        null if coded is None else coded.x8,
+        gpu._ep_cnt,
+        null if then is None or then.residual is None else then.residual,
+        null if mode != _EP_NORM else then.norm,  # type: ignore[union-attr]
+        null if coded is None or coded.x_new is None else coded.x_new,
+        null if coded is None or coded.ss is None else coded.ss,
     )
+    chains = gpu.family.chains or gpu.tuning.chains_90
+    chained = hold and chains and gpu.tuning.use_chains and gpu.tuning.chain_rows
+    if chained and ng == 1 and sets == 1:  # 2-4 tokens: gemvn_chainc's products are gemvnc1's
+        gpu._chain.add(Product(kernel, args, int(w.qtype), grid, threads, smem, n_token=True))
+    else:
+        kernel((grid,), (threads,), args, shared_mem=smem)
     return coded
 
 

@@ -51,8 +51,13 @@ class CupyTuning:
     # paths with the same logits (bench/NOTES.md v25, and 2026-12-06 for the sm87 GPU suite with it on)
     use_chains: bool = True
     # ... on 9.0 too, in the chain's cp.async form (the same numbers), where its products otherwise overlap by
-    # programmatic dependent launch alone: a bench's knob, not measured yet (bench/NOTES.md)
+    # programmatic dependent launch alone: a bench's knob, off, as it lost on an H100 (the 4B 444 -> 411 tok/s at one
+    # stream, 757 -> 694 at two; E2B 413 -> 390, 698 -> 662: bench/NOTES.md, session 2026-12-07f)
     chains_90: bool = False
+    # ... and, where products chain, a step's rows whose products take one group of four tokens a block (2-4
+    # streams; gemvn_chainc): 8.x paths on an H100, 2 / 4 streams, the 4B 614 -> 688 / 1 205 -> 1 366 tok/s, the
+    # 0.6B 1 554 -> 1 631 / 3 085 -> 3 248, E2B 580 -> 586 / 1 139 -> 1 152 (bench/NOTES.md, session 2026-12-07f)
+    chain_rows: bool = True
     # a post-norm's NextInput hint coded by its producing product too (EP_POSTNORM: the last block computes x' and the
     # next codes): off, as that one block's row-long tail cost more than the launch it saves: E2B decode @0 / @4096
     # on an H100 412 / 374 tok/s without it, 335 / 308 with it; 8.x 370 / 349 against 299 / 283 (bench/NOTES.md,

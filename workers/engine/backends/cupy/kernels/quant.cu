@@ -885,7 +885,16 @@ __device__ void gemv1_mma(const u8* W, const signed char* x8g, float* y, int row
 // squares a token (or NULL).
 // Q4_K: a lane's B for token 4 tg + g / 2 is 8 codes of sub-block j; C lane (g, t): token 4 tg + t, rows g, g + 8;
 // the eight lanes (g, t) of a quad's codes of one sub-block read its 256 bytes in order (lane 4 g + t: 8 g + t..).
-template <int NG>
+// x8 of an n-token product: by the read-only path (__ldg) where an earlier kernel wrote it, or (CH) where an earlier
+// product of the same chained launch did (gemvn_chainc) by plain loads, which the block's wait orders after the
+// producer's stores: its ld.acquire.gpu also invalidates the SM's L1 (sm_87 SASS: CCTL.IVALL); the read-only path's
+// loads are not ordered by it
+template <bool CH, class V>
+__device__ __forceinline__ V ld_x8(const V* p) {
+    if constexpr (CH) return *p;
+    else return __ldg(p);
+}
+template <int NG, bool CH>
 __device__ __forceinline__ void mma_item_n12(const u8* r0, const u8* r1, int q, int g, int t, const signed char* x8,
                                              long long qst, int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
     const uint2 w00 = *reinterpret_cast<const uint2*>(r0 + 16 + 64 * q + 8 * t);
@@ -929,8 +938,8 @@ __device__ __forceinline__ void mma_item_n12(const u8* r0, const u8* r1, int q, 
         const float* xd = reinterpret_cast<const float*>(qb + 8 * cols) + 4 * sbu + 4 * t;
         uint2 b[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) b[j] = tb < n_tok ? __ldg(reinterpret_cast<const uint2*>(xb + 256 * j)) : make_uint2(0u, 0u);
-        const float4 xd4 = __ldg(reinterpret_cast<const float4*>(xd)), xs4 = __ldg(reinterpret_cast<const float4*>(xd + cols / 8));
+        for (int j = 0; j < 4; ++j) b[j] = tb < n_tok ? ld_x8<CH>(reinterpret_cast<const uint2*>(xb + 256 * j)) : make_uint2(0u, 0u);
+        const float4 xd4 = ld_x8<CH>(reinterpret_cast<const float4*>(xd)), xs4 = ld_x8<CH>(reinterpret_cast<const float4*>(xd + cols / 8));
         const float xdj[4] = {xd4.x, xd4.y, xd4.z, xd4.w}, xsj[4] = {xs4.x, xs4.y, xs4.z, xs4.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -944,7 +953,7 @@ __device__ __forceinline__ void mma_item_n12(const u8* r0, const u8* r1, int q, 
 }
 // Q6_K: sub-block ts of the item (half q of the super-block), 16-value half h: an mma of its own (B zero in the
 // other half's k), term into acc[.][2 (ts & 1) + h] (gemv1m's lane t = 2 (ts & 1) + h of pair p = ts / 2)
-template <int NG>
+template <int NG, bool CH>
 __device__ __forceinline__ void mma_item_n14(const u8* r0, const u8* r1, int q, int g, int t, const signed char* x8,
                                              long long qst, int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
     uint2 a[2], b[2], h[2];
@@ -986,13 +995,13 @@ __device__ __forceinline__ void mma_item_n14(const u8* r0, const u8* r1, int q, 
         const int2* gs = reinterpret_cast<const int2*>(qb + 9 * cols) + 8 * sbu + 8 * t;
         uint2 bv[4];
 #pragma unroll
-        for (int ts = 0; ts < 4; ++ts) bv[ts] = tb < n_tok ? __ldg(reinterpret_cast<const uint2*>(xb + 256 * ts)) : make_uint2(0u, 0u);
-        const float4 xd4 = __ldg(reinterpret_cast<const float4*>(xd));
+        for (int ts = 0; ts < 4; ++ts) bv[ts] = tb < n_tok ? ld_x8<CH>(reinterpret_cast<const uint2*>(xb + 256 * ts)) : make_uint2(0u, 0u);
+        const float4 xd4 = ld_x8<CH>(reinterpret_cast<const float4*>(xd));
         const float xdj[4] = {xd4.x, xd4.y, xd4.z, xd4.w};
 #pragma unroll
         for (int ts = 0; ts < 4; ++ts) {
             const float xd254 = div254(xdj[ts]);
-            const int4 sums = __ldg(reinterpret_cast<const int4*>(gs + 2 * ts));  // both halves' sums
+            const int4 sums = ld_x8<CH>(reinterpret_cast<const int4*>(gs + 2 * ts));  // both halves' sums
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const bool mine = lo == (hf == 0);
@@ -1006,20 +1015,23 @@ __device__ __forceinline__ void mma_item_n14(const u8* r0, const u8* r1, int q, 
         }
     }
 }
-template <int T, int NG>
+template <int T, int NG, bool CH>
 __device__ __forceinline__ void mma_item_n(const u8* r0, const u8* r1, int q, int g, int t, const signed char* x8, long long qst,
                                            int n_tok, int cols, int sbu, float (&acc)[2][4][NG]) {
-    if constexpr (T == 12) mma_item_n12<NG>(r0, r1, q, g, t, x8, qst, n_tok, cols, sbu, acc);
-    else mma_item_n14<NG>(r0, r1, q, g, t, x8, qst, n_tok, cols, sbu, acc);
+    if constexpr (T == 12) mma_item_n12<NG, CH>(r0, r1, q, g, t, x8, qst, n_tok, cols, sbu, acc);
+    else mma_item_n14<NG, CH>(r0, r1, q, g, t, x8, qst, n_tok, cols, sbu, acc);
 }
 // dynamic shared memory: the ring, then the tiles' sums [2][n_warps][16][4 NG] floats
 // Block b takes tokens [4 NG s, 4 NG s + 4 NG) for s = b % sets of the tiles of b / sets: the sets of one
 // stretch of tiles run side by side, so the weights come from HBM once and from L2 for the other sets.
 // ep (mode EP_NONE: none): each token's consumer input coded as the one-token product's epilogue codes it
 // (gemvn_epilogue), into ep.x8 in the n-token layout; ep.cnt: a set's counters each.
-template <int T, int NG, bool BULK>
+// CH: a product of gemvn_chainc (x8 written in the same launch: ld_x8). blk: the block's place in the product's grid;
+// wait_input(): returns once the inputs are written, called after the first weight stages are issued, by every block.
+template <int T, int NG, bool BULK, bool CH, class Wait>
 __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* y, long long y_stride, int rows,
-                          int cols, int tpb, int sets, const float* nss, int n_ss, float eps, Epilogue ep) {
+                          int cols, int tpb, int sets, const float* nss, int n_ss, float eps, Epilogue ep, int blk,
+                          Wait wait_input) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if __CUDA_ARCH__ < 900
     if constexpr (BULK) __trap();  // bulk copies are 9.0's; 8.x launches the cp.async form
@@ -1028,7 +1040,7 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
     extern __shared__ __align__(16) u8 smem[];
     __shared__ unsigned long long full[MMA_STAGES];
     __shared__ float inv_s[NT];
-    const int set = blockIdx.x % sets;
+    const int set = (unsigned)blk % sets;  // blk >= 0: unsigned, as blockIdx.x was (the same SASS)
     const long long qst = x8_quad_bytes(cols);
     x8 += set * NG * qst;  // the set's quads
     y += set * NT * y_stride;
@@ -1042,13 +1054,16 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
         if (ep.ss) ep.ss += t0 * len / 32;
     }
     n_tok = min(NT, n_tok - set * NT);
-    if (n_tok <= 0) return;
-    MmaStream<T, BULK> st(W, smem, full, rows, cols, tpb, blockIdx.x / sets);
+    if (n_tok <= 0) {  // a set past the tokens (the backend launches none); in a chain past the wait all the same
+        if constexpr (CH) wait_input();  // (its counters)
+        return;
+    }
+    MmaStream<T, BULK> st(W, smem, full, rows, cols, tpb, (unsigned)blk / sets);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int n_warps = blockDim.x >> 5;
     float* red = reinterpret_cast<float*>(smem + MMA_STAGES * MmaStream<T, BULK>::STAGE);
     st.start(warp, lane);
-    GRID_DEP_START();
+    wait_input();
     for (int k = warp; k < n_tok; k += n_warps) {  // each token's norm factor, as gemv1m's warp 0 makes it
         float inv = 1.f;
         if (nss != nullptr) {
@@ -1073,8 +1088,8 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
         st.wait(s);
         for (int item = warp; item < 2 * nu; item += n_warps) {
             const int u = item >> 1, q = item & 1;
-            mma_item_n<T, NG>(g0 + u * MmaStream<T, BULK>::UB, g8 + u * MmaStream<T, BULK>::UB, q, g, t, x8, qst, n_tok, cols,
-                              8 * (ub + u) + 4 * q, acc);
+            mma_item_n<T, NG, CH>(g0 + u * MmaStream<T, BULK>::UB, g8 + u * MmaStream<T, BULK>::UB, q, g, t, x8, qst, n_tok,
+                                  cols, 8 * (ub + u) + 4 * q, acc);
         }
         const bool last = cs == st.ncs - 1;
         float* part = red + ((s / st.ncs) & 1) * n_warps * 16 * NT;  // [warp][row][token]
@@ -1100,7 +1115,10 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
             }
         }
     }
-    if (ep.mode != EP_NONE) gemvn_epilogue(y, y_stride, n_tok, rows, 16 * tpb, blockIdx.x / sets, ep);
+    if (ep.mode != EP_NONE) gemvn_epilogue(y, y_stride, n_tok, rows, 16 * tpb, (unsigned)blk / sets, ep);
+    // a chain's next product on this block starts its copies into the dynamic shared memory (its ring may reach
+    // where this one's tile sums are still read, a Q6_K ring after a Q4_K's) and writes inv_s: after everyone here
+    if constexpr (CH) __syncthreads();
 #endif
 }
 // gemv1m_* and gemvn*_* stream the weights by bulk copies (9.0); gemv1mc_* and gemvnc*_* by cp.async (8.x)
@@ -1118,7 +1136,8 @@ __device__ void gemvn_mma(const u8* W, const signed char* x8, int n_tok, float* 
         int sets, const float* nss, int n_ss, float eps, int ep_mode, int ep_act, signed char* ep_x8, int* ep_cnt,  \
         const float* ep_res, const float* ep_w, float* ep_xnew, float* ep_ss) {                                   \
         const Epilogue ep{ep_mode, ep_act, ep_x8, ep_cnt, ep_res, ep_w, ep_xnew, ep_ss, nullptr, nullptr, 0.f};   \
-        gemvn_mma<T, NG, BULK>(W, x8, n_tok, y, y_stride, rows, cols, tpb, sets, nss, n_ss, eps, ep);             \
+        gemvn_mma<T, NG, BULK, false>(W, x8, n_tok, y, y_stride, rows, cols, tpb, sets, nss, n_ss, eps, ep, blockIdx.x, \
+                                      [] { GRID_DEP_START(); });                                                 \
     }
 #define INSTANTIATE_MMA(OP1, OPN, BULK)          \
     INSTANTIATE_M(12, q4_k, OP1, BULK)           \
@@ -1161,9 +1180,10 @@ INSTANTIATE_N(14, 5, q6_k, gemvnc, false)
 // the last blocks of this one finish, which a kernel boundary does not allow. A product's numbers are gemv1mc's
 // for the same block. sync: CHAIN_MAX done counters, then
 // CHAIN_MAX counters of blocks past a wait, zero between launches (the last block past a product's last
-// reader's wait zeroes both).
+// reader's wait zeroes both). gemvn_chainc: the same for the n-token products of a step's rows (gemvnc1's, one
+// group of four tokens a block), whose numbers are gemvnc1's.
 #define CHAIN_MAX 8
-struct ChainOp {  // one product: gemv1mc's arguments, and its place in the chain
+struct ChainOp {  // one product: gemv1mc's (or gemvnc1's) arguments, and its place in the chain
     const u8* W;
     const signed char* x8;
     float* y;
@@ -1176,19 +1196,24 @@ struct ChainOp {  // one product: gemv1mc's arguments, and its place in the chai
     int last_wait;  // the last product that waits for dep: the last block past its wait zeroes the counters
     int base;       // its first block in the launch: blocks base .. base + grid - 1 run its blocks 0 .. grid - 1
     float eps;
+    long long y_stride;  // gemvn_chainc's: y's rows apart, the tokens and their sets
+    int n_tok, sets;
 };
 struct Chain {
     ChainOp op[CHAIN_MAX];
     int* sync;
     int n;
 };
-static_assert(sizeof(ChainOp) == 160 && sizeof(Chain) == 1296, "chain.py's OP and CHAIN describe these");
+static_assert(sizeof(ChainOp) == 176 && sizeof(Chain) == 1424, "chain.py's OP and CHAIN describe these");
 __device__ __forceinline__ int ld_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-extern "C" __global__ void __launch_bounds__(512) gemv1_chainc(const Chain c) {
+// The chain's products in turn: run(o, blk, wait) runs block blk of product o, calling wait() once its first
+// weights are on their way
+template <class Run>
+__device__ __forceinline__ void run_chain(const Chain& c, Run run) {
     int* done = c.sync;
     int* passed = c.sync + CHAIN_MAX;
     GRID_DEP_START();
@@ -1208,15 +1233,30 @@ extern "C" __global__ void __launch_bounds__(512) gemv1_chainc(const Chain c) {
             wait();
             continue;
         }
-        if (o.type == 12)
-            gemv1_mma<12, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blk, wait);
-        else
-            gemv1_mma<14, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blk, wait);
+        run(o, blk, wait);
         if (o.counted) {
             __syncthreads();  // the block's rows and codes are written
             if (threadIdx.x == 0) count_acq_rel(done + k);  // released, as the epilogues count their groups
         }
     }
+}
+extern "C" __global__ void __launch_bounds__(512) gemv1_chainc(const Chain c) {
+    run_chain(c, [](const ChainOp& o, int blk, auto wait) {
+        if (o.type == 12)
+            gemv1_mma<12, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blk, wait);
+        else
+            gemv1_mma<14, false>(o.W, o.x8, o.y, o.rows, o.cols, o.tpb, o.nss, o.n_ss, o.eps, o.ep, blk, wait);
+    });
+}
+extern "C" __global__ void __launch_bounds__(512) gemvn_chainc(const Chain c) {
+    run_chain(c, [](const ChainOp& o, int blk, auto wait) {
+        if (o.type == 12)
+            gemvn_mma<12, 1, false, true>(o.W, o.x8, o.n_tok, o.y, o.y_stride, o.rows, o.cols, o.tpb, o.sets, o.nss,
+                                          o.n_ss, o.eps, o.ep, blk, wait);
+        else
+            gemvn_mma<14, 1, false, true>(o.W, o.x8, o.n_tok, o.y, o.y_stride, o.rows, o.cols, o.tpb, o.sets, o.nss,
+                                          o.n_ss, o.eps, o.ep, blk, wait);
+    });
 }
 
 // The one-token products of the dp4a types, on an x8 buffer from q8_input or a producer's epilogue:
