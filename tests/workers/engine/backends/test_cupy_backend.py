@@ -182,15 +182,18 @@ def test_a_retuned_compiled_size_builds_its_module_again_with_the_same_numbers(g
     np.testing.assert_array_equal(product(), first)
 
 
+@pytest.mark.parametrize("tail", ["mma", "q8_0"])
 @pytest.mark.parametrize("sms", [0, 10], ids=["all_sms", "10_sms"])
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatch, n, sms):
+def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatch, n, sms, tail):
     """On 8.x (on 9.0 with CupyTuning.chains_90, a bench's knob), a layer's o -> gate/up -> down -> next layer's q/k
     and v (each coding the next one's input) go out as one launch of five products (chain.py: gemv1_chainc for one
     token, gemvn_chainc for a step's 2-4 rows), v on the blocks after q/k's, and every output is what the five
     launches alone give, bit for bit; a product that nothing reads next sends what is held at once. Shaped for 10
     SMs (an Orin has 8), the blocks take several tiles and v (Q6_K, 2 tiles a block) runs on q/k's (Q4_K) blocks
-    after them: its ring reaches where q/k's tile sums lie in shared memory."""
+    after them: its ring reaches where q/k's tile sums lie in shared memory. With a Q8_0 part in q/k/v (`tail`; no
+    tensor-core product), o, gate/up and down go out as one launch before the float path's CuPy copies read the
+    rows they wrote."""
     import cupy as cp
 
     from genie_workers.engine.backends.base import NextInput
@@ -207,7 +210,10 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
         return QuantWeight(cp.asarray(random_blocks(qtype, rows, cols, rng).reshape(-1)), qtype, rows, cols)
 
     wo, gate_up, down = matrix(Q.Q4_K, d, d), matrix(Q.Q4_K, 2 * ffn, d), matrix(Q.Q6_K, d, ffn)
-    qkv = GroupWeight([matrix(Q.Q4_K, d + 256, d), matrix(Q.Q6_K, 512, d)])
+    if tail == "mma":
+        qkv = GroupWeight([matrix(Q.Q4_K, d + 256, d), matrix(Q.Q6_K, 512, d)])
+    else:
+        qkv = GroupWeight([matrix(Q.Q4_K, d, d), matrix(Q.Q8_0, 256, d)])
     x, attn = (cp.asarray(rng.standard_normal((n, d), dtype=np.float32)) for _ in range(2))
     if sms:  # the grids of a GPU of that many SMs (every block of a chain is still resident on this one)
         monkeypatch.setattr(gpu, "n_sm", sms)
@@ -236,66 +242,13 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
     try:
         gpu.retune(use_chains=True, **knob)
         chained = layer()
-        assert launched == [5]
         # q/k's 80 tiles of 16 rows a block each, then v's 32 beside them; on 10 SMs (20 blocks) q/k's 4 tiles a
-        # block take all 20, and v's 2 a block follow on the first 16
-        assert bases == [[0, 0, 0, 0, 0 if sms else 80]]
+        # block take all 20, and v's 2 a block follow on the first 16. q8_0: o, gate/up and down
+        assert launched == ([5] if tail == "mma" else [3])
+        assert bases == [[0, 0, 0, 0, 80 if tail == "mma" and not sms else 0]]
         gpu.retune(use_chains=False)
         alone = layer()
-        assert launched == [5]
-    finally:
-        gpu.retune(use_chains=before.use_chains, chains_90=before.chains_90)
-    for got, want in zip(chained, alone, strict=True):
-        np.testing.assert_array_equal(got, want)
-
-
-def test_rows_the_float_path_reads_wait_for_the_held_products_that_wrote_them(gpu, monkeypatch):
-    """Two streams' rows: o -> gate/up -> down held for one gemvn_chainc launch, then a q/k/v with a Q8_0 part (no
-    tensor-core product: the rows take the float path, which copies x and adds the residual with CuPy, not by a
-    kernel launch that sends what is held first). The held products go out before those copies: the numbers of the
-    launches alone, bit for bit."""
-    import cupy as cp
-
-    from genie_workers.engine.backends.base import NextInput
-    from genie_workers.engine.backends.cupy import GroupWeight
-    from genie_workers.engine.backends.cupy.chain import Chain
-
-    if gpu.family.products is None:
-        pytest.skip("chains hold the tensor-core products (compute capability 8.0 or later)")
-    knob = {} if gpu.family.chains else {"chains_90": True}  # 9.0: the bench's knob
-    rng = np.random.default_rng(8)
-    d, ffn, eps = 1024, 2048, 1e-6
-
-    def matrix(qtype, rows, cols):
-        return QuantWeight(cp.asarray(random_blocks(qtype, rows, cols, rng).reshape(-1)), qtype, rows, cols)
-
-    wo, gate_up, down = matrix(Q.Q4_K, d, d), matrix(Q.Q4_K, 2 * ffn, d), matrix(Q.Q6_K, d, ffn)
-    qkv = GroupWeight([matrix(Q.Q4_K, d, d), matrix(Q.Q8_0, 256, d)])
-    x, attn = (cp.asarray(rng.standard_normal((2, d), dtype=np.float32)) for _ in range(2))
-    norm1, norm2 = (cp.asarray(rng.uniform(0.5, 1.5, d).astype(np.float32)) for _ in range(2))
-    launched: list[int] = []
-    launch = Chain._launch
-
-    def counted(self, n_token, grid, threads, smem, table):
-        launched.append(int(table["n"]))
-        launch(self, n_token, grid, threads, smem, table)
-
-    monkeypatch.setattr(Chain, "_launch", counted)
-
-    def layer():
-        o = gpu.matmul(attn, wo, NextInput(residual=x, norm=norm1, eps=eps))
-        x1, gu = gpu.add_norm_matmul(x, o, norm1, eps, gate_up, NextInput(act="silu"))
-        ffn_out = gpu.gated_matmul(gu, "silu", down, NextInput(residual=x1, norm=norm2, eps=eps))
-        x2, q = gpu.add_norm_matmul(x1, ffn_out, norm2, eps, qkv)
-        return [cp.asnumpy(a) for a in (o, x1, gu, ffn_out, x2, q)]
-
-    before = gpu.tuning
-    try:
-        gpu.retune(use_chains=True, **knob)
-        chained = layer()
-        assert launched == [3]  # o, gate/up and down
-        gpu.retune(use_chains=False)
-        alone = layer()
+        assert len(launched) == 1
     finally:
         gpu.retune(use_chains=before.use_chains, chains_90=before.chains_90)
     for got, want in zip(chained, alone, strict=True):
