@@ -8,7 +8,7 @@ family (PATHS_90), so a family's kernels are the ones its module holds.
   (pdl.py).
 - 8.x (Jetson Orin 8.7, RTX 30 8.6, RTX 40 8.9, A100 8.0): the same products streamed by cp.async (gemv1mc,
   gemvnc*), the same attention merged through global memory (attention_decg, attention_decgn), the same numbers;
-  one-token products that feed each other chained into one launch (chain.py).
+  products that feed each other chained into one launch (chain.py: one token's, and a step's 2-4 rows').
 - Before 8.0: the dp4a products (gemv1q) and the per-layer attention kernels only.
 """
 
@@ -29,7 +29,7 @@ class KernelFamily:
     # gemv1m's items (MMA_ILP): their four mmas each of its own and two items a pass, not one chain of four: 8.x
     # decoded +0-3 % with the same numbers (bench/NOTES.md v28); 9.0 keeps the chain, not measured otherwise
     mma_ilp: bool
-    # one-token products that feed each other in one launch (chain.py, gemv1_chainc): 8.x, which has no
+    # products that feed each other in one launch (chain.py, gemv1_chainc and gemvn_chainc): 8.x, which has no
     # programmatic dependent launch to start a product's weights before its predecessor ends (9.0: a bench's
     # knob, CupyTuning.chains_90)
     chains: bool
