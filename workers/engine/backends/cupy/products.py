@@ -204,8 +204,7 @@ class CupyProducts(CupyWeights):
             kernel.allow_smem(smem)
             head: tuple = (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int32(mma_tiles))
             launch = partial(kernel, grid, (threads,), shared_mem=smem)
-            chains = self.family.chains or self.tuning.chains_90
-            if hold and chains and self.tuning.use_chains:  # one launch with its consumer (chain.py)
+            if hold and self._chaining:  # one launch with its consumer (chain.py)
                 launch = partial(self._hold, kernel, int(w.qtype), grid[0], threads, smem)
         else:
             head = (
@@ -239,6 +238,11 @@ class CupyProducts(CupyWeights):
             ),
         )
         return coded
+
+    @property
+    def _chaining(self) -> bool:
+        """Whether held products go out chained (chain.py): the family's chains (8.x) or a bench's chains_90."""
+        return (self.family.chains or self.tuning.chains_90) and self.tuning.use_chains
 
     def _hold(self, kernel: Any, qtype: int, grid: int, threads: int, smem: int, args: tuple) -> None:
         self._chain.add(Product(kernel, args, qtype, grid, threads, smem))

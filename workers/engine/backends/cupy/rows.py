@@ -130,8 +130,8 @@ def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeigh
                     # gemvn's epilogue codes groups of its own output; a post-norm's consumer codes the rows
                     # (add_normed_matmul), a separate up's gated_pair and q8_input
                     one = alone is None or (alone.post_norm is None and alone.up is None)  # group epilogues alone
-                    ep = alone if calls == [(0, n)] and one else None
                     whole = calls == [(0, n)]  # one launch a part: it may be held for a chained launch (chain.py)
+                    ep = alone if whole and one else None
                     coded = gemvn(gpu, part, x8, b - a, out[a:b, col0:], ss, inp.eps, ep, hold=whole)
                 col0 += part.rows
         else:
@@ -317,9 +317,8 @@ def gemvn(
         null if coded is None or coded.x_new is None else coded.x_new,
         null if coded is None or coded.ss is None else coded.ss,
     )
-    chains = gpu.family.chains or gpu.tuning.chains_90
-    chained = hold and chains and gpu.tuning.use_chains and gpu.tuning.chain_rows
-    if chained and ng == 1 and sets == 1:  # 2-4 tokens: gemvn_chainc's products are gemvnc1's
+    # 2-4 tokens (one group, one set): gemvn_chainc's products are gemvnc1's
+    if hold and gpu._chaining and gpu.tuning.chain_rows and ng == 1 and sets == 1:
         gpu._chain.add(Product(kernel, args, int(w.qtype), grid, threads, smem, n_token=True))
     else:
         kernel((grid,), (threads,), args, shared_mem=smem)
