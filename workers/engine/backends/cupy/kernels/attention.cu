@@ -448,13 +448,25 @@ __device__ __forceinline__ void dec_scan(DecTask<DPL>& task, int base, int j1, c
 // Head g of KV head kvh merged over the `ranks` ranks (at most 32) in rank order (attention_dec's cluster block g,
 // attention_decb's warp g): rank p's max m_of(p), sum l_of(p) and merged accumulator acc_of(p, e) (at lane
 // DPL + e) weighed and summed, normalized, rotated back (INT8: V's blk equals K's, hd == hdv), written to out
-// [n_heads * HD] and, when x8 is not NULL, coded at xa as the o product's input as q8_input would; hb: HD floats of
-// shared memory the coding reads the head from.
+// [n_heads * HD] and to hb (HD floats of shared memory, which dec_code reads the o product's input from).
 template <int G, int DPL, class MOf, class LOf, class AccOf>
-__device__ __forceinline__ void dec_head(int g, int kvh, int ranks, float* out, const signed char* x8, X8At xa,
-                                         int n_heads, bool int8, float* hb, MOf m_of, LOf l_of, AccOf acc_of) {
+__device__ __forceinline__ void dec_head(int g, int kvh, int ranks, float* out, bool int8, float* hb, MOf m_of,
+                                         LOf l_of, AccOf acc_of) {
     constexpr int HD = 32 * DPL;
     const int lane = threadIdx.x & 31;
+    // RB ranks' rows loaded before any is added (32 registers), then added in rank order: a row comes from L2
+    // (attention_decg's parts) or a peer's shared memory, and loaded as it was added the merge waited a round trip
+    // every rank or two (32 ranks at depth 4 096 on 8.x); the same FMAs in the same order, so the same numbers.
+    // The first RB rows go out with the maxima and sums, before the weights that need them: one round trip fewer
+    constexpr int RB = DPL >= 32 ? 1 : 32 / DPL;
+    float a[RB][DPL];
+    const auto load = [&](int p0) {
+#pragma unroll
+        for (int q = 0; q < RB; ++q)
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) a[q][e] = p0 + q < ranks ? acc_of(p0 + q, e) : 0.f;
+    };
+    load(0);
     float mp = NEG_INF, lp = 0.f;
     if (lane < ranks) mp = m_of(lane), lp = l_of(lane);
     const float mx = warp_max(mp);
@@ -465,16 +477,8 @@ __device__ __forceinline__ void dec_head(int g, int kvh, int ranks, float* out, 
     float v[DPL];
 #pragma unroll
     for (int e = 0; e < DPL; ++e) v[e] = 0.f;
-    // RB ranks' rows loaded before any is added (32 registers), then added in rank order: a row comes from L2
-    // (attention_decg's parts) or a peer's shared memory, and loaded as it was added the merge waited a round trip
-    // every rank or two (32 ranks at depth 4 096 on 8.x); the same FMAs in the same order, so the same numbers
-    constexpr int RB = DPL >= 32 ? 1 : 32 / DPL;
     for (int p0 = 0; p0 < ranks; p0 += RB) {
-        float a[RB][DPL];
-#pragma unroll
-        for (int q = 0; q < RB; ++q)
-#pragma unroll
-            for (int e = 0; e < DPL; ++e) a[q][e] = p0 + q < ranks ? acc_of(p0 + q, e) : 0.f;
+        if (p0 > 0) load(p0);
 #pragma unroll
         for (int q = 0; q < RB; ++q) {
             if (p0 + q >= ranks) break;  // the same for every lane
@@ -493,11 +497,16 @@ __device__ __forceinline__ void dec_head(int g, int kvh, int ranks, float* out, 
         out[h * HD + lane * DPL + e] = v[e];
         hb[lane * DPL + e] = v[e];
     }
-    if (x8 != nullptr) {
-        __syncwarp();
+}
+// The o product's input (x8 not NULL): n_sb sub-blocks of 32 merged heads' values (`heads`, shared memory, as
+// dec_head left them, visible to the block), sub-blocks first_sb on of the token's row, coded at xa as q8_input
+// would, a sub-block a warp over all the block's warps (where one warp coded its head's sub-blocks in turn); a
+// sub-block's bytes do not depend on the warp that codes it
+__device__ __forceinline__ void dec_code(const float* heads, int first_sb, int n_sb, const signed char* x8, X8At xa) {
+    if (x8 == nullptr) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
 #pragma unroll 1  // one copy of the coding: this code runs once a launch, fetched from L2 (bench/NOTES.md v30)
-        for (int sb = 0; sb < HD / 32; ++sb) q8_code(hb[sb * 32 + lane], (int)(h * HD / 32) + sb, lane, xa);
-    }
+    for (int sb = warp; sb < n_sb; sb += n_warps) q8_code(heads[sb * 32 + lane], first_sb + sb, lane, xa);
 }
 
 // P warps run the WARPS warps whose shares of the keys and merge order the arithmetic is defined by (virtual
@@ -658,20 +667,25 @@ __device__ void attention_dec(const float* qkv, void* k_pool, void* v_pool, floa
         __threadfence();  // the others' states after their counts
         for (int g = warp; g < G; g += P) {  // head g over the ranks in rank order, as the cluster's block g
             dec_head<G, DPL>(
-                g, hg, ranks, out, x8, xa, n_heads, int8, &accs[0][g * HD],
+                g, hg, ranks, out, int8, &accs[0][g * HD],
                 [&](int p) { return __ldcg(kv_parts + p * PF + G * HD + g); },
                 [&](int p) { return __ldcg(kv_parts + p * PF + G * HD + G + g); },
                 [&](int p, int e) { return __ldcg(kv_parts + p * PF + g * HD + lane * DPL + e); });
         }
         if (threadIdx.x == 0) done[group] = 0;
+        __syncthreads();  // every head merged
+        dec_code(accs[0], hg * G * DPL, G * DPL, x8, xa);
     } else {
         cluster_sync();  // every block's state is complete
-        if (rank < G && warp == 0) {  // head g = rank over the cluster, by one warp, peers in rank order
+        if (rank < G) {  // head g = rank over the cluster, by one warp, peers in rank order
             const int g = rank;
-            dec_head<G, DPL>(
-                g, hg, ATT_CL, out, x8, xa, n_heads, int8, kvb, [&](int p) { return ld_peer(&bm[g], p); },
-                [&](int p) { return ld_peer(&bl[g], p); },
-                [&](int p, int e) { return ld_peer(&accs[0][g * HD + lane * DPL + e], p); });
+            if (warp == 0)
+                dec_head<G, DPL>(
+                    g, hg, ATT_CL, out, int8, kvb, [&](int p) { return ld_peer(&bm[g], p); },
+                    [&](int p) { return ld_peer(&bl[g], p); },
+                    [&](int p, int e) { return ld_peer(&accs[0][g * HD + lane * DPL + e], p); });
+            __syncthreads();  // the head in kvb
+            dec_code(kvb, (hg * G + g) * DPL, DPL, x8, xa);
         }
         cluster_sync();  // no block leaves while a peer may still read its shared memory
     }
@@ -793,10 +807,12 @@ __device__ void attention_decb(const float* qkv, void* k_pool, void* v_pool, flo
     if (warp < G) {  // head g over the ranks in rank order, by warp g, as attention_dec's cluster block g
         const int g = warp;
         dec_head<G, DPL>(
-            g, hg, ranks, out, x8, x8_quad(x8, x8_token, n_heads * HD), n_heads, int8, ob + g * HD,
-            [&](int p) { return rm[p * G + g]; }, [&](int p) { return rl[p * G + g]; },
+            g, hg, ranks, out, int8, ob + g * HD, [&](int p) { return rm[p * G + g]; },
+            [&](int p) { return rl[p * G + g]; },
             [&](int p, int e) { return racc[p * L::RANK + g * HD + lane * DPL + e]; });
     }
+    __syncthreads();  // every head merged
+    dec_code(ob, hg * G * DPL, G * DPL, x8, x8_quad(x8, x8_token, n_heads * HD));
 }
 
 // attention_decn_*: the decode rows of a step of several streams in one launch, blockIdx.y the row: dec holds
