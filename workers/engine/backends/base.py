@@ -34,7 +34,9 @@ class NextInput:
     `gated_matmul(out, act, ..., up=up)`: Gemma 4's per-layer input), `add_norm_matmul(residual, out, norm, eps,
     ...)` (norm set), or `add_normed_matmul(residual, out, post_norm, eps, scale, norm, ...)` (post_norm set; norm
     may be None). A hint that lets a device backend prepare that input as it writes the output (one pass less);
-    results are the same with or without it."""
+    results are the same with or without it. Where it did, the backend returns its own value in place of the output
+    array (the CuPy backend's Coded), so the caller hands a hinted product's output, and an attention's output, on
+    to that next operation as it got it, and reads nothing of it itself."""
 
     act: str | None = None
     residual: Array | None = None

@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 
 from genie_workers.engine.backends.cupy import CupyBackend, CupyTuning, QuantWeight, cupy_available
 from genie_workers.engine.backends.cupy.attention import PREFILL_ATTENTION_MIN_TOKENS
+from genie_workers.engine.backends.cupy.coded import Coded, plain
 from genie_workers.engine.backends.cupy.family import AMPERE
 from genie_workers.engine.backends.cupy.kernels import KERNEL_TYPES
 from genie_workers.engine.backends.cupy.products import OCTET_TYPES
@@ -236,7 +237,7 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
         x1, gu = gpu.add_norm_matmul(x, o, norm1, eps, gate_up, NextInput(act="silu"))
         ffn_out = gpu.gated_matmul(gu, "silu", down, NextInput(residual=x1, norm=norm2, eps=eps))
         x2, q = gpu.add_norm_matmul(x1, ffn_out, norm2, eps, qkv)
-        return [cp.asnumpy(a) for a in (o, x1, gu, ffn_out, x2, q)]
+        return [cp.asnumpy(plain(a)) for a in (o, x1, gu, ffn_out, x2, q)]
 
     before = gpu.tuning
     try:
@@ -932,8 +933,9 @@ def test_a_post_norms_product_codes_the_next_products_input(gpu, monkeypatch, qt
             mma_blocks_per_sm=before.mma_blocks_per_sm,
             post_epilogues=before.post_epilogues,
         )
-    assert cp.array_equal(y, y2) and cp.array_equal(x1, x2) and cp.array_equal(out1, out2)
-    s = cp.asnumpy(x).astype(np.float64) + _rms_norm64(cp.asnumpy(y), cp.asnumpy(pw), 1e-6)
+    assert isinstance(y, Coded) == (block != "dp4a")  # x' and its codes handed on with y
+    assert cp.array_equal(plain(y), y2) and cp.array_equal(x1, x2) and cp.array_equal(out1, out2)
+    s = cp.asnumpy(x).astype(np.float64) + _rms_norm64(cp.asnumpy(y2), cp.asnumpy(pw), 1e-6)
     s *= 0.37 if scaled else 1.0
     h = _rms_norm64(s, cp.asnumpy(nw), 1e-6) if normed else s
     assert rel_err(cp.asnumpy(x1), s) < 1e-6
@@ -970,7 +972,7 @@ def test_a_gates_product_codes_act_of_it_times_a_separate_up(gpu, monkeypatch, k
     launched.clear()
     want = gpu.gated_matmul(gate2, kind, w_proj, up=up)
     assert "q8_input" in launched
-    assert cp.array_equal(gate, gate2) and cp.array_equal(got, want)
+    assert isinstance(gate, Coded) and cp.array_equal(gate.out, gate2) and cp.array_equal(got, want)
     assert not cp.asnumpy(gpu._ep_cnt).any()
 
 
@@ -1091,10 +1093,10 @@ def test_product_epilogues_code_the_next_input(gpu, down_type, d, ffn):
         x1, gu = gpu.add_norm_matmul(x, o, n1, 1e-6, gate_up, NextInput(act="silu") if hints else None)
         dn = gpu.gated_matmul(gu, "silu", down, NextInput(residual=x1, norm=n2, eps=1e-6) if hints else None)
         x2, q = gpu.add_norm_matmul(x1, dn, n2, 1e-6, wq)
-        return [cp.asnumpy(a) for a in (o, x1, gu, dn, x2, q)]
+        return [cp.asnumpy(plain(a)) for a in (o, x1, gu, dn, x2, q)]
 
-    plain, fused = layer(False), layer(True)
-    for name, a, b in zip(("o", "x1", "gate_up", "down", "x2", "q"), plain, fused, strict=True):
+    unhinted, fused = layer(False), layer(True)
+    for name, a, b in zip(("o", "x1", "gate_up", "down", "x2", "q"), unhinted, fused, strict=True):
         assert np.isfinite(b).all(), name
         if name in ("o", "x1"):  # before any epilogue's code is read
             np.testing.assert_array_equal(b, a, err_msg=name)
@@ -1216,10 +1218,10 @@ def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, v_norm):
                     a[1, pos0] = cp.asnumpy(b[1, pos0])  # the reference attends over the GPU's row
                 ref = cpu.attention(q_ref, host.layers[0], 1, pos0, window, cfg.attn_scale, softcap)
                 bound = 3e-3 if kv_dtype == "int8" else 1e-5
-                assert rel_err(cp.asnumpy(out), ref) < bound, (pos0, window, softcap, qk_norm is None)
+                assert rel_err(cp.asnumpy(plain(out)), ref) < bound, (pos0, window, softcap, qk_norm is None)
                 if wo is not None:  # the o product takes the kernel's own code of its output: q8_input's of a copy
                     o = cp.asnumpy(gpu.matmul(out, wo))
-                    np.testing.assert_array_equal(o, cp.asnumpy(gpu.matmul(out.copy(), wo)))
+                    np.testing.assert_array_equal(o, cp.asnumpy(gpu.matmul(plain(out).copy(), wo)))
                 # a later layer reading these K/V: its queries alone, its q norm rows alone, nothing stored
                 q = rng.standard_normal((1, heads * hd), dtype=np.float32)
                 q_norm = None if qk_norm is None else qk_norm[:heads]
@@ -1229,7 +1231,7 @@ def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, v_norm):
                     1, pos0,
                 )  # fmt: skip
                 ref = cpu.shared_attention(q.copy(), cfg, lc, q_norm, positions, host.layers[0], 1, pos0)
-                assert rel_err(cp.asnumpy(out), ref) < bound, ("shared", pos0, window, softcap, qk_norm is None)
+                assert rel_err(cp.asnumpy(plain(out)), ref) < bound, ("shared", pos0, window, softcap, qk_norm is None)
                 for a, b in zip(stored, (dev.layers[0].k, dev.layers[0].v), strict=True):
                     np.testing.assert_array_equal(a, cp.asnumpy(b))
 
@@ -1283,27 +1285,26 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(
             norm = cp.asarray(rng.standard_normal((heads + n_kv, hd), dtype=np.float32))
             batch = Batch.of([Segment(slot, pos, (1,), True) for slot, pos in enumerate(depths)])
             gpu.stage_batch(batch)
-            out = gpu.decode_attention(qkv, cfg, lc, norm, kv, batch)
-            coded = gpu._take_coded()  # every row a one-token segment's: the kernel coded them for the o product
-            assert coded is not None and coded.out is out
-            want, _ = q8_rows(gpu, RowsInput(out), 0, len(depths))
+            coded = gpu.decode_attention(qkv, cfg, lc, norm, kv, batch)
+            assert isinstance(coded, Coded)  # every row a one-token segment's: the kernel coded them for the o product
+            want, _ = q8_rows(gpu, RowsInput(coded.out), 0, len(depths))
             got, want = (x8_token_rows(cp.asnumpy(b), len(depths), heads * hd) for b in (coded.x8, want))
             np.testing.assert_array_equal(got, want)
-            together = cp.asnumpy(out)
+            together = cp.asnumpy(coded.out)
             for slot, pos in enumerate(depths):
                 gpu.stage_inputs(np.zeros(1, np.int64), pos, slot=slot)
                 one = gpu.self_attention(qkv[slot : slot + 1], cfg, lc, norm, np.array([pos]), kv, slot, pos)
                 np.testing.assert_array_equal(
-                    together[slot], cp.asnumpy(one)[0], err_msg=f"{kernel}: {pos} {window} {softcap}"
+                    together[slot], cp.asnumpy(plain(one))[0], err_msg=f"{kernel}: {pos} {window} {softcap}"
                 )
             q = cp.ascontiguousarray(qkv[:, : heads * hd])  # a later layer's queries over the same K/V
             gpu.stage_batch(batch)
-            together = cp.asnumpy(gpu.decode_attention(q, cfg, lc, norm[:heads], kv, batch, shared=True))
+            together = cp.asnumpy(plain(gpu.decode_attention(q, cfg, lc, norm[:heads], kv, batch, shared=True)))
             for slot, pos in enumerate(depths):
                 gpu.stage_inputs(np.zeros(1, np.int64), pos, slot=slot)
                 one = gpu.shared_attention(q[slot : slot + 1], cfg, lc, norm[:heads], np.array([pos]), kv, slot, pos)
                 np.testing.assert_array_equal(
-                    together[slot], cp.asnumpy(one)[0], err_msg=f"shared {kernel}: {pos} {window} {softcap}"
+                    together[slot], cp.asnumpy(plain(one))[0], err_msg=f"shared {kernel}: {pos} {window} {softcap}"
                 )
     finally:
         gpu.retune(decb_min_blocks=default, **DEC_DEFAULT)
@@ -1343,12 +1344,12 @@ def test_a_step_whose_attention_decb_block_does_not_fit_the_gpu_takes_the_kernel
     qkv = cp.asarray(rng.standard_normal((len(depths), (heads + 2 * n_kv) * hd), dtype=np.float32))
     batch = Batch.of([Segment(slot, pos, (1,), True) for slot, pos in enumerate(depths)])
     gpu.stage_batch(batch)
-    together = cp.asnumpy(gpu.decode_attention(qkv, cfg, lc, None, kv, batch))
+    together = cp.asnumpy(plain(gpu.decode_attention(qkv, cfg, lc, None, kv, batch)))
     assert not any(name.startswith("attention_decb") for name in gpu._kernels)
     for slot, pos in enumerate(depths):
         gpu.stage_inputs(np.zeros(1, np.int64), pos, slot=slot)
         one = gpu.self_attention(qkv[slot : slot + 1], cfg, lc, None, np.array([pos]), kv, slot, pos)
-        np.testing.assert_array_equal(together[slot], cp.asnumpy(one)[0], err_msg=str(pos))
+        np.testing.assert_array_equal(together[slot], cp.asnumpy(plain(one))[0], err_msg=str(pos))
 
 
 def test_greedy_token_on_the_device(gpu):

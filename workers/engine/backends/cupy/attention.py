@@ -13,7 +13,8 @@ import numpy as np
 from ...batch import Batch
 from ...kv_cache import KVCache, LayerKV
 from ...model_config import LayerConfig, ModelConfig
-from .core import Coded, CupyCore
+from .coded import Coded
+from .core import CupyCore
 from .kernels import threads_for
 from .quant_consts import Q8_MAX_COLS
 from .rows import x8_quads
@@ -220,8 +221,7 @@ class CupyAttention(CupyCore):
         """One token from compute capability 8.0: q/k norm, RoPE, the K/V store and attention in one launch of
         attention_dec (attention.cu: ATT_CL blocks per KV head, merged in distributed shared memory as a cluster on
         9.0, through global memory as attention_decg on 8.x), which also codes its output as the products' input:
-        `matmul` of this very array uses that code (so the array must not be changed in place before it;
-        layers.forward only multiplies it)."""
+        returned as Coded (coded.py), which `matmul` takes."""
         if qkv.shape[0] != 1 or not self._dec_kernel_takes(cfg, lc, kv):
             return super().self_attention(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
         return self._dec_one(qkv, cfg, lc, qk_norm, positions, kv, slot, shared=False)
@@ -264,9 +264,8 @@ class CupyAttention(CupyCore):
         table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
         out = cp.empty((1, H * hdv), dtype=cp.float32)
         cols = H * hdv
-        # the o product's input, coded by the kernel as q8_input would (matmul takes it for `out` itself)
+        # the o product's input, coded by the kernel as q8_input would (returned with `out`: Coded)
         x8 = cp.empty(2 * cols + cols // 4, dtype=cp.int8) if cols <= Q8_MAX_COLS else None
-        self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
         ranks = self._dec_ranks(Hkv * hgs)
         parts, done = self._dec_scratch(1, Hkv * hgs, group, hd, ranks)
@@ -298,7 +297,7 @@ class CupyAttention(CupyCore):
                 _kv_mode(cfg, shared),
             ),
         )
-        return out
+        return out if x8 is None else Coded(out, x8)
 
     def _dec_ranks(self, n_groups: int) -> int:
         """The blocks a head group (a KV head's query heads, or a share of them: dec_groups) of attention_dec and
@@ -365,7 +364,7 @@ class CupyAttention(CupyCore):
         block a row and head group; all the same numbers), written into its row of the output; `shared`: a layer
         reading an earlier layer's K/V (qkv its queries alone), as shared_attention. When every row is a one-token
         segment's, the kernel also codes the output as the rows path's q8_input would (rows.q8_rows: the n-token
-        layout), and the o product (rows.matmul of this very array) takes that code."""
+        layout), returned as Coded, which the o product (rows.matmul) takes."""
         cp = self.xp
         if not (self.tuning.use_decode_rows and self._dec_kernel_takes(cfg, lc, kv)):
             return None
@@ -379,7 +378,6 @@ class CupyAttention(CupyCore):
         table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, last + 1, lc.rope_freq_factors)
         out = cp.empty((qkv.shape[0], H * hd), dtype=cp.float32)
         x8 = x8_quads(cp, n_dec, H * hd) if n_dec == qkv.shape[0] > 1 and (H * hd) % 128 == 0 else None
-        self._coded = None if x8 is None else Coded(out, x8)
         null = np.uint64(0)
         parts = done = null
         ranks = self._dec_ranks(Hkv * hgs)
@@ -429,7 +427,7 @@ class CupyAttention(CupyCore):
             ),
             smem,
         )
-        return out
+        return out if x8 is None else Coded(out, x8)
 
     def kv_write(self, kv: LayerKV, slot: int, pos0: int, k: Any, v: Any) -> None:
         cp = self.xp

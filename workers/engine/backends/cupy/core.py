@@ -4,7 +4,7 @@ products.py, attention.py, layer_ops.py, steps.py) are classes on this one, comp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 from gguf import GGMLQuantizationType
@@ -13,7 +13,7 @@ from genie_common import env
 from genie_common.gguf_file import TensorInfo
 
 from ...model_config import ModelConfig
-from ..base import Backend, NextInput
+from ..base import Backend
 from ..numpy_backend import NumpyBackend
 from .capture_gemm import CaptureGemm
 from .chain import Chain
@@ -35,20 +35,6 @@ from .tuning import CupyTuning
 # its scratch in the captures' pool, but smaller tiles there cost more than they save: 8 MiB halved the 4B's
 # pp512 (15.9 k -> 8.4 k tok/s on the H200; tiles of 256 rows make the down projection's GEMMs thin)
 PREFILL_SCRATCH_BYTES = 32 << 20
-
-
-@dataclass
-class Coded:
-    """A one-token product's output that its kernel also coded as the next dp4a product's input (x8, the
-    buffer q8_input writes): for the output of self_attention (then None), or as `then` asked (NextInput:
-    act(gate) * up, or the residual add and norm without the RMS factor, with x_new and the group sums of
-    squares ss the consumer applies it from)."""
-
-    out: Any
-    x8: Any
-    then: NextInput | None = None
-    x_new: Any = None
-    ss: Any = None
 
 
 TUNING_FIELDS = frozenset(f.name for f in fields(CupyTuning))
@@ -116,8 +102,6 @@ class CupyCore(NumpyBackend):
         self._copy_stream = cupy.cuda.Stream(non_blocking=True)  # start_to_host's copies (host_copies.py)
         self._staging = PinnedStaging(cupy)  # ... and the pinned buffer they go through
         self._gather_tables: dict[tuple[int, ...], tuple[Any, int]] = {}  # gather_slot's, by the arrays' addresses
-        self._coded: Coded | None = None  # the last product's output coded for its consumer, until one takes it
-        self._late_out: Any = None  # the last rows product's output, when its consumer codes it late (rows.py)
         self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
         # products held for one launch (8.x, chain.py): every other launch sends them first (Kernel.__call__)
         self._chain = Chain(cupy, lambda n: self._kernel_named("gemvn_chainc" if n else "gemv1_chainc"), self.n_sm)

@@ -10,6 +10,7 @@ import numpy as np
 from ...host_copy import HostCopy
 from ...model_config import RopeMode
 from ...next_tokens import NextTokens
+from .coded import plain
 from .core import CupyCore
 from .host_copies import DeviceTokens, start_to_host
 from .kernels import THREADS, threads_for
@@ -46,6 +47,7 @@ class CupyLayerOps(CupyCore):
         return x, y
 
     def add_normed(self, x: Any, y: Any, weight: Any | None, eps: float, scale: Any | None = None) -> Any:
+        y = plain(y)  # a product's output as it returned it (coded.py)
         if weight is None:
             return super().add_normed(x, y, weight, eps, scale)
         cp = self.xp
@@ -121,7 +123,8 @@ class CupyLayerOps(CupyCore):
 
     def stack_rows(self, parts: list[Any]) -> Any:
         # a copy per part: cupy.concatenate of many arrays sends their addresses from the host, which a step
-        # being captured as a graph may not do
+        # being captured as a graph may not do; a part may be a one-token attention's Coded (coded.py)
+        parts = [plain(p) for p in parts]
         n = sum(p.shape[0] for p in parts)
         out = self.xp.empty((n, *parts[0].shape[1:]), dtype=parts[0].dtype)
         row = 0

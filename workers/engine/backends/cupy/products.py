@@ -16,7 +16,7 @@ from ..base import NextInput
 from . import core, rows
 from .capture_gemm import CaptureGemm
 from .chain import Product
-from .core import Coded
+from .coded import Coded, plain
 from .kernels import THREADS
 from .quant_consts import (
     _EP_GATED,
@@ -338,18 +338,19 @@ class CupyProducts(CupyWeights):
             )
 
     def matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
-        if x.shape[0] == 1:
+        """x @ weight.T; x may be what its producer returned (Coded: attention's output coded for this product).
+        Returns Coded where the kernel also coded the consumer's input that `then` names (coded.py)."""
+        if plain(x).shape[0] == 1:
             return self._one_matmul(x, weight, then)
         return rows.matmul(self, x, weight, then)  # a step's rows, or a prompt chunk (rows.py)
 
     def _one_matmul(self, x: Any, weight: QuantWeight | GroupWeight, then: NextInput | None = None) -> Any:
         cp = self.xp
-        coded, self._coded = self._coded, None
-        given = x
-        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        coded = x if isinstance(x, Coded) and x.then is None else None  # coded as it was written, for any product
+        x = cp.ascontiguousarray(plain(x), dtype=cp.float32)
         parts = weight.parts if isinstance(weight, GroupWeight) else [weight]
         if self._fusable(x, weight):  # one token, dp4a types: x quantized once for every part
-            if coded is not None and coded.out is given and coded.then is None:  # coded as it was written
+            if coded is not None:
                 return self._matmul_q8(coded.x8, parts, then=then)
             return self._matmul_q8(self._q8_input(x, x.shape[1]), parts, then=then)
         out = cp.empty((x.shape[0], sum(p.rows for p in parts)), dtype=cp.float32)
@@ -370,14 +371,9 @@ class CupyProducts(CupyWeights):
             col0 += part.rows
         if then is None:  # `out` is for anyone: the products held with those that fed it go out now (chain.py)
             self._chain.flush()
-        else:
-            assert coded is not None
-            coded.out = out  # the consumer is handed `out` itself, not the part's view
-            self._coded = coded
-        return out
-
-    def _take_coded(self) -> Coded | None:
-        coded, self._coded = self._coded, None
+            return out
+        assert coded is not None
+        coded.out = out  # the consumer is handed `out` itself, not the part's view
         return coded
 
     # -- fused compositions (decode: one token, dp4a weights) ---------------------------------------------
@@ -393,16 +389,17 @@ class CupyProducts(CupyWeights):
     def add_norm_matmul(
         self, x: Any, r: Any, norm: Any, eps: float, w: QuantWeight | GroupWeight, then: NextInput | None = None
     ) -> tuple[Any, Any]:
+        """r may be what its producer returned: Coded (this very norm of x + r coded by the product's epilogue), or
+        CodeLate (rows)."""
         cp = self.xp
-        coded = self._take_coded()
         if x.shape[0] > 1:
-            return rows.add_norm_matmul(self, x, r, norm, eps, w, then, coded)
+            return rows.add_norm_matmul(self, x, r, norm, eps, w, then)
+        coded, r = r if isinstance(r, Coded) else None, plain(r)
         if not self._fusable(x, w):
             return super().add_norm_matmul(x, r, norm, eps, w, then)
         parts = w.parts if isinstance(w, GroupWeight) else [w]
         c = None if coded is None else coded.then
-        same = c is not None and c.norm is norm and c.residual is x and c.eps == eps
-        if coded is not None and same and coded.out is r:
+        if coded is not None and c is not None and c.norm is norm and c.residual is x and c.eps == eps:
             return coded.x_new, self._matmul_q8(coded.x8, parts, coded.ss, eps, then)  # the producer coded it
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         if r is not None:
@@ -426,12 +423,12 @@ class CupyProducts(CupyWeights):
         # tuning.post_epilogues asks), else the add and the coding in one launch (q8_add_normed), the numbers of
         # add_normed's and q8_input's two; a step's rows: q8_add_normed, a block a row, where one gemvn launch
         # takes them all (rows.py)
+        coded, y = y if isinstance(y, Coded) else None, plain(y)
         if y_norm is not None and x.shape[0] == 1 and self._fusable(x, w):
             cp = self.xp
             parts = w.parts if isinstance(w, GroupWeight) else [w]
-            coded = self._take_coded()
             c = None if coded is None else coded.then
-            if coded is not None and c is not None and c.post_norm is y_norm and coded.out is y and c.residual is x:
+            if coded is not None and c is not None and c.post_norm is y_norm and c.residual is x:
                 if c.scale is scale and c.norm is norm and c.eps == eps:
                     return coded.x_new, self._matmul_q8(coded.x8, parts, then=then)
             if x.shape[1] <= QA_MAX_COLS:
@@ -475,12 +472,12 @@ class CupyProducts(CupyWeights):
         self, gate_up: Any, kind: str, w: QuantWeight | GroupWeight, then: NextInput | None = None, up: Any = None
     ) -> Any:
         cp = self.xp
-        coded = self._take_coded()
+        coded, gate_up = gate_up if isinstance(gate_up, Coded) else None, plain(gate_up)
         if up is not None:  # rows: gated_pair, then their product; one token: q8_input takes up beside the gate
             if gate_up.shape[0] > 1 or not self._fusable(gate_up, w) or up.dtype != cp.float32 or up.strides[-1] != 4:
                 return super().gated_matmul(gate_up, kind, w, then, up)
             c = None if coded is None else coded.then
-            if coded is not None and c is not None and coded.out is gate_up and c.act == kind and c.up is up:
+            if coded is not None and c is not None and c.act == kind and c.up is up:
                 return self._matmul_q8(coded.x8, w.parts if isinstance(w, GroupWeight) else [w], then=then)
             gate = cp.ascontiguousarray(gate_up, dtype=cp.float32)
             x8 = self._q8_input(gate, gate.shape[1], r=up, mode=_X_GATED, act=ACTIVATIONS[kind])
@@ -490,7 +487,7 @@ class CupyProducts(CupyWeights):
         if not self._fusable(gate_up, w):
             return super().gated_matmul(gate_up, kind, w, then)
         parts = w.parts if isinstance(w, GroupWeight) else [w]
-        if coded is not None and coded.out is gate_up and coded.then is not None and coded.then.act == kind:
+        if coded is not None and coded.then is not None and coded.then.act == kind:
             return self._matmul_q8(coded.x8, parts, then=then)  # act(gate) * up coded by the gate/up product
         gate_up = cp.ascontiguousarray(gate_up, dtype=cp.float32)
         cols = gate_up.shape[1] // 2

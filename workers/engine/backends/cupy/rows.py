@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType
 from ..base import NextInput
 from ..numpy_backend import row_calls
 from .chain import Product
-from .core import Coded
+from .coded import Coded, CodeLate, plain
 from .quant_consts import (
     _EP_GATED,
     _EP_NONE,
@@ -107,8 +107,8 @@ def _late(gpu: CupyProducts, parts: list[QuantWeight], then: NextInput | None) -
 def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeight, then: NextInput | None) -> Any:
     """inp's rows (n >= 2, in the groups stage_rows gave) times weight.T -> [n, rows of weight]. Where one row
     alone would have had its consumer's input coded by this product's epilogue (`then`) and one gemvn launch
-    takes every row, that launch's epilogue codes them (gpu._coded); else records whether the consumer codes
-    the output late, as the one-row product's epilogue would have."""
+    takes every row, that launch's epilogue codes them (returned as Coded); else, where the consumer codes the
+    output late as the one-row product's epilogue would have, returns CodeLate (coded.py)."""
     cp = gpu.xp
     parts = weight.parts if hasattr(weight, "parts") else [weight]
     n = inp.x.shape[0]
@@ -137,13 +137,11 @@ def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeigh
         else:
             gpu._chain.flush()  # the rows may be a held product's output: the float path reads them by CuPy's copies
             out[a:b] = gpu._one_matmul(_float_rows(gpu, inp, a, b), weight)
-    if coded is None:  # `out` is for anyone: the products held with those that fed it go out now
-        gpu._chain.flush()
-    else:
+    if coded is not None:
         coded.out = out  # the consumer is handed `out` itself
-    gpu._coded = coded
-    gpu._late_out = out if coded is None and _late(gpu, parts, then) else None
-    return out
+        return coded
+    gpu._chain.flush()  # `out` is for anyone: the products held with those that fed it go out now
+    return CodeLate(out) if _late(gpu, parts, then) else out
 
 
 def _float_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> Any:
@@ -327,27 +325,28 @@ def gemvn(
 
 # -- CupyProducts's compositions for n >= 2 rows ------------------------------------------------------------
 def matmul(gpu: CupyProducts, x: Any, weight: Any, then: NextInput | None) -> Any:
+    """x: an array, or attention_decn's output coded for this product (Coded, then None)."""
     cp = gpu.xp
-    coded = gpu._take_coded()
-    x8 = coded.x8 if coded is not None and coded.out is x and coded.then is None else None
-    return _product(gpu, RowsInput(cp.ascontiguousarray(x, dtype=cp.float32), x8=x8), weight, then)
+    x8 = x.x8 if isinstance(x, Coded) and x.then is None else None
+    return _product(gpu, RowsInput(cp.ascontiguousarray(plain(x), dtype=cp.float32), x8=x8), weight, then)
 
 
 def add_norm_matmul(
-    gpu: CupyProducts, x: Any, r: Any, norm: Any, eps: float, w: Any, then: NextInput | None, coded: Coded | None
+    gpu: CupyProducts, x: Any, r: Any, norm: Any, eps: float, w: Any, then: NextInput | None
 ) -> tuple[Any, Any]:
-    """`coded`: what the producer of r coded for this consumer (gemvn's epilogue), taken when it is for
-    this very norm of x + r."""
+    """r as its producer returned it: Coded (gemvn's epilogue coded this very norm of x + r, taken when it is for
+    it), CodeLate (the rows are coded late, as one row alone is), or the array."""
     cp = gpu.xp
+    coded = r if isinstance(r, Coded) else None
     c = None if coded is None else coded.then
-    if coded is not None and c is not None and c.act is None and coded.out is r and c.residual is x:
+    if coded is not None and c is not None and c.act is None and c.residual is x:
         if c.norm is norm and c.eps == eps:
-            gpu._late_out = None
-            inp = RowsInput(x, X_NORM_LATE, norm=norm, eps=eps, r=r, added=coded.x_new, x8=coded.x8, ss=coded.ss)
+            inp = RowsInput(
+                x, X_NORM_LATE, norm=norm, eps=eps, r=coded.out, added=coded.x_new, x8=coded.x8, ss=coded.ss
+            )
             return coded.x_new, _product(gpu, inp, w, then)
+    late, r = isinstance(r, CodeLate), plain(r)
     x = cp.ascontiguousarray(x, dtype=cp.float32)
-    late = r is not None and gpu._late_out is r
-    gpu._late_out = None
     added = x
     if r is not None:
         r = cp.ascontiguousarray(r, dtype=cp.float32)
@@ -370,8 +369,6 @@ def add_normed_matmul(
     groups = gpu._row_groups if sum(gpu._row_groups) == n else (n,)
     if n > ROWS_MAX or cols % 128 or row_calls(groups, ROWS_MAX) != [(0, n)] or not _fits(gpu, parts, then):
         return None
-    gpu._take_coded()  # whatever y's product coded is not for x'
-    gpu._late_out = None
     x = cp.ascontiguousarray(x, dtype=cp.float32)
     x_new = cp.empty_like(x)
     x8 = x8_quads(cp, n, cols)
@@ -386,9 +383,8 @@ def gated_matmul(
 ) -> Any:
     """`coded`: act(gate) * up as the producer of gate_up coded it (gemvn's epilogue), taken when it is."""
     cp = gpu.xp
-    gpu._late_out = None
     c = None if coded is None else coded.then
-    x8 = coded.x8 if coded is not None and c is not None and c.act == kind and coded.out is gate_up else None
+    x8 = coded.x8 if coded is not None and c is not None and c.act == kind else None
     inp = RowsInput(cp.ascontiguousarray(gate_up, dtype=cp.float32), X_GATED, act=ACTIVATIONS[kind], x8=x8)
     return _product(gpu, inp, w, then)
 

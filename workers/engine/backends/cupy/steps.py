@@ -177,7 +177,6 @@ class CupySteps(CupyCore):
                     graph = stream.end_capture()
         finally:
             self._capturing = False
-            self._coded = None  # no eager product may take a code the graph writes
         return _Captured(graph, out, self._version)
 
     def _rope_limit(self) -> int:
