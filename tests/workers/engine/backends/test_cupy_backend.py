@@ -385,7 +385,7 @@ def test_the_n_token_product_codes_its_consumers_input_as_q8_input_does(gpu, qty
                 width = rows // 2 if then.act is not None else rows
                 got, want = (x8_token_rows(cp.asnumpy(b), n, width) for b in (coded.x8, want_x8))
                 np.testing.assert_array_equal(got, want, err_msg=f"n={n} {then}")
-            assert not cp.asnumpy(gpu._ep_cnt).any()
+            assert not cp.asnumpy(gpu.buffers.ep_cnt).any()
 
 
 def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
@@ -941,7 +941,7 @@ def test_a_post_norms_product_codes_the_next_products_input(gpu, monkeypatch, qt
     assert rel_err(cp.asnumpy(x1), s) < 1e-6
     assert rel_err(cp.asnumpy(out1), h @ dense.T) < 1e-3  # int8 activations
     # a graph replays it: the block counter is back at zero after every launch
-    assert not cp.asnumpy(gpu._ep_cnt).any()
+    assert not cp.asnumpy(gpu.buffers.ep_cnt).any()
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
@@ -973,7 +973,7 @@ def test_a_gates_product_codes_act_of_it_times_a_separate_up(gpu, monkeypatch, k
     want = gpu.gated_matmul(gate2, kind, w_proj, up=up)
     assert "q8_input" in launched
     assert isinstance(gate, Coded) and cp.array_equal(gate.out, gate2) and cp.array_equal(got, want)
-    assert not cp.asnumpy(gpu._ep_cnt).any()
+    assert not cp.asnumpy(gpu.buffers.ep_cnt).any()
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])

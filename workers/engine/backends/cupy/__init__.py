@@ -12,9 +12,11 @@ NumPy backend's code run on CuPy arrays. Decode steps and prompt chunks of the s
 graphs and replayed. (A second decode path, the whole step in one cooperative launch, was measured slower and left
 the product: bench/NOTES.md v7.)
 
-The package, a noun a file: tuning.py (the knobs, one frozen object), kernels.py (the modules and a kernel's
-launch), core.py (the state every part shares), weights.py, products.py and rows.py (one row, several), attention.py,
-layer_ops.py, steps.py (staged inputs, CUDA graphs); backend.py composes them as CupyBackend. Nothing here imports
+The package, a noun a file: tuning.py (the knobs, one frozen object), family.py (the kernel paths of a compute
+capability), kernels.py (the modules and a kernel's launch), core.py (the state every part shares), step_buffers.py
+(what captured steps read), coded.py (what an output hands its consumer), weights.py, products.py and rows.py (one
+row, several), chain.py (products in one launch), attention.py, layer_ops.py, steps.py (staged inputs, CUDA graphs);
+backend.py composes them as CupyBackend. Nothing here imports
 CuPy until a backend is built.
 """
 

@@ -136,9 +136,7 @@ class CupyAttention(CupyCore):
             part_m = cp.empty(n * heads * n_splits, dtype=cp.float32)
             part_l = cp.empty(n * heads * n_splits, dtype=cp.float32)
             part_acc = cp.empty(n * heads * n_splits * hd, dtype=cp.float32)
-            if self._done.size < blocks:
-                self._done = cp.zeros(blocks, dtype=cp.int32)
-                self._version += 1
+            self.buffers.at_least("done", blocks)  # the merge counters
         self._op(f"attention_gqa_{group}_{dpl}")(
             (blocks, n_splits),
             (32 * ATTENTION_WARPS,),
@@ -149,7 +147,7 @@ class CupyAttention(CupyCore):
                 part_m,
                 part_l,
                 part_acc,
-                self._done,
+                self.buffers.done,
                 np.int32(heads),
                 np.int32(n_kv),
                 np.int32(hd & -hd),
@@ -317,16 +315,9 @@ class CupyAttention(CupyCore):
         step stages (reserve_steps), so that a step of more streams does not make the captured ones stale."""
         if self.family.paths_90:
             return np.uint64(0), np.uint64(0)
-        cp = self.xp
-        rows = max(rows, self._dec.size // 3)
+        rows = max(rows, self.buffers.dec.size // 3)
         floats = rows * n_kv * ranks * (group * hd + 2 * group)
-        if self._dec_parts.size < floats:
-            self._dec_parts = cp.empty(floats, dtype=cp.float32)
-            self._version += 1  # captured steps hold the old buffer
-        if self._done.size < rows * n_kv:
-            self._done = cp.zeros(rows * n_kv, dtype=cp.int32)
-            self._version += 1
-        return self._dec_parts, self._done
+        return self.buffers.at_least("dec_parts", floats), self.buffers.at_least("done", rows * n_kv)
 
     def _dec_kernel_takes(self, cfg: ModelConfig, lc: LayerConfig, kv: LayerKV) -> bool:
         """attention_dec (ATT_CL blocks a KV head: a cluster on 9.0, attention_decg on 8.x) runs this layer's
@@ -412,7 +403,7 @@ class CupyAttention(CupyCore):
                 table.sin,
                 np.int32(lc.rope_dim),
                 np.int32(cfg.rope_mode == "neox"),
-                self._dec,
+                self.buffers.dec,
                 np.int32(n_dec),
                 np.int64(kv.k.strides[0]),
                 np.int64(0 if kv.k_scale is None else kv.k_scale.strides[0] // 4),
@@ -515,9 +506,7 @@ class CupyAttention(CupyCore):
             part_m = cp.empty(rows * n_splits, dtype=cp.float32)
             part_l = cp.empty(rows * n_splits, dtype=cp.float32)
             part_acc = cp.empty(rows * n_splits * hdv, dtype=cp.float32)
-            if self._done.size < rows:  # the merge counters: zero between launches (the kernel resets them)
-                self._done = cp.zeros(rows, dtype=cp.int32)
-                self._version += 1  # captured steps hold the old counters
+            self.buffers.at_least("done", rows)  # the merge counters
         blk = hd & -hd
         self._op("attention")(
             (rows, n_splits),
@@ -529,7 +518,7 @@ class CupyAttention(CupyCore):
                 part_m,
                 part_l,
                 part_acc,
-                self._done,
+                self.buffers.done,
                 np.int32(heads),
                 np.int32(n_kv),
                 np.int32(hd),

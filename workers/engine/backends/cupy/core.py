@@ -1,6 +1,6 @@
 """What every part of the CuPy backend shares: the device, its compute capability, the compiled kernel modules
-and the launch of a kernel by name, the buffers captured steps read, and memory. The parts (weights.py,
-products.py, attention.py, layer_ops.py, steps.py) are classes on this one, composed by backend.py."""
+and the launch of a kernel by name, the buffers captured steps read (step_buffers.py), and memory. The parts
+(weights.py, products.py, attention.py, layer_ops.py, steps.py) are classes on this one, composed by backend.py."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from .kernels import (
     dependent_launcher,
     kernel_module,
 )
+from .step_buffers import StepBuffers
 from .tuning import CupyTuning
 
 # float32 weight scratch of the prefill path: the GPU memory bound allows no more. A captured prefill chunk keeps
@@ -64,30 +65,24 @@ class CupyCore(NumpyBackend):
         self.capability = compat_capability((int(props["major"]), int(props["minor"])), env.cuda_compat())
         self.family = family_of(self.capability)
         self._pdl = dependent_launcher() if self.family.paths_90 else None
-        self._dec_parts = cupy.empty(0, dtype=cupy.float32)  # attention_decg's blocks' states
         self._module = kernel_module(*QUANT_SOURCES, options=self._options("quant", self.tuning))
         self._ops = kernel_module(*OPS_SOURCES, options=self._options("ops", self.tuning))
         for module in (self._module, self._ops):
             module.compile()  # now, not mid-generation: a compile failure is a start-up error
         self._kernels: dict[str, Kernel] = {}
-        self._ids = cupy.zeros(1, dtype=cupy.int64)  # staged token ids of the current step
-        # the staged first position and K/V slot (the kernels read them here: AT_SLOT in common.cuh)
-        self._pos = cupy.zeros(2, dtype=cupy.int32)
-        self._step_pos = self._pos  # the one stage_inputs fills (and captured steps read)
-        self._segment_pos = cupy.zeros(2, dtype=cupy.int32)  # a step of several segments: each one's (pos, slot)
+        self.buffers = StepBuffers(cupy)  # what captured steps read (step_buffers.py)
+        # the staged first position and K/V slot the kernels read (AT_SLOT in common.cuh): the step's, or a
+        # segment's (stage_segment)
+        self._pos = self.buffers.step_pos
         self._slot = 0  # the slot staged where _pos points, as the host knows it (attention.py checks it)
         self._step_slot = 0
         self._segment_slots: tuple[int, ...] = ()
-        self._logit_rows = cupy.zeros(1, dtype=cupy.int64)  # the rows whose logits a step returns (take_rows)
-        self._dec = cupy.zeros(3, dtype=cupy.int32)  # a step's one-token segments: rows, slots, positions
-        self._done = cupy.zeros(1024, dtype=cupy.int32)  # split-K attention's per-row merge counters
         self._argmax_buf: tuple[Any, ...] | None = None
         self._ahead: Any = None  # greedy_ahead's last tokens (DeviceTokens), and the pinned buffer they come back to
         self._ahead_pinned: Any = None
         # the decode step staged last, (slot, position) a row, while the buffers hold it (replay_ahead moves it on)
         self._staged_decode: tuple[tuple[int, int], ...] | None = None
         self._capturing = False
-        self._version = 0  # bumped whenever a buffer captured steps read (ids, RoPE tables) is replaced
         self._capture_gemm: CaptureGemm | None = None
         # Every captured step allocates from this one pool, never from the default one, so nothing eager is ever
         # handed a buffer a graph writes. One pool for all of them: the steps replay one at a time on one stream,
@@ -102,7 +97,6 @@ class CupyCore(NumpyBackend):
         self._copy_stream = cupy.cuda.Stream(non_blocking=True)  # start_to_host's copies (host_copies.py)
         self._staging = PinnedStaging(cupy)  # ... and the pinned buffer they go through
         self._gather_tables: dict[tuple[int, ...], tuple[Any, int]] = {}  # gather_slot's, by the arrays' addresses
-        self._ep_cnt = cupy.zeros(1024, dtype=cupy.int32)  # the product epilogues' group counters (quant.cu)
         # products held for one launch (8.x, chain.py): every other launch sends them first (Kernel.__call__)
         self._chain = Chain(cupy, lambda n: self._kernel_named("gemvn_chainc" if n else "gemv1_chainc"), self.n_sm)
 
@@ -181,4 +175,4 @@ class CupyCore(NumpyBackend):
                     self._ops = built
                 self._kernels.clear()
         self.tuning = tuning
-        self._version += 1
+        self.buffers.replaced()

@@ -192,9 +192,7 @@ class CupyProducts(CupyWeights):
                 mode = _EP_NORM
                 coded.x_new = cp.empty((1, len_), dtype=cp.float32)
                 coded.ss = cp.empty(len_ // 32, dtype=cp.float32)
-            if self._ep_cnt.size < len_ // 32:  # zero between launches (the coding blocks reset them)
-                self._ep_cnt = cp.zeros(len_ // 32, dtype=cp.int32)
-                self._version += 1  # captured steps hold the old counters
+            self.buffers.at_least("ep_cnt", len_ // 32)  # a counter a group
         residual = None if then is None else then.residual if then.up is None else then.up
         grid = ((w.rows + rows_per_block - 1) // rows_per_block,)
         if mma_tiles:
@@ -227,7 +225,7 @@ class CupyProducts(CupyWeights):
                 np.int32(mode),
                 np.int32(act),
                 null if coded is None else coded.x8,
-                self._ep_cnt,
+                self.buffers.ep_cnt,
                 null if residual is None else residual,
                 null if mode not in (_EP_NORM, _EP_POSTNORM) or then.norm is None else then.norm,  # type: ignore[union-attr]
                 null if coded is None or coded.x_new is None else coded.x_new,
@@ -266,7 +264,7 @@ class CupyProducts(CupyWeights):
             if not self.tuning.post_epilogues:
                 return None
             vectors = [then.post_norm, *(v for v in (then.norm,) if v is not None)]
-            probe = self._ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
+            probe = self.buffers.ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
             if rows % 32 or then.residual is None or not self._mma_tiles(parts[0], probe, then):
                 return None
             if Q8_THREADS % self._mma_shape(parts[0])[1]:

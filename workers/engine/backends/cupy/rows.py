@@ -94,7 +94,7 @@ def _fits(gpu: CupyProducts, parts: list[QuantWeight], then: NextInput | None) -
     """Every part goes through gemv1m when one row goes alone (with `then` as that row's product has it),
     so gemvn gives each row its numbers."""
     then = gpu._epilogue_for(then, parts)
-    probe = gpu._ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
+    probe = gpu.buffers.ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
     return gpu._fusable_parts(parts) and all(gpu._mma_tiles(p, probe, then) for p in parts)
 
 
@@ -285,9 +285,7 @@ def gemvn(
             mode = _EP_NORM
             coded.x_new = cp.empty((n, width), dtype=cp.float32)
             coded.ss = cp.empty((n, width // 32), dtype=cp.float32)
-        if gpu._ep_cnt.size < sets * width // 32:  # a set's counters each, zero between launches
-            gpu._ep_cnt = cp.zeros(sets * width // 32, dtype=cp.int32)
-            gpu._version += 1  # captured steps hold the old counters
+        gpu.buffers.at_least("ep_cnt", sets * width // 32)  # a set's counters each
     smem = gemvn_smem(gpu, w, threads, ng)
     assert gpu.family.products is not None  # gemvn runs where _mma_tiles found the tensor-core products
     kernel = gpu._kernel(gpu.family.gemvn(ng), w.qtype)
@@ -309,7 +307,7 @@ def gemvn(
         np.int32(mode),
         np.int32(act),
         null if coded is None else coded.x8,
-        gpu._ep_cnt,
+        gpu.buffers.ep_cnt,
         null if then is None or then.residual is None else then.residual,
         null if mode != _EP_NORM else then.norm,  # type: ignore[union-attr]
         null if coded is None or coded.x_new is None else coded.x_new,

@@ -1,6 +1,6 @@
 """A step's inputs staged on the device, and steps captured as CUDA graphs and replayed: the token ids,
-positions and per-segment rows live in buffers the graphs read, replaced (and `_version` bumped) only
-when they must grow; every capture allocates from one pool no eager code is handed."""
+positions and per-segment rows live in buffers the graphs read (step_buffers.py), replaced only when they must
+grow; every capture allocates from one pool no eager code is handed."""
 
 from __future__ import annotations
 
@@ -41,20 +41,15 @@ class CupySteps(CupyCore):
         tokens), so that first burst of 8 requests through the daemon waited ~46 ms for a prefill it had
         captured. The epilogue counters take the most sets a launch makes (ROWS_MAX rows, a group of four a
         set) of EP_WIDTH_MAX values."""
-        cp = self.xp
-        before = self._version
         sizes = {
-            "_ids": max_tokens,
-            "_logit_rows": max_tokens,
-            "_segment_pos": 2 * max_segments,
-            "_dec": 3 * max_segments,
-            "_ep_cnt": -(-ROWS_MAX // 4) * EP_WIDTH_MAX // 32,
+            "ids": max_tokens,
+            "logit_rows": max_tokens,
+            "segment_pos": 2 * max_segments,
+            "dec": 3 * max_segments,
+            "ep_cnt": -(-ROWS_MAX // 4) * EP_WIDTH_MAX // 32,
         }
         for name, size in sizes.items():
-            buffer = getattr(self, name)
-            if buffer.size < size:
-                setattr(self, name, cp.zeros(size, dtype=buffer.dtype))
-                self._version = before + 1
+            self.buffers.at_least(name, size)
         self._rope_positions = max(self._rope_positions, n_ctx)  # no table replaced below the context
 
     def stage_batch(self, batch: Batch) -> Any:
@@ -67,42 +62,31 @@ class CupySteps(CupyCore):
         n, k = len(batch.segments), len(batch.logit_rows)
         if n > 1:  # each segment's position and slot, in one copy: stage_segment points at them
             pairs = np.array([(s.pos0, s.slot) for s in batch.segments], np.int32).reshape(-1)
-            self._segment_pos = self._staged(self._segment_pos, pairs)
+            self.buffers.staged("segment_pos", pairs)
             # the one-token segments' rows, slots and positions, for decode_attention
             dec = [(batch.rows(j).start, s.slot, s.pos0) for j, s in enumerate(batch.segments) if s.n == 1]
             if dec:
-                self._dec = self._staged(self._dec, np.array(dec, np.int32).T.reshape(-1))
+                self.buffers.staged("dec", np.array(dec, np.int32).T.reshape(-1))
         if k:
-            self._logit_rows = self._staged(self._logit_rows, batch.logit_rows.astype(np.int64))
+            self.buffers.staged("logit_rows", batch.logit_rows.astype(np.int64))
         return ids
 
-    def _staged(self, buffer: Any, values: np.ndarray) -> Any:
-        """`values` copied into the front of `buffer` (grown when short: captured steps read the old one)."""
-        if buffer.size < values.size:
-            buffer = self.xp.zeros(max(values.size, 2 * buffer.size), dtype=buffer.dtype)
-            self._version += 1
-        buffer[: values.size].set(values)
-        return buffer
-
     def take_rows(self, x: Any, rows: np.ndarray) -> Any:
-        return x[self._logit_rows[: len(rows)]]
+        return x[self.buffers.logit_rows[: len(rows)]]
 
     def stage_segment(self, i: int | None) -> None:
-        self._pos = self._step_pos if i is None else self._segment_pos[2 * i : 2 * i + 2]
+        b = self.buffers
+        self._pos = b.step_pos if i is None else b.segment_pos[2 * i : 2 * i + 2]
         self._slot = self._step_slot if i is None else self._segment_slots[i]
 
     def stage_inputs(self, ids: np.ndarray, pos0: int, slot: int = 0) -> Any:
-        cp = self.xp
         n = len(ids)
         self._step_slot = self._slot = slot
         if not self._capturing:  # while capturing, the graph reads whatever the buffers hold at replay
             self._staged_decode = None  # (stage_batch says when what it staged is a decode step)
-            if self._ids.shape[0] < n:
-                self._ids = cp.zeros(max(n, 2 * self._ids.shape[0]), dtype=cp.int64)
-                self._version += 1  # captured steps read the old buffer
-            self._ids[:n].set(np.ascontiguousarray(ids, dtype=np.int64))
+            self.buffers.staged("ids", np.ascontiguousarray(ids, dtype=np.int64))
             self._pos.set(np.array([pos0, slot], dtype=np.int32))
-        return self._ids[:n]
+        return self.buffers.ids[:n]
 
     def forward_step(
         self,
@@ -121,7 +105,7 @@ class CupySteps(CupyCore):
         captured = steps.get(key)
         if captured is False:  # its capture failed once: eager from now on
             return run()
-        if captured is None or captured.version != self._version:
+        if captured is None or captured.version != self.buffers.version:
             out = run()  # eagerly once: compiles kernels, builds tables, computes this step
             try:
                 steps[key] = self._capture(run)
@@ -142,7 +126,9 @@ class CupySteps(CupyCore):
         before, its captured step current."""
         captured = steps.get(key)
         device = getattr(ahead, "device", None)
-        if not self.tuning.use_graphs or not isinstance(captured, _Captured) or captured.version != self._version:
+        if not isinstance(captured, _Captured) or captured.version != self.buffers.version:
+            return None
+        if not self.tuning.use_graphs:
             return None
         n = len(batch.segments)
         if device is None or device.size != n or any(s.n != 1 or not s.wants_logits for s in batch.segments):
@@ -152,7 +138,8 @@ class CupySteps(CupyCore):
         if max(s.pos0 + 1 for s in batch.segments) > self._rope_limit():
             return None
         block = -(-n // 32) * 32
-        args = (device, self._ids, np.int32(n), np.int32(n > 1), self._step_pos, self._segment_pos, self._dec)
+        b = self.buffers
+        args = (device, b.ids, np.int32(n), np.int32(n > 1), b.step_pos, b.segment_pos, b.dec)
         self._op("advance_decode")((1,), (block,), args)
         self._staged_decode = tuple((s.slot, s.pos0) for s in batch.segments)
         captured.graph.launch(stream=self.xp.cuda.get_current_stream())
@@ -177,7 +164,7 @@ class CupySteps(CupyCore):
                     graph = stream.end_capture()
         finally:
             self._capturing = False
-        return _Captured(graph, out, self._version)
+        return _Captured(graph, out, self.buffers.version)
 
     def _rope_limit(self) -> int:
         """Positions every RoPE table covers: a replay past it must run eagerly (and grow the tables)."""
@@ -189,5 +176,5 @@ class CupySteps(CupyCore):
         before = self._rope_tables.get((base, scale, rope_dim, freq_factors))  # the key NumpyBackend files it under
         table = super()._rope_table(base, scale, rope_dim, n_pos, freq_factors)
         if before is not None and table is not before:
-            self._version += 1  # captured steps read the replaced table
+            self.buffers.replaced()  # captured steps read the replaced table
         return table
