@@ -80,7 +80,7 @@ def bench_model(model, path: Path, kv: str, depths: list[int], repeats: int) -> 
     out["tg"] = tg
     out["kv_gib"] = engine.kv.config.bytes_per_token * n_ctx / 2**30
     out["pool_gib"] = cp.get_default_memory_pool().used_bytes() / 2**30  # arrays in use
-    out["graphs_gib"] = backend._capture_pool.total_bytes() / 2**30  # the captured steps' memory
+    out["graphs_gib"] = backend.steps.capture_pool.total_bytes() / 2**30  # the captured steps' memory
     free, total = cp.cuda.runtime.memGetInfo()
     out["gpu_mem_gib"] = (total - free) / 2**30  # all the device memory the process holds
     del engine

@@ -94,7 +94,7 @@ def graph_gb_per_s(backend: Any, copies: list[Any], x8: Any, y: Any, nbytes: int
     """Bytes per second of one product a copy, all of them captured as one graph (PDL), over 10 replays."""
     import cupy as cp
 
-    captured = backend._capture(lambda: [backend._gemv1q(w, x8, y) for w in copies])
+    captured = backend.steps._capture(lambda: [backend.products._gemv1q(w, x8, y) for w in copies])
     stream = cp.cuda.get_current_stream()
     captured.graph.launch(stream)
     a, b = cp.cuda.Event(), cp.cuda.Event()
@@ -116,7 +116,7 @@ def main() -> None:
     from genie_workers.engine.backends.cupy import CupyBackend, QuantWeight
 
     backend = CupyBackend()
-    n_sm = backend.n_sm
+    n_sm = backend.dev.n_sm
     read = cp.RawModule(code=READ).get_function("read_all")
     rng = np.random.default_rng(0)
     variants = [parse_variant(v) for v in args.variants]
@@ -131,7 +131,7 @@ def main() -> None:
         n_copies = max(2, (4 * 50 * 2**20) // nbytes + 1)  # > 4x the L2
         copies = [QuantWeight(cp.asarray(block), qtype, rows, cols) for _ in range(n_copies)]
         x = cp.asarray(rng.standard_normal((1, cols), dtype=np.float32))
-        x8 = backend._q8_input(x, cols)
+        x8 = backend.products._q8_input(x, cols)
         y = cp.empty(rows, dtype=cp.float32)
         read_bw = gb_per_s(
             lambda w, n=nbytes: read((4 * n_sm,), (512,), (w.data, np.int64(n // 16), dummy)), copies, nbytes
@@ -139,7 +139,7 @@ def main() -> None:
         cells, ref = [], None
         for _, knobs in variants:
             apply(backend, knobs)
-            bw = gb_per_s(lambda w, x8=x8, y=y: backend._gemv1q(w, x8, y), copies, nbytes)
+            bw = gb_per_s(lambda w, x8=x8, y=y: backend.products._gemv1q(w, x8, y), copies, nbytes)
             out = cp.asnumpy(y)
             ref = out if ref is None else ref
             diff = float(np.abs(out - ref).max() / (np.abs(ref).max() + 1e-30))

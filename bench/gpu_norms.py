@@ -39,11 +39,11 @@ def main() -> None:
     from genie_workers.engine.backends.cupy.quant_consts import Q8_THREADS
 
     backend = CupyBackend()
-    print(f"{backend._device_name}, family {backend.family.name}; µs a launch, {LAUNCHES} dependent launches a graph")
+    print(f"{backend.dev.name}, family {backend.dev.family.name}; µs a launch, {LAUNCHES} dependent launches a graph")
     rng = np.random.default_rng(0)
     null = np.uint64(0)
-    q8_add_normed = backend._kernel_named("q8_add_normed")
-    q8_input = backend._kernel_named("q8_input")
+    q8_add_normed = backend.dev.kernel_named("q8_add_normed")
+    q8_input = backend.dev.kernel_named("q8_input")
 
     def norm_launch(x: Any, y: Any, yw: Any, w: Any, x_new: Any, x8: Any, cols: int, threads: int) -> None:
         args_ = (x, y, yw, null, x_new, np.float32(1e-6), null if w is None else w, np.int32(cols), x8)
@@ -51,7 +51,7 @@ def main() -> None:
 
     def two_launches(x: Any, y: Any, yw: Any, w: Any, cols: int) -> None:  # what q8_add_normed replaced
         out = backend.add_normed(x[None], y[None], yw, 1e-6)  # the add, then the coding with the next norm
-        backend._q8_input(out[0], cols, nw=w, eps=1e-6, mode=2)
+        backend.products._q8_input(out[0], cols, nw=w, eps=1e-6, mode=2)
 
     def floor_launch(x: Any, x8: Any) -> None:  # q8_input coding one sub-block with one warp: the smallest launch
         args_ = (x, null, null, null, np.float32(0), np.int32(0), np.int32(0), np.int32(32), x8)

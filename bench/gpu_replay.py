@@ -38,26 +38,25 @@ class Skipped:
 
 def skip(backend, family: str | None) -> None:
     """Kernels whose name starts with `family` become no-ops on this backend (None: none do)."""
-    from genie_workers.engine.backends.cupy import CupyBackend
+    from genie_workers.engine.backends.cupy.chain import Chain
+    from genie_workers.engine.backends.cupy.core import CupyDevice
 
-    backend._kernels.clear()
-    for attr in ("_kernel_named", "_op"):
-        real = getattr(CupyBackend, attr)
+    dev = backend.dev
+    dev.kernels.clear()
+    for attr in ("kernel_named", "op"):
+        real = getattr(CupyDevice, attr)
 
         def pick(name: str, real=real):
-            kernel = real(backend, name)
+            kernel = real(dev, name)
             return Skipped() if family and name.startswith(family) else kernel
 
-        setattr(backend, attr, pick)
-    # the 8.x chain launches gemv1_chainc itself (cuLaunchKernel on the real kernel, whose occupancy it also
-    # reads): it keeps the real kernel, and a skipped chain launches nothing
-    chain = getattr(backend, "_chain", None)
-    if chain is not None:
-        from genie_workers.engine.backends.cupy.chain import Chain
-
-        chain._kernel = lambda: CupyBackend._kernel_named(backend, "gemv1_chainc")
-        skipped = bool(family) and "gemv1_chainc".startswith(family)
-        chain._launch = (lambda *args: None) if skipped else Chain._launch.__get__(chain)
+        setattr(dev, attr, pick)
+    # the 8.x chain launches gemv1_chainc / gemvn_chainc itself (cuLaunchKernel on the real kernel, whose occupancy
+    # it also reads): it keeps the real kernels, and a skipped chain launches nothing
+    chain = dev.chain
+    chain._kernel = lambda n: CupyDevice.kernel_named(dev, "gemvn_chainc" if n else "gemv1_chainc")
+    skipped = bool(family) and any(k.startswith(family) for k in ("gemv1_chainc", "gemvn_chainc"))
+    chain._launch = (lambda *args: None) if skipped else Chain._launch.__get__(chain)
 
 
 def replay_us(engine, pos: int, replays: int) -> float:

@@ -30,7 +30,7 @@ def replay_us(backend: Any, run: Any, n_launches: int) -> float:
     """Microseconds a product: `run` (one product a copy) captured once, replayed 10 times."""
     import cupy as cp
 
-    captured = backend._capture(run)
+    captured = backend.steps._capture(run)
     stream = cp.cuda.get_current_stream()
     captured.graph.launch(stream)
     a, b = cp.cuda.Event(), cp.cuda.Event()
@@ -83,11 +83,11 @@ def main() -> None:
             x = cp.asarray(rng.standard_normal((n, cols), dtype=np.float32))
             y = cp.empty((n, rows), dtype=cp.float32)
             if n == 1:
-                x8 = backend._q8_input(x, cols)
+                x8 = backend.products._q8_input(x, cols)
 
                 def run(x8: Any = x8, y: Any = y, n: int = n, copies: list = copies) -> None:
                     for w in copies:
-                        backend._gemv1q(w, x8, y[0])
+                        backend.products._gemv1q(w, x8, y[0])
             else:
                 x8, _ = q8_rows(backend, RowsInput(x, X_PLAIN), 0, n)
 

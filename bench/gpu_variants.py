@@ -133,7 +133,7 @@ def main() -> None:
                     ratio = f" ({tok_s / anchor[depth]:.2f}x)" if depth in anchor else ""
                     cells.append(f"{tok_s:.0f}{ratio}")
                 free, total = cp.cuda.runtime.memGetInfo()
-                graphs = backend._capture_pool.total_bytes()  # every captured step's intermediates
+                graphs = backend.steps.capture_pool.total_bytes()  # every captured step's intermediates
                 mem = f"{(total - free) / 2**30:.2f} ({graphs / 2**30:.2f})"
                 rows.append(
                     f"| {name} | {kv} | {label} | {pp512:.0f}{pp_ratio} | {' | '.join(cells)} | {diff:.1e} | {mem} |"

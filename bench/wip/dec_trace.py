@@ -36,13 +36,13 @@ def main() -> None:
     from genie_common.engine_options import EngineOptions
     from genie_workers.engine.backends.cupy import core
 
-    built = core.CupyCore._options
+    built = core.CupyDevice.options
 
     def traced(self, module, tuning):  # the ops module with the trace points compiled in
         options = built(self, module, tuning)
         return (*options, "-DDEC_TRACE") if module == "ops" else options
 
-    core.CupyCore._options = traced
+    core.CupyDevice.options = traced  # type: ignore[method-assign]
     from genie_workers.engine.engine import Engine
 
     model = sys.argv[1] if len(sys.argv) > 1 else "qwen3-4b"
@@ -51,7 +51,7 @@ def main() -> None:
     opts = EngineOptions(model=str(out / f"{model}-q4_k_m.gguf"), backend="cupy", ctx=8192, prefill_chunk=512)
     engine = Engine(opts)
     engine.backend.retune(use_graphs=False)
-    trace = engine.backend._ops.get_global("dec_trace")
+    trace = engine.backend.dev.modules["ops"].get_global("dec_trace")
     history = np.random.default_rng(0).integers(300, engine.model.config.n_vocab, 8192).tolist()
     pos = 0
     for depth in (0, 1024, 4096):

@@ -112,8 +112,8 @@ def test_larger_steps_after_the_first_leave_every_captured_step_current(tmp_path
     list(engine.generate(prompt(1, 5), greedy(3)))  # a chunk padded to 8 tokens and decode steps, captured
     first = {k: v for k, v in engine._steps.items() if v not in (None, False)}
     assert first, engine._steps
-    version = gpu.buffers.version  # type: ignore[attr-defined]
+    version = gpu.dev.buffers.version  # type: ignore[attr-defined]
     run_mixed(engine)
     list(engine.generate(prompt(2, 60), greedy(2)))
-    assert gpu.buffers.version == version  # type: ignore[attr-defined]
+    assert gpu.dev.buffers.version == version  # type: ignore[attr-defined]
     assert all(engine._steps.get(k) is v and v.version == version for k, v in first.items())

@@ -64,16 +64,16 @@ def test_quantized_kernels_match_dequantize(gpu, qtype, shape):
     dense = dequantize(blocks, qtype).astype(np.float64)  # the gguf package's reference
     w = QuantWeight(cp.asarray(blocks.reshape(-1)), qtype, rows, cols)
 
-    out = gpu.dequant_into(w, cp.full((rows, cols), cp.nan, dtype=cp.float32))
+    out = gpu.weights.dequant_into(w, cp.full((rows, cols), cp.nan, dtype=cp.float32))
     assert rel_err(cp.asnumpy(out), dense) < 1e-6
 
     ids = rng.integers(0, rows, 7)
-    rows_out = gpu.dequant_into(w, cp.full((7, cols), cp.nan, dtype=cp.float32), cp.asarray(ids), scale=3.0)
+    rows_out = gpu.weights.dequant_into(w, cp.full((7, cols), cp.nan, dtype=cp.float32), cp.asarray(ids), scale=3.0)
     assert rel_err(cp.asnumpy(rows_out), 3.0 * dense[ids]) < 1e-6
 
     x = rng.standard_normal((1, cols), dtype=np.float32)  # the one-token kernel (x in shared memory)
     x[0, :32] *= 50  # one loud sub-block: the int8 activations' scales are per 32 values
-    y = cp.asnumpy(gpu.gemv1_into(cp.asarray(x), w, cp.full(rows, cp.nan, dtype=cp.float32)))[None]
+    y = cp.asnumpy(gpu.products.gemv1_into(cp.asarray(x), w, cp.full(rows, cp.nan, dtype=cp.float32)))[None]
     if qtype in OCTET_TYPES:  # int8 activations: exact against x so coded, ~1e-5 from float32 x
         assert rel_err(y, q8_activations(x) @ dense.T) < 1e-5
         # rows of one 256-value unit with the loud sub-block in it: 1.3e-4 seen once
@@ -119,7 +119,7 @@ def test_tensor_core_products_match_the_dp4a_kernel(gpu, qtype, shape):
     sampled rows match the float64 product."""
     import cupy as cp
 
-    if gpu.family.products is None:
+    if gpu.dev.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
     rng = np.random.default_rng()
     rows, cols = shape
@@ -128,15 +128,15 @@ def test_tensor_core_products_match_the_dp4a_kernel(gpu, qtype, shape):
     blocks = random_blocks(qtype, rows, cols, rng)
     w = QuantWeight(cp.asarray(blocks.reshape(-1)), qtype, rows, cols)
     x = rng.standard_normal((1, cols), dtype=np.float32)
-    x8 = gpu._q8_input(cp.asarray(x), cols)
+    x8 = gpu.products._q8_input(cp.asarray(x), cols)
     ss = cp.asarray(rng.uniform(0.5, 2.0, cols // 32).astype(np.float32))
 
     def product(mma: bool, norm_ss=None):
         gpu.retune(use_mma=mma)
         try:
-            assert (gpu._mma_tiles(w, x8, None) > 0) == mma
+            assert (gpu.products._mma_tiles(w, x8, None) > 0) == mma
             y = cp.full(rows, cp.nan, dtype=cp.float32)
-            gpu._gemv1q(w, x8, y, norm_ss, 1e-6)
+            gpu.products._gemv1q(w, x8, y, norm_ss, 1e-6)
             return cp.asnumpy(y).astype(np.float64)
         finally:
             gpu.retune(use_mma=True)
@@ -160,22 +160,22 @@ def test_a_retuned_compiled_size_builds_its_module_again_with_the_same_numbers(g
     for bit."""
     import cupy as cp
 
-    if gpu.family.products is None:
+    if gpu.dev.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
     rng = np.random.default_rng(1)
     rows, cols = 2560, 9728
     w = QuantWeight(cp.asarray(random_blocks(Q.Q4_K, rows, cols, rng).reshape(-1)), Q.Q4_K, rows, cols)
-    x8 = gpu._q8_input(cp.asarray(rng.standard_normal((1, cols), dtype=np.float32)), cols)
+    x8 = gpu.products._q8_input(cp.asarray(rng.standard_normal((1, cols), dtype=np.float32)), cols)
 
     def product():
         y = cp.full(rows, cp.nan, dtype=cp.float32)
-        gpu._gemv1q(w, x8, y)
+        gpu.products._gemv1q(w, x8, y)
         return cp.asnumpy(y)
 
-    first, module = product(), gpu._module
+    first, module = product(), gpu.dev.modules["quant"]
     try:
         gpu.retune(mma_stages=4)
-        assert gpu._module is not module and "-DMMA_STAGES=4" in gpu._options("quant", gpu.tuning)
+        assert gpu.dev.modules["quant"] is not module and "-DMMA_STAGES=4" in gpu.dev.options("quant", gpu.tuning)
         assert rel_err(product().astype(np.float64), first.astype(np.float64)) < 1e-6
     finally:
         gpu.retune(mma_stages=0)
@@ -201,9 +201,9 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
     from genie_workers.engine.backends.cupy import GroupWeight
     from genie_workers.engine.backends.cupy.chain import Chain
 
-    if gpu.family.products is None:
+    if gpu.dev.family.products is None:
         pytest.skip("chains hold the tensor-core products (compute capability 8.0 or later)")
-    knob = {} if gpu.family.chains else {"chains_90": True}  # 9.0: the bench's knob
+    knob = {} if gpu.dev.family.chains else {"chains_90": True}  # 9.0: the bench's knob
     rng = np.random.default_rng(7)
     d, ffn, eps = 1024, 2048, 1e-6
 
@@ -217,8 +217,8 @@ def test_chained_products_give_the_numbers_of_their_own_launches(gpu, monkeypatc
         qkv = GroupWeight([matrix(Q.Q4_K, d, d), matrix(Q.Q8_0, 256, d)])
     x, attn = (cp.asarray(rng.standard_normal((n, d), dtype=np.float32)) for _ in range(2))
     if sms:  # the grids of a GPU of that many SMs (every block of a chain is still resident on this one)
-        monkeypatch.setattr(gpu, "n_sm", sms)
-        monkeypatch.setattr(gpu._chain, "_n_sm", sms)
+        monkeypatch.setattr(gpu.dev, "n_sm", sms)
+        monkeypatch.setattr(gpu.dev.chain, "_n_sm", sms)
     norm1, norm2 = (cp.asarray(rng.uniform(0.5, 1.5, d).astype(np.float32)) for _ in range(2))
     launched: list[int] = []
     bases: list[list[int]] = []
@@ -267,7 +267,7 @@ def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, 
 
     from genie_workers.engine.backends.cupy.rows import X_NORM_LATE, X_PLAIN, RowsInput, gemvn, q8_rows
 
-    if gpu.family.products is None:
+    if gpu.dev.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
     rng = np.random.default_rng(5)
     rows, cols = shape
@@ -279,18 +279,18 @@ def test_the_n_token_product_gives_each_token_its_one_token_numbers(gpu, qtype, 
         x = cp.asarray(rng.standard_normal((n, cols), dtype=np.float32))
         for mode in (X_PLAIN, X_NORM_LATE):
             inp = RowsInput(x, mode, norm=norm if mode == X_NORM_LATE else None, eps=1e-6)
-            x8, ss = q8_rows(gpu, inp, 0, n)
+            x8, ss = q8_rows(gpu.products, inp, 0, n)
             y = cp.full((n, rows), cp.nan, dtype=cp.float32)
-            gemvn(gpu, w, x8, n, y, ss, 1e-6)
+            gemvn(gpu.products, w, x8, n, y, ss, 1e-6)
             tokens = x8_token_rows(cp.asnumpy(x8), n, cols)  # the n-token layout, read back as one-token rows
             for k in range(n):
                 one = cp.full(rows, cp.nan, dtype=cp.float32)
                 if mode == X_PLAIN:
-                    x8_one = gpu._q8_input(x[k : k + 1], cols)
+                    x8_one = gpu.products._q8_input(x[k : k + 1], cols)
                     np.testing.assert_array_equal(cp.asnumpy(x8_one), tokens[k, : x8_one.size])
                 else:
                     x8_one = cp.asarray(tokens[k])
-                gpu._gemv1q(w, x8_one, one, None if ss is None else ss[k], 1e-6)
+                gpu.products._gemv1q(w, x8_one, one, None if ss is None else ss[k], 1e-6)
                 np.testing.assert_array_equal(cp.asnumpy(y[k]), cp.asnumpy(one), err_msg=f"n={n} token {k} mode {mode}")
 
 
@@ -302,15 +302,16 @@ from testkit.quant_blocks import random_blocks
 from genie_workers.engine.backends.cupy import CupyBackend, QuantWeight
 from genie_workers.engine.backends.cupy.rows import X_PLAIN, RowsInput, gemvn, q8_rows
 
-gpu, rng = CupyBackend(), np.random.default_rng(0)
+products, rng = CupyBackend().products, np.random.default_rng(0)
 # 256 rows: prompt chunks in sets of 1 or 2 groups; 1 024 and 19 456 rows (64 and 1 216 tiles): sets of 3, 5 and 8
 shapes = [(Q.Q4_K, 256, 512), (Q.Q4_K, 256, 4096), (Q.Q6_K, 256, 512)]
 shapes += [(q, rows, 512) for q in (Q.Q4_K, Q.Q6_K) for rows in (1024, 19456)]
 for qtype, rows, cols in shapes:
     w = QuantWeight(cp.asarray(random_blocks(qtype, rows, cols, rng).reshape(-1)), qtype, rows, cols)
     for n in (5, 9, 10, 11, 12, 13, 17, 21, 26, 33, 40, 45, 57, 64):
-        x8, ss = q8_rows(gpu, RowsInput(cp.asarray(rng.standard_normal((n, cols), dtype=np.float32)), X_PLAIN), 0, n)
-        gemvn(gpu, w, x8, n, cp.empty((n, rows), dtype=cp.float32), ss, 1e-6)
+        x = cp.asarray(rng.standard_normal((n, cols), dtype=np.float32))
+        x8, ss = q8_rows(products, RowsInput(x, X_PLAIN), 0, n)
+        gemvn(products, w, x8, n, cp.empty((n, rows), dtype=cp.float32), ss, 1e-6)
 cp.cuda.Device().synchronize()
 """
 
@@ -328,7 +329,7 @@ def test_the_n_token_product_reads_no_quad_past_its_input(gpu):
     import sys
     from pathlib import Path
 
-    if gpu.family.products is None:
+    if gpu.dev.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
     found = sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer"))
     tool = shutil.which("compute-sanitizer") or (found[-1] if found else None)
@@ -360,32 +361,32 @@ def test_the_n_token_product_codes_its_consumers_input_as_q8_input_does(gpu, qty
     from genie_workers.engine.backends.cupy.quant_consts import Q8_MAX_COLS
     from genie_workers.engine.backends.cupy.rows import X_GATED, X_NORM_LATE, RowsInput, gemvn, q8_rows
 
-    if gpu.family.products is None:
+    if gpu.dev.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
     rng = np.random.default_rng(9)
     w = QuantWeight(cp.asarray(random_blocks(qtype, rows, cols, rng).reshape(-1)), qtype, rows, cols)
     norm = cp.asarray(rng.uniform(0.5, 1.5, rows).astype(np.float32))
     for n in (2, 7, 16, 23):
-        x8, _ = q8_rows(gpu, RowsInput(cp.asarray(rng.standard_normal((n, cols), dtype=np.float32))), 0, n)
+        x8, _ = q8_rows(gpu.products, RowsInput(cp.asarray(rng.standard_normal((n, cols), dtype=np.float32))), 0, n)
         residual = cp.asarray(rng.standard_normal((n, rows), dtype=np.float32))
         nexts = [NextInput(act="silu")]  # a norm's consumer takes at most Q8_MAX_COLS values (as q8_input)
         nexts += [NextInput(residual=residual, norm=norm, eps=1e-6)] if rows <= Q8_MAX_COLS else []
         for then in nexts:
             for _ in range(2):
                 y = cp.full((n, rows), cp.nan, dtype=cp.float32)
-                coded = gemvn(gpu, w, x8, n, y, None, 0.0, then)
+                coded = gemvn(gpu.products, w, x8, n, y, None, 0.0, then)
                 assert coded is not None
                 if then.act is None:
-                    want_x8, want_ss = q8_rows(gpu, RowsInput(y, X_NORM_LATE, norm=norm, r=residual,
+                    want_x8, want_ss = q8_rows(gpu.products, RowsInput(y, X_NORM_LATE, norm=norm, r=residual,
                                                               added=cp.empty_like(y), eps=1e-6), 0, n)  # fmt: skip
                     np.testing.assert_array_equal(cp.asnumpy(coded.x_new), cp.asnumpy(y + residual))
                     np.testing.assert_array_equal(cp.asnumpy(coded.ss), cp.asnumpy(want_ss))
                 else:
-                    want_x8, _ = q8_rows(gpu, RowsInput(y, X_GATED, act=0), 0, n)
+                    want_x8, _ = q8_rows(gpu.products, RowsInput(y, X_GATED, act=0), 0, n)
                 width = rows // 2 if then.act is not None else rows
                 got, want = (x8_token_rows(cp.asnumpy(b), n, width) for b in (coded.x8, want_x8))
                 np.testing.assert_array_equal(got, want, err_msg=f"n={n} {then}")
-            assert not cp.asnumpy(gpu.buffers.ep_cnt).any()
+            assert not cp.asnumpy(gpu.dev.buffers.ep_cnt).any()
 
 
 def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
@@ -401,7 +402,7 @@ def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
     x = rng.standard_normal((20, cols), dtype=np.float32)
     ref = x.astype(np.float64) @ dequantize(blocks, Q.Q4_K).astype(np.float64).T
     out = cp.full((20, rows + 3), cp.nan, dtype=cp.float32)  # columns 3.. of a wider output, as a group's part
-    gpu._prefill_matmul(cp.asarray(x), w, out, 3)
+    gpu.products._prefill_matmul(cp.asarray(x), w, out, 3)
     assert rel_err(cp.asnumpy(out[:, 3:]), ref) < TF32_REL
     assert cp.isnan(out[:, :3]).all()  # nothing outside the part's columns written
 
@@ -422,7 +423,7 @@ def test_the_prefill_gemm_takes_its_inputs_as_the_tuning_says(gpu, compute, boun
     out = cp.empty((64, rows), dtype=cp.float32)
     gpu.retune(prefill_gemm=compute)
     try:
-        gpu._prefill_matmul(cp.asarray(x), w, out, 0)
+        gpu.products._prefill_matmul(cp.asarray(x), w, out, 0)
     finally:
         gpu.retune(prefill_gemm=before)
     assert rel_err(cp.asnumpy(out), ref) < bound
@@ -639,7 +640,7 @@ def test_kv_write_and_attention(gpu, cpu, monkeypatch, kv_dtype, heads, n_kv, hd
     import cupy as cp
 
     if block_kib is not None:
-        monkeypatch.setattr(gpu, "_smem_per_block", block_kib * 1024)
+        monkeypatch.setattr(gpu.dev, "smem_per_block", block_kib * 1024)
 
     from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
 
@@ -694,8 +695,8 @@ def test_prefill_attention_takes_the_form_that_fits_the_block(gpu, monkeypatch):
     """An RTX 30 / 40 block (99 KiB) takes head dim 256 in tiles of 32 keys and 512 through the generic kernel; an
     Orin's (163 KiB) and Hopper's (227 KiB) take 256 in tiles of 64 and 512 in two blocks of V's dims."""
     for kib, forms in ((99, ("256_k32", None)), (163, ("256", "512")), (227, ("256", "512"))):
-        monkeypatch.setattr(gpu, "_smem_per_block", kib * 1024)
-        got = tuple(None if f is None else f[0] for f in (gpu._prefill_form(hd, 64) for hd in (256, 512)))
+        monkeypatch.setattr(gpu.dev, "smem_per_block", kib * 1024)
+        got = tuple(None if f is None else f[0] for f in (gpu.attn._prefill_form(hd, 64) for hd in (256, 512)))
         assert got == forms, kib
 
 
@@ -712,9 +713,9 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
     from genie_workers.engine.engine import Engine
     from genie_workers.engine.model import Model
 
-    if gpu.capability < (9, 0):
+    if gpu.dev.capability < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 (GENIE_CUDA_COMPAT may force older)")
-    assert gpu._pdl is not None, "sm_90 and later launch captured steps with PDL"
+    assert gpu.dev.pdl is not None, "sm_90 and later launch captured steps with PDL"
     path = FIXTURE_Q4_K_M
     model = Model.load(path, gpu)
     rng = np.random.default_rng()
@@ -860,9 +861,9 @@ def test_add_normed_matmul_one_launch_has_the_numbers_of_its_two(gpu, monkeypatc
     from genie_workers.engine.backends.base import Backend
 
     launched = []
-    for attr in ("_kernel_named", "_op"):  # quant.cu's kernels, and layer_ops.cu's (add_normed)
-        real = getattr(type(gpu), attr)
-        monkeypatch.setattr(gpu, attr, lambda name, real=real: launched.append(name) or real(gpu, name))
+    for attr in ("kernel_named", "op"):  # quant.cu's kernels, and layer_ops.cu's (add_normed)
+        real = getattr(gpu.dev, attr)
+        monkeypatch.setattr(gpu.dev, attr, lambda name, real=real: launched.append(name) or real(name))
     rng = np.random.default_rng(d)
     n = 6
     w, dense = _quant_weight(Q.Q4_K, 512, d, rng)
@@ -901,9 +902,9 @@ def test_a_post_norms_product_codes_the_next_products_input(gpu, monkeypatch, qt
     from genie_workers.engine.backends.base import NextInput
 
     launched = []
-    for attr in ("_kernel_named", "_op"):
-        real = getattr(type(gpu), attr)
-        monkeypatch.setattr(gpu, attr, lambda name, real=real: launched.append(name) or real(gpu, name))
+    for attr in ("kernel_named", "op"):
+        real = getattr(gpu.dev, attr)
+        monkeypatch.setattr(gpu.dev, attr, lambda name, real=real: launched.append(name) or real(name))
     rng = np.random.default_rng(d)
     producer, _ = _quant_weight(qtype, d, 512, rng)
     consumer, dense = _quant_weight(Q.Q4_K, 256, d, rng)
@@ -917,8 +918,8 @@ def test_a_post_norms_product_codes_the_next_products_input(gpu, monkeypatch, qt
     before = gpu.tuning
     gpu.retune(post_epilogues=True, **tunings[block])
     try:
-        assert block == "dp4a" or gpu._mma_shape(producer)[1] == int(block)
-        taken = gpu._epilogue_for(then, [producer])
+        assert block == "dp4a" or gpu.products._mma_shape(producer)[1] == int(block)
+        taken = gpu.products._epilogue_for(then, [producer])
         assert taken is (None if block == "dp4a" else then)
         y = gpu.matmul(a, producer, then)
         x1, out1 = gpu.add_normed_matmul(x, y, pw, 1e-6, scale, norm, consumer)
@@ -941,7 +942,7 @@ def test_a_post_norms_product_codes_the_next_products_input(gpu, monkeypatch, qt
     assert rel_err(cp.asnumpy(x1), s) < 1e-6
     assert rel_err(cp.asnumpy(out1), h @ dense.T) < 1e-3  # int8 activations
     # a graph replays it: the block counter is back at zero after every launch
-    assert not cp.asnumpy(gpu.buffers.ep_cnt).any()
+    assert not cp.asnumpy(gpu.dev.buffers.ep_cnt).any()
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
@@ -954,8 +955,8 @@ def test_a_gates_product_codes_act_of_it_times_a_separate_up(gpu, monkeypatch, k
     from genie_workers.engine.backends.base import NextInput
 
     launched = []
-    real = type(gpu)._kernel_named
-    monkeypatch.setattr(gpu, "_kernel_named", lambda name: launched.append(name) or real(gpu, name))
+    real = gpu.dev.kernel_named
+    monkeypatch.setattr(gpu.dev, "kernel_named", lambda name: launched.append(name) or real(name))
     rng = np.random.default_rng(11)
     w_gate, _ = _quant_weight(Q.Q4_K, 256, 1536, rng)
     w_proj, _ = _quant_weight(Q.Q4_K, 1536, 256, rng)
@@ -963,7 +964,7 @@ def test_a_gates_product_codes_act_of_it_times_a_separate_up(gpu, monkeypatch, k
     ple = cp.asarray(rng.standard_normal((1, 35, 256), dtype=np.float32))
     up = ple[:, 7]
     then = NextInput(act=kind, up=up)
-    assert gpu._epilogue_for(then, [w_gate]) is then
+    assert gpu.products._epilogue_for(then, [w_gate]) is then
     gate = gpu.matmul(x, w_gate, then)
     launched.clear()
     got = gpu.gated_matmul(gate, kind, w_proj, up=up)
@@ -973,7 +974,7 @@ def test_a_gates_product_codes_act_of_it_times_a_separate_up(gpu, monkeypatch, k
     want = gpu.gated_matmul(gate2, kind, w_proj, up=up)
     assert "q8_input" in launched
     assert isinstance(gate, Coded) and cp.array_equal(gate.out, gate2) and cp.array_equal(got, want)
-    assert not cp.asnumpy(gpu.buffers.ep_cnt).any()
+    assert not cp.asnumpy(gpu.dev.buffers.ep_cnt).any()
 
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
@@ -1117,10 +1118,10 @@ DEC_DEFAULT = {"dec_ranks": CupyTuning().dec_ranks, "dec_rank_tasks": CupyTuning
 
 def _dec_ranks_apply(gpu, ranks: tuple[int, int]) -> None:
     """Tune attention_decg's blocks a KV head, or skip where they are a cluster's (9.0) or absent."""
-    if gpu.family.decode_attention is None:
+    if gpu.dev.family.decode_attention is None:
         pytest.skip("attention_dec needs compute capability 8.0")
     changes = {"dec_ranks": ranks[0], "dec_rank_tasks": ranks[1]}
-    if changes != DEC_DEFAULT and gpu.family.paths_90:
+    if changes != DEC_DEFAULT and gpu.dev.family.paths_90:
         pytest.skip("on 9.0 a KV head's blocks are a cluster of ATT_CL")
     gpu.retune(**changes)
 
@@ -1256,7 +1257,7 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(
     from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
     from genie_workers.engine.model_config import LayerConfig, ModelConfig
 
-    if gpu.family.decode_attention is None:
+    if gpu.dev.family.decode_attention is None:
         pytest.skip("attention_dec needs compute capability 8.0")
     rng = np.random.default_rng(7)
     n_ctx, depths = 2700, (0, 7, 100, 1029, 2600)
@@ -1287,7 +1288,7 @@ def test_every_stream_of_one_decode_attention_launch_gets_its_own_numbers(
             gpu.stage_batch(batch)
             coded = gpu.decode_attention(qkv, cfg, lc, norm, kv, batch)
             assert isinstance(coded, Coded)  # every row a one-token segment's: the kernel coded them for the o product
-            want, _ = q8_rows(gpu, RowsInput(coded.out), 0, len(depths))
+            want, _ = q8_rows(gpu.products, RowsInput(coded.out), 0, len(depths))
             got, want = (x8_token_rows(cp.asnumpy(b), len(depths), heads * hd) for b in (coded.x8, want))
             np.testing.assert_array_equal(got, want)
             together = cp.asnumpy(coded.out)
@@ -1322,12 +1323,12 @@ def test_a_step_whose_attention_decb_block_does_not_fit_the_gpu_takes_the_kernel
     from genie_workers.engine.model_config import LayerConfig, ModelConfig
 
     gpu = CupyBackend()  # its own: the launched kernels are told by the backend's kernel cache
-    if gpu.family.decode_attention is None:
+    if gpu.dev.family.decode_attention is None:
         pytest.skip("attention_dec needs compute capability 8.0")
     heads, n_kv, hd, depths = 32, 8, 128, (0, 9, 300, 1029)
-    _, smem = _decb_shape(heads // n_kv, hd // 32, gpu.tuning, gpu._dec_ranks(n_kv))
+    _, smem = _decb_shape(heads // n_kv, hd // 32, gpu.tuning, gpu.attn._dec_ranks(n_kv))
     assert smem > 99 * 1024  # what the 4B's needs: more than an RTX 30's block
-    gpu._smem_per_block = 99 * 1024
+    gpu.dev.smem_per_block = 99 * 1024
     gpu.retune(decb_min_blocks=0)  # every step would take attention_decb
     rng = np.random.default_rng(11)
     lc = LayerConfig(rope_base=1e6, rope_scale=1.0, sliding_window=0)
@@ -1345,7 +1346,7 @@ def test_a_step_whose_attention_decb_block_does_not_fit_the_gpu_takes_the_kernel
     batch = Batch.of([Segment(slot, pos, (1,), True) for slot, pos in enumerate(depths)])
     gpu.stage_batch(batch)
     together = cp.asnumpy(plain(gpu.decode_attention(qkv, cfg, lc, None, kv, batch)))
-    assert not any(name.startswith("attention_decb") for name in gpu._kernels)
+    assert not any(name.startswith("attention_decb") for name in gpu.dev.kernels)
     for slot, pos in enumerate(depths):
         gpu.stage_inputs(np.zeros(1, np.int64), pos, slot=slot)
         one = gpu.self_attention(qkv[slot : slot + 1], cfg, lc, None, np.array([pos]), kv, slot, pos)
@@ -1387,7 +1388,7 @@ def test_every_module_compiles_for_the_jetson_and_the_rtx_30(sources, arch):
 
     code = gpu_package.kernel_source(*getattr(gpu_package, sources))
     include = os.path.join(cp.cuda.get_cuda_path() or "/usr/local/cuda", "include")  # cuda_fp16.h
-    family = (f"-DMMA_STAGES={AMPERE.mma_stages}", f"-DMMA_ILP={int(AMPERE.mma_ilp)}")  # as CupyCore._options
+    family = (f"-DMMA_STAGES={AMPERE.mma_stages}", f"-DMMA_ILP={int(AMPERE.mma_ilp)}")  # as CupyDevice.options
     out = cp.cuda.compiler.compile_using_nvrtc(code, options=("-std=c++17", f"-I{include}", *family), arch=arch)
     code_out = out[0] if isinstance(out, tuple) else out  # (code, name mapping) in CuPy 13 and later
     if isinstance(code_out, str):
@@ -1420,9 +1421,10 @@ def test_the_older_paths_can_be_forced_on_a_newer_gpu(monkeypatch):
     native = first_tokens()
     monkeypatch.setenv("GENIE_CUDA_COMPAT", "sm87")
     old = CupyBackend()
-    assert old.capability == (8, 7) and old.family is AMPERE and not (old.family.paths_90 or old._pdl)
-    assert old.family.products == ("gemv1mc", "gemvnc")
-    assert old.family.decode_attention == ("attention_decg", "attention_decgn")
+    dev = old.dev
+    assert dev.capability == (8, 7) and dev.family is AMPERE and not (dev.family.paths_90 or dev.pdl)
+    assert dev.family.products == ("gemv1mc", "gemvnc")
+    assert dev.family.decode_attention == ("attention_decg", "attention_decgn")
     assert "GENIE_CUDA_COMPAT=8.7" in old.device_name
     assert first_tokens() == native
     monkeypatch.setenv("GENIE_CUDA_COMPAT", "sm95")

@@ -14,14 +14,14 @@ def raw_with_static(static: int) -> SimpleNamespace:
 
 def test_dynamic_memory_under_48_kib_is_opted_in_when_static_memory_leaves_less():
     raw = raw_with_static(2208)
-    Kernel(raw, backend=None).allow_smem(48832)  # a 2-stage Q4_K ring for 768 values and its x8
+    Kernel(raw, dev=None).allow_smem(48832)  # a 2-stage Q4_K ring for 768 values and its x8
     assert raw.max_dynamic_shared_size_bytes == 48832
 
 
 def test_a_limit_already_high_enough_is_left_as_it_is():
     raw = raw_with_static(0)
     raw.max_dynamic_shared_size_bytes = 100_000
-    Kernel(raw, backend=None).allow_smem(60_000)
+    Kernel(raw, dev=None).allow_smem(60_000)
     assert raw.max_dynamic_shared_size_bytes == 100_000
-    Kernel(raw, backend=None).allow_smem(0)
+    Kernel(raw, dev=None).allow_smem(0)
     assert raw.max_dynamic_shared_size_bytes == 100_000

@@ -9,7 +9,9 @@ import re
 import pytest
 
 from genie_workers.engine.backends.cupy import OPS_SOURCES, QUANT_SOURCES, CupyBackend, CupyTuning, kernel_source
+from genie_workers.engine.backends.cupy.core import CupyDevice
 from genie_workers.engine.backends.cupy.family import AMPERE, HOPPER, OLDER, family_of
+from genie_workers.engine.backends.cupy.products import CupyProducts
 from genie_workers.engine.backends.cupy.tuning import DEFINES
 
 
@@ -44,8 +46,8 @@ def test_a_knob_set_on_the_backend_is_an_error_not_ignored():
     backend = CupyBackend.__new__(CupyBackend)  # no GPU: only the attribute guard is exercised
     with pytest.raises(AttributeError, match=r"retune\(use_mma=...\)"):
         backend.use_mma = False  # type: ignore[attr-defined]
-    backend.n_sm = 132  # any other attribute is the backend's own
-    assert backend.n_sm == 132
+    backend.stops_between_layers = False  # any other attribute is the backend's own
+    assert backend.stops_between_layers is False
 
 
 def test_the_n_token_products_groups_a_block_by_matrix_and_tokens():
@@ -111,14 +113,14 @@ def test_the_products_ring_and_items_are_the_kernel_familys_unless_a_bench_asks_
     """quant.cu states no ring of its own (MMA_STAGES) and no form of gemv1m's items (MMA_ILP): the backend builds
     them with its family's, 3 stages of bulk copies and chained mmas on 9.0, 2 of cp.async and mmas of their own
     on 8.x, or a benchmark's; a changed ring is a changed build (retune)."""
-    backend = CupyBackend.__new__(CupyBackend)  # no GPU: only the build options are exercised
-    backend.family = family
-    built = backend._options("quant", CupyTuning())
+    dev = CupyDevice.__new__(CupyDevice)  # no GPU: only the build options are exercised
+    dev.family = family
+    built = dev.options("quant", CupyTuning())
     assert f"-DMMA_STAGES={stages}" in built and f"-DPATHS_90={int(family.paths_90)}" in built
     assert f"-DMMA_ILP={ilp}" in built
-    assert "-DMMA_STAGES=4" in backend._options("quant", CupyTuning(mma_stages=4))
-    assert f"-DMMA_ILP={1 - ilp}" in backend._options("quant", CupyTuning(mma_ilp=1 - ilp))
-    assert not any("MMA_STAGES" in o or "MMA_ILP" in o for o in backend._options("ops", CupyTuning()))
+    assert "-DMMA_STAGES=4" in dev.options("quant", CupyTuning(mma_stages=4))
+    assert f"-DMMA_ILP={1 - ilp}" in dev.options("quant", CupyTuning(mma_ilp=1 - ilp))
+    assert not any("MMA_STAGES" in o or "MMA_ILP" in o for o in dev.options("ops", CupyTuning()))
     source = kernel_source(*QUANT_SOURCES)
     assert "#define MMA_STAGES" not in source and "#define MMA_ILP" not in source
     with pytest.raises(ValueError, match="mma_ilp"):
@@ -129,12 +131,12 @@ def test_the_products_ring_and_items_are_the_kernel_familys_unless_a_bench_asks_
 RTX_30, ORIN = (102_400, 101_376), (167_936, 166_912)
 
 
-def products_on(smem: tuple[int, int], **tuning) -> CupyBackend:
-    backend = CupyBackend.__new__(CupyBackend)  # no GPU: only the launch shapes are exercised
-    backend.tuning = CupyTuning(**tuning)
-    backend.family, backend.n_sm = AMPERE, 8
-    backend._smem_per_sm, backend._smem_per_block = smem
-    return backend
+def products_on(smem: tuple[int, int], **tuning) -> CupyProducts:
+    dev = CupyDevice.__new__(CupyDevice)  # no GPU: only the launch shapes are exercised
+    dev.xp, dev.tuning = None, CupyTuning(**tuning)
+    dev.family, dev.n_sm = AMPERE, 8
+    dev.smem_per_sm, dev.smem_per_block = smem
+    return CupyProducts(dev, weights=None, backend=None)  # type: ignore[arg-type]
 
 
 def test_the_tensor_core_products_take_only_the_shared_memory_the_gpu_has():

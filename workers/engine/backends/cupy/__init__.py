@@ -13,10 +13,10 @@ graphs and replayed. (A second decode path, the whole step in one cooperative la
 the product: bench/NOTES.md v7.)
 
 The package, a noun a file: tuning.py (the knobs, one frozen object), family.py (the kernel paths of a compute
-capability), kernels.py (the modules and a kernel's launch), core.py (the state every part shares), step_buffers.py
-(what captured steps read), coded.py (what an output hands its consumer), weights.py, products.py and rows.py (one
-row, several), chain.py (products in one launch), attention.py, layer_ops.py, steps.py (staged inputs, CUDA graphs);
-backend.py composes them as CupyBackend. Nothing here imports
+capability), kernels.py (the modules and a kernel's launch), core.py (the device every part shares), step_buffers.py
+(what captured steps read), coded.py (what an output hands its consumer), chain.py (products in one launch); the
+parts, an object each on the device: weights.py, products.py and rows.py (one row, several), attention.py,
+layer_ops.py, steps.py (staged inputs, CUDA graphs); backend.py composes them as CupyBackend. Nothing here imports
 CuPy until a backend is built.
 """
 

@@ -13,8 +13,9 @@ import numpy as np
 from ...batch import Batch
 from ...kv_cache import KVCache, LayerKV
 from ...model_config import LayerConfig, ModelConfig
+from ..numpy_backend import NumpyBackend
 from .coded import Coded
-from .core import CupyCore
+from .core import CupyDevice
 from .kernels import threads_for
 from .quant_consts import Q8_MAX_COLS
 from .rows import x8_quads
@@ -107,12 +108,24 @@ def _prefill_attention_smem(hd: int, rows: int, dv: int, keys: int) -> int:
     return 2 * rows * (hd + 8) + max(tiles, 4 * rows * (hd + 4) if dv == hd else 0)
 
 
-class CupyAttention(CupyCore):
+class CupyAttention:
+    """`backend`: the backend this is part of, whose NumPy compositions (on CuPy arrays) serve where these kernels do
+    not, and whose RoPE tables the kernels read."""
+
+    def __init__(self, dev: CupyDevice, backend: NumpyBackend) -> None:
+        self.dev = dev
+        self.xp = dev.xp
+        self.backend = backend
+
+    def _rope_table(self, lc: LayerConfig, n_pos: int) -> Any:
+        """The layer's RoPE table (the backend's), covering positions [0, n_pos)."""
+        return self.backend._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, n_pos, lc.rope_freq_factors)
+
     def _slot_pools(self, kv: LayerKV, slot: int) -> tuple[Any, Any, Any, Any]:
         """The layer's whole K, V (and scale) pools, for a kernel that adds the staged slot's offset itself
         (AT_SLOT), so that a captured step replays for any slot; `slot` must be the one staged (steps.py)."""
-        if slot != self._slot:
-            raise AssertionError(f"slot {slot} is not the staged one ({self._slot}): stage_inputs or stage_segment")
+        if slot != self.dev.slot:
+            raise AssertionError(f"slot {slot} is not the staged one ({self.dev.slot}): stage_inputs or stage_segment")
         null = np.uint64(0)
         return (
             kv.k,
@@ -129,15 +142,15 @@ class CupyAttention(CupyCore):
         n, heads, hd = q.shape
         n_kv = heads // group
         blocks = n * n_kv
-        n_splits = 1 if blocks >= 2 * self.n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self.n_sm // blocks))
+        n_splits = 1 if blocks >= 2 * self.dev.n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self.dev.n_sm // blocks))
         null = np.uint64(0)
         part_m = part_l = part_acc = null
         if n_splits > 1:
             part_m = cp.empty(n * heads * n_splits, dtype=cp.float32)
             part_l = cp.empty(n * heads * n_splits, dtype=cp.float32)
             part_acc = cp.empty(n * heads * n_splits * hd, dtype=cp.float32)
-            self.buffers.at_least("done", blocks)  # the merge counters
-        self._op(f"attention_gqa_{group}_{dpl}")(
+            self.dev.buffers.at_least("done", blocks)  # the merge counters
+        self.dev.op(f"attention_gqa_{group}_{dpl}")(
             (blocks, n_splits),
             (32 * ATTENTION_WARPS,),
             (
@@ -147,11 +160,11 @@ class CupyAttention(CupyCore):
                 part_m,
                 part_l,
                 part_acc,
-                self.buffers.done,
+                self.dev.buffers.done,
                 np.int32(heads),
                 np.int32(n_kv),
                 np.int32(hd & -hd),
-                self._pos,
+                self.dev.pos,
                 np.int32(window),
                 np.float32(scale),
                 np.float32(softcap),
@@ -173,13 +186,13 @@ class CupyAttention(CupyCore):
     ) -> Any:
         cp = self.xp
         if kv.k.dtype == cp.float32:
-            return super().prepare_qkv(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+            return NumpyBackend.prepare_qkv(self.backend, qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
         qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
         n = qkv.shape[0]
         H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
-        table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
+        table = self._rope_table(lc, int(positions[-1]) + 1)
         null = np.uint64(0)
-        self._op("qkv_post")(
+        self.dev.op("qkv_post")(
             (n, H + 2 * Hkv),
             (threads_for(max(hd, hdv)),),
             (
@@ -195,7 +208,7 @@ class CupyAttention(CupyCore):
                 table.sin,
                 np.int32(lc.rope_dim),
                 np.int32(cfg.rope_mode == "neox"),
-                self._pos,
+                self.dev.pos,
                 *self._slot_pools(kv, slot),
                 np.int32(hd & -hd),
                 np.int32(hdv & -hdv),
@@ -221,7 +234,7 @@ class CupyAttention(CupyCore):
         9.0, through global memory as attention_decg on 8.x), which also codes its output as the products' input:
         returned as Coded (coded.py), which `matmul` takes."""
         if qkv.shape[0] != 1 or not self._dec_kernel_takes(cfg, lc, kv):
-            return super().self_attention(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+            return NumpyBackend.self_attention(self.backend, qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
         return self._dec_one(qkv, cfg, lc, qk_norm, positions, kv, slot, shared=False)
 
     def shared_attention(
@@ -238,7 +251,7 @@ class CupyAttention(CupyCore):
         """One token of a layer that reads an earlier layer's K/V: attention_dec as self_attention runs it, its
         q norm and RoPE in the same launch, nothing stored."""
         if q.shape[0] != 1 or not self._dec_kernel_takes(cfg, lc, kv):
-            return super().shared_attention(q, cfg, lc, q_norm, positions, kv, slot, pos0)
+            return NumpyBackend.shared_attention(self.backend, q, cfg, lc, q_norm, positions, kv, slot, pos0)
         return self._dec_one(q, cfg, lc, q_norm, positions, kv, slot, shared=True)
 
     def _dec_one(
@@ -256,10 +269,10 @@ class CupyAttention(CupyCore):
         cp = self.xp
         H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
         groups = dec_groups(H // Hkv, hd // 32)
-        assert groups is not None and self.family.decode_attention is not None
+        assert groups is not None and self.dev.family.decode_attention is not None
         group, hgs = groups
         qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
-        table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, int(positions[-1]) + 1, lc.rope_freq_factors)
+        table = self._rope_table(lc, int(positions[-1]) + 1)
         out = cp.empty((1, H * hdv), dtype=cp.float32)
         cols = H * hdv
         # the o product's input, coded by the kernel as q8_input would (returned with `out`: Coded)
@@ -267,9 +280,9 @@ class CupyAttention(CupyCore):
         null = np.uint64(0)
         ranks = self._dec_ranks(Hkv * hgs)
         parts, done = self._dec_scratch(1, Hkv * hgs, group, hd, ranks)
-        self._op(f"{self.family.decode_attention[0]}_{group}_{hd // 32}")(
+        self.dev.op(f"{self.dev.family.decode_attention[0]}_{group}_{hd // 32}")(
             (Hkv * hgs * ranks,),
-            (32 * _dec_warps(group, hd // 32, self.tuning.dec_max_warps),),
+            (32 * _dec_warps(group, hd // 32, self.dev.tuning.dec_max_warps),),
             (
                 qkv,
                 *self._slot_pools(kv, slot),
@@ -283,7 +296,7 @@ class CupyAttention(CupyCore):
                 table.sin,
                 np.int32(lc.rope_dim),
                 np.int32(cfg.rope_mode == "neox"),
-                self._pos,
+                self.dev.pos,
                 np.int32(lc.sliding_window),
                 np.float32(cfg.attn_scale),
                 np.float32(cfg.attn_logit_softcap),
@@ -304,28 +317,28 @@ class CupyAttention(CupyCore):
         with 0 (the default) as many as the SMs hold one a group's (attention_decg's 16 warps fill an SM), at
         most DEC_MAX_RANKS: an 8-SM Orin's 8 KV heads a block each, the 132-SM H100's 16 (bench/NOTES.md v26);
         of those the kernel uses a position's share where tuning.dec_rank_tasks asks."""
-        if self.family.paths_90:
+        if self.dev.family.paths_90:
             return ATTENTION_CLUSTER
-        return self.tuning.dec_ranks or max(1, min(DEC_MAX_RANKS, self.n_sm // n_groups))
+        return self.dev.tuning.dec_ranks or max(1, min(DEC_MAX_RANKS, self.dev.n_sm // n_groups))
 
     def _dec_scratch(self, rows: int, n_kv: int, group: int, hd: int, ranks: int) -> tuple[Any, Any]:
         """The global merge's scratch (attention_decg and attention_decgn, 8.x; NULLs for the cluster kernels):
         the blocks' states, [rows][n_kv][ranks][group hd + 2 group] floats, and the merge counters (zero between
         launches: the kernel resets them; shared with the split-K kernels'). Sized for the most one-token rows a
         step stages (reserve_steps), so that a step of more streams does not make the captured ones stale."""
-        if self.family.paths_90:
+        if self.dev.family.paths_90:
             return np.uint64(0), np.uint64(0)
-        rows = max(rows, self.buffers.dec.size // 3)
+        rows = max(rows, self.dev.buffers.dec.size // 3)
         floats = rows * n_kv * ranks * (group * hd + 2 * group)
-        return self.buffers.at_least("dec_parts", floats), self.buffers.at_least("done", rows * n_kv)
+        return self.dev.buffers.at_least("dec_parts", floats), self.dev.buffers.at_least("done", rows * n_kv)
 
     def _dec_kernel_takes(self, cfg: ModelConfig, lc: LayerConfig, kv: LayerKV) -> bool:
         """attention_dec (ATT_CL blocks a KV head: a cluster on 9.0, attention_decg on 8.x) runs this layer's
         one-token attention."""
         H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
         return (
-            self.tuning.use_clusters
-            and self.family.decode_attention is not None
+            self.dev.tuning.use_clusters
+            and self.dev.family.decode_attention is not None
             and kv.k.dtype != self.xp.float32
             and hd == hdv
             and hd % 32 == 0
@@ -336,7 +349,7 @@ class CupyAttention(CupyCore):
     def decode_steps_by_count(self, cfg: ModelConfig, kv: KVCache) -> bool:
         """Every layer's one-token attention of a step of several streams is attention_decn (decode_attention),
         which reads each stream's slot from the staged buffer: nothing in such a step names a slot."""
-        return self.tuning.use_decode_rows and all(
+        return self.dev.tuning.use_decode_rows and all(
             self._dec_kernel_takes(cfg, lc, kv.layers[cfg.kv_pools[i]]) for i, lc in enumerate(cfg.layers)
         )
 
@@ -344,7 +357,7 @@ class CupyAttention(CupyCore):
         """Every kernel of such a step reads its segments' slots and positions where stage_batch staged them
         (the one-token rows through attention_decn, the chunks through stage_segment's pairs), and the
         tuning asks for it (capture_mixed, on by default)."""
-        return self.tuning.capture_mixed and self.decode_steps_by_count(cfg, kv)
+        return self.dev.tuning.capture_mixed and self.decode_steps_by_count(cfg, kv)
 
     def decode_attention(
         self, qkv: Any, cfg: ModelConfig, lc: LayerConfig, qk_norm: Any, kv: LayerKV, batch: Batch, shared: bool = False
@@ -357,7 +370,7 @@ class CupyAttention(CupyCore):
         segment's, the kernel also codes the output as the rows path's q8_input would (rows.q8_rows: the n-token
         layout), returned as Coded, which the o product (rows.matmul) takes."""
         cp = self.xp
-        if not (self.tuning.use_decode_rows and self._dec_kernel_takes(cfg, lc, kv)):
+        if not (self.dev.tuning.use_decode_rows and self._dec_kernel_takes(cfg, lc, kv)):
             return None
         n_dec = sum(1 for s in batch.segments if s.n == 1)
         H, Hkv, hd = cfg.n_heads, lc.n_kv_heads, lc.head_dim
@@ -366,23 +379,23 @@ class CupyAttention(CupyCore):
         group, hgs = groups
         qkv = cp.ascontiguousarray(qkv, dtype=cp.float32)
         last = max(s.pos0 for s in batch.segments if s.n == 1)
-        table = self._rope_table(lc.rope_base, lc.rope_scale, lc.rope_dim, last + 1, lc.rope_freq_factors)
+        table = self._rope_table(lc, last + 1)
         out = cp.empty((qkv.shape[0], H * hd), dtype=cp.float32)
         x8 = x8_quads(cp, n_dec, H * hd) if n_dec == qkv.shape[0] > 1 and (H * hd) % 128 == 0 else None
         null = np.uint64(0)
         parts = done = null
         ranks = self._dec_ranks(Hkv * hgs)
-        threads, smem = _decb_shape(group, hd // 32, self.tuning, ranks)
+        threads, smem = _decb_shape(group, hd // 32, self.dev.tuning, ranks)
         # a block a row and KV head (attention.cu's attention_decb) where its shared memory fits a block of this
         # GPU: the 4B's 154 KiB do on an Orin (163 KiB) and a Hopper, not on an RTX 30 / 40 (99 KiB), which takes
         # the kernel below (the same numbers)
-        if n_dec * Hkv * hgs >= self.tuning.decb_min_blocks and smem <= self._smem_per_block:
-            kernel, grid, block = self._op(f"attention_decb_{group}_{hd // 32}"), (Hkv * hgs, n_dec), (threads,)
+        if n_dec * Hkv * hgs >= self.dev.tuning.decb_min_blocks and smem <= self.dev.smem_per_block:
+            kernel, grid, block = self.dev.op(f"attention_decb_{group}_{hd // 32}"), (Hkv * hgs, n_dec), (threads,)
             kernel.allow_smem(smem)
         else:  # `ranks` blocks a row and KV head (a cluster, or merged through global memory)
-            assert self.family.decode_attention is not None
-            kernel, smem = self._op(f"{self.family.decode_attention[1]}_{group}_{hd // 32}"), 0
-            grid, block = (Hkv * hgs * ranks, n_dec), (32 * _decn_warps(group, hd // 32, self.tuning),)
+            assert self.dev.family.decode_attention is not None
+            kernel, smem = self.dev.op(f"{self.dev.family.decode_attention[1]}_{group}_{hd // 32}"), 0
+            grid, block = (Hkv * hgs * ranks, n_dec), (32 * _decn_warps(group, hd // 32, self.dev.tuning),)
             parts, done = self._dec_scratch(n_dec, Hkv * hgs, group, hd, ranks)
         kernel(
             grid,
@@ -403,7 +416,7 @@ class CupyAttention(CupyCore):
                 table.sin,
                 np.int32(lc.rope_dim),
                 np.int32(cfg.rope_mode == "neox"),
-                self.buffers.dec,
+                self.dev.buffers.dec,
                 np.int32(n_dec),
                 np.int64(kv.k.strides[0]),
                 np.int64(0 if kv.k_scale is None else kv.k_scale.strides[0] // 4),
@@ -423,12 +436,12 @@ class CupyAttention(CupyCore):
     def kv_write(self, kv: LayerKV, slot: int, pos0: int, k: Any, v: Any) -> None:
         cp = self.xp
         if kv.k.dtype == cp.float32:
-            return super().kv_write(kv, slot, pos0, k, v)
+            return NumpyBackend.kv_write(self.backend, kv, slot, pos0, k, v)
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         n, heads, hd = k.shape
         hdv = v.shape[2]
-        self._op("kv_write")(
+        self.dev.op("kv_write")(
             (n * heads, 2),  # y: K, then V
             (threads_for(max(hd, hdv)),),
             (
@@ -440,7 +453,7 @@ class CupyAttention(CupyCore):
                 np.int32(hdv),
                 np.int32(hd & -hd),
                 np.int32(hdv & -hdv),
-                self._pos,
+                self.dev.pos,
                 *_slot_bytes(kv),
             ),
             shared_mem=max(hd, hdv) * 4,
@@ -448,13 +461,13 @@ class CupyAttention(CupyCore):
 
     def _prefill_form(self, hd: int, rows: int) -> tuple[str, int, int] | None:
         """attention_prefill's form for head dim hd at `rows` query rows a block (PF_FORMS): the first that fits."""
-        fits = (f for f in PF_FORMS.get(hd, ()) if _prefill_attention_smem(hd, rows, *f[1:]) <= self._smem_per_block)
+        fits = (f for f in PF_FORMS.get(hd, ()) if _prefill_attention_smem(hd, rows, *f[1:]) <= self.dev.smem_per_block)
         return next(fits, None)
 
     def attention(self, q: Any, kv: LayerKV, slot: int, pos0: int, window: int, scale: float, softcap: float) -> Any:
         cp = self.xp
         if kv.k.dtype == cp.float32:
-            return super().attention(q, kv, slot, pos0, window, scale, softcap)
+            return NumpyBackend.attention(self.backend, q, kv, slot, pos0, window, scale, softcap)
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         n, heads, hd = q.shape
         n_kv, hdv = kv.k.shape[2], kv.v.shape[3]
@@ -465,16 +478,16 @@ class CupyAttention(CupyCore):
         null = np.uint64(0)
         pools = self._slot_pools(kv, slot)
         group = heads // n_kv
-        pf_rows = 16 * self.tuning.pf_warps
+        pf_rows = 16 * self.dev.tuning.pf_warps
         form = self._prefill_form(hd, pf_rows) if hd == hdv and pf_rows % group == 0 else None
         if n >= PREFILL_ATTENTION_MIN_TOKENS and form is not None:
             name, dv, keys = form
-            kernel = self._op(f"attention_prefill_{name}")
+            kernel = self.dev.op(f"attention_prefill_{name}")
             smem = _prefill_attention_smem(hd, pf_rows, dv, keys)
             kernel.allow_smem(smem)
             kernel(
                 (-(-n // (pf_rows // group)), n_kv, hd // dv),
-                (32 * self.tuning.pf_warps,),
+                (32 * self.dev.tuning.pf_warps,),
                 (
                     q,
                     *pools,
@@ -483,7 +496,7 @@ class CupyAttention(CupyCore):
                     np.int32(heads),
                     np.int32(n_kv),
                     np.int32(hd & -hd),
-                    self._pos,
+                    self.dev.pos,
                     np.int32(window),
                     np.float32(scale),
                     np.float32(softcap),
@@ -493,22 +506,22 @@ class CupyAttention(CupyCore):
             )
             if dv < hd and kv.k_scale is not None:  # the rows' rotation back, which needs all their dims
                 rows = n * heads
-                self._op(f"fwht_rows_{hd // 32}")((-(-rows // 8),), (256,), (out, np.int32(rows)))
+                self.dev.op(f"fwht_rows_{hd // 32}")((-(-rows // 8),), (256,), (out, np.int32(rows)))
             return out
         dpl = hd // 32
         if n <= GQA_MAX_TOKENS and hd == hdv and hd % 32 == 0 and (group, dpl) in GQA_KERNELS:
             return self._attention_gqa(q, kv, slot, window, scale, softcap, out, group, dpl)
         rows = n * heads
         # split-K when the rows alone cannot fill the GPU (decode): each split takes a share of the keys
-        n_splits = 1 if rows >= 2 * self.n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self.n_sm // rows))
+        n_splits = 1 if rows >= 2 * self.dev.n_sm else min(ATTENTION_MAX_SPLITS, -(-2 * self.dev.n_sm // rows))
         part_m = part_l = part_acc = null
         if n_splits > 1:
             part_m = cp.empty(rows * n_splits, dtype=cp.float32)
             part_l = cp.empty(rows * n_splits, dtype=cp.float32)
             part_acc = cp.empty(rows * n_splits * hdv, dtype=cp.float32)
-            self.buffers.at_least("done", rows)  # the merge counters
+            self.dev.buffers.at_least("done", rows)  # the merge counters
         blk = hd & -hd
-        self._op("attention")(
+        self.dev.op("attention")(
             (rows, n_splits),
             (32 * ATTENTION_WARPS,),
             (
@@ -518,14 +531,14 @@ class CupyAttention(CupyCore):
                 part_m,
                 part_l,
                 part_acc,
-                self.buffers.done,
+                self.dev.buffers.done,
                 np.int32(heads),
                 np.int32(n_kv),
                 np.int32(hd),
                 np.int32(hdv),
                 np.int32(blk),
                 np.int32(hdv & -hdv),
-                self._pos,
+                self.dev.pos,
                 np.int32(window),
                 np.float32(scale),
                 np.float32(softcap),

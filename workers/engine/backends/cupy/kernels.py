@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 from .pdl import DependentLauncher
 
 if TYPE_CHECKING:
-    from .core import CupyCore
+    from .core import CupyDevice
 
 THREADS = 256
 # each module's source: kernels/ files in order (shared headers first; CuPy's disk cache keys on the text)
@@ -64,16 +64,16 @@ class Kernel:
     captures a step it is launched with programmatic dependent launch (pdl.py), which every kernel of those
     files allows for by calling grid_dep_wait() before it touches what an earlier kernel wrote."""
 
-    def __init__(self, raw: Any, backend: CupyCore) -> None:
+    def __init__(self, raw: Any, dev: CupyDevice) -> None:
         self.raw = raw
-        self._backend = backend
+        self._dev = dev
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
-        b = self._backend
-        b._chain.flush()  # products held for a chained launch (chain.py) run first
-        if b.dependent_launch:
-            assert b._pdl is not None
-            b._pdl.launch(self.raw, grid, block, args, shared_mem)
+        dev = self._dev
+        dev.chain.flush()  # products held for a chained launch (chain.py) run first
+        if dev.dependent_launch:
+            assert dev.pdl is not None
+            dev.pdl.launch(self.raw, grid, block, args, shared_mem)
         else:
             self.raw(grid, block, args, shared_mem=shared_mem)
 

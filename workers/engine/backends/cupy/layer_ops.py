@@ -10,9 +10,10 @@ import numpy as np
 from ...host_copy import HostCopy
 from ...model_config import RopeMode
 from ...next_tokens import NextTokens
+from ..numpy_backend import NumpyBackend
 from .coded import plain
-from .core import CupyCore
-from .host_copies import DeviceTokens, start_to_host
+from .core import CupyDevice
+from .host_copies import DeviceTokens, PinnedStaging, start_to_host
 from .kernels import THREADS, threads_for
 from .quant_consts import ACTIVATIONS
 
@@ -20,14 +21,28 @@ from .quant_consts import ACTIVATIONS
 ARGMAX_BLOCKS, ARGMAX_THREADS = 64, 1024
 
 
-class CupyLayerOps(CupyCore):
+class CupyLayerOps:
+    """`backend`: the backend these are part of, whose NumPy compositions (on CuPy arrays) serve where these kernels
+    do not, and whose RoPE tables rope reads."""
+
+    def __init__(self, dev: CupyDevice, backend: NumpyBackend) -> None:
+        self.dev = dev
+        self.xp = dev.xp
+        self.backend = backend
+        self._gather_tables: dict[tuple[int, ...], tuple[Any, int]] = {}  # gather_slot's, by the arrays' addresses
+        self._argmax_buf: tuple[Any, ...] | None = None
+        self._ahead: Any = None  # greedy_ahead's last tokens (DeviceTokens), and the pinned buffer they come back to
+        self._ahead_pinned: Any = None
+        self._copy_stream = dev.xp.cuda.Stream(non_blocking=True)  # start_to_host's copies (host_copies.py)
+        self._staging = PinnedStaging(dev.xp)  # ... and the pinned buffer they go through
+
     # -- fused layer operations (kernels/layer_ops.cu) ----------------------------------------------------------
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         cp = self.xp
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         d = x.shape[-1]
         y = cp.empty_like(x)
-        self._op("rms_norm")(
+        self.dev.op("rms_norm")(
             (x.size // d,),
             (threads_for(d),),
             (x, cp.ascontiguousarray(weight), y, np.int32(d), np.int32(weight.size // d), np.float32(eps)),
@@ -41,7 +56,7 @@ class CupyLayerOps(CupyCore):
         r = cp.ascontiguousarray(r, dtype=cp.float32)
         d = x.shape[-1]
         y = cp.empty_like(x)
-        self._op("add_rms_norm")(
+        self.dev.op("add_rms_norm")(
             (x.size // d,), (threads_for(d),), (x, r, cp.ascontiguousarray(weight), y, np.int32(d), np.float32(eps))
         )
         return x, y
@@ -49,14 +64,14 @@ class CupyLayerOps(CupyCore):
     def add_normed(self, x: Any, y: Any, weight: Any | None, eps: float, scale: Any | None = None) -> Any:
         y = plain(y)  # a product's output as it returned it (coded.py)
         if weight is None:
-            return super().add_normed(x, y, weight, eps, scale)
+            return NumpyBackend.add_normed(self.backend, x, y, weight, eps, scale)
         cp = self.xp
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         y = cp.ascontiguousarray(y, dtype=cp.float32)
         d = x.shape[-1]
         out = cp.empty_like(x)
         s = np.uint64(0) if scale is None else cp.ascontiguousarray(scale, dtype=cp.float32)  # null: no scale
-        self._op("add_normed")(
+        self.dev.op("add_normed")(
             (x.size // d,),
             (threads_for(d),),
             (x, y, cp.ascontiguousarray(weight), s, out, np.int32(d), np.float32(eps)),
@@ -76,9 +91,10 @@ class CupyLayerOps(CupyCore):
         cp = self.xp
         x = cp.ascontiguousarray(x)
         n, heads, hd = x.shape
-        table = self._rope_table(base, scale, rope_dim, int(positions[-1]) + 1, freq_factors)  # factors in the table
+        # the frequency factors are in the table
+        table = self.backend._rope_table(base, scale, rope_dim, int(positions[-1]) + 1, freq_factors)
         total = n * heads * (rope_dim // 2)
-        self._op("rope")(
+        self.dev.op("rope")(
             ((total + THREADS - 1) // THREADS,),
             (THREADS,),
             (
@@ -89,7 +105,7 @@ class CupyLayerOps(CupyCore):
                 np.int32(heads),
                 np.int32(hd),
                 np.int32(rope_dim),
-                self._pos,
+                self.dev.pos,
                 np.int32(mode == "neox"),
             ),
         )
@@ -100,7 +116,7 @@ class CupyLayerOps(CupyCore):
         gate_up = cp.ascontiguousarray(gate_up, dtype=cp.float32)
         n, ffn = gate_up.shape[0], gate_up.shape[1] // 2
         out = cp.empty((n, ffn), dtype=cp.float32)
-        self._op("gated_act")(
+        self.dev.op("gated_act")(
             ((n * ffn + THREADS - 1) // THREADS,),
             (THREADS,),
             (gate_up, out, np.int32(n), np.int32(ffn), np.int32(ACTIVATIONS[kind])),
@@ -114,7 +130,7 @@ class CupyLayerOps(CupyCore):
         if up.dtype != cp.float32 or up.strides[-1] != 4:
             up = cp.ascontiguousarray(up, dtype=cp.float32)
         out = cp.empty((n, cols), dtype=cp.float32)
-        self._op("gated_pair")(
+        self.dev.op("gated_pair")(
             ((n * cols + THREADS - 1) // THREADS,),
             (THREADS,),
             (gate, up, out, np.int32(n), np.int32(cols), np.int64(up.strides[0] // 4), np.int32(ACTIVATIONS[kind])),
@@ -134,11 +150,11 @@ class CupyLayerOps(CupyCore):
         return out
 
     def to_host(self, x: Any) -> np.ndarray:
-        self._chain.flush()
+        self.dev.chain.flush()
         return self.xp.asnumpy(x)
 
     def start_to_host(self, x: Any) -> HostCopy:
-        self._chain.flush()
+        self.dev.chain.flush()
         return start_to_host(self.xp, x, self._copy_stream, self._staging)
 
     def gather_slot(self, arrays: list[Any], slot: int, n: int) -> Any:
@@ -158,7 +174,7 @@ class CupyLayerOps(CupyCore):
         table, row_bytes = self._gather_tables[key]
         out = cp.empty(n * row_bytes, dtype=cp.uint8)
         if n and arrays:
-            self._op("gather_slot_rows")((8, len(arrays)), (256,), (table, np.int64(slot), np.int64(n), out))
+            self.dev.op("gather_slot_rows")((8, len(arrays)), (256,), (table, np.int64(slot), np.int64(n), out))
         return out
 
     def greedy_tokens(self, logits: Any, rows: list[int]) -> list[int]:
@@ -197,7 +213,7 @@ class CupyLayerOps(CupyCore):
         part_v, part_i, part_bad, done, out = self._argmax_buf
         n = x.shape[-1]
         first = x.reshape(-1, n)[rows[0] :]
-        self._op("argmax_rows")(
+        self.dev.op("argmax_rows")(
             (ARGMAX_BLOCKS, k),
             (ARGMAX_THREADS,),
             (first, np.int64(n), np.int32(n), part_v, part_i, part_bad, done, out),

@@ -13,10 +13,12 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ..base import NextInput
+from ..numpy_backend import NumpyBackend
 from . import core, rows
 from .capture_gemm import CaptureGemm
 from .chain import Product
 from .coded import Coded, plain
+from .core import CupyDevice
 from .kernels import THREADS
 from .quant_consts import (
     _EP_GATED,
@@ -45,7 +47,16 @@ _PREFILL_COMPUTE = (77, 74, 75)
 _CUBLAS_GEMM_DEFAULT = -1
 
 
-class CupyProducts(CupyWeights):
+class CupyProducts:
+    """The products with the weights. `backend`: the backend they are part of, whose NumPy compositions (on CuPy
+    arrays) serve where these kernels do not, and whose layer operations the rows' float path takes."""
+
+    def __init__(self, dev: CupyDevice, weights: CupyWeights, backend: NumpyBackend) -> None:
+        self.dev = dev
+        self.xp = dev.xp
+        self.weights = weights
+        self.backend = backend
+
     def gemv1_into(self, x: Any, w: QuantWeight, out: Any) -> Any:
         """out[r] = (x @ w.T)[0, r] for one token (decode): dp4a on int8 activations for Q4_K/Q6_K, else x
         staged in shared memory as float32."""
@@ -53,7 +64,7 @@ class CupyProducts(CupyWeights):
         if w.qtype in OCTET_TYPES and w.cols <= Q8_MAX_COLS:
             self._gemv1q(w, self._q8_input(x, w.cols), out)
             return out
-        kernel = self._kernel("gemv1", w.qtype)
+        kernel = self.dev.kernel("gemv1", w.qtype)
         smem = w.cols * 4
         kernel.allow_smem(smem)
         rows_per_warp = self._rows_per_warp(w)
@@ -69,8 +80,8 @@ class CupyProducts(CupyWeights):
     def _rows_per_warp(self, w: QuantWeight) -> int:
         # several rows per warp share the x registers, but only where the grid still gives every SM two
         # blocks: measured on the H200, 4 rows per warp everywhere lifted 4B decode 14 % and cost 0.6B 15 %
-        t = self.tuning
-        return max(1, min(t.gemv_max_rows, w.rows // (THREADS // 32 * t.gemv_blocks_per_sm * self.n_sm)))
+        t = self.dev.tuning
+        return max(1, min(t.gemv_max_rows, w.rows // (THREADS // 32 * t.gemv_blocks_per_sm * self.dev.n_sm)))
 
     def _q8_input(
         self,
@@ -87,7 +98,7 @@ class CupyProducts(CupyWeights):
         (_X_NORM, writing x + r to x_new) as two int8 codes a value per 32 values, with scales and sums."""
         x8 = self.xp.empty(2 * cols + cols // 4, dtype=self.xp.int8)  # two codes a value, scales, sums
         null = np.uint64(0)
-        self._kernel_named("q8_input")(
+        self.dev.kernel_named("q8_input")(
             (1,),
             (Q8_THREADS,),
             (
@@ -111,27 +122,27 @@ class CupyProducts(CupyWeights):
         """Tiles of 16 rows a block of gemv1m (quant.cu: Q4_K and Q6_K on the tensor cores) takes for w, or 0
         where that kernel does not apply: a kernel family with tensor-core products (8.0 or later), 16-byte
         aligned weights and x8, and a block that fits the GPU's shared memory (_mma_fits)."""
-        if self.family.products is None or not self.tuning.use_mma or w.qtype not in MMA_ROW_BYTES:
+        if self.dev.family.products is None or not self.dev.tuning.use_mma or w.qtype not in MMA_ROW_BYTES:
             return 0
         if w.data.data.ptr % 16 or x8.data.ptr % 16 or w.rows * w.row_bytes % 16:  # no copy past the end
             return 0
         if not self._mma_fits(w):
             return 0
         tiles = -(-w.rows // 16)
-        per_block = -(-tiles // (self.n_sm * self._mma_shape(w)[0]))
+        per_block = -(-tiles // (self.dev.n_sm * self._mma_shape(w)[0]))
         grouped = then is not None and then.post_norm is None  # a post-norm's epilogue counts blocks, not groups
         return 0 if grouped and 16 * per_block > EP_MAX_ROWS else per_block
 
     def _ring_bytes(self, w: QuantWeight) -> int:
         """gemv1m's and gemvn's ring of weight stages in shared memory, for w's type."""
-        return self._stages(self.tuning) * 16 * MMA_ROW_BYTES[w.qtype]
+        return self.dev.stages(self.dev.tuning) * 16 * MMA_ROW_BYTES[w.qtype]
 
     def _mma_fits(self, w: QuantWeight) -> bool:
         """Whether a block of gemv1m for w, and of gemvn for w at one group of tokens (it takes fewer groups a
         block where more do not fit), fits the shared memory a block may have on this GPU (an RTX 30: 99 KiB; an
         Orin: 163 KiB; 9.0: 227 KiB)."""
         _, threads, smem = self._mma_shape(w)
-        return max(smem, rows.gemvn_smem(self, w, threads, 1)) + MMA_STATIC_SMEM <= self._smem_per_block
+        return max(smem, rows.gemvn_smem(self, w, threads, 1)) + MMA_STATIC_SMEM <= self.dev.smem_per_block
 
     def _mma_shape(self, w: QuantWeight) -> tuple[int, int, int]:
         """gemv1m's blocks an SM, threads a block and dynamic shared memory for w: mma_blocks_per_sm blocks of
@@ -139,15 +150,16 @@ class CupyProducts(CupyWeights):
         smem = self._ring_bytes(w) + 2 * w.cols + w.cols // 4  # the ring, x8
         if w.qtype == GGMLQuantizationType.Q6_K:
             smem += w.cols // 2  # x8's 16-value sums of codes
-        fit = self._smem_per_sm // (smem + MMA_STATIC_SMEM)
-        blocks = max(1, min(self.tuning.mma_blocks_per_sm, fit))
-        return blocks, min(MMA_MAX_THREADS, self.tuning.mma_threads * self.tuning.mma_blocks_per_sm // blocks), smem
+        fit = self.dev.smem_per_sm // (smem + MMA_STATIC_SMEM)
+        t = self.dev.tuning
+        blocks = max(1, min(t.mma_blocks_per_sm, fit))
+        return blocks, min(MMA_MAX_THREADS, t.mma_threads * t.mma_blocks_per_sm // blocks), smem
 
     def _row_split(self, w: QuantWeight) -> int:
         """Warps a row of the dp4a GEMV is split over (a power of two, at most a block's 8): a matrix of too
         few rows to give every SM gemv_split_warps warps takes more warps a row, while each warp's slice keeps
         a unit (256 values) for each of its 4 octets."""
-        want = self.tuning.gemv_split_warps * self.n_sm
+        want = self.dev.tuning.gemv_split_warps * self.dev.n_sm
         ks = 1
         while ks < THREADS // 32 and w.rows * ks < want and (w.cols // 256) // (4 * ks * 2) >= 1:
             ks *= 2
@@ -192,12 +204,12 @@ class CupyProducts(CupyWeights):
                 mode = _EP_NORM
                 coded.x_new = cp.empty((1, len_), dtype=cp.float32)
                 coded.ss = cp.empty(len_ // 32, dtype=cp.float32)
-            self.buffers.at_least("ep_cnt", len_ // 32)  # a counter a group
+            self.dev.buffers.at_least("ep_cnt", len_ // 32)  # a counter a group
         residual = None if then is None else then.residual if then.up is None else then.up
         grid = ((w.rows + rows_per_block - 1) // rows_per_block,)
         if mma_tiles:
-            assert self.family.products is not None  # _mma_tiles is 0 where the family has none
-            kernel = self._kernel(self.family.products[0], w.qtype)
+            assert self.dev.family.products is not None  # _mma_tiles is 0 where the family has none
+            kernel = self.dev.kernel(self.dev.family.products[0], w.qtype)
             _, threads, smem = self._mma_shape(w)
             kernel.allow_smem(smem)
             head: tuple = (w.data, x8, out, np.int32(w.rows), np.int32(w.cols), np.int32(mma_tiles))
@@ -215,7 +227,7 @@ class CupyProducts(CupyWeights):
                 np.int32(rows_per_warp),
                 np.int32(ks),
             )
-            launch = partial(self._kernel("gemv1q", w.qtype), grid, (THREADS,))
+            launch = partial(self.dev.kernel("gemv1q", w.qtype), grid, (THREADS,))
         launch(
             (
                 *head,
@@ -225,7 +237,7 @@ class CupyProducts(CupyWeights):
                 np.int32(mode),
                 np.int32(act),
                 null if coded is None else coded.x8,
-                self.buffers.ep_cnt,
+                self.dev.buffers.ep_cnt,
                 null if residual is None else residual,
                 null if mode not in (_EP_NORM, _EP_POSTNORM) or then.norm is None else then.norm,  # type: ignore[union-attr]
                 null if coded is None or coded.x_new is None else coded.x_new,
@@ -240,17 +252,17 @@ class CupyProducts(CupyWeights):
     @property
     def _chaining(self) -> bool:
         """Whether held products go out chained (chain.py): the family's chains (8.x) or a bench's chains_90."""
-        return (self.family.chains or self.tuning.chains_90) and self.tuning.use_chains
+        return (self.dev.family.chains or self.dev.tuning.chains_90) and self.dev.tuning.use_chains
 
     def _hold(self, kernel: Any, qtype: int, grid: int, threads: int, smem: int, args: tuple) -> None:
-        self._chain.add(Product(kernel, args, qtype, grid, threads, smem))
+        self.dev.chain.add(Product(kernel, args, qtype, grid, threads, smem))
 
     def _epilogue_for(self, then: NextInput | None, parts: list[QuantWeight]) -> NextInput | None:
         """`then` where one product's kernel can code its consumer's input: a single matrix whose output (act:
         each half) is whole 32-value groups; a norm's residual and weight float32 vectors of the output's size;
         a post-norm's also its weight (and scale) such, where the tuning asks (post_epilogues) and gemv1m takes the
         product (quant.cu's EP_POSTNORM is its epilogue's alone) with a block that divides q8_add_normed's."""
-        if then is None or not self.tuning.use_epilogues or len(parts) != 1:
+        if then is None or not self.dev.tuning.use_epilogues or len(parts) != 1:
             return None
         rows = parts[0].rows
         cp = self.xp
@@ -261,10 +273,10 @@ class CupyProducts(CupyWeights):
         if then.act is not None:
             return then if rows % 64 == 0 and then.act in ACTIVATIONS else None
         if then.post_norm is not None:
-            if not self.tuning.post_epilogues:
+            if not self.dev.tuning.post_epilogues:
                 return None
             vectors = [then.post_norm, *(v for v in (then.norm,) if v is not None)]
-            probe = self.buffers.ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
+            probe = self.dev.buffers.ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
             if rows % 32 or then.residual is None or not self._mma_tiles(parts[0], probe, then):
                 return None
             if Q8_THREADS % self._mma_shape(parts[0])[1]:
@@ -300,10 +312,10 @@ class CupyProducts(CupyWeights):
         scratch = cp.empty((min(tile, w.rows), w.cols), dtype=cp.float32)
         handle = cp.cuda.device.get_cublas_handle()
         gemm: Callable[..., None]
-        if self._capturing:  # CuPy refuses cuBLAS calls now; _capture set the handle's stream (capture_gemm.py)
-            if self._capture_gemm is None:
-                self._capture_gemm = CaptureGemm(handle)
-            gemm = self._capture_gemm
+        if self.dev.capturing:  # CuPy refuses cuBLAS calls now; _capture set the handle's stream (capture_gemm.py)
+            if self.dev.capture_gemm is None:
+                self.dev.capture_gemm = CaptureGemm(handle)
+            gemm = self.dev.capture_gemm
         else:
             cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
             gemm = partial(cublas.gemmEx, handle)
@@ -312,7 +324,7 @@ class CupyProducts(CupyWeights):
         for r0 in range(0, w.rows, tile):
             rows = min(tile, w.rows - r0)
             part = QuantWeight(w.data[r0 * w.row_bytes : (r0 + rows) * w.row_bytes], w.qtype, rows, w.cols)
-            dense = self.dequant_into(part, scratch[:rows])
+            dense = self.weights.dequant_into(part, scratch[:rows])
             # column-major view: out^T [rows, n] (ld = ldo) = dense [rows, k] (stored k-major) @ x^T
             gemm(
                 cublas.CUBLAS_OP_T,
@@ -331,7 +343,7 @@ class CupyProducts(CupyWeights):
                 out.data.ptr + (col0 + r0) * 4,
                 _CUDA_R_32F,
                 ldo,
-                _PREFILL_COMPUTE[self.tuning.prefill_gemm],
+                _PREFILL_COMPUTE[self.dev.tuning.prefill_gemm],
                 _CUBLAS_GEMM_DEFAULT,
             )
 
@@ -368,7 +380,7 @@ class CupyProducts(CupyWeights):
             coded = self._gemv1q(part, x8, out[0, col0:], norm_ss, eps, then, hold=True)
             col0 += part.rows
         if then is None:  # `out` is for anyone: the products held with those that fed it go out now (chain.py)
-            self._chain.flush()
+            self.dev.chain.flush()
             return out
         assert coded is not None
         coded.out = out  # the consumer is handed `out` itself, not the part's view
@@ -394,7 +406,7 @@ class CupyProducts(CupyWeights):
             return rows.add_norm_matmul(self, x, r, norm, eps, w, then)
         coded, r = r if isinstance(r, Coded) else None, plain(r)
         if not self._fusable(x, w):
-            return super().add_norm_matmul(x, r, norm, eps, w, then)
+            return NumpyBackend.add_norm_matmul(self.backend, x, r, norm, eps, w, then)
         parts = w.parts if isinstance(w, GroupWeight) else [w]
         c = None if coded is None else coded.then
         if coded is not None and c is not None and c.norm is norm and c.residual is x and c.eps == eps:
@@ -439,7 +451,7 @@ class CupyProducts(CupyWeights):
             done = rows.add_normed_matmul(self, x, y, y_norm, eps, scale, norm, w, then)
             if done is not None:
                 return done
-        return super().add_normed_matmul(x, y, y_norm, eps, scale, norm, w, then)
+        return NumpyBackend.add_normed_matmul(self.backend, x, y, y_norm, eps, scale, norm, w, then)
 
     def _q8_add_normed(
         self, x: Any, y: Any, y_norm: Any, eps: float, scale: Any, norm: Any, x_new: Any, x8: Any, n_token: bool
@@ -448,7 +460,7 @@ class CupyProducts(CupyWeights):
         one-token buffer, or (n_token) the n-token layout of gemvn's input, a block a row of x."""
         cp = self.xp
         null = np.uint64(0)
-        self._kernel_named("q8_add_normed")(
+        self.dev.kernel_named("q8_add_normed")(
             (x.shape[0],),
             (Q8_THREADS,),
             (
@@ -473,7 +485,7 @@ class CupyProducts(CupyWeights):
         coded, gate_up = gate_up if isinstance(gate_up, Coded) else None, plain(gate_up)
         if up is not None:  # rows: gated_pair, then their product; one token: q8_input takes up beside the gate
             if gate_up.shape[0] > 1 or not self._fusable(gate_up, w) or up.dtype != cp.float32 or up.strides[-1] != 4:
-                return super().gated_matmul(gate_up, kind, w, then, up)
+                return NumpyBackend.gated_matmul(self.backend, gate_up, kind, w, then, up)
             c = None if coded is None else coded.then
             if coded is not None and c is not None and c.act == kind and c.up is up:
                 return self._matmul_q8(coded.x8, w.parts if isinstance(w, GroupWeight) else [w], then=then)
@@ -483,7 +495,7 @@ class CupyProducts(CupyWeights):
         if gate_up.shape[0] > 1:
             return rows.gated_matmul(self, gate_up, kind, w, then, coded)
         if not self._fusable(gate_up, w):
-            return super().gated_matmul(gate_up, kind, w, then)
+            return NumpyBackend.gated_matmul(self.backend, gate_up, kind, w, then)
         parts = w.parts if isinstance(w, GroupWeight) else [w]
         if coded is not None and coded.then is not None and coded.then.act == kind:
             return self._matmul_q8(coded.x8, parts, then=then)  # act(gate) * up coded by the gate/up product

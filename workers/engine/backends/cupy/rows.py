@@ -94,7 +94,7 @@ def _fits(gpu: CupyProducts, parts: list[QuantWeight], then: NextInput | None) -
     """Every part goes through gemv1m when one row goes alone (with `then` as that row's product has it),
     so gemvn gives each row its numbers."""
     then = gpu._epilogue_for(then, parts)
-    probe = gpu.buffers.ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
+    probe = gpu.dev.buffers.ids  # any device buffer: allocations are 256-byte aligned, as every x8 is
     return gpu._fusable_parts(parts) and all(gpu._mma_tiles(p, probe, then) for p in parts)
 
 
@@ -115,7 +115,7 @@ def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeigh
     fit = _fits(gpu, parts, then)
     alone = gpu._epilogue_for(then, parts)  # the `then` one row alone has: it picks gemv1m or gemv1q
     one_row = gpu._fusable_parts(parts)  # a lone row through the one-token kernels, coded by q8_input
-    groups = gpu._row_groups if sum(gpu._row_groups) == n else (n,)
+    groups = gpu.dev.row_groups if sum(gpu.dev.row_groups) == n else (n,)
     out = cp.empty((n, sum(p.rows for p in parts)), dtype=cp.float32)
     calls = row_calls(groups, ROWS_MAX if fit else 1)
     coded = None
@@ -135,23 +135,23 @@ def _product(gpu: CupyProducts, inp: RowsInput, weight: QuantWeight | GroupWeigh
                     coded = gemvn(gpu, part, x8, b - a, out[a:b, col0:], ss, inp.eps, ep, hold=whole)
                 col0 += part.rows
         else:
-            gpu._chain.flush()  # the rows may be a held product's output: the float path reads them by CuPy's copies
+            gpu.dev.chain.flush()  # the rows may be a held product's output: the float path reads them by CuPy's copies
             out[a:b] = gpu._one_matmul(_float_rows(gpu, inp, a, b), weight)
     if coded is not None:
         coded.out = out  # the consumer is handed `out` itself
         return coded
-    gpu._chain.flush()  # `out` is for anyone: the products held with those that fed it go out now
+    gpu.dev.chain.flush()  # `out` is for anyone: the products held with those that fed it go out now
     return CodeLate(out) if _late(gpu, parts, then) else out
 
 
 def _float_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> Any:
     """Rows a..b of what inp multiplies, in float32, as the composition alone makes them."""
     if inp.mode == X_GATED:
-        return gpu.gated_act(inp.x[a:b], _act_name(inp.act))
+        return gpu.backend.gated_act(inp.x[a:b], _act_name(inp.act))
     if inp.mode in (X_NORM, X_NORM_LATE):
         if inp.r is None:
-            return gpu.rms_norm(inp.x[a:b], inp.norm, inp.eps)
-        added, normed = gpu.add_rms_norm(inp.x[a:b].copy(), inp.r[a:b], inp.norm, inp.eps)
+            return gpu.backend.rms_norm(inp.x[a:b], inp.norm, inp.eps)
+        added, normed = gpu.backend.add_rms_norm(inp.x[a:b].copy(), inp.r[a:b], inp.norm, inp.eps)
         inp.added[a:b] = added
         return normed
     return inp.x[a:b]
@@ -170,7 +170,7 @@ def q8_rows(gpu: CupyProducts, inp: RowsInput, a: int, b: int) -> tuple[Any, Any
     ss = cp.empty((n, cols // 32), dtype=cp.float32) if late else None
     null = np.uint64(0)
     x = inp.x[a:b]
-    gpu._kernel_named("q8_input")(
+    gpu.dev.kernel_named("q8_input")(
         (n,),
         (Q8_THREADS,),
         (
@@ -200,7 +200,7 @@ def groups_that_fit(gpu: CupyProducts, w: QuantWeight, threads: int, ng: int) ->
     """ng groups of four tokens a block of gemvn, halved until the block fits the shared memory a block may have
     on this GPU (an RTX 30's 99 KiB: 2 groups of a Q6_K matrix at 16 warps). A token's numbers do not depend on
     the groups beside it."""
-    while ng > 1 and gemvn_smem(gpu, w, threads, ng) + MMA_STATIC_SMEM > gpu._smem_per_block:
+    while ng > 1 and gemvn_smem(gpu, w, threads, ng) + MMA_STATIC_SMEM > gpu.dev.smem_per_block:
         ng //= 2
     return ng
 
@@ -264,12 +264,12 @@ def gemvn(
     cp = gpu.xp
     blocks, threads, _ = gpu._mma_shape(w)
     groups = -(-n // 4)
-    tiles, slots = -(-w.rows // 16), gpu.n_sm * blocks
+    tiles, slots = -(-w.rows // 16), gpu.dev.n_sm * blocks
     if groups <= STEP_GROUPS:  # a step's decode rows (up to 16 streams): the tuning's rule
-        ng = groups_that_fit(gpu, w, threads, groups_a_block(gpu.tuning, w.qtype, tiles, w.cols, n, slots))
+        ng = groups_that_fit(gpu, w, threads, groups_a_block(gpu.dev.tuning, w.qtype, tiles, w.cols, n, slots))
     else:  # a prompt chunk
-        allowed = gpu.family.n_groups[w.qtype == GGMLQuantizationType.Q6_K]
-        fit = lambda g: gemvn_smem(gpu, w, threads, g) + MMA_STATIC_SMEM <= gpu._smem_per_block  # noqa: E731
+        allowed = gpu.dev.family.n_groups[w.qtype == GGMLQuantizationType.Q6_K]
+        fit = lambda g: gemvn_smem(gpu, w, threads, g) + MMA_STATIC_SMEM <= gpu.dev.smem_per_block  # noqa: E731
         ng = prompt_groups(tuple(g for g in allowed if fit(g)), groups, tiles, slots)
     sets = -(-groups // ng)
     tpb = -(-tiles * sets // slots)  # a tile's numbers do not depend on the block that takes it
@@ -285,10 +285,10 @@ def gemvn(
             mode = _EP_NORM
             coded.x_new = cp.empty((n, width), dtype=cp.float32)
             coded.ss = cp.empty((n, width // 32), dtype=cp.float32)
-        gpu.buffers.at_least("ep_cnt", sets * width // 32)  # a set's counters each
+        gpu.dev.buffers.at_least("ep_cnt", sets * width // 32)  # a set's counters each
     smem = gemvn_smem(gpu, w, threads, ng)
-    assert gpu.family.products is not None  # gemvn runs where _mma_tiles found the tensor-core products
-    kernel = gpu._kernel(gpu.family.gemvn(ng), w.qtype)
+    assert gpu.dev.family.products is not None  # gemvn runs where _mma_tiles found the tensor-core products
+    kernel = gpu.dev.kernel(gpu.dev.family.gemvn(ng), w.qtype)
     kernel.allow_smem(smem)
     grid = -(-w.rows // (16 * tpb)) * sets
     args = (
@@ -307,15 +307,15 @@ def gemvn(
         np.int32(mode),
         np.int32(act),
         null if coded is None else coded.x8,
-        gpu.buffers.ep_cnt,
+        gpu.dev.buffers.ep_cnt,
         null if then is None or then.residual is None else then.residual,
         null if mode != _EP_NORM else then.norm,  # type: ignore[union-attr]
         null if coded is None or coded.x_new is None else coded.x_new,
         null if coded is None or coded.ss is None else coded.ss,
     )
     # 2-4 tokens (one group, one set): gemvn_chainc's products are gemvnc1's
-    if hold and gpu._chaining and gpu.tuning.chain_rows and ng == 1 and sets == 1:
-        gpu._chain.add(Product(kernel, args, int(w.qtype), grid, threads, smem, n_token=True))
+    if hold and gpu._chaining and gpu.dev.tuning.chain_rows and ng == 1 and sets == 1:
+        gpu.dev.chain.add(Product(kernel, args, int(w.qtype), grid, threads, smem, n_token=True))
     else:
         kernel((grid,), (threads,), args, shared_mem=smem)
     return coded
@@ -364,7 +364,7 @@ def add_normed_matmul(
     cp = gpu.xp
     parts = w.parts if hasattr(w, "parts") else [w]
     n, cols = x.shape
-    groups = gpu._row_groups if sum(gpu._row_groups) == n else (n,)
+    groups = gpu.dev.row_groups if sum(gpu.dev.row_groups) == n else (n,)
     if n > ROWS_MAX or cols % 128 or row_calls(groups, ROWS_MAX) != [(0, n)] or not _fits(gpu, parts, then):
         return None
     x = cp.ascontiguousarray(x, dtype=cp.float32)

@@ -17,7 +17,7 @@ class StepBuffers:
         self._xp = xp
         self.version = 0
         self.ids = xp.zeros(1, dtype=xp.int64)  # the step's token ids
-        # the step's first position and K/V slot (the kernels read them where CupyCore._pos points: AT_SLOT in
+        # the step's first position and K/V slot (the kernels read them where CupyDevice.pos points: AT_SLOT in
         # common.cuh); never replaced
         self.step_pos = xp.zeros(2, dtype=xp.int32)
         self.segment_pos = xp.zeros(2, dtype=xp.int32)  # a step of several segments: each one's (pos, slot)

@@ -13,7 +13,8 @@ import numpy as np
 
 from ...batch import Batch
 from ...next_tokens import NextTokens
-from .core import CupyCore
+from ..numpy_backend import NumpyBackend
+from .core import CupyDevice
 from .rows import ROWS_MAX
 
 # the widest output a product epilogue codes for its consumer (a row's values; the 4B's gate_up half: 9 728)
@@ -26,14 +27,33 @@ log = logging.getLogger(__name__)
 class _Captured:
     """A decode step captured as a CUDA graph: replaying it recomputes `out` in place."""
 
-    graph: Any  # its intermediates live in CupyBackend._capture_pool, never handed to eager code
+    graph: Any  # its intermediates live in CupySteps.capture_pool, never handed to eager code
     out: Any
     version: int  # the backend's buffer version it was captured against
 
 
-class CupySteps(CupyCore):
-    # -- steps and CUDA graphs ---------------------------------------------------------------------------
-    def reserve_steps(self, max_tokens: int, max_segments: int, n_ctx: int) -> None:
+class CupySteps:
+    """`backend`: the backend this is part of: its staging of a batch (NumpyBackend's) comes first, and its RoPE
+    tables bound the positions a captured step replays for."""
+
+    def __init__(self, dev: CupyDevice, backend: NumpyBackend) -> None:
+        self.dev = dev
+        self.xp = dev.xp
+        self.backend = backend
+        # the decode step staged last, (slot, position) a row, while the buffers hold it (replay_ahead moves it on)
+        self._staged_decode: tuple[tuple[int, int], ...] | None = None
+        # Every captured step allocates from this one pool, never from the default one, so nothing eager is ever
+        # handed a buffer a graph writes. One pool for all of them: the steps replay one at a time on one stream,
+        # and each reads only its own intermediates, written earlier in the same replay; its output stays
+        # allocated while the step exists. So a step may reuse another's intermediates, and the pool holds the
+        # largest step (a 4B prefill chunk of 512 tokens, ~0.2 GiB) rather than the sum of all of them. The
+        # price: a replayed step's output is valid until the next step runs (the engine samples it at once).
+        self.capture_pool = dev.xp.cuda.MemoryPool()
+        # and one stream to capture on: CuPy's pool hands a freed block only to allocations on the stream it was
+        # freed on, so a new stream per capture would share nothing
+        self._capture_stream = dev.xp.cuda.Stream(non_blocking=True)
+
+    def reserve_steps(self, max_tokens: int, max_segments: int) -> None:
         """The buffers captured steps read, sized for the engine's largest step now: grown later, each would
         make every captured step stale (its next use an eager pass and a capture, 30-50 ms of a 4B step on the
         H200), and they grew at the first step of more streams or longer chunks than any before (the token ids
@@ -49,44 +69,43 @@ class CupySteps(CupyCore):
             "ep_cnt": -(-ROWS_MAX // 4) * EP_WIDTH_MAX // 32,
         }
         for name, size in sizes.items():
-            self.buffers.at_least(name, size)
-        self._rope_positions = max(self._rope_positions, n_ctx)  # no table replaced below the context
+            self.dev.buffers.at_least(name, size)
 
     def stage_batch(self, batch: Batch) -> Any:
-        ids = super().stage_batch(batch)
-        self._segment_slots = tuple(s.slot for s in batch.segments)
-        if self._capturing:
+        ids = NumpyBackend.stage_batch(self.backend, batch)
+        self.dev.segment_slots = tuple(s.slot for s in batch.segments)
+        if self.dev.capturing:
             return ids
         decode = all(s.n == 1 and s.wants_logits for s in batch.segments)
         self._staged_decode = tuple((s.slot, s.pos0) for s in batch.segments) if decode else None
         n, k = len(batch.segments), len(batch.logit_rows)
         if n > 1:  # each segment's position and slot, in one copy: stage_segment points at them
             pairs = np.array([(s.pos0, s.slot) for s in batch.segments], np.int32).reshape(-1)
-            self.buffers.staged("segment_pos", pairs)
+            self.dev.buffers.staged("segment_pos", pairs)
             # the one-token segments' rows, slots and positions, for decode_attention
             dec = [(batch.rows(j).start, s.slot, s.pos0) for j, s in enumerate(batch.segments) if s.n == 1]
             if dec:
-                self.buffers.staged("dec", np.array(dec, np.int32).T.reshape(-1))
+                self.dev.buffers.staged("dec", np.array(dec, np.int32).T.reshape(-1))
         if k:
-            self.buffers.staged("logit_rows", batch.logit_rows.astype(np.int64))
+            self.dev.buffers.staged("logit_rows", batch.logit_rows.astype(np.int64))
         return ids
 
     def take_rows(self, x: Any, rows: np.ndarray) -> Any:
-        return x[self.buffers.logit_rows[: len(rows)]]
+        return x[self.dev.buffers.logit_rows[: len(rows)]]
 
     def stage_segment(self, i: int | None) -> None:
-        b = self.buffers
-        self._pos = b.step_pos if i is None else b.segment_pos[2 * i : 2 * i + 2]
-        self._slot = self._step_slot if i is None else self._segment_slots[i]
+        b = self.dev.buffers
+        self.dev.pos = b.step_pos if i is None else b.segment_pos[2 * i : 2 * i + 2]
+        self.dev.slot = self.dev.step_slot if i is None else self.dev.segment_slots[i]
 
     def stage_inputs(self, ids: np.ndarray, pos0: int, slot: int = 0) -> Any:
         n = len(ids)
-        self._step_slot = self._slot = slot
-        if not self._capturing:  # while capturing, the graph reads whatever the buffers hold at replay
+        self.dev.step_slot = self.dev.slot = slot
+        if not self.dev.capturing:  # while capturing, the graph reads whatever the buffers hold at replay
             self._staged_decode = None  # (stage_batch says when what it staged is a decode step)
-            self.buffers.staged("ids", np.ascontiguousarray(ids, dtype=np.int64))
-            self._pos.set(np.array([pos0, slot], dtype=np.int32))
-        return self.buffers.ids[:n]
+            self.dev.buffers.staged("ids", np.ascontiguousarray(ids, dtype=np.int64))
+            self.dev.pos.set(np.array([pos0, slot], dtype=np.int32))
+        return self.dev.buffers.ids[:n]
 
     def forward_step(
         self,
@@ -98,14 +117,14 @@ class CupySteps(CupyCore):
     ) -> Any:
         cp = self.xp
         prefill = any(s.n > 1 for s in batch.segments)
-        if not (self.tuning.use_graphs and capturable) or (prefill and not self.tuning.capture_prefill):
+        if not (self.dev.tuning.use_graphs and capturable) or (prefill and not self.dev.tuning.capture_prefill):
             return run()
         if max(s.pos0 + s.n for s in batch.segments) > self._rope_limit():
             return run()
         captured = steps.get(key)
         if captured is False:  # its capture failed once: eager from now on
             return run()
-        if captured is None or captured.version != self.buffers.version:
+        if captured is None or captured.version != self.dev.buffers.version:
             out = run()  # eagerly once: compiles kernels, builds tables, computes this step
             try:
                 steps[key] = self._capture(run)
@@ -126,9 +145,9 @@ class CupySteps(CupyCore):
         before, its captured step current."""
         captured = steps.get(key)
         device = getattr(ahead, "device", None)
-        if not isinstance(captured, _Captured) or captured.version != self.buffers.version:
+        if not isinstance(captured, _Captured) or captured.version != self.dev.buffers.version:
             return None
-        if not self.tuning.use_graphs:
+        if not self.dev.tuning.use_graphs:
             return None
         n = len(batch.segments)
         if device is None or device.size != n or any(s.n != 1 or not s.wants_logits for s in batch.segments):
@@ -138,17 +157,17 @@ class CupySteps(CupyCore):
         if max(s.pos0 + 1 for s in batch.segments) > self._rope_limit():
             return None
         block = -(-n // 32) * 32
-        b = self.buffers
+        b = self.dev.buffers
         args = (device, b.ids, np.int32(n), np.int32(n > 1), b.step_pos, b.segment_pos, b.dec)
-        self._op("advance_decode")((1,), (block,), args)
+        self.dev.op("advance_decode")((1,), (block,), args)
         self._staged_decode = tuple((s.slot, s.pos0) for s in batch.segments)
         captured.graph.launch(stream=self.xp.cuda.get_current_stream())
         return captured.out
 
     def _capture(self, run: Callable[[], Any]) -> _Captured:
         cp = self.xp
-        pool, stream = self._capture_pool, self._capture_stream
-        self._capturing = True
+        pool, stream = self.capture_pool, self._capture_stream
+        self.dev.capturing = True
         try:
             with cp.cuda.using_allocator(pool.malloc), stream:
                 from cupy_backends.cuda.libs import cublas
@@ -158,23 +177,14 @@ class CupySteps(CupyCore):
                 stream.begin_capture(mode=cp.cuda.runtime.streamCaptureModeRelaxed)
                 try:
                     out = run()
-                    self._chain.flush()  # products still held (chain.py) are the step's too
+                    self.dev.chain.flush()  # products still held (chain.py) are the step's too
                 finally:
-                    self._chain.clear()
+                    self.dev.chain.clear()
                     graph = stream.end_capture()
         finally:
-            self._capturing = False
-        return _Captured(graph, out, self.buffers.version)
+            self.dev.capturing = False
+        return _Captured(graph, out, self.dev.buffers.version)
 
     def _rope_limit(self) -> int:
         """Positions every RoPE table covers: a replay past it must run eagerly (and grow the tables)."""
-        return min((t.cos.shape[0] for t in self._rope_tables.values()), default=0)
-
-    def _rope_table(
-        self, base: float, scale: float, rope_dim: int, n_pos: int, freq_factors: tuple[float, ...] | None = None
-    ) -> Any:
-        before = self._rope_tables.get((base, scale, rope_dim, freq_factors))  # the key NumpyBackend files it under
-        table = super()._rope_table(base, scale, rope_dim, n_pos, freq_factors)
-        if before is not None and table is not before:
-            self.buffers.replaced()  # captured steps read the replaced table
-        return table
+        return min((t.cos.shape[0] for t in self.backend._rope_tables.values()), default=0)

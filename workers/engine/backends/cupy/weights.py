@@ -12,7 +12,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from genie_common.gguf_file import TensorInfo
 
 from ..numpy_backend import dequantize_tensor
-from .core import CupyCore
+from .core import CupyDevice
 from .kernels import KERNEL_TYPES, THREADS
 
 
@@ -38,8 +38,11 @@ class GroupWeight:
     parts: list[QuantWeight]
 
 
-class CupyWeights(CupyCore):
-    # -- weights --------------------------------------------------------------------------------------
+class CupyWeights:
+    def __init__(self, dev: CupyDevice) -> None:
+        self.dev = dev
+        self.xp = dev.xp
+
     def load_matrix(self, tensor: TensorInfo) -> QuantWeight:
         if tensor.qtype not in KERNEL_TYPES:
             raise ValueError(f"tensor {tensor.name}: no GPU kernel for {tensor.qtype.name}")
@@ -65,14 +68,13 @@ class CupyWeights(CupyCore):
                 merged.append(w)
         return merged[0] if len(merged) == 1 else GroupWeight(merged)
 
-    # -- kernels -------------------------------------------------------------------------------------
     def dequant_into(self, w: QuantWeight, out: Any, ids: Any = None, scale: float = 1.0) -> Any:
         """out[i] = scale * row ids[i] of w (every row when ids is None), float32."""
         n_rows = w.rows if ids is None else int(ids.shape[0])
         n_sub = n_rows * (w.cols // 32)
         blocks = (n_sub + THREADS - 1) // THREADS
         ids_arg = ids if ids is not None else np.uint64(0)
-        self._kernel("dequant", w.qtype)(
+        self.dev.kernel("dequant", w.qtype)(
             (blocks,),
             (THREADS,),
             (w.data, ids_arg, out, np.int32(n_rows), np.int32(w.cols), np.int64(w.row_bytes), np.float32(scale)),
