@@ -89,11 +89,11 @@ def main() -> None:
                     for w in copies:
                         backend.products._gemv1q(w, x8, y[0])
             else:
-                x8, _ = q8_rows(backend, RowsInput(x, X_PLAIN), 0, n)
+                x8, _ = q8_rows(backend.products, RowsInput(x, X_PLAIN), 0, n)
 
                 def run(x8: Any = x8, y: Any = y, n: int = n, copies: list = copies) -> None:
                     for w in copies:
-                        gemvn(backend, w, x8, n, y, None, 0.0)
+                        gemvn(backend.products, w, x8, n, y, None, 0.0)
 
             us = replay_us(backend, run, len(copies))
             cells.append(f"{us:.1f} ({nbytes / us / 1e3:.0f})")
