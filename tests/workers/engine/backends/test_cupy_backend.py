@@ -1207,18 +1207,20 @@ def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, v_norm):
                         continue
                     b = getattr(dev.layers[0], name)
                     got, want = cp.asnumpy(b[1, pos0]).astype(np.float64), a[1, pos0].astype(np.float64)
+                    # a few per thousand values may round apart (one in a 64-value row was 1.6 %, three in a
+                    # 1 024-value row 0.3 %): two a row, or one in 256 of a longer one
+                    apart = max(2, got.size // 256)
                     if name in ("k", "v") and kv_dtype == "int8":  # a code may round apart at a .5 boundary
-                        # (a few per thousand: one in a 64-value row was 1.6 %, so a count, not a share)
-                        assert np.sum(got != want) <= 2 and np.abs(got - want).max() <= 1, name
+                        assert np.sum(got != want) <= apart and np.abs(got - want).max() <= 1, name
                     elif name in ("k", "v"):  # FP16: a value may round to the next half likewise (the norm and
                         # RoPE in float32 a rounding apart from NumPy's: 1.2e-4 of the row once, seen on sm87)
                         ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
-                        assert np.sum(got != want) <= 2 and np.all(np.abs(got - want) <= ulp), name
+                        assert np.sum(got != want) <= apart and np.all(np.abs(got - want) <= ulp), name
                     else:
                         assert rel_err(got, want) < 1e-4, name
                     a[1, pos0] = cp.asnumpy(b[1, pos0])  # the reference attends over the GPU's row
                 ref = cpu.attention(q_ref, host.layers[0], 1, pos0, window, cfg.attn_scale, softcap)
-                bound = 3e-3 if kv_dtype == "int8" else 1e-5
+                bound = 3e-3 if kv_dtype == "int8" else 2e-5  # FP16: 1.1e-5 seen at 1 030 keys (split-K order)
                 assert rel_err(cp.asnumpy(plain(out)), ref) < bound, (pos0, window, softcap, qk_norm is None)
                 if wo is not None:  # the o product takes the kernel's own code of its output: q8_input's of a copy
                     o = cp.asnumpy(gpu.matmul(out, wo))
