@@ -5,7 +5,8 @@ the Q4_K and Q6_K matrix shapes of Qwen3-4B, against a plain read of the same by
     python bench/gpu_gemv.py [--variants dp4a=use_mma:0 mma=use_mma:1 ...]
 
 A variant is NAME=KNOB:VALUE[,...] as in gpu_variants.py: CupyTuning fields (use_mma, mma_threads,
-mma_blocks_per_sm, gemv_max_rows, gemv_split_warps) and mma_stages, units (quant.cu's defines).
+mma_blocks_per_sm) and mma_stages, units (quant.cu's defines). gemv1q's rows a warp and its split over warps are
+products.py's constants (GEMV1_ROWS, GEMV_BLOCKS_PER_SM, GEMV_SPLIT_WARPS): a variant of them is an edit of those.
 Each matrix is cycled over enough copies (> 4x the L2) that every launch reads its weights from HBM, as a
 decode step does. "alone": CUDA-event medians over 50 launches, each launched alone (launch latency and
 ramp-up count); "graph": the launches over every copy captured as one CUDA graph with programmatic dependent

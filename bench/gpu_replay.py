@@ -92,7 +92,6 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=1024)
     p.add_argument("--replays", type=int, default=200)
     p.add_argument("--pdl", type=int, default=1, help="programmatic dependent launch in the graphs (0: off)")
-    p.add_argument("--epilogues", type=int, default=1, help="products code their consumer's input (0: q8_input)")
     p.add_argument("--out", type=Path, default=Path("/tmp/genie-bench"))
     args = p.parse_args()
 
@@ -103,7 +102,7 @@ def main() -> None:
     from genie_workers.engine.engine import Engine
     from genie_workers.engine.model import Model
 
-    backend = CupyBackend(CupyTuning(use_pdl=bool(args.pdl), use_epilogues=bool(args.epilogues)))
+    backend = CupyBackend(CupyTuning(use_pdl=bool(args.pdl)))
     args.out.mkdir(parents=True, exist_ok=True)
     print("| model | KV | variant | µs a step | family's share µs |")
     print("|---|---|---|---|---|")

@@ -1,13 +1,12 @@
 """Variants of the CuPy backend side by side on the synthetic Qwen3 shapes: the separate decode kernels
 replayed as CUDA graphs and the prefill, with the backend's knobs set per variant (programmatic dependent
-launch, captured prefill chunks, the one-token GEMVs' rows per warp and blocks per SM, their weight units
-in flight).
+launch, the tensor-core products, the dp4a GEMV's weight units in flight, the attention kernels' warps).
 
     python bench/gpu_variants.py [--models qwen3-4b qwen3-0.6b] [--kv int8] [--depths 0 1024]
                                  [--variants base=use_pdl:0 pdl=use_pdl:1 ...] [--repeats 3]
 
-A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyTuning fields (use_pdl, capture_prefill,
-gemv_max_rows, gemv_blocks_per_sm, gemv_split_warps, use_mma, mma_threads, mma_blocks_per_sm), `units`
+A variant is NAME=KNOB:VALUE[,KNOB:VALUE...]; knobs are CupyTuning fields (use_pdl, use_mma, mma_threads,
+mma_blocks_per_sm, ...), `units`
 (OCTET_UNITS of quant.cu), `mma_stages` (MMA_STAGES: gemv1m's ring) and `pf_warps`
 (PF_WARPS of attention.cu: warps a block of the prefill attention) and `dec_warps` (DEC_MAX_WARPS: the most warps
 a block of the one-token attention), which recompile their module. Prints pp512

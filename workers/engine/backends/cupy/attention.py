@@ -337,8 +337,7 @@ class CupyAttention:
         one-token attention."""
         H, Hkv, hd, hdv = cfg.n_heads, lc.n_kv_heads, lc.head_dim, lc.v_head_dim
         return (
-            self.dev.tuning.use_clusters
-            and self.dev.family.decode_attention is not None
+            self.dev.family.decode_attention is not None
             and kv.k.dtype != self.xp.float32
             and hd == hdv
             and hd % 32 == 0
@@ -349,9 +348,7 @@ class CupyAttention:
     def decode_steps_by_count(self, cfg: ModelConfig, kv: KVCache) -> bool:
         """Every layer's one-token attention of a step of several streams is attention_decn (decode_attention),
         which reads each stream's slot from the staged buffer: nothing in such a step names a slot."""
-        return self.dev.tuning.use_decode_rows and all(
-            self._dec_kernel_takes(cfg, lc, kv.layers[cfg.kv_pools[i]]) for i, lc in enumerate(cfg.layers)
-        )
+        return all(self._dec_kernel_takes(cfg, lc, kv.layers[cfg.kv_pools[i]]) for i, lc in enumerate(cfg.layers))
 
     def mixed_steps_by_shape(self, cfg: ModelConfig, kv: KVCache) -> bool:
         """Every kernel of such a step reads its segments' slots and positions where stage_batch staged them
@@ -370,7 +367,7 @@ class CupyAttention:
         segment's, the kernel also codes the output as the rows path's q8_input would (rows.q8_rows: the n-token
         layout), returned as Coded, which the o product (rows.matmul) takes."""
         cp = self.xp
-        if not (self.dev.tuning.use_decode_rows and self._dec_kernel_takes(cfg, lc, kv)):
+        if not self._dec_kernel_takes(cfg, lc, kv):
             return None
         n_dec = sum(1 for s in batch.segments if s.n == 1)
         H, Hkv, hd = cfg.n_heads, lc.n_kv_heads, lc.head_dim

@@ -40,6 +40,9 @@ from .quant_consts import (
 from .weights import CupyWeights, GroupWeight, QuantWeight
 
 OCTET_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})  # int8-activation one-token kernels
+# gemv1q (the dp4a one-token product): rows a warp at most (GEMV1_ROWS in quant.cu), as many as still give every SM
+# GEMV_BLOCKS_PER_SM blocks; a row split over several warps where the rows give an SM fewer than GEMV_SPLIT_WARPS
+GEMV1_ROWS, GEMV_BLOCKS_PER_SM, GEMV_SPLIT_WARPS = 4, 2, 32
 # cuBLAS / CUDA enums (cublas_api.h, library_types.h): gemmEx's data and compute types
 _CUDA_R_32F = 0
 # CUBLAS_COMPUTE_32F_FAST_TF32, _FAST_16F, _FAST_16BF: the prefill GEMM's compute, by CupyTuning.prefill_gemm
@@ -78,10 +81,9 @@ class CupyProducts:
         return out
 
     def _rows_per_warp(self, w: QuantWeight) -> int:
-        # several rows per warp share the x registers, but only where the grid still gives every SM two
-        # blocks: measured on the H200, 4 rows per warp everywhere lifted 4B decode 14 % and cost 0.6B 15 %
-        t = self.dev.tuning
-        return max(1, min(t.gemv_max_rows, w.rows // (THREADS // 32 * t.gemv_blocks_per_sm * self.dev.n_sm)))
+        # several rows per warp share the x registers, but only where the grid still gives every SM
+        # GEMV_BLOCKS_PER_SM blocks: 4 rows per warp everywhere lifted 4B decode 14 % and cost 0.6B 15 % (H200)
+        return max(1, min(GEMV1_ROWS, w.rows // (THREADS // 32 * GEMV_BLOCKS_PER_SM * self.dev.n_sm)))
 
     def _q8_input(
         self,
@@ -157,9 +159,9 @@ class CupyProducts:
 
     def _row_split(self, w: QuantWeight) -> int:
         """Warps a row of the dp4a GEMV is split over (a power of two, at most a block's 8): a matrix of too
-        few rows to give every SM gemv_split_warps warps takes more warps a row, while each warp's slice keeps
+        few rows to give every SM GEMV_SPLIT_WARPS warps takes more warps a row, while each warp's slice keeps
         a unit (256 values) for each of its 4 octets."""
-        want = self.dev.tuning.gemv_split_warps * self.dev.n_sm
+        want = GEMV_SPLIT_WARPS * self.dev.n_sm
         ks = 1
         while ks < THREADS // 32 and w.rows * ks < want and (w.cols // 256) // (4 * ks * 2) >= 1:
             ks *= 2
@@ -262,7 +264,7 @@ class CupyProducts:
         each half) is whole 32-value groups; a norm's residual and weight float32 vectors of the output's size;
         a post-norm's also its weight (and scale) such, where the tuning asks (post_epilogues) and gemv1m takes the
         product (quant.cu's EP_POSTNORM is its epilogue's alone) with a block that divides q8_add_normed's."""
-        if then is None or not self.dev.tuning.use_epilogues or len(parts) != 1:
+        if then is None or len(parts) != 1:
             return None
         rows = parts[0].rows
         cp = self.xp

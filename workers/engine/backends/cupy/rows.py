@@ -314,7 +314,7 @@ def gemvn(
         null if coded is None or coded.ss is None else coded.ss,
     )
     # 2-4 tokens (one group, one set): gemvn_chainc's products are gemvnc1's
-    if hold and gpu._chaining and gpu.dev.tuning.chain_rows and ng == 1 and sets == 1:
+    if hold and gpu._chaining and ng == 1 and sets == 1:
         gpu.dev.chain.add(Product(kernel, args, int(w.qtype), grid, threads, smem, n_token=True))
     else:
         kernel((grid,), (threads,), args, shared_mem=smem)

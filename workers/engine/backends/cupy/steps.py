@@ -116,8 +116,7 @@ class CupySteps:
         capturable: bool,
     ) -> Any:
         cp = self.xp
-        prefill = any(s.n > 1 for s in batch.segments)
-        if not (self.dev.tuning.use_graphs and capturable) or (prefill and not self.dev.tuning.capture_prefill):
+        if not (self.dev.tuning.use_graphs and capturable):
             return run()
         if max(s.pos0 + s.n for s in batch.segments) > self._rope_limit():
             return run()

@@ -1,12 +1,13 @@
-"""The CuPy backend's tuning: one frozen object given at construction (CupyBackend(tuning)); a benchmark
-comparing variants in one process asks for another with CupyBackend.retune, which recompiles the kernel
-modules whose build-time sizes changed. The defaults are what bench/NOTES.md measured best on the H200."""
+"""The CuPy backend's tuning: the alternatives of its paths, one frozen object given at construction
+(CupyBackend(tuning)). The product runs the defaults and changes none of them; the GPU tests take each other value
+to check that the paths agree (bench/NOTES.md, "The CuPy backend as parts"), and benches compare values in one
+process through CupyBackend.retune, which rebuilds the kernel modules whose compiled sizes changed. What no test
+varies is a constant beside its kernel instead (products.py's GEMV_*, attention.py's). Each default's measurement
+is in bench/NOTES.md under the version or session named."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-
-GEMV1_ROWS = 4  # rows per warp of the one-token kernel, GEMV1_ROWS in quant.cu
 
 ATTENTION_CLUSTER = 8  # ATT_CL in attention.cu: blocks a KV head of attention_dec (9.0: a cluster)
 
@@ -24,56 +25,31 @@ DEFINES = {
 
 @dataclass(frozen=True)
 class CupyTuning:
-    use_graphs: bool = True  # decode steps and prompt chunks replayed as CUDA graphs
-    capture_prefill: bool = True  # full prefill chunks as graphs too (the engine says which shapes repeat)
+    use_graphs: bool = True  # decode steps and prompt chunks replayed as CUDA graphs (off: every step eager)
     use_pdl: bool = True  # programmatic dependent launch in captured steps (pdl.py; compute capability 9.0)
-    # the one-token GEMVs' rows per warp: as many as keep gemv_blocks_per_sm blocks per SM, at most gemv_max_rows
-    gemv_blocks_per_sm: int = 2
-    gemv_max_rows: int = GEMV1_ROWS
-    gemv_split_warps: int = 32  # rows split over warps below this many warps per SM (0: never split)
-    # one-token attention as attention_dec, ATT_CL blocks a KV head (a cluster on 9.0, attention_decg on 8.x)
-    use_clusters: bool = True
-    use_decode_rows: bool = True  # a step's one-token segments' attention in one launch (attention_decn)
-    # ... as attention_decb (a block a row and KV head, no clusters) from this many rows x KV heads: at 16 streams
-    # of 4B (128 blocks, one wave) attention_decn's 128 clusters of 8 ran in three waves (62 fit at once)
+    # a step's one-token rows' attention as attention_decb (a block a row and KV head) from this many rows x KV
+    # heads, where clusters of ATT_CL would run in several waves (v18)
     decb_min_blocks: int = 64
     # 8.x: attention_decg's blocks a KV head (1 to 32; 0: as many as the SMs hold one a KV head's,
     # CupyAttention._dec_ranks), and (dec_rank_tasks, compiled in; 0: all of them) as many of those a position as
-    # give each that many tasks of 8 keys: on an H100 the 4B decoded +3 % at depth 4096 and 1.45x llama.cpp on 8
-    # SMs (bench/NOTES.md v26), and the sm87 GPU suite passed (v27). They define the arithmetic, so alone and
-    # batched always agree.
+    # give each that many tasks of 8 keys (v26, v27). They define the arithmetic, so alone and batched agree.
     dec_ranks: int = 0
-    # steps mixing prompt chunks with decode rows captured by shape: a 33-token voice prompt under 7 streams
-    # 33.3 -> 17.7 ms to its first token (bench/NOTES.md v16)
-    capture_mixed: bool = True
-    use_epilogues: bool = True  # NextInput hints coded by the producing kernel (off: q8_input launches)
-    # ... and, where the kernel family chains (8.x), run in one launch with it (chain.py): +11 % decode on the 8.x
-    # paths with the same logits (bench/NOTES.md v25, and 2026-12-06 for the sm87 GPU suite with it on)
+    capture_mixed: bool = True  # steps mixing prompt chunks with decode rows captured by shape (v16)
+    # products that code their consumer's input run in one launch with it where the family chains (8.x: no
+    # programmatic dependent launch to overlap them otherwise; chain.py, v25), a step's rows of one group too
     use_chains: bool = True
-    # ... on 9.0 too, in the chain's cp.async form (the same numbers), where its products otherwise overlap by
-    # programmatic dependent launch alone: a bench's knob, off, as it lost on an H100 (the 4B 444 -> 411 tok/s at one
-    # stream, 757 -> 694 at two; E2B 413 -> 390, 698 -> 662: bench/NOTES.md, session 2026-12-07f)
-    chains_90: bool = False
-    # ... and, where products chain, a step's rows whose products take one group of four tokens a block (2-4
-    # streams; gemvn_chainc): 8.x paths on an H100, 2 / 4 streams, the 4B 614 -> 688 / 1 205 -> 1 366 tok/s, the
-    # 0.6B 1 554 -> 1 631 / 3 085 -> 3 248, E2B 580 -> 586 / 1 139 -> 1 152 (bench/NOTES.md, session 2026-12-07f)
-    chain_rows: bool = True
-    # a post-norm's NextInput hint coded by its producing product too (EP_POSTNORM: the last block computes x' and the
-    # next codes): off, as that one block's row-long tail cost more than the launch it saves: E2B decode @0 / @4096
-    # on an H100 412 / 374 tok/s without it, 335 / 308 with it; 8.x 370 / 349 against 299 / 283 (bench/NOTES.md,
-    # session 2026-12-07e)
+    chains_90: bool = False  # ... on 9.0 too: it lost to programmatic dependent launch (session 2026-12-07f)
+    # a post-norm's hint coded by its producing product too (EP_POSTNORM): its last block's row-long tail cost more
+    # than the launch it saves (session 2026-12-07e)
     post_epilogues: bool = False
-    # Q4_K/Q6_K products on the tensor cores (gemv1m, gemvn; 8.0 and later)
+    # Q4_K/Q6_K products on the tensor cores (gemv1m, gemvn; 8.0 and later; off: gemv1q's dp4a, a T4's path)
     use_mma: bool = True
     mma_threads: int = 256
     mma_blocks_per_sm: int = 2
     gemvn_groups: int = 2  # groups of four tokens a block of the n-token product (1, 2 or 4: gemvn{1,2,4}_*)
-    # ... and of a Q4_K matrix whose rows take several column stages (more than 2 560 values): bench/gpu_rows.py
-    # at 16 / 40 tokens, o (2 560 x 4 096) 12.0 -> 9.7 / 25.0 -> 19.8 µs, down (2 560 x 9 728) 28.1 -> 21.8 /
-    # 56.1 -> 44.3 µs; the other matrices were as fast or faster with 2 (bench/NOTES.md v17)
+    # ... of a Q4_K matrix whose rows take several column stages (more than 2 560 values: o, down; v17)
     gemvn_groups_staged: int = 4
-    # ... and of a Q4_K matrix of at least 4 tiles of 16 rows a block slot (the 4B's gate_up: 1 216 tiles, 264
-    # slots) for up to 16 tokens: gate_up at 16 tokens 35.5 -> 32.0 µs (v20; v17 alike), but 81.9 -> 84.2 at 40 (v17)
+    # ... of a Q4_K matrix of at least 4 tiles of 16 rows a block slot for up to 16 tokens (gate_up; v17, v20)
     gemvn_groups_wide: int = 4
     # compiled in (DEFINES)
     octet_units: int = 2  # blocks a lane of the dp4a GEMV loads before using any (OCTET_UNITS)
@@ -84,7 +60,7 @@ class CupyTuning:
     decn_warps: int = 4  # attention_decn's warps a block (DECN_WARPS: 4, 8 or 16; at most attention_dec's)
     dec_rank_tasks: int = 8  # DEC_RANK_TASKS (above, dec_ranks)
     # the prefill GEMM's inputs inside cuBLAS (float32 arrays either way): 0 TF32, 1 float16 (FAST_16F: TF32's 10-bit
-    # mantissa at twice its tensor rate, float16's range), 2 bfloat16 (FAST_16BF: float32's range, 7 bits); benches
+    # mantissa at twice its tensor rate, float16's range), 2 bfloat16 (FAST_16BF: float32's range, 7 bits)
     prefill_gemm: int = 0
 
     def __post_init__(self) -> None:
