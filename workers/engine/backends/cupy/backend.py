@@ -1,7 +1,8 @@
 """The CuPy backend, composed of its parts: the device every part shares (core.py: kernels, the staged position and
 slot, the buffers captured steps read), the weights, the products, attention, the other layer operations, and the
 staged and captured steps. It is the NumPy backend run on CuPy arrays wherever a part has no kernel of its own: the
-parts fall back to its compositions, which call back into the parts' kernels."""
+parts fall back to its compositions, which call back into the parts' kernels. Each Backend method hands its call to
+its part; the long argument lists are handed on as they come (base.py names them)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from genie_common.gguf_file import TensorInfo
 from ...batch import Batch
 from ...host_copy import HostCopy
 from ...kv_cache import KVCache, LayerKV
-from ...model_config import LayerConfig, ModelConfig, RopeMode
+from ...model_config import LayerConfig, ModelConfig
 from ...next_tokens import NextTokens
 from ..base import Backend, NextInput
 from ..numpy_backend import NumpyBackend
@@ -164,18 +165,8 @@ class CupyBackend(NumpyBackend):
     ) -> tuple[Any, Any]:
         return self.products.add_norm_matmul(x, r, norm, eps, w, then)
 
-    def add_normed_matmul(
-        self,
-        x: Any,
-        y: Any,
-        y_norm: Any,
-        eps: float,
-        scale: Any,
-        norm: Any,
-        w: QuantWeight | GroupWeight,
-        then: NextInput | None = None,
-    ) -> tuple[Any, Any]:
-        return self.products.add_normed_matmul(x, y, y_norm, eps, scale, norm, w, then)
+    def add_normed_matmul(self, *args: Any, **kwargs: Any) -> Any:  # base.py's arguments
+        return self.products.add_normed_matmul(*args, **kwargs)
 
     def gated_matmul(
         self, gate_up: Any, kind: str, w: QuantWeight | GroupWeight, then: NextInput | None = None, up: Any = None
@@ -183,44 +174,14 @@ class CupyBackend(NumpyBackend):
         return self.products.gated_matmul(gate_up, kind, w, then, up)
 
     # -- attention ----------------------------------------------------------------------------------------------
-    def prepare_qkv(
-        self,
-        qkv: Any,
-        cfg: ModelConfig,
-        lc: LayerConfig,
-        qk_norm: Any,
-        positions: np.ndarray,
-        kv: LayerKV,
-        slot: int,
-        pos0: int,
-    ) -> Any:
-        return self.attn.prepare_qkv(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+    def prepare_qkv(self, *args: Any, **kwargs: Any) -> Any:  # base.py's arguments
+        return self.attn.prepare_qkv(*args, **kwargs)
 
-    def self_attention(
-        self,
-        qkv: Any,
-        cfg: ModelConfig,
-        lc: LayerConfig,
-        qk_norm: Any,
-        positions: np.ndarray,
-        kv: LayerKV,
-        slot: int,
-        pos0: int,
-    ) -> Any:
-        return self.attn.self_attention(qkv, cfg, lc, qk_norm, positions, kv, slot, pos0)
+    def self_attention(self, *args: Any, **kwargs: Any) -> Any:  # base.py's arguments
+        return self.attn.self_attention(*args, **kwargs)
 
-    def shared_attention(
-        self,
-        q: Any,
-        cfg: ModelConfig,
-        lc: LayerConfig,
-        q_norm: Any,
-        positions: np.ndarray,
-        kv: LayerKV,
-        slot: int,
-        pos0: int,
-    ) -> Any:
-        return self.attn.shared_attention(q, cfg, lc, q_norm, positions, kv, slot, pos0)
+    def shared_attention(self, *args: Any, **kwargs: Any) -> Any:  # base.py's arguments
+        return self.attn.shared_attention(*args, **kwargs)
 
     def decode_attention(
         self, qkv: Any, cfg: ModelConfig, lc: LayerConfig, qk_norm: Any, kv: LayerKV, batch: Batch, shared: bool = False
@@ -249,17 +210,8 @@ class CupyBackend(NumpyBackend):
     def add_normed(self, x: Any, y: Any, weight: Any | None, eps: float, scale: Any | None = None) -> Any:
         return self.ops.add_normed(x, y, weight, eps, scale)
 
-    def rope(
-        self,
-        x: Any,
-        positions: np.ndarray,
-        base: float,
-        scale: float,
-        rope_dim: int,
-        mode: RopeMode,
-        freq_factors: tuple[float, ...] | None = None,
-    ) -> Any:
-        return self.ops.rope(x, positions, base, scale, rope_dim, mode, freq_factors)
+    def rope(self, *args: Any, **kwargs: Any) -> Any:  # base.py's arguments
+        return self.ops.rope(*args, **kwargs)
 
     def gated_act(self, gate_up: Any, kind: str) -> Any:
         return self.ops.gated_act(gate_up, kind)
