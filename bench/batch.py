@@ -20,7 +20,7 @@ else those in ../shared/ANCHORS.md measured on the same H200 (none for E2B there
 submit -> first token sampled, on an idle engine holding nothing of the prompt. --voice N: a voice request
 (33-token prompt, 16 tokens) while N background streams decode: its TTFT (median of 5) against the same on an
 idle engine, and the background streams' tok/s together while it runs against before it came. --tune: the
-CuPy backend retuned to these CupyTuning fields (bench/gpu_variants.py's knobs, e.g. capture_mixed:1).
+CuPy backend retuned to these CupyTuning fields (bench/gpu_variants.py's knobs, e.g. use_chains:0).
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def main() -> None:
     p.add_argument("--voice", type=int, default=0, help="background streams for the voice-under-load row (0: none)")
     p.add_argument("--backend", default="auto")
     p.add_argument("--whole", action="store_true", help="time until the last stream ends, the tail included")
-    p.add_argument("--tune", default="", help="CupyTuning fields for the CuPy backend, e.g. capture_mixed:1")
+    p.add_argument("--tune", default="", help="CupyTuning fields for the CuPy backend, e.g. use_chains:0")
     p.add_argument(
         "--launch-ahead",
         choices=["auto", "on", "off"],

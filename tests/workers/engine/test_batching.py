@@ -247,14 +247,13 @@ def test_eager_mixed_steps_pad_each_chunk_as_it_is_padded_alone(tmp_path: Path) 
 def test_captured_steps_mixing_prompt_chunks_with_decode_rows_give_each_stream_its_numbers(
     tmp_path: Path, arch: str
 ) -> None:
-    """capture_mixed: steps mixing padded prompt chunks with decode rows captured by their shape and replayed
+    """Steps mixing padded prompt chunks with decode rows captured by their shape and replayed
     for other slots and positions; every logit of every stream equals, bit for bit, the one it gets alone."""
     path = model_path(tmp_path, arch)
     engine = Engine(EngineOptions(model=str(path), backend="cupy", ctx=160, prefill_chunk=32, parallel=4))
     gpu = engine.backend
     if not gpu.decode_steps_by_count(engine.model.config, engine.kv):
         pytest.skip("this GPU's one-token attention takes the slot as an argument (compute capability < 8.0)")
-    assert gpu.tuning.capture_mixed  # type: ignore[attr-defined]  (on by default)
     specs = [(at, prompt(i + 1, n), gen) for i, (at, n, gen) in enumerate(MIXED_SPECS)]
     specs += [(7, prompt(9, 13), 6)]  # the same shape again, other slots and positions: a replay
     plan = [(at, engine.sequence(ids, greedy(n))) for at, ids, n in specs]

@@ -352,9 +352,9 @@ class CupyAttention:
 
     def mixed_steps_by_shape(self, cfg: ModelConfig, kv: KVCache) -> bool:
         """Every kernel of such a step reads its segments' slots and positions where stage_batch staged them
-        (the one-token rows through attention_decn, the chunks through stage_segment's pairs), and the
-        tuning asks for it (capture_mixed, on by default)."""
-        return self.dev.tuning.capture_mixed and self.decode_steps_by_count(cfg, kv)
+        (the one-token rows through attention_decn, the chunks through stage_segment's pairs), so one captured
+        step serves every step of its shape (bench/NOTES.md v16)."""
+        return self.decode_steps_by_count(cfg, kv)
 
     def decode_attention(
         self, qkv: Any, cfg: ModelConfig, lc: LayerConfig, qk_norm: Any, kv: LayerKV, batch: Batch, shared: bool = False

@@ -34,7 +34,6 @@ class CupyTuning:
     # CupyAttention._dec_ranks), and (dec_rank_tasks, compiled in; 0: all of them) as many of those a position as
     # give each that many tasks of 8 keys (v26, v27). They define the arithmetic, so alone and batched agree.
     dec_ranks: int = 0
-    capture_mixed: bool = True  # steps mixing prompt chunks with decode rows captured by shape (v16)
     # products that code their consumer's input run in one launch with it where the family chains (8.x: no
     # programmatic dependent launch to overlap them otherwise; chain.py, v25), a step's rows of one group too
     use_chains: bool = True
