@@ -18,20 +18,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from nll_change import against, timed_perplexity  # noqa: E402
 
 from genie_common.engine_options import EngineOptions  # noqa: E402
 from genie_common.registry import resolve_model  # noqa: E402
 from genie_workers.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
 from genie_workers.engine.engine import Engine  # noqa: E402
 from genie_workers.engine.model import Model  # noqa: E402
-from genie_workers.engine.perplexity import perplexity  # noqa: E402
 from testkit import FIXTURES  # noqa: E402
 
 TEXT = (FIXTURES / "text/apache-2.0.txt").read_text(encoding="utf-8")
@@ -71,20 +72,10 @@ def main() -> None:
         for kv, q8 in (("int8", False), ("int8", True), ("f32", False)):
             backend = Int8Queries(q8)
             engine = Engine(EngineOptions(model=str(path), ctx=CTX, parallel=1), Model.load(path, backend), kv_dtype=kv)
-            t = time.perf_counter()
-            r = perplexity(engine, TEXT, CTX)
-            s = time.perf_counter() - t
-            label = "int8" if q8 else "float32"
-            if ref is None:
-                ref = r
-                print(f"| {name} | {kv} | {label} | {r.n_scored} | {r.ppl:.4f} | | | | {s:.0f} |", flush=True)
-                continue
-            d = np.abs(np.asarray(r.nll) - np.asarray(ref.nll))
-            print(
-                f"| {name} | {kv} | {label} | {r.n_scored} | {r.ppl:.4f} ({r.ppl / ref.ppl - 1:+.2%}) | "
-                f"{d.mean():.4f} | {np.percentile(d, 99):.4f} | {d.max():.4f} | {s:.0f} |",
-                flush=True,
-            )
+            r, s = timed_perplexity(engine, TEXT, CTX)
+            ref = ref or r
+            cells = f"{r.ppl:.4f} | | |" if r is ref else against(r, ref)
+            print(f"| {name} | {kv} | {'int8' if q8 else 'float32'} | {r.n_scored} | {cells} | {s:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

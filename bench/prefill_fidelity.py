@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +23,15 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from nll_change import against, timed_perplexity  # noqa: E402
 
 from genie_common.engine_options import EngineOptions  # noqa: E402
 from genie_common.registry import resolve_model  # noqa: E402
 from genie_workers.engine.backends.numpy_backend import GEMV_MAX_TOKENS, NumpyBackend  # noqa: E402
 from genie_workers.engine.engine import Engine  # noqa: E402
 from genie_workers.engine.model import Model  # noqa: E402
-from genie_workers.engine.perplexity import perplexity  # noqa: E402
 from testkit import FIXTURES  # noqa: E402
 
 TEXT = (FIXTURES / "text/apache-2.0.txt").read_text(encoding="utf-8")
@@ -87,19 +88,12 @@ def main() -> None:
             backend = RoundedInputs(mode)
             options = EngineOptions(model=str(path), ctx=CTX, parallel=1)
             engine = Engine(options, Model.load(path, backend), kv_dtype="f16")
-            t = time.perf_counter()
-            r = perplexity(engine, TEXT, CTX)
-            s = time.perf_counter() - t
+            r, s = timed_perplexity(engine, TEXT, CTX)
             if ref is None:
                 ref = r
                 print(f"| {name} | float32 | {r.n_scored} | {r.ppl:.4f} | | | | | {s:.0f} |", flush=True)
                 continue
-            d = np.abs(np.asarray(r.nll) - np.asarray(ref.nll))
-            print(
-                f"| {name} | {mode} | {r.n_scored} | {r.ppl:.4f} ({r.ppl / ref.ppl - 1:+.2%}) | {d.mean():.4f} | "
-                f"{np.percentile(d, 99):.4f} | {d.max():.4f} | {backend.overflows} | {s:.0f} |",
-                flush=True,
-            )
+            print(f"| {name} | {mode} | {r.n_scored} | {against(r, ref)} | {backend.overflows} | {s:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
