@@ -66,8 +66,7 @@ class CupyBackend(NumpyBackend):
         return self.dev.tuning
 
     def retune(self, **changes: Any) -> None:
-        """Another tuning (benchmarks comparing variants in one process): the kernel modules whose compiled
-        sizes changed are built again, and captured steps are captured again."""
+        """Another tuning for the device every part reads it from (CupyDevice.retune)."""
         self.dev.retune(**changes)
 
     @property

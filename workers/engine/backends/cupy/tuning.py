@@ -2,7 +2,7 @@
 (CupyBackend(tuning)). The product runs the defaults and changes none of them; the GPU tests take each other value
 to check that the paths agree (bench/NOTES.md, "The CuPy backend as parts"), and benches compare values in one
 process through CupyBackend.retune, which rebuilds the kernel modules whose compiled sizes changed. What no test
-varies is a constant beside its kernel instead (products.py's GEMV_*, attention.py's). Each default's measurement
+varies is the only path, or a constant beside its kernel (products.py's GEMV_*). Each default's measurement
 is in bench/NOTES.md under the version or session named."""
 
 from __future__ import annotations
