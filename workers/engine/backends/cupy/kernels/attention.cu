@@ -269,6 +269,44 @@ __device__ __forceinline__ float ld_peer(const float* p, unsigned rank) {  // *p
 // a warp then read four bank groups, not one (a head of 128 floats in place put all four on bank 0)
 #define DEC_QP(DPL) (8 * (DPL) + 4)
 #define DEC_HDP(DPL) (4 * DEC_QP(DPL))
+// With an INT8 pool the same shared memory holds the queries as int8 codes (llama.cpp's q8_1 of the query; what it
+// costs a real model: bench/attn_q8_fidelity.py): a quarter's 8 DPL codes DEC_Q8P bytes apart (16 more than
+// theirs, so the four quads' 16-byte loads meet four bank groups), a head 4 DEC_Q8P; after the G heads a float
+// scale a DEC_Q8B values (32, or a quarter's 16 where DPL is 2), max |q| / 127 of them, the codes round(q / scale)
+// with ties to even. A task's scores are then dp4a's (4 products an instruction) and an FMA a scale, where float
+// queries took a conversion and an FMA a value.
+#define DEC_Q8P(DPL) (8 * (DPL) + 16)
+#define DEC_Q8B(DPL) ((DPL) >= 4 ? 32 : 8 * (DPL))
+#define DEC_Q8NB(DPL) (8 * (DPL) / DEC_Q8B(DPL))  // scales a quarter
+template <int G, int DPL>
+__device__ __forceinline__ float* dec_q8_scales(float* qs) {
+    static_assert(G * 4 * DEC_Q8P(DPL) + G * 4 * DEC_Q8NB(DPL) * 4 <= G * DEC_HDP(DPL) * 4, "the codes fit qs");
+    return reinterpret_cast<float*>(reinterpret_cast<char*>(qs) + G * 4 * DEC_Q8P(DPL));
+}
+// query head r's rotated row (lane l: values l DPL ..) coded into qs as above
+template <int G, int DPL>
+__device__ __forceinline__ void dec_q8_store(const float (&v)[DPL], float* qs, int r) {
+    constexpr int LB = DEC_Q8B(DPL) / DPL;  // the lanes of a scale's values
+    const int lane = threadIdx.x & 31, qd = lane >> 3;
+    float a = 0.f;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) a = fmaxf(a, fabsf(v[e]));
+#pragma unroll
+    for (int o = 1; o < LB; o <<= 1) a = fmaxf(a, __shfl_xor_sync(FULL, a, o));
+    const float d = __fdiv_rn(a, 127.f);
+    unsigned w[(DPL + 3) / 4] = {};
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) {
+        const int c = d > 0.f ? __float2int_rn(__fdiv_rn(v[e], d)) : 0;
+        w[e / 4] |= (unsigned)(c & 0xff) << (8 * (e % 4));
+    }
+    char* q8 = reinterpret_cast<char*>(qs) + (r * 4 + qd) * DEC_Q8P(DPL) + (lane & 7) * DPL;
+    if constexpr (DPL == 2) *reinterpret_cast<unsigned short*>(q8) = (unsigned short)w[0];
+    else if constexpr (DPL == 4) *reinterpret_cast<unsigned*>(q8) = w[0];
+    else if constexpr (DPL == 8) *reinterpret_cast<uint2*>(q8) = make_uint2(w[0], w[1]);
+    else *reinterpret_cast<uint4*>(q8) = make_uint4(w[0], w[1], w[2], w[3]);
+    if (lane % LB == 0) dec_q8_scales<G, DPL>(qs)[(r * 4 + qd) * DEC_Q8NB(DPL) + (lane & 7) * DPL / DEC_Q8B(DPL)] = d;
+}
 
 // A head's row of 32 DPL values in a warp's registers (lane l: values l DPL ..): RMSNorm by w (when given; the
 // lane's weights in w) and RoPE at the position whose table values the lane holds in c, sn (rope_pairs's):
@@ -359,13 +397,26 @@ __device__ __forceinline__ void dec_task(const DecTask<DPL>& t, const float* qs,
 #pragma unroll
     for (int g = 0; g < G; ++g) s[g] = 0.f;
     const float* qq = qs + qd * DEC_QP(DPL);
-    if (int8) {
+    if (int8) {  // the quarter's codes against the query's (dec_q8_store), a block's sum times its scale
+        constexpr int NB = DEC_Q8NB(DPL), CB = DEC_Q8B(DPL) / 16;
+        const char* q8 = reinterpret_cast<const char*>(qs) + qd * DEC_Q8P(DPL);
+        const float* qsc = dec_q8_scales<G, DPL>(const_cast<float*>(qs)) + qd * NB;
 #pragma unroll
-        for (int c = 0; c < QD / 16; ++c)
+        for (int g = 0; g < G; ++g)
 #pragma unroll
-            for (int g = 0; g < G; ++g)
-                s[g] += dot8_i8(make_uint2(t.k[c].x, t.k[c].y), qq + g * DEC_HDP(DPL) + 16 * c) +
-                        dot8_i8(make_uint2(t.k[c].z, t.k[c].w), qq + g * DEC_HDP(DPL) + 16 * c + 8);
+            for (int b = 0; b < NB; ++b) {
+                int sum = 0;
+#pragma unroll
+                for (int cc = 0; cc < CB; ++cc) {
+                    const int c = b * CB + cc;
+                    const int4 qv = *reinterpret_cast<const int4*>(q8 + g * 4 * DEC_Q8P(DPL) + 16 * c);
+                    sum = __dp4a((int)t.k[c].x, qv.x, sum);
+                    sum = __dp4a((int)t.k[c].y, qv.y, sum);
+                    sum = __dp4a((int)t.k[c].z, qv.z, sum);
+                    sum = __dp4a((int)t.k[c].w, qv.w, sum);
+                }
+                s[g] = fmaf((float)sum, qsc[g * 4 * NB + b], s[g]);
+            }
     } else {
 #pragma unroll
         for (int c = 0; c < QD / 8; ++c)
@@ -412,11 +463,15 @@ __device__ __forceinline__ void dec_rows(const float* qkv, void* k_pool, void* v
             for (int e = 0; e < DPL; ++e) w[e] = 1.f;
             norm_rope_regs<DPL>(v, w, true, eps, c, sn, 0, neox);
         }
-        if (role < G) {  // a query head: rotated (INT8) into shared memory
-            if (int8) fwht_regs<DPL>(v);
-            float* q = qs + role * DEC_HDP(DPL) + (lane >> 3) * DEC_QP(DPL) + (lane & 7) * DPL;
+        if (role < G) {  // a query head into shared memory: rotated and coded (INT8), or as it is (FP16)
+            if (int8) {
+                fwht_regs<DPL>(v);
+                dec_q8_store<G, DPL>(v, qs, role);
+            } else {
+                float* q = qs + role * DEC_HDP(DPL) + (lane >> 3) * DEC_QP(DPL) + (lane & 7) * DPL;
 #pragma unroll
-            for (int e = 0; e < DPL; ++e) q[e] = v[e];
+                for (int e = 0; e < DPL; ++e) q[e] = v[e];
+            }
         } else if (row != -2) {  // the token's key or value row into the pools
             const long long dst = (long long)qpos * n_kv + pk;
             store_row_regs<DPL>(v, row >= 0 ? k_pool : v_pool, row >= 0 ? k_scale : v_scale, dst);  // one copy
