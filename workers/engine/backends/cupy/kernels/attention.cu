@@ -278,10 +278,10 @@ __device__ __forceinline__ float ld_peer(const float* p, unsigned rank) {  // *p
 #define DEC_Q8P(DPL) (8 * (DPL) + 16)
 #define DEC_Q8B(DPL) ((DPL) >= 4 ? 32 : 8 * (DPL))
 #define DEC_Q8NB(DPL) (8 * (DPL) / DEC_Q8B(DPL))  // scales a quarter
-template <int G, int DPL>
-__device__ __forceinline__ float* dec_q8_scales(float* qs) {
+template <int G, int DPL, class F>  // F: float or const float
+__device__ __forceinline__ F* dec_q8_scales(F* qs) {
     static_assert(G * 4 * DEC_Q8P(DPL) + G * 4 * DEC_Q8NB(DPL) * 4 <= G * DEC_HDP(DPL) * 4, "the codes fit qs");
-    return reinterpret_cast<float*>(reinterpret_cast<char*>(qs) + G * 4 * DEC_Q8P(DPL));
+    return qs + G * DEC_Q8P(DPL);  // G * 4 * DEC_Q8P bytes: DEC_Q8P is a multiple of 16
 }
 // query head r's rotated row (lane l: values l DPL ..) coded into qs as above
 template <int G, int DPL>
@@ -400,7 +400,7 @@ __device__ __forceinline__ void dec_task(const DecTask<DPL>& t, const float* qs,
     if (int8) {  // the quarter's codes against the query's (dec_q8_store), a block's sum times its scale
         constexpr int NB = DEC_Q8NB(DPL), CB = DEC_Q8B(DPL) / 16;
         const char* q8 = reinterpret_cast<const char*>(qs) + qd * DEC_Q8P(DPL);
-        const float* qsc = dec_q8_scales<G, DPL>(const_cast<float*>(qs)) + qd * NB;
+        const float* qsc = dec_q8_scales<G, DPL>(qs) + qd * NB;
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
