@@ -42,10 +42,14 @@ prepare | patch)
 run)
     shift
     one() {  # DIR NAME COMMAND...
-        local where=$1 name=$2 extra="" kv
+        local where=$1 name=$2 extra="" kv f
         shift 2
         for kv in ${GENIE_COMMIT_ARGS:-}; do [ "${kv%%=*}" = "$name" ] && extra="${kv#*=}"; done
         echo "### $name"
+        if [ "$name" != working-tree ]; then  # the working tree's synthetic files (bench/synthetic.py, seed 0), not written again
+            mkdir -p "/tmp/genie-bench-$name"
+            for f in /tmp/genie-bench-working-tree/*.gguf; do [ -f "$f" ] && ln -sf "$f" "/tmp/genie-bench-$name/"; done
+        fi
         # shellcheck disable=SC2086
         (cd "$where" && PYTHONPATH=/tmp/site:$(tree_path .) timeout 300 "$@" --out "/tmp/genie-bench-$name" ${extra//,/ } 2>&1 | tail -n 30)
     }
