@@ -102,9 +102,9 @@ def _head_dims_problem(hd: int, hdv: int) -> str | None:
 
 
 def _prefill_attention_smem(hd: int, rows: int, dv: int, keys: int) -> int:
-    """attention_prefill's dynamic shared memory: Q, then the K tile, the transposed V tile (a block's dv of V's dims)
-    in FP16 and their scales, or (dv == hd) the FP32 output rows that take that area after the last tile."""
-    tiles = 2 * keys * (hd + 8) + 2 * dv * (keys + 8) + 4 * 2 * keys
+    """attention_prefill's dynamic shared memory: Q, then the K tile, the V tile (a block's dv of V's dims) in FP16
+    and their scales, or (dv == hd) the FP32 output rows that take that area after the last tile."""
+    tiles = 2 * keys * (hd + 8) + 2 * keys * (dv + 8) + 4 * 2 * keys
     return 2 * rows * (hd + 8) + max(tiles, 4 * rows * (hd + 4) if dv == hd else 0)
 
 

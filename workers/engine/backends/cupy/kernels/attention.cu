@@ -954,13 +954,13 @@ DEC_SHAPES(DEC_INSTANTIATE_GLOBAL)
 // (token, head) pairs of PF_ROWS / G consecutive tokens and the G query heads of one KV head, so each K/V
 // tile it stages serves all of them; each warp owns 16 rows. Per tile of PF_KEYS keys: K and V are staged
 // in shared memory as FP16 (INT8 codes are exact in FP16; their scales are applied to the scores and
-// folded into P; V transposed, so its B fragments are pairs of adjacent halves), S = Q K^T comes from
+// folded into P; V as rows like K, its B fragments read transposed by ldmatrix), S = Q K^T comes from
 // m16n8k16 MMAs (FP16 in, FP32 accumulate) into registers, the online softmax runs on those registers (a
 // row's values sit in the four lanes of a quad), and P V accumulates into O, also in registers. Q is
 // rotated (INT8) and pre-scaled in FP32 before its conversion to FP16; O is normalized, rotated back (INT8)
 // and written as [n_tok, n_heads, HD]. Instantiated for HD == HDV in {16, 32, 64, 128, 256} and G dividing
 // PF_ROWS, in tiles of KEYS = PF_KEYS keys, and of 32 (`_k32`) for 256 where a block may have less shared memory (an
-// RTX 30 / 40: 99 KiB); dynamic shared memory as in pf_smem (the backend computes the same). HD 512 (Gemma 4's global
+// RTX 30 / 40: 99 KiB); dynamic shared memory as attention.py's _prefill_attention_smem sizes it. HD 512 (Gemma 4's global
 // layers) in blocks of DV = 256 of V's dims (blockIdx.z), each computing all of S for its half of O, whose rows it
 // writes unrotated: INT8 K/V's rotation back is the backend's next launch (fwht_rows), as a row needs all 512 dims.
 #ifndef PF_WARPS
@@ -982,11 +982,18 @@ __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
     return *reinterpret_cast<const unsigned*>(&h);
 }
 __device__ __forceinline__ unsigned lds32(const __half* p) { return *reinterpret_cast<const unsigned*>(p); }
+// four 8 x 8 FP16 matrices from shared memory, transposed: lanes 8 m .. 8 m + 7 give matrix m's rows (16 bytes
+// each), and lane l gets matrix m's elements [2 (l % 4)][l / 4] and [2 (l % 4) + 1][l / 4] in r[m]: an MMA's B
+// fragment of a row-major [k][n] tile
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const __half* p) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 
-// 8 K/V values at p (INT8 codes or FP16) as 8 halves
-__device__ __forceinline__ uint4 load8_half(const void* pool, long long off, bool int8) {
-    if (!int8) return *reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(pool) + off);
-    const uint2 b = *reinterpret_cast<const uint2*>(reinterpret_cast<const signed char*>(pool) + off);
+// 8 INT8 codes as 8 halves (exact)
+__device__ __forceinline__ uint4 i8x8_half(uint2 b) {
     uint4 r;
     unsigned* o = reinterpret_cast<unsigned*>(&r);
 #pragma unroll
@@ -1015,16 +1022,80 @@ __device__ __forceinline__ void load_lane(float (&v)[E], const float* row, bool 
     }
 }
 
+// 8 K/V values at p as they lie in the pool (INT8 codes: 8 bytes; FP16: 16), and as 8 halves
+template <bool I8> struct PfRaw { using T = uint4; };
+template <> struct PfRaw<true> { using T = uint2; };
+template <bool I8>
+__device__ __forceinline__ typename PfRaw<I8>::T pf_load(const void* pool, long long off) {
+    if constexpr (I8) return *reinterpret_cast<const uint2*>(reinterpret_cast<const signed char*>(pool) + off);
+    else return *reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(pool) + off);
+}
+__device__ __forceinline__ uint4 pf_half8(uint4 r) { return r; }
+__device__ __forceinline__ uint4 pf_half8(uint2 b) { return i8x8_half(b); }
+
+// One K/V tile of attention_prefill into shared memory (keys k0 .. k0 + KEYS - 1, zeros past kv_hi): K as FP16
+// rows [KEYS][HD + 8], this block's DV of V's dims as rows [KEYS][DV + 8], and the keys' scales (1 for FP16).
+// A thread's chunks of 8 values are c = tid, tid + NT, ...; it issues PF_LB chunks' loads (K and V) before it
+// stores any, so a tile costs a few trips to memory, not one or two a chunk (a loop that stored each chunk as it
+// came waited out every load in turn: 16 round trips a tile for HD 512). Data movement only: the bits staged are
+// those of a chunk at a time.
+#ifndef PF_LB
+#define PF_LB 8
+#endif
+template <bool I8, int HD, int DV, int KEYS>
+__device__ __forceinline__ void pf_stage(const void* k_pool, const void* v_pool, const float* k_scale, const float* v_scale,
+                                         __half* Ks, __half* Vs, float* ksc, float* vsc, int k0, int kv_hi, int n_kv,
+                                         int kvh, int dv0) {
+    using Raw = typename PfRaw<I8>::T;
+    constexpr int LDK = HD + 8, LDV = DV + 8, NT = 32 * PF_WARPS, CH = KEYS * (HD / 8), PER = (CH + NT - 1) / NT;
+    constexpr int LB = PER < (I8 ? PF_LB : PF_LB / 2) ? PER : (I8 ? PF_LB : PF_LB / 2);
+    constexpr int SPER = (KEYS + NT - 1) / NT;
+    float ks[SPER], vs[SPER];
+#pragma unroll
+    for (int b = 0; b < SPER; ++b) {  // the scales' loads go out with the first chunks'
+        const int jj = threadIdx.x + b * NT, j = k0 + jj;
+        const bool in = I8 && jj < KEYS && j <= kv_hi;
+        ks[b] = in ? k_scale[(long long)j * n_kv + kvh] : 1.f;
+        vs[b] = in ? v_scale[(long long)j * n_kv + kvh] : 1.f;
+    }
+#pragma unroll 1
+    for (int b0 = 0; b0 < PER; b0 += LB) {  // a batch at a time: unrolled, a 2-warp block's four spilled (sm_90, 80 bytes)
+        Raw kr[LB], vr[LB];
+#pragma unroll
+        for (int b = 0; b < LB; ++b) {
+            const int c = threadIdx.x + (b0 + b) * NT, jj = c / (HD / 8), i = (c % (HD / 8)) * 8, j = k0 + jj;
+            const long long off = ((long long)j * n_kv + kvh) * HD + i;
+            const bool in = (CH % NT == 0 || c < CH) && b0 + b < PER && j <= kv_hi;
+            const bool v_in = in && (DV == HD || (i >= dv0 && i < dv0 + DV));
+            kr[b] = in ? pf_load<I8>(k_pool, off) : Raw{};
+            vr[b] = v_in ? pf_load<I8>(v_pool, off) : Raw{};
+        }
+#pragma unroll
+        for (int b = 0; b < LB; ++b) {
+            const int c = threadIdx.x + (b0 + b) * NT, jj = c / (HD / 8), i = (c % (HD / 8)) * 8;
+            if ((CH % NT != 0 && c >= CH) || b0 + b >= PER) continue;
+            *reinterpret_cast<uint4*>(Ks + jj * LDK + i) = pf_half8(kr[b]);
+            if (DV != HD && (i < dv0 || i >= dv0 + DV)) continue;  // another block's V dims
+            *reinterpret_cast<uint4*>(Vs + jj * LDV + i - dv0) = pf_half8(vr[b]);
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < SPER; ++b) {
+        const int jj = threadIdx.x + b * NT;
+        if (jj < KEYS) ksc[jj] = ks[b], vsc[jj] = vs[b];
+    }
+}
+
 template <int HD, int DV, int KEYS>
 __device__ void attention_prefill(const float* q, const void* k_pool, const void* v_pool, const float* k_scale,
                                   const float* v_scale, float* out, int n_tok, int n_heads, int n_kv, int blk,
                                   const int* pos0p, int window, float scale, float softcap) {
-    constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = KEYS + 8, LDO = HD + 4;
+    constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = DV + 8, LDO = HD + 4;
     extern __shared__ __align__(16) unsigned char sm[];
     __half* Qs = reinterpret_cast<__half*>(sm);  // [PF_ROWS][LDQ]
     __half* Ks = Qs + PF_ROWS * LDQ;             // [KEYS][LDK]
-    __half* Vt = Ks + KEYS * LDK;                // [DV][LDV]: this block's V dims, transposed
-    float* ksc = reinterpret_cast<float*>(Vt + DV * LDV);  // [KEYS]
+    __half* Vs = Ks + KEYS * LDK;                // [KEYS][LDV]: this block's V dims
+    float* ksc = reinterpret_cast<float*>(Vs + KEYS * LDV);  // [KEYS]
     float* vsc = ksc + KEYS;                               // [KEYS]
     float* Of = reinterpret_cast<float*>(Ks);  // [PF_ROWS][LDO] FP32 rows over the K/V area when it is idle (DV == HD)
     const int dv0 = DV == HD ? 0 : blockIdx.z * DV;  // this block's V dims: dv0 ..
@@ -1085,23 +1156,10 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
     const int kv_lo = window > 0 ? max(0, pos0 + t0 - window + 1) : 0;
     for (int k0 = kv_lo; k0 <= kv_hi; k0 += KEYS) {
         __syncthreads();  // every warp is done with the previous tile (and with Q's FP32 staging)
-        for (int c = threadIdx.x; c < KEYS * (HD / 8); c += blockDim.x) {
-            const int jj = c / (HD / 8), i = (c % (HD / 8)) * 8, j = k0 + jj;
-            const long long off = ((long long)j * n_kv + kvh) * HD + i;
-            const uint4 kk = j <= kv_hi ? load8_half(k_pool, off, int8) : make_uint4(0, 0, 0, 0);
-            *reinterpret_cast<uint4*>(Ks + jj * LDK + i) = kk;
-            if (DV != HD && (i < dv0 || i >= dv0 + DV)) continue;  // another block's V dims
-            const uint4 vv = j <= kv_hi ? load8_half(v_pool, off, int8) : make_uint4(0, 0, 0, 0);
-            const __half* vh = reinterpret_cast<const __half*>(&vv);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) Vt[(i - dv0 + e) * LDV + jj] = vh[e];
-        }
-        for (int jj = threadIdx.x; jj < KEYS; jj += blockDim.x) {
-            const int j = k0 + jj;
-            const bool in = j <= kv_hi && int8;
-            ksc[jj] = in ? k_scale[(long long)j * n_kv + kvh] : 1.f;
-            vsc[jj] = in ? v_scale[(long long)j * n_kv + kvh] : 1.f;
-        }
+        if (int8)
+            pf_stage<true, HD, DV, KEYS>(k_pool, v_pool, k_scale, v_scale, Ks, Vs, ksc, vsc, k0, kv_hi, n_kv, kvh, dv0);
+        else
+            pf_stage<false, HD, DV, KEYS>(k_pool, v_pool, k_scale, v_scale, Ks, Vs, ksc, vsc, k0, kv_hi, n_kv, kvh, dv0);
         __syncthreads();
 
         // S = Q K^T: KEYS / 8 n-tiles of 8 keys, k-steps of 16 dims
@@ -1171,14 +1229,19 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
             o[d][2] *= corr[1];
             o[d][3] *= corr[1];
         }
-        // O += P V: k-steps of 16 keys (P's n-tiles 2kt and 2kt + 1 are the A fragment), n-tiles of 8 dims
+        // O += P V: k-steps of 16 keys (P's n-tiles 2kt and 2kt + 1 are the A fragment), n-tiles of 8 dims, two
+        // n-tiles' B fragments a transposing ldmatrix (lanes 0-15 address keys 16 kt .. + 15 at dims 8 d, 16-31 at
+        // 8 d + 8)
 #pragma unroll
         for (int kt = 0; kt < KEYS / 16; ++kt) {
             const unsigned a[4] = {pa[2 * kt][0], pa[2 * kt][1], pa[2 * kt + 1][0], pa[2 * kt + 1][1]};
+            const __half* vb = Vs + (16 * kt + (lane & 15)) * LDV + 8 * (lane >> 4);
 #pragma unroll
-            for (int d = 0; d < DV / 8; ++d) {
-                const __half* vb = Vt + (8 * d + g) * LDV + 16 * kt + 2 * tq;
-                mma16816(o[d], a, lds32(vb), lds32(vb + 8));
+            for (int d = 0; d < DV / 8; d += 2) {
+                unsigned b[4];
+                ldsm_x4_trans(b, vb + 8 * d);
+                mma16816(o[d], a, b[0], b[1]);
+                mma16816(o[d + 1], a, b[2], b[3]);
             }
         }
     }
