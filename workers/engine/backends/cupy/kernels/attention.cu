@@ -1091,6 +1091,7 @@ __device__ void attention_prefill(const float* q, const void* k_pool, const void
                                   const float* v_scale, float* out, int n_tok, int n_heads, int n_kv, int blk,
                                   const int* pos0p, int window, float scale, float softcap) {
     constexpr int LDQ = HD + 8, LDK = HD + 8, LDV = DV + 8, LDO = HD + 4;
+    static_assert(DV % 16 == 0, "P V takes V's dims two n-tiles of 8 a ldmatrix");
     extern __shared__ __align__(16) unsigned char sm[];
     __half* Qs = reinterpret_cast<__half*>(sm);  // [PF_ROWS][LDQ]
     __half* Ks = Qs + PF_ROWS * LDQ;             // [KEYS][LDK]
