@@ -15,8 +15,7 @@
 #   acc4               issue 35's acceptance 4: the 9.0 paths' gpu.py and batch.py, the tree against the commits
 #                      bench/commits.sh prepared (d566083: the commit before the 8.x work)
 #   prefill FAMILY     pp512 and decode @0 of E2B, the 4B and the 0.6B, the tree against the commits prepared; for
-#                      the prefill patches: `bench/commits.sh prepare 44aae15` (before the staging) and
-#                      `bench/commits.sh patch pf-narrow prefill-bf16` here
+#                      the prefill patches: `bench/commits.sh patch prefill-bf16` here
 #                      (prefill-bf16 runs at prefill_gemm 3), d566083 not prepared (or moved aside)
 # Every command prints what it runs. FEW_SMS names few-sms.sh (../shared/tools/, copied into the tree to carry it).
 set -uo pipefail
