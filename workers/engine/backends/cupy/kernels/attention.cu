@@ -986,10 +986,9 @@ __device__ __forceinline__ unsigned lds32(const __half* p) { return *reinterpret
 // each), and lane l gets matrix m's elements [2 (l % 4)][l / 4] and [2 (l % 4) + 1][l / 4] in r[m]: an MMA's B
 // fragment of a row-major [k][n] tile
 __device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const __half* p) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+                 : "r"(smem_u32(p)));
 }
 
 // 8 INT8 codes as 8 halves (exact)
