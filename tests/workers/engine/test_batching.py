@@ -231,7 +231,6 @@ def test_steps_mixing_prompt_chunks_with_decode_rows_are_padded_to_their_buckets
         done = completion(events[seq])
         solo, solo_rows = alone(plain, ids, greedy(n))
         assert done.token_ids == solo.token_ids
-        assert len(seen[seq]) == len(solo_rows)
         for got, want in zip(seen[seq], solo_rows, strict=True):
             np.testing.assert_array_equal(got, want)
         assert list(engine.kv.held(seq.slot)) == [*ids, *done.token_ids[:-1]]
