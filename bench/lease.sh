@@ -14,6 +14,10 @@
 #   issue36 JSON       issue 36's: E2B's gpu.py and batch.py on both families, and decode on 8 SMs (8.x)
 #   acc4               issue 35's acceptance 4: the 9.0 paths' gpu.py and batch.py, the tree against the commits
 #                      bench/commits.sh prepared (d566083: the commit before the 8.x work)
+#   patched NAMES FAMILY PYTEST_ARGS...
+#                      bench/wip/NAME.patch (NAMES: NAME[+NAME]) applied to the device's copy of the tree (once: a
+#                      later stage of the call finds it applied), its kernels compiled (warm), then those tests
+#                      on that family, 14 workers; later stages of the call run the patched tree too
 #   prefill FAMILY     pp512 and decode @0 of E2B, the 4B and the 0.6B, the tree against the commits prepared; for
 #                      the prefill patches: `bench/commits.sh patch prefill-bf16` here
 #                      (prefill-bf16 runs at prefill_gemm 3), d566083 not prepared (or moved aside)
@@ -79,13 +83,22 @@ acc4)
     run bash bench/commits.sh run python3 bench/gpu.py --models "${QWEN[@]}" --kv int8 --repeats 2
     run bash bench/commits.sh run python3 bench/batch.py --models "${QWEN[@]}" --kv int8 --streams 1 2 4 8 16 --ttft 33
     ;;
+patched)
+    names=${2:?usage: lease.sh patched NAME[+NAME] sm87|90 PYTEST_ARGS...} family=${3:?usage: lease.sh patched NAMES sm87|90 PYTEST_ARGS...}
+    shift 3
+    for p in ${names//+/ }; do
+        git apply -R --check "bench/wip/$p.patch" 2>/dev/null || run git apply "bench/wip/$p.patch" || exit 1
+    done
+    bash "$0" warm
+    GENIE_CUDA_COMPAT=$(compat "$family") run python3 -m pytest -q -n 14 -p no:benchmark -p no:cacheprovider "$@"
+    ;;
 prefill)
     family=${2:?usage: lease.sh prefill sm87|90}
     GENIE_CUDA_COMPAT=$(compat "$family") GENIE_COMMIT_ARGS="prefill-bf16=--tune,prefill_gemm:3" run bash \
         bench/commits.sh run python3 bench/gpu.py --models gemma4-e2b qwen3-4b qwen3-0.6b --kv int8 --depths 0 --repeats 3
     ;;
 *)
-    sed -n '2,20p' "$0" >&2
+    sed -n '2,24p' "$0" >&2
     exit 2
     ;;
 esac
