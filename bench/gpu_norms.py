@@ -1,6 +1,7 @@
 """A post-norm's launch alone on the GPU: q8_add_normed (kernels/quant.cu; a decode token of Gemma 4 E2B runs it 104
 times, a quarter of its 9.0 time in bench/NOTES-gemma4.md §10) against the smallest launch of its module and against
-the two launches it replaced (add_normed, then q8_input's coding), at E2B's 1 536 and Qwen3-4B's 2 560 columns:
+the two launches it replaced (add_normed, then q8_input's coding), and q8_input's norm and coding alone (38 a token
+of E2B on 9.0; a block a row of a step's rows), at E2B's 1 536 and Qwen3-4B's 2 560 columns:
 microseconds a launch in a captured graph of LAUNCHES dependent launches on one stream, replayed. Block sizes
 other than the backend's 1 024 threads sum in another order (other numbers): they are here for their time only.
 
@@ -49,6 +50,10 @@ def main() -> None:
         args_ = (x, y, yw, null, x_new, np.float32(1e-6), null if w is None else w, np.int32(cols), x8)
         q8_add_normed((1,), (threads,), (*args_, np.int64(cols), np.int32(0)))
 
+    def input_launch(x: Any, w: Any, x8: Any, cols: int, threads: int) -> None:  # q8_input's X_NORM of one row
+        args_ = (x, null, w, null, np.float32(1e-6), np.int32(2), np.int32(0), np.int32(cols), x8)
+        q8_input((1,), (threads,), (*args_, np.int64(0), np.int32(0), null))
+
     def two_launches(x: Any, y: Any, yw: Any, w: Any, cols: int) -> None:  # what q8_add_normed replaced
         out = backend.add_normed(x[None], y[None], yw, 1e-6)  # the add, then the coding with the next norm
         backend.products._q8_input(out[0], cols, nw=w, eps=1e-6, mode=2)
@@ -76,6 +81,10 @@ def main() -> None:
             for label, weight in (("normed", w), ("plain", None)):
                 launch = partial(norm_launch, x, y, yw, weight, x_new, x8, cols, threads)
                 print(f"| q8_add_normed {cols} cols, {threads} threads, codes {label} | {us(launch)} |", flush=True)
+        for threads in args.threads:
+            if cols <= 16 * threads:  # Q8_MAX values a thread
+                launch = partial(input_launch, x, w, x8, cols, threads)
+                print(f"| q8_input {cols} cols, {threads} threads, normed | {us(launch)} |", flush=True)
         two = partial(two_launches, x, y, yw, w, cols)
         print(f"| add_normed + q8_input {cols} cols ({Q8_THREADS} threads), two launches | {us(two)} |", flush=True)
 
