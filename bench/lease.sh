@@ -84,7 +84,8 @@ acc4)
     run bash bench/commits.sh run python3 bench/batch.py --models "${QWEN[@]}" --kv int8 --streams 1 2 4 8 16 --ttft 33
     ;;
 patched)
-    names=${2:?usage: lease.sh patched NAME[+NAME] sm87|90 PYTEST_ARGS...} family=${3:?usage: lease.sh patched NAMES sm87|90 PYTEST_ARGS...}
+    names=${2:?usage: lease.sh patched NAME[+NAME] sm87|90 PYTEST_ARGS...}
+    family=${3:?usage: lease.sh patched NAME[+NAME] sm87|90 PYTEST_ARGS...}
     shift 3
     for p in ${names//+/ }; do
         git apply -R --check "bench/wip/$p.patch" 2>/dev/null || run git apply "bench/wip/$p.patch" || exit 1
