@@ -37,7 +37,7 @@ def main() -> None:
     import cupy as cp
 
     from genie_workers.engine.backends.cupy import CupyBackend
-    from genie_workers.engine.backends.cupy.quant_consts import Q8_THREADS
+    from genie_workers.engine.backends.cupy.quant_consts import _X_NORM, Q8_THREADS
 
     backend = CupyBackend()
     print(f"{backend.dev.name}, family {backend.dev.family.name}; µs a launch, {LAUNCHES} dependent launches a graph")
@@ -51,12 +51,12 @@ def main() -> None:
         q8_add_normed((1,), (threads,), (*args_, np.int64(cols), np.int32(0)))
 
     def input_launch(x: Any, w: Any, x8: Any, cols: int, threads: int) -> None:  # q8_input's X_NORM of one row
-        args_ = (x, null, w, null, np.float32(1e-6), np.int32(2), np.int32(0), np.int32(cols), x8)
+        args_ = (x, null, w, null, np.float32(1e-6), np.int32(_X_NORM), np.int32(0), np.int32(cols), x8)
         q8_input((1,), (threads,), (*args_, np.int64(0), np.int32(0), null))
 
     def two_launches(x: Any, y: Any, yw: Any, w: Any, cols: int) -> None:  # what q8_add_normed replaced
         out = backend.add_normed(x[None], y[None], yw, 1e-6)  # the add, then the coding with the next norm
-        backend.products._q8_input(out[0], cols, nw=w, eps=1e-6, mode=2)
+        backend.products._q8_input(out[0], cols, nw=w, eps=1e-6, mode=_X_NORM)
 
     def floor_launch(x: Any, x8: Any) -> None:  # q8_input coding one sub-block with one warp: the smallest launch
         args_ = (x, null, null, null, np.float32(0), np.int32(0), np.int32(0), np.int32(32), x8)
