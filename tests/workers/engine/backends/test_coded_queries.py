@@ -8,7 +8,7 @@ import pytest
 
 from genie_workers.engine.backends.numpy_backend import NumpyBackend
 from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
-from testkit.coded_queries import CodedQueries, dec_q8, dec_q8_block
+from testkit.coded_queries import CodedQueries, dec_q8, dec_q8_block, dec_q8_ties
 
 
 def test_a_block_is_coded_by_its_own_max():
@@ -55,3 +55,38 @@ def test_only_one_token_over_an_int8_pool_is_coded(kv_dtype, n):
         assert not np.array_equal(got, want)
     else:
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_value_near_a_tie_can_be_coded_either_way():
+    q = np.zeros((1, 1, 32), np.float32)
+    q[0, 0, :5] = [127.0, 2.5, 3.5, 2.4996, 2.49]  # max 127: a scale of 1, so q / scale is q
+    assert list(dec_q8_ties(q)) == [1, 2, 3]  # 2.49 is 0.01 from its tie: it codes alike on any GPU
+    np.testing.assert_array_equal(dec_q8(q)[0, 0, :5], [127, 2, 4, 2, 2])  # ties to even
+    np.testing.assert_array_equal(dec_q8(q, (1, 2, 3))[0, 0, :5], [127, 3, 3, 3, 2])
+    want = dec_q8(q)
+    want[0, 0, 3] = 3  # one index: that value alone
+    np.testing.assert_array_equal(dec_q8(q, (3,)), want)
+
+
+def test_near_ties_gives_the_pass_with_each_tie_coded_the_other_way():
+    rng = np.random.default_rng(5)
+    kv = _pool("int8", rng)
+    plain = NumpyBackend(block_kernels=False)
+    for _ in range(100):  # a query whose rotation puts a value near a tie (about 2 in 1 000 values do)
+        q = rng.standard_normal((1, 4, 64), dtype=np.float32)
+        ties = dec_q8_ties(plain._rotate(q))
+        if len(ties):
+            break
+    assert len(ties)
+    kept = q.copy()
+    coded = CodedQueries()
+    results = coded.near_ties(coded.attention_coded, q, kv, 1, 59, 0, 0.125, 0.0)
+    np.testing.assert_array_equal(q, kept)  # each pass took a copy
+    assert len(results) == 1 + len(ties)
+    rotated = plain._rotate(q)
+    for other, got in zip([(), *[(int(i),) for i in ties]], results, strict=True):
+        np.testing.assert_array_equal(got, plain._attend(dec_q8(rotated, other), kv, 1, 59, 0, 0.125, 0.0))
+    assert not np.array_equal(results[0], results[1])
+    # a pool without codes of its query: nothing near a tie to try, one result
+    f16 = _pool("f16", rng)
+    assert len(coded.near_ties(coded.attention_coded, q, f16, 1, 59, 0, 0.125, 0.0)) == 1

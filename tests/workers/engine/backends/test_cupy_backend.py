@@ -1219,10 +1219,14 @@ def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, v_norm):
                     else:
                         assert rel_err(got, want) < 1e-4, name
                     a[1, pos0] = cp.asnumpy(b[1, pos0])  # the reference attends over the GPU's row
-                # INT8: the one-token kernel codes the query (testkit/coded_queries.py), the reference likewise
-                ref = coded.attention_coded(q_ref, host.layers[0], 1, pos0, window, cfg.attn_scale, softcap)
+                # INT8: the one-token kernel codes the query (testkit/coded_queries.py), the reference likewise, a
+                # value at a .5 tie either way (a code apart exceeds 3e-3 in ~6 % of 64-dim draws with K's outlier)
+                refs = coded.near_ties(
+                    coded.attention_coded, q_ref, host.layers[0], 1, pos0, window, cfg.attn_scale, softcap
+                )
                 bound = 3e-3 if kv_dtype == "int8" else 2e-5  # FP16: 1.1e-5 seen at 1 030 keys (split-K order)
-                assert rel_err(cp.asnumpy(plain(out)), ref) < bound, (pos0, window, softcap, qk_norm is None)
+                att = cp.asnumpy(plain(out))
+                assert min(rel_err(att, r) for r in refs) < bound, (pos0, window, softcap, qk_norm is None)
                 if wo is not None:  # the o product takes the kernel's own code of its output: q8_input's of a copy
                     o = cp.asnumpy(gpu.matmul(out, wo))
                     np.testing.assert_array_equal(o, cp.asnumpy(gpu.matmul(plain(out).copy(), wo)))
@@ -1234,8 +1238,9 @@ def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, v_norm):
                     cp.asarray(q), cfg, lc, None if q_norm is None else cp.asarray(q_norm), positions, dev.layers[0],
                     1, pos0,
                 )  # fmt: skip
-                ref = coded.shared_attention(q.copy(), cfg, lc, q_norm, positions, host.layers[0], 1, pos0)
-                assert rel_err(cp.asnumpy(plain(out)), ref) < bound, ("shared", pos0, window, softcap, qk_norm is None)
+                refs = coded.near_ties(coded.shared_attention, q, cfg, lc, q_norm, positions, host.layers[0], 1, pos0)
+                att = cp.asnumpy(plain(out))
+                assert min(rel_err(att, r) for r in refs) < bound, ("shared", pos0, window, softcap, qk_norm is None)
                 for a, b in zip(stored, (dev.layers[0].k, dev.layers[0].v), strict=True):
                     np.testing.assert_array_equal(a, cp.asnumpy(b))
 
