@@ -14,6 +14,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from genie_protocol.client import GenieClient
 from genie_protocol.messages import Done
 from tests.genie_daemon.test_daemon import _rss_kb, collect, ctl, start_daemon
@@ -21,7 +23,10 @@ from tests.genie_daemon.test_daemon import _rss_kb, collect, ctl, start_daemon
 WORDS = "the a kitchen light is on off turn please what time weather today tomorrow music play stop".split()
 
 
-def test_idle_after_bursts_the_worker_and_kv_store_hold_what_they_held_before(tmp_path):
+# one burst in CI (44 s here; four took 171 s): without the KV store's map_large_blocks it still fails (39 -> 45 MB
+# idle; issue 34 found 40 -> 46 over four); the soak variant keeps the four (bench/NOTES.md, session 2026-12-08)
+@pytest.mark.parametrize("bursts", [1, pytest.param(4, marks=pytest.mark.soak)])
+def test_idle_after_bursts_the_worker_and_kv_store_hold_what_they_held_before(tmp_path, bursts):
     # the model's own context (32 768 tokens), 4 slots: as a new user's daemon serves it
     proc, endpoint = start_daemon(tmp_path, model="gemma3-270m", ctx=0, backend="numpy", ready_timeout_s=180)
     sock_dir = Path(endpoint[len("ipc://") :]).parent
@@ -40,7 +45,7 @@ def test_idle_after_bursts_the_worker_and_kv_store_hold_what_they_held_before(tm
         asyncio.run(burst(1))  # the first request's one-time costs (a step's buffers) are not the burst's
         time.sleep(1.0)
         before = {name: _rss_kb(pid) for name, pid in pids.items()}
-        for _ in range(4):  # 4 slots and max_queue 16
+        for _ in range(bursts):  # 4 slots and max_queue 16
             ends = [end for _, end in asyncio.run(burst(20))]
             assert all(isinstance(e, Done) for e in ends), ends
         time.sleep(1.0)  # idle: each process gives back what the burst freed
