@@ -9,6 +9,7 @@ from genie_common.registry import resolve_model
 from genie_workers.engine.backends.numpy_backend import NumpyBackend
 from genie_workers.engine.engine import Engine
 from genie_workers.engine.model import Model
+from testkit import draws
 
 _models: dict[str, Model] = {}
 _engines: dict[tuple[str, str, int], Engine] = {}
@@ -34,3 +35,18 @@ def make_engine():
         return _engines[key]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _drawn_inputs():
+    """Each test's drawn_rng() generators from a seed of its own (testkit/draws.py)."""
+    draws.begin_test()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that drew its inputs names the seed that draws them again."""
+    report = (yield).get_result()
+    seed = draws.drawn_seed()
+    if report.failed and seed is not None:
+        report.sections.append(("drawn inputs", f"{draws.ENV}={seed} draws this test's inputs again"))

@@ -16,13 +16,14 @@ from genie_kvstore.format import (
     read_header,
     write_entry,
 )
+from testkit.draws import drawn_rng
 from tests.kvstore.kv_data import FINGERPRINT, OTHER_MODEL, assert_same, layout, mixed_layout, snapshot
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["uniform", "mixed-pools"])
 @pytest.mark.parametrize("dtype", ["int8", "f16", "f32"])
 def test_round_trip_whole_and_prefix(tmp_path, dtype, mixed):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     lay = mixed_layout(dtype) if mixed else layout(dtype)
     snap = snapshot(lay, rng.integers(0, 50_000, 150), rng)
     path = tmp_path / "c-x.kv"
@@ -38,7 +39,7 @@ def test_round_trip_whole_and_prefix(tmp_path, dtype, mixed):
 
 
 def test_foreign_model_and_layout_are_foreign(tmp_path):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     lay = layout()
     write_entry(tmp_path / "a.kv", OTHER_MODEL, lay, snapshot(lay, [1, 2, 3], rng))
     h = read_header(tmp_path / "a.kv")
@@ -91,7 +92,7 @@ def test_header_checks_run_before_any_allocation(tmp_path):
     """Token count and layer count at their limits in a tiny file: refused on size, nothing allocated."""
     lay = layout()
     path = tmp_path / "h.kv"
-    write_entry(path, FINGERPRINT, lay, snapshot(lay, [5] * 10, np.random.default_rng()))
+    write_entry(path, FINGERPRINT, lay, snapshot(lay, [5] * 10, drawn_rng()))
     b = bytearray(path.read_bytes())
     struct.pack_into("<I", b, 60, 1 << 20)  # the most tokens a file may hold, in a 2 kB file
     path.write_bytes(bytes(b))
@@ -102,7 +103,7 @@ def test_header_checks_run_before_any_allocation(tmp_path):
 def test_checksum_covers_the_last_byte_before_it(tmp_path):
     lay = layout("f16")
     path = tmp_path / "e.kv"
-    write_entry(path, FINGERPRINT, lay, snapshot(lay, [1, 2], np.random.default_rng()))
+    write_entry(path, FINGERPRINT, lay, snapshot(lay, [1, 2], drawn_rng()))
     b = bytearray(path.read_bytes())
     b[-CHECKSUM_BYTES - 1] ^= 0x80
     path.write_bytes(bytes(b))

@@ -15,6 +15,7 @@ import pytest
 
 from genie_kvstore.format import entry_bytes, read_entry, read_header, write_entry
 from genie_kvstore.store import CHUNK_TOKENS, KVStore, NotSaved, StoreConfig
+from testkit.draws import drawn_rng
 from tests.kvstore.kv_data import FINGERPRINT, OTHER_MODEL, assert_same, layout, snapshot
 
 ROOT = Path(__file__).parents[2]
@@ -29,7 +30,7 @@ def ids(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def test_conversation_id_round_trip_and_longest_prefix(tmp_path):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     store = make_store(tmp_path)
     turn1 = ids(rng, 200)
     snap = snapshot(store.layout, turn1, rng)
@@ -46,7 +47,7 @@ def test_conversation_id_round_trip_and_longest_prefix(tmp_path):
 
 
 def test_found_from_the_prompt_without_an_id(tmp_path):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     store = make_store(tmp_path)
     history = ids(rng, 3 * CHUNK_TOKENS + 10)
     snap = snapshot(store.layout, history, rng)
@@ -64,7 +65,7 @@ def test_found_from_the_prompt_without_an_id(tmp_path):
 
 
 def test_shared_system_prompt_is_reused_and_superseded_entries_dropped(tmp_path):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     store = make_store(tmp_path)
     system = ids(rng, 2 * CHUNK_TOKENS)
     a1 = np.concatenate([system, ids(rng, 40)])
@@ -79,7 +80,7 @@ def test_shared_system_prompt_is_reused_and_superseded_entries_dropped(tmp_path)
 
 @pytest.mark.parametrize("bad", ["", "../etc/passwd", "a/b", "x" * 129, ".hidden", "a..b", "sp ace", "ü"])
 def test_conversation_ids_are_validated(tmp_path, bad):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     store = make_store(tmp_path)
     snap = snapshot(store.layout, [1, 2, 3], rng)
     with pytest.raises(ValueError, match="conv id"):
@@ -88,7 +89,7 @@ def test_conversation_ids_are_validated(tmp_path, bad):
 
 
 def test_lru_cap_counts_hydrating_as_use(tmp_path):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     store = make_store(tmp_path)
     saved = {}
     for name in "abc":
@@ -105,7 +106,7 @@ def test_lru_cap_counts_hydrating_as_use(tmp_path):
 
 
 def test_stale_temp_files_removed_exactly(tmp_path):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     store = make_store(tmp_path, stale_tmp_s=60)
     old = store.dir / ".c-x.kv.999.tmp"
     fresh = store.dir / ".c-y.kv.998.tmp"
@@ -118,7 +119,7 @@ def test_stale_temp_files_removed_exactly(tmp_path):
 
 
 def test_bad_and_foreign_files_are_misses_never_served(tmp_path, caplog):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     store = make_store(tmp_path)
     history = ids(rng, 100)
     good_snap = snapshot(store.layout, history, rng)
@@ -174,7 +175,7 @@ def test_thousand_corrupted_entries_each_a_miss_with_its_reason(tmp_path, caplog
 
 
 def test_index_rebuilt_at_start_and_other_processes_saves_seen(tmp_path):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     a, b = make_store(tmp_path), make_store(tmp_path)
     history = ids(rng, 2 * CHUNK_TOKENS)
     snap = snapshot(a.layout, history, rng)
@@ -184,7 +185,7 @@ def test_index_rebuilt_at_start_and_other_processes_saves_seen(tmp_path):
 
 
 def test_admin_list_evict_clear(tmp_path):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     store = make_store(tmp_path)
     store.save(snapshot(store.layout, ids(rng, 70), rng), conv_id="one")
     store.save(snapshot(store.layout, ids(rng, 70), rng))
@@ -291,7 +292,7 @@ def test_four_processes_share_one_directory_long(tmp_path):
 
 
 def test_an_entry_larger_than_the_cap_is_not_saved_and_evicts_nothing(tmp_path):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     store = make_store(tmp_path)
     small = store.save(snapshot(store.layout, ids(rng, 70), rng), conv_id="small")
     assert small is not None
@@ -304,7 +305,7 @@ def test_an_entry_larger_than_the_cap_is_not_saved_and_evicts_nothing(tmp_path):
 def test_entry_replaced_after_lookup_is_a_miss_not_a_deletion(tmp_path):
     """Another process saves the same conversation again between our lookup and our read: the new file
     is neither served against the old header nor deleted as corrupt."""
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     a, b = make_store(tmp_path), make_store(tmp_path)
     first = ids(rng, 100)
     a.save(snapshot(a.layout, first, rng), conv_id="x")
@@ -318,7 +319,7 @@ def test_entry_replaced_after_lookup_is_a_miss_not_a_deletion(tmp_path):
 
 
 def test_files_are_private_and_models_do_not_share_names(tmp_path):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     int8 = make_store(tmp_path)
     f16 = KVStore(StoreConfig(tmp_path / "kv"), FINGERPRINT, layout("f16"))
     history = ids(rng, 100)
@@ -367,7 +368,7 @@ def test_several_writers_never_exceed_the_cap_by_more_than_one_entry(tmp_path):
     """Sampled while 4 processes save entries of one size under a cap of 3: each made room after its write,
     and the directory held up to 1.8x the cap (issue 21 item 8)."""
     n_tokens, n_saves = 1000, 25
-    entry = make_store(tmp_path).save(snapshot(layout(), np.arange(n_tokens), np.random.default_rng()), "probe")
+    entry = make_store(tmp_path).save(snapshot(layout(), np.arange(n_tokens), drawn_rng()), "probe")
     cap = 3 * entry.bytes
     script = tmp_path / "saver.py"
     script.write_text(SAVER.format(root=str(ROOT), n_tokens=n_tokens))

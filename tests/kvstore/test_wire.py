@@ -8,6 +8,7 @@ import pytest
 from genie_kvstore.wire import layout_body, layout_from_body, snapshot_frames, snapshot_from_frames
 from genie_protocol.kv_messages import LAYOUT
 from genie_protocol.schema import validate
+from testkit.draws import drawn_rng
 from tests.kvstore.kv_data import assert_same, layout, mixed_layout, snapshot
 
 
@@ -15,7 +16,7 @@ from tests.kvstore.kv_data import assert_same, layout, mixed_layout, snapshot
 @pytest.mark.parametrize("dtype", ["int8", "f16", "f32"])
 def test_frames_round_trip(make_layout, dtype):
     lay = make_layout(dtype)
-    snap = snapshot(lay, np.arange(40), np.random.default_rng())
+    snap = snapshot(lay, np.arange(40), drawn_rng())
     frames = [bytes(f) for f in snapshot_frames(snap)]  # as they arrive: plain bytes
     assert len(frames) == (4 if dtype == "int8" else 2) * lay.n_layers
     assert_same(snap, snapshot_from_frames(lay, snap.token_ids, frames))
@@ -39,7 +40,7 @@ def test_one_frame_of_every_array_reads_as_the_frames_do(make_layout, dtype):
 
 def test_frames_that_do_not_fit_the_layout_name_the_problem():
     lay = mixed_layout("int8")
-    snap = snapshot(lay, np.arange(10), np.random.default_rng())
+    snap = snapshot(lay, np.arange(10), drawn_rng())
     frames = [bytes(f) for f in snapshot_frames(snap)]
     with pytest.raises(ValueError, match="11 KV frames, the layout needs 12"):
         snapshot_from_frames(lay, snap.token_ids, frames[:-1])

@@ -34,6 +34,7 @@ from genie_workers.engine.backends.block_weight import (
 from genie_workers.engine.backends.numpy_backend import GEMV_MAX_TOKENS, NumpyBackend
 from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
 from genie_workers.engine.model import Model
+from testkit.draws import drawn_rng
 from testkit.quant_blocks import F16_FIELDS, Q, product_err, q8_coded, random_blocks, rel_err
 from tests.child_env import child_env
 
@@ -74,7 +75,7 @@ def fit(qtype: Q, cols: int) -> int:
 
 @pytest.mark.parametrize("qtype", list(UNPACKERS), ids=lambda q: q.name)
 def test_unpacked_blocks_are_bit_exact(qtype):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     rows, cols = 37, fit(qtype, 512)
     raw = signed_blocks(qtype, rows, cols, rng)
     w = to_blocks(tensor_of(raw, qtype, rows, cols))
@@ -89,7 +90,7 @@ def test_unpacked_blocks_are_bit_exact(qtype):
 @pytest.mark.parametrize("qtype", list(UNPACKERS), ids=lambda q: q.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_kernel_products_match_float64(kernels, qtype, shape):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     rows, cols = shape[0], fit(qtype, shape[1])
     raw = signed_blocks(qtype, rows, cols, rng)
     w = to_blocks(tensor_of(raw, qtype, rows, cols))
@@ -199,7 +200,7 @@ def test_every_instruction_sets_products_match_float64_and_batched_rows_equal_al
     prompt's)."""
     kernels = _isa_kernels(isa, tmp_path)
     lib = kernels.lib
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     reference = cpu_kernels.BlockKernels(cpu_kernels.load())
     for qtype, cols in ((Q.Q4_1, 576), (Q.Q4_K, 768), (Q.Q4_1, 800), (Q.Q5_0, 1024), (Q.Q5_0, 640), (Q.Q4_1, 64)):
         rows = 37
@@ -289,7 +290,7 @@ def test_an_arm_build_of_the_grouped_products_gives_this_machines_bits(kernels, 
         "-lm",
     ]
     subprocess.run(build, check=True, capture_output=True, timeout=300)
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     for qtype, rows, cols in ((Q.Q4_1, 40, 576), (Q.Q5_0, 33, 640), (Q.Q4_K, 24, 1280)):
         w = to_blocks(tensor_of(signed_blocks(qtype, rows, cols, rng), qtype, rows, cols))
         assert w.layout in GROUPED
@@ -313,7 +314,7 @@ def test_int8_rows_keep_ggufs_float16_scales_and_give_the_float32_scales_numbers
     dequantized rows give the bits of the same matrix with float32 scales; a stacked group is float32."""
     import dataclasses
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     rows, cols = 300, 640
     w = to_blocks(tensor_of(signed_blocks(qtype, rows, cols, rng), qtype, rows, cols))
     assert w.scale.dtype == np.float16 and (w.offset is None or w.offset.dtype == np.float16)
@@ -337,7 +338,7 @@ def test_int8_rows_keep_ggufs_float16_scales_and_give_the_float32_scales_numbers
 
 def test_gemm_in_chunks_of_rows(kernels, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "DEQUANT_CHUNK_BYTES", 100 * 256 * 4)  # chunks of 100 rows, a ragged last one
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     raw = signed_blocks(Q.Q6_K, 1001, 256, rng)
     w = to_blocks(tensor_of(raw, Q.Q6_K, 1001, 256))
     x = rng.standard_normal((20, 256), dtype=np.float32)
@@ -357,7 +358,7 @@ def random_parts(spec: tuple[tuple[Q, int], ...], cols: int, rng: np.random.Gene
 
 def test_group_of_different_block_types(kernels):
     """QKV or gate/up of mixed types (Q4_K offsets, Q6_K blocks of 16, Q8_0) stack into one matrix."""
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     parts, dense = random_parts(((Q.Q4_K, 64), (Q.Q6_K, 32), (Q.Q8_0, 48)), 512, rng)
     g = concat_blocks(parts)
     assert g.block == 16 and g.offset is not None
@@ -369,7 +370,7 @@ def test_group_of_different_block_types(kernels):
 def test_grouped_parts_of_float16_and_float32_scales_stack(kernels):
     """Q4_1 (float16 scales) beside Q4_K (float32) in one grouped matrix: float32 for all, the same products; two
     Q4_1 parts keep float16."""
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     parts, dense = random_parts(((Q.Q4_1, 40), (Q.Q4_K, 24), (Q.Q4_1, 8)), 512, rng)
     g = concat_blocks(parts)
     assert g.layout in GROUPED and g.scale.dtype == np.float32 and g.offset is not None and g.offset.dtype == np.float32
@@ -380,7 +381,7 @@ def test_grouped_parts_of_float16_and_float32_scales_stack(kernels):
 
 
 def test_non_finite_block_scale_is_an_error_naming_the_tensor():
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     raw = random_blocks(Q.Q8_0, 4, 64, rng)
     raw[2, 0:2] = np.array([np.inf], dtype=np.float16).view(np.uint8)
     with pytest.raises(ValueError, match="blk.3.ffn_up.weight holds non-finite"):
@@ -392,7 +393,7 @@ def test_quantized_model_same_logits_with_and_without_kernels():
     decode steps through the C GEMV, its prefill through dequantized chunks and BLAS) against float32 weights,
     position by position."""
     path = ROOT / "testkit/fixtures/tiny/llama-q4_k_m.gguf"
-    ids = np.random.default_rng().integers(3, 200, 24)
+    ids = drawn_rng().integers(3, 200, 24)
     logits = []
     for kernels_on in (True, False):
         backend = NumpyBackend(block_kernels=kernels_on)
@@ -496,7 +497,7 @@ def test_one_token_attention_over_int8_rows_is_the_numpy_loop(kernels, n_heads, 
     for the threads; and each of a prompt's tokens the same bits as that token alone (as a decode step)."""
     from genie_workers.engine.kv_cache import LayerKV
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     n_slots, n_ctx, slot = 2, 1200, 1
     layer = LayerKV(
         rng.integers(-127, 128, (n_slots, n_ctx, n_kv, hd), dtype=np.int8),
@@ -578,7 +579,7 @@ def test_norms_and_gates_are_numpys_and_a_row_gets_the_same_alone(kernels, d):
     """genie_add_rms_norm and genie_gated_act against the NumPy backend's formulas without the kernels (float32,
     within 1e-6 of the largest value), a row alone bit for bit as among others, the inputs left as they were, and an
     activation the C code does not know refused."""
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     ref = NumpyBackend(block_kernels=False)
     x = rng.standard_normal((5, d), dtype=np.float32) * 3
     r = rng.standard_normal((5, d), dtype=np.float32)
@@ -662,7 +663,7 @@ def test_products_are_the_same_on_one_two_and_four_threads_and_from_two_callers_
     threads; two Python threads calling at once (the second runs alone on its own thread) get what one gets."""
     import threading
 
-    for product, err in _pooled_products(np.random.default_rng(), kernels):
+    for product, err in _pooled_products(drawn_rng(), kernels):
         outs = []
         try:
             for threads in (1, 2, 4):
@@ -692,7 +693,7 @@ def test_a_norm_or_a_gate_and_its_product_in_one_call_are_the_two_calls(kernels,
     (grouped layouts) or gemv() (int8 rows), bit for bit, with and without the residual, for a decode step's rows
     and a prompt's; genie_gated_products (gated_matmul) against gated_act then the product alike; and the NumPy
     backend takes them for add_norm_matmul and gated_matmul (the same results as their two steps)."""
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     rows, cols = 1000, 512
     w = to_blocks(tensor_of(signed_blocks(qtype, rows, cols, rng), qtype, rows, cols))
     norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
@@ -745,7 +746,7 @@ def test_a_forked_child_runs_products_on_threads_of_its_own(kernels):
     its own (the child has two threads after a product on two) and gets the parent's numbers."""
     import warnings
 
-    products = _pooled_products(np.random.default_rng(), kernels)
+    products = _pooled_products(drawn_rng(), kernels)
     kernels.lib.genie_set_threads(2)
     want = [product() for product, _ in products]  # the parent's worker thread is running now
     read, write = os.pipe()
@@ -788,7 +789,7 @@ def test_qkv_rows_into_an_int8_pool_are_numpys_and_a_row_gets_the_same_alone(
     from genie_workers.engine.backends.base import Backend
     from genie_workers.engine.kv_cache import LayerKV, kv_rotation
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     n, pos0, n_ctx = 37, 5, 64
     cfg = SimpleNamespace(n_heads=H, rms_eps=1e-6, rope_mode=mode, v_norm=v_norm)
     lc = SimpleNamespace(
@@ -849,7 +850,7 @@ def test_a_layers_attention_in_one_call_is_its_three_calls_and_a_row_gets_the_sa
     time; and rows past the slot's positions refused with nothing written."""
     from genie_workers.engine.kv_cache import LayerKV
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     n, pos0, n_ctx, neox = 45, 3, 64, True
 
     def pool() -> LayerKV:
@@ -887,7 +888,7 @@ def test_rotated_rows_are_the_rotation_matrix_product_and_a_row_gets_the_same_al
     rows against each row alone, bit for bit; the input is left as it was."""
     from genie_workers.engine.kv_cache import kv_rotation
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     x = rng.standard_normal((300, 3, d), dtype=np.float32)
     before = x.copy()
     got = kernels.rotate(x)
@@ -920,7 +921,7 @@ def test_blocks_made_from_a_mapped_file_leave_none_of_its_pages_resident(tmp_pat
     from genie_common.gguf_file import GGUFFile
 
     rows, cols = 4096, 2048  # Q8_0: 8.9 MB, past UNPACK_CHUNK_BYTES
-    raw = random_blocks(Q.Q8_0, rows, cols, np.random.default_rng())
+    raw = random_blocks(Q.Q8_0, rows, cols, drawn_rng())
     path = tmp_path / "big.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tensor("w", raw.reshape(rows, -1), raw_dtype=Q.Q8_0)

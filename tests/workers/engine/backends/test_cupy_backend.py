@@ -21,6 +21,7 @@ from genie_workers.engine.backends.cupy.products import OCTET_TYPES
 from genie_workers.engine.backends.cupy.rows import x8_row_bytes
 from testkit import FIXTURES
 from testkit.coded_queries import CodedQueries
+from testkit.draws import drawn_rng
 from testkit.quant_blocks import random_blocks, rel_err
 from testkit.tiny_models import write_tiny_gemma4, write_tiny_model
 
@@ -57,7 +58,7 @@ def gpu() -> CupyBackend:
 def test_quantized_kernels_match_dequantize(gpu, qtype, shape):
     import cupy as cp
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     rows, cols = shape
     if cols % GGML_QUANT_SIZES[qtype][0]:
         cols = cols // 256 * 256 + 256  # K-quant super-blocks hold 256 values: nearest shape they fit
@@ -122,7 +123,7 @@ def test_tensor_core_products_match_the_dp4a_kernel(gpu, qtype, shape):
 
     if gpu.dev.family.products is None:
         pytest.skip("the tensor-core products need compute capability 8.0")
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     rows, cols = shape
     if qtype == Q.Q6_K and rows % 8:
         rows += 8 - rows % 8  # Q6_K matrices of whole 16-byte lines (gemv1m reads rows widened to lines)
@@ -396,7 +397,7 @@ def test_prefill_matmul_in_tiles_of_rows(gpu, monkeypatch):
     from genie_workers.engine.backends.cupy import core
 
     monkeypatch.setattr(core, "PREFILL_SCRATCH_BYTES", 256 * 1024 * 4)  # tiles of 256 rows, a ragged last one
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     rows, cols = 1000, 1024
     blocks = random_blocks(Q.Q4_K, rows, cols, rng)
     w = QuantWeight(cp.asarray(blocks.reshape(-1)), Q.Q4_K, rows, cols)
@@ -475,7 +476,7 @@ def test_tiny_gemma4_matches_numpy(gpu, tmp_path, kv_dtype, head_dims):
     # PLE width 32: the GPU kernels read rows in 32-value sub-blocks (the CPU fixture's model has 16); q/k
     # norm weights of 0.35 (testkit/tiny_models.py says why: with weights of 1 TF32 alone moved NLL by 0.05)
     write_tiny_gemma4(path, seed=3, ple_dim=32, head_dim=head_dims[0], global_head_dim=head_dims[1])
-    ids = [2, *np.random.default_rng().integers(3, 300, 48).tolist()]
+    ids = [2, *drawn_rng().integers(3, 300, 48).tolist()]
     nll = {}
     for name, backend in (("numpy", CodedQueries()), ("cupy", gpu)):
         engine = Engine(
@@ -554,7 +555,7 @@ def both(gpu, cpu, op: str, *args, **kwargs) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("shape,w_shape", [((5, 640), (640,)), ((5, 20, 128), (20, 128)), ((1, 5, 256), (5, 256))])
 def test_rms_norm(gpu, cpu, shape, w_shape):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     out, ref = both(
         gpu,
         cpu,
@@ -570,7 +571,7 @@ def test_rms_norm(gpu, cpu, shape, w_shape):
 def test_add_rms_norm(gpu, n, d):
     import cupy as cp
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     x, r = rng.standard_normal((2, n, d), dtype=np.float32) * 30
     w = rng.standard_normal(d, dtype=np.float32)
     dev_x = cp.asarray(x)
@@ -586,7 +587,7 @@ def test_add_normed(gpu, n, d, scaled):
     """x + rms_norm(y) * w, times the layer scale: Gemma 4's post-FFN norm and per-layer input tail."""
     import cupy as cp
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     x, y = rng.standard_normal((2, n, d), dtype=np.float32) * 30
     w = rng.standard_normal(d, dtype=np.float32)
     scale = np.array([0.37], np.float32) if scaled else None
@@ -603,7 +604,7 @@ def test_add_normed(gpu, n, d, scaled):
 def test_gated_pair_reads_a_layers_column_of_the_per_layer_inputs(gpu, cpu, kind, n):
     import cupy as cp
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     gate = 3 * rng.standard_normal((n, 256), dtype=np.float32)
     ple = rng.standard_normal((n, 35, 256), dtype=np.float32)  # [n, layers, P]: a layer's inputs are rows apart
     out = gpu.gated_pair(cp.asarray(gate), cp.asarray(ple)[:, 7], kind)
@@ -614,7 +615,7 @@ def test_gated_pair_reads_a_layers_column_of_the_per_layer_inputs(gpu, cpu, kind
 @pytest.mark.parametrize("mode", ["neox", "norm"])
 @pytest.mark.parametrize("rope_dim", [128, 64])
 def test_rope(gpu, cpu, mode, rope_dim):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     x = rng.standard_normal((5, 20, 128), dtype=np.float32)
     gpu.stage_inputs(np.zeros(5, np.int64), 3000)  # the kernels read the position where the forward pass staged it
     out, ref = both(gpu, cpu, "rope", x, np.arange(3000, 3005), 1e6, 1.0, rope_dim, mode)
@@ -623,7 +624,7 @@ def test_rope(gpu, cpu, mode, rope_dim):
 
 @pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
 def test_gated_act(gpu, cpu, kind):
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     out, ref = both(gpu, cpu, "gated_act", 3 * rng.standard_normal((5, 2 * 2048), dtype=np.float32), kind)
     assert rel_err(out, ref) < 1e-6
 
@@ -642,7 +643,7 @@ def test_kv_write_and_attention(gpu, cpu, monkeypatch, kv_dtype, heads, n_kv, hd
 
     from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     config = KVCacheConfig(1, n_kv, hd, hdv, 600, n_slots=2, dtype=kv_dtype)
     host, dev = KVCache(config, np), KVCache(config, cp)
     for layer in dev.layers:  # poison: attention must never read a position nobody wrote
@@ -716,7 +717,7 @@ def test_dependent_launch_replays_bit_for_bit(gpu, kv_dtype):
     assert gpu.dev.pdl is not None, "sm_90 and later launch captured steps with PDL"
     path = FIXTURE_Q4_K_M
     model = Model.load(path, gpu)
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     prompt, steps = rng.integers(3, 300, 17).tolist(), rng.integers(3, 300, 12).tolist()
     logits = {}
     try:
@@ -749,7 +750,7 @@ def test_captured_prefill_chunks_give_the_eager_logits(gpu, kv_dtype):
 
     path = FIXTURE_Q4_K_M
     model = Model.load(path, gpu)
-    prompt = [1, *np.random.default_rng().integers(3, 300, 3 * 24 + 6).tolist()]  # chunks of 24: cuBLAS
+    prompt = [1, *drawn_rng().integers(3, 300, 3 * 24 + 6).tolist()]  # chunks of 24: cuBLAS
     logits, tokens, nll = {}, {}, {}
     try:
         for use_graphs in (False, True):
@@ -788,7 +789,7 @@ def test_cuda_graph_decode_gives_the_eager_tokens(gpu, tmp_path, kv_dtype):
     path = tmp_path / "gemma3.gguf"
     write_tiny_model("gemma3", path, seed=5)  # sliding window 8: replays cross it
     model = Model.load(path, gpu)
-    prompt = [1, *np.random.default_rng().integers(3, 300, 20).tolist()]
+    prompt = [1, *drawn_rng().integers(3, 300, 20).tolist()]
     tokens = {}
     for use_graphs in (False, True):
         gpu.retune(use_graphs=use_graphs)
@@ -826,7 +827,7 @@ def test_add_norm_matmul_fused_into_the_decode_gemv(gpu, with_residual):
     alone writes x + r. Equal to the unfused composition up to the int8 activations."""
     import cupy as cp
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     d = 2560
     parts = [_quant_weight(qtype, rows, d, rng) for qtype, rows in ((Q.Q4_K, 3000), (Q.Q4_K, 1000), (Q.Q6_K, 520))]
     w = gpu.group([p for p, _ in parts])  # the two Q4_K parts merge: two launches
@@ -981,7 +982,7 @@ def test_gated_matmul_of_a_separate_up_has_the_numbers_of_gated_pair_then_the_pr
     one token; gated_pair then the product for a step's rows, each row its one-token numbers."""
     import cupy as cp
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     w, dense = _quant_weight(Q.Q4_K, 1536, 256, rng)
     gate = cp.asarray(3 * rng.standard_normal((4, 256), dtype=np.float32))
     ple = cp.asarray(rng.standard_normal((4, 35, 256), dtype=np.float32))
@@ -999,7 +1000,7 @@ def test_gated_matmul_of_a_separate_up_has_the_numbers_of_gated_pair_then_the_pr
 def test_gated_matmul_fused_into_the_decode_gemv(gpu, cpu, kind, qtype):
     import cupy as cp
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     ffn, d = 2048, 640
     w, dense = _quant_weight(qtype, d, ffn, rng)
     gate_up = rng.standard_normal((1, 2 * ffn), dtype=np.float32) * 3
@@ -1024,7 +1025,7 @@ def test_prepare_qkv_is_the_unfused_sequence(gpu, cpu, kv_dtype, qk_norm, n, gem
     from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
     from genie_workers.engine.model_config import LayerConfig, ModelConfig
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     H, Hkv, hd = 8, 2, 128
     lc = LayerConfig(rope_base=1e6, rope_scale=1.0, sliding_window=0)
     cfg = ModelConfig(
@@ -1153,7 +1154,7 @@ def _self_attention_in_one_launch(gpu, cpu, kv_dtype, heads, n_kv, hd, v_norm):
     from genie_workers.engine.kv_cache import KVCache, KVCacheConfig
     from genie_workers.engine.model_config import LayerConfig, ModelConfig
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     n_ctx = 1100
     coded = CodedQueries()
     wo = _quant_weight(Q.Q4_K, 256, heads * hd, rng)[0] if heads * hd % 256 == 0 else None  # Q4_K rows: 256 values
@@ -1365,7 +1366,7 @@ def test_greedy_token_on_the_device(gpu):
     """argmax_rows: numpy.argmax of a row (the first of equal maxima), -1 for any non-finite value in it."""
     import cupy as cp
 
-    rng = np.random.default_rng()
+    rng = drawn_rng()
     for n in (151936, 262144, 1000, 7):
         logits = rng.standard_normal((2, n), dtype=np.float32)
         assert gpu.greedy_tokens(cp.asarray(logits), [1]) == [int(np.argmax(logits[-1]))]
