@@ -19,9 +19,9 @@ def dec_q8_block(head_dim: int) -> int:
 
 
 # How near a .5 tie (in steps of a code) a value's q / scale may lie and code the other way on the GPU: its rotated
-# query is a rounding or a few from NumPy's (norm and RoPE in float32, in another order), a few 1e-5 of a step at
-# 127 steps. One code apart can move a 64-value head's output past the tests' bound where K has an outlier channel
-# (bench/NOTES.md, session 2026-12-08)
+# query is a rounding or a few from NumPy's (norm and RoPE in float32, in another order), by estimate ~1e-5 of a
+# step near 127 steps. One code apart can move a 64-value head's output past the tests' bound where K has an
+# outlier channel (bench/NOTES.md, session 2026-12-08)
 TIE = 1e-3
 
 
