@@ -12,6 +12,8 @@
 #   issue35 JSON       issue 35's tables on the 8.x paths beside llama.cpp's JSON: bench/gpu.py, bench/batch.py,
 #                      and decode on 8 SMs
 #   issue36 JSON       issue 36's: E2B's gpu.py and batch.py on both families, and decode on 8 SMs (8.x)
+#   profile36          E2B's step split by kernel family (bench/batch_profile.py) at 1, 2 and 16 streams, both
+#                      families (issue 36's "after"; 2 streams: the count where E2B's 8.x lead is least)
 #   acc4, acc5         the 9.0 paths' Qwen rows of gpu.py and batch.py, the tree against the commits bench/commits.sh
 #                      prepared: issue 35's acceptance 4 against d566083 (the commit before the 8.x work), issue
 #                      36's acceptance 5 against 947a02c (the last before the E2B work); the same calls
@@ -80,6 +82,12 @@ issue36)
     done
     run bash "$few_sms" 6 python3 bench/gpu.py --models gemma4-e2b --kv int8 --depths 0 --repeats 1
     ;;
+profile36)
+    for family in 90 sm87; do
+        GENIE_CUDA_COMPAT=$(compat $family) run python3 bench/batch_profile.py --model gemma4-e2b --kv int8 \
+            --streams 1 2 16
+    done
+    ;;
 acc4 | acc5)
     run bash bench/commits.sh run python3 bench/gpu.py --models "${QWEN[@]}" --kv int8 --repeats 2
     run bash bench/commits.sh run python3 bench/batch.py --models "${QWEN[@]}" --kv int8 --streams 1 2 4 8 16 --ttft 33
@@ -100,7 +108,7 @@ prefill)
         bench/commits.sh run python3 bench/gpu.py --models gemma4-e2b qwen3-4b qwen3-0.6b --kv int8 --depths 0 --repeats 3
     ;;
 *)
-    sed -n '2,25p' "$0" >&2
+    sed -n '2,27p' "$0" >&2
     exit 2
     ;;
 esac
