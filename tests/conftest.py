@@ -37,9 +37,9 @@ def make_engine():
     return get
 
 
-@pytest.fixture(autouse=True)
-def _drawn_inputs():
-    """Each test's drawn_rng() generators from a seed of its own (testkit/draws.py)."""
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Each test's drawn_rng() generators from a seed of its own (testkit/draws.py), set before its fixtures."""
     draws.begin_test()
 
 

@@ -113,12 +113,10 @@ def test_checksum_covers_the_last_byte_before_it(tmp_path):
 
 def test_streamed_checksum_equals_the_parallel_one(monkeypatch):
     """The writer feeds pieces of any size; the reader checks chunks in parallel: the same digest."""
-    import os
-
     import genie_kvstore.format as fmt
 
     monkeypatch.setattr(fmt, "CHECKSUM_CHUNK", 1000)
-    data = os.urandom(10_500)
+    data = drawn_rng().bytes(10_500)
     streamed = fmt._ChunkCrcs()
     at = 0
     for size in (1, 999, 1, 2500, 7, 6992):  # pieces across chunk boundaries, ending mid-chunk

@@ -59,13 +59,17 @@ def test_only_one_token_over_an_int8_pool_is_coded(kv_dtype, n):
 
 def test_a_value_near_a_tie_can_be_coded_either_way():
     q = np.zeros((1, 1, 32), np.float32)
-    q[0, 0, :5] = [127.0, 2.5, 3.5, 2.4996, 2.49]  # max 127: a scale of 1, so q / scale is q
-    assert list(dec_q8_ties(q)) == [1, 2, 3]  # 2.49 is 0.01 from its tie: it codes alike on any GPU
+    q[0, 0, :5] = [127.0, 2.5, 3.5, 2.4998, 2.499]  # max 127: a scale of 1, so q / scale is q
+    assert list(dec_q8_ties(q)) == [1, 2, 3]  # 2.499 is 1e-3 from its tie: it codes alike on any GPU
     np.testing.assert_array_equal(dec_q8(q)[0, 0, :5], [127, 2, 4, 2, 2])  # ties to even
     np.testing.assert_array_equal(dec_q8(q, (1, 2, 3))[0, 0, :5], [127, 3, 3, 3, 2])
     want = dec_q8(q)
     want[0, 0, 3] = 3  # one index: that value alone
     np.testing.assert_array_equal(dec_q8(q, (3,)), want)
+    heads = np.zeros((32, 2, 1), np.float32).T  # two heads laid out otherwise (a transposed view): the same codes
+    heads[0, 0] = q[0, 0]
+    assert not heads.flags.c_contiguous
+    np.testing.assert_array_equal(dec_q8(heads, (3,))[:, :1], want)
 
 
 def test_near_ties_gives_the_pass_with_each_tie_coded_the_other_way():
@@ -90,3 +94,9 @@ def test_near_ties_gives_the_pass_with_each_tie_coded_the_other_way():
     # a pool without codes of its query: nothing near a tie to try, one result
     f16 = _pool("f16", rng)
     assert len(coded.near_ties(coded.attention_coded, q, f16, 1, 59, 0, 0.125, 0.0)) == 1
+
+    def twice(q, kv):  # a pass that codes two queries: a value's index would flip one of each
+        return [coded.attention_coded(q, kv, 1, 59, 0, 0.125, 0.0) for _ in range(2)]
+
+    with pytest.raises(ValueError, match="coded 2"):
+        coded.near_ties(twice, q, kv)
