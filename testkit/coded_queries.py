@@ -22,7 +22,7 @@ def dec_q8_block(head_dim: int) -> int:
 # query is a few roundings from NumPy's (norm, RoPE and the pool's rotation in float32, in another order), by
 # estimate up to ~6e-5 of a step near 127 steps. One code apart can move a 64-value head's output past the tests'
 # bound where K has an outlier channel (bench/NOTES.md, session 2026-12-08); each value taken either way also
-# loosens the bound in its direction, so no wider than that
+# loosens the bound in its direction, so the margin is kept to a few times the estimate
 TIE = 3e-4
 
 

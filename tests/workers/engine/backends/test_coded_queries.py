@@ -76,7 +76,7 @@ def test_near_ties_gives_the_pass_with_each_tie_coded_the_other_way():
     rng = np.random.default_rng(5)
     kv = _pool("int8", rng)
     plain = NumpyBackend(block_kernels=False)
-    for _ in range(100):  # a query whose rotation puts a value near a tie (about 2 in 1 000 values do)
+    for _ in range(100):  # a query whose rotation puts a value near a tie (about 6 in 10 000 values do)
         q = rng.standard_normal((1, 4, 64), dtype=np.float32)
         ties = dec_q8_ties(plain._rotate(q))
         if len(ties):
